@@ -1,0 +1,315 @@
+//! Space allocation.
+//!
+//! In memory: the free ranges of the device, the ranges *pinned* by the
+//! running transaction (freed in it, so still referenced by the last durable
+//! commit), and the *delayed refs*: extent-tree changes (new extents,
+//! reference count deltas, freed extents) batched until commit, when they
+//! are applied to the extent tree in one pass. On disk the extent tree is
+//! the record of every allocated byte; the free map is rebuilt from it at
+//! mount.
+//!
+//! Invariants (docs/ALLOCATION.md):
+//! - a byte is in exactly one of: free, pinned (this or the committing
+//!   transaction), or referenced by an extent item / a delayed ref;
+//! - nothing referenced by the last durable superblock is ever free;
+//! - pinned space becomes free only after the commit that freed it is durable.
+
+use crate::error::{Error, Result};
+use crate::format::{NODE_SIZE, SECTOR_SIZE};
+use std::collections::BTreeMap;
+
+/// What an extent holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentKind {
+    /// A tree node of tree `owner` at `level`.
+    Metadata { owner: u64, level: u8 },
+    /// File data of inode `owner`.
+    Data { owner: u64 },
+}
+
+/// A pending change to one extent item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DelayedRef {
+    pub num_bytes: u64,
+    pub kind: ExtentKind,
+    /// Allocated in this transaction: no extent item exists yet.
+    pub created: bool,
+    /// Net change of the reference count.
+    pub ref_delta: i64,
+}
+
+/// Free space as a map of `start -> length`, kept coalesced.
+#[derive(Debug, Default, Clone)]
+pub struct FreeSpace {
+    ranges: BTreeMap<u64, u64>,
+    free_bytes: u64,
+}
+
+impl FreeSpace {
+    pub fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.ranges.iter().map(|(&s, &l)| (s, l))
+    }
+
+    /// Returns `[start, start+len)` to the free map. Panics if any of it is
+    /// already free: a double free is a bug that would corrupt the image.
+    pub fn add(&mut self, start: u64, len: u64) {
+        assert!(len > 0 && start % SECTOR_SIZE == 0 && len % SECTOR_SIZE == 0, "unaligned free {start}+{len}");
+        let end = start + len;
+        let mut new_start = start;
+        let mut new_end = end;
+        if let Some((&ps, &pl)) = self.ranges.range(..=start).next_back() {
+            assert!(ps + pl <= start, "double free: {start}+{len} overlaps free {ps}+{pl}");
+            if ps + pl == start {
+                new_start = ps;
+                self.ranges.remove(&ps);
+            }
+        }
+        if let Some((&ns, &nl)) = self.ranges.range(start..).next() {
+            assert!(ns >= end, "double free: {start}+{len} overlaps free {ns}+{nl}");
+            if ns == end {
+                new_end = ns + nl;
+                self.ranges.remove(&ns);
+            }
+        }
+        self.ranges.insert(new_start, new_end - new_start);
+        self.free_bytes += len;
+    }
+
+    /// Takes `[start, start+len)` out of the free map; it must be free.
+    pub fn remove(&mut self, start: u64, len: u64) {
+        let (&fs, &fl) = self.ranges.range(..=start).next_back().unwrap_or_else(|| panic!("allocating non-free {start}+{len}"));
+        assert!(fs + fl >= start + len, "allocating non-free {start}+{len} (free run {fs}+{fl})");
+        self.ranges.remove(&fs);
+        if fs < start {
+            self.ranges.insert(fs, start - fs);
+        }
+        if start + len < fs + fl {
+            self.ranges.insert(start + len, fs + fl - start - len);
+        }
+        self.free_bytes -= len;
+    }
+
+    /// First free run of at least `len` bytes at or after `hint`, wrapping
+    /// around once.
+    fn find(&self, len: u64, hint: u64) -> Option<u64> {
+        let fits = |(&s, &l): (&u64, &u64)| {
+            let start = s.max(hint);
+            (start >= s && s + l >= start + len).then_some(start)
+        };
+        if let Some((&s, &l)) = self.ranges.range(..=hint).next_back() {
+            if s + l >= hint + len {
+                return Some(hint);
+            }
+        }
+        self.ranges.range(hint..).find_map(fits).or_else(|| self.ranges.iter().find(|(_, &l)| l >= len).map(|(&s, _)| s))
+    }
+
+    /// Longest free run (for carving a data extent when no run is big enough).
+    fn largest(&self) -> Option<(u64, u64)> {
+        self.ranges.iter().max_by_key(|(_, &l)| l).map(|(&s, &l)| (s, l))
+    }
+}
+
+/// The allocator of one filesystem.
+#[derive(Debug)]
+pub struct Allocator {
+    free: FreeSpace,
+    /// Freed in the running transaction.
+    pinned: Vec<(u64, u64)>,
+    delayed_refs: BTreeMap<u64, DelayedRef>,
+    /// Next-fit cursors: metadata and data are laid out in separate runs so
+    /// data extents stay contiguous.
+    metadata_cursor: u64,
+    data_cursor: u64,
+    /// Bytes the extent tree records plus the net delayed refs.
+    bytes_used: u64,
+    total_bytes: u64,
+}
+
+impl Allocator {
+    pub fn new(free: FreeSpace, bytes_used: u64, total_bytes: u64) -> Allocator {
+        let first = free.ranges().next().map(|(s, _)| s).unwrap_or(0);
+        Allocator {
+            free,
+            pinned: Vec::new(),
+            delayed_refs: BTreeMap::new(),
+            metadata_cursor: first,
+            data_cursor: first + (total_bytes - first) / 4,
+            bytes_used,
+            total_bytes,
+        }
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.free.free_bytes()
+    }
+
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.iter().map(|&(_, l)| l).sum()
+    }
+
+    pub fn bytes_used(&self) -> u64 {
+        self.bytes_used
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    pub fn free_space(&self) -> &FreeSpace {
+        &self.free
+    }
+
+    /// Allocates one tree node.
+    pub fn alloc_node(&mut self, owner: u64, level: u8) -> Result<u64> {
+        let len = NODE_SIZE as u64;
+        let start = self.free.find(len, self.metadata_cursor).ok_or(Error::NoSpace)?;
+        self.free.remove(start, len);
+        self.metadata_cursor = start + len;
+        self.bytes_used += len;
+        let prev = self.delayed_refs.insert(start, DelayedRef { num_bytes: len, kind: ExtentKind::Metadata { owner, level }, created: true, ref_delta: 1 });
+        assert!(prev.is_none(), "node {start} allocated while it has a pending extent change");
+        Ok(start)
+    }
+
+    /// Frees a tree node. Its space is pinned until this transaction's
+    /// commit is durable.
+    pub fn free_node(&mut self, bytenr: u64, owner: u64, level: u8) {
+        let len = NODE_SIZE as u64;
+        match self.delayed_refs.remove(&bytenr) {
+            Some(r) if r.created => {
+                assert_eq!(r.ref_delta, 1, "node {bytenr} freed twice");
+            }
+            Some(r) => panic!("node {bytenr} freed twice (pending {r:?})"),
+            None => {
+                self.delayed_refs.insert(bytenr, DelayedRef { num_bytes: len, kind: ExtentKind::Metadata { owner, level }, created: false, ref_delta: -1 });
+            }
+        }
+        self.bytes_used -= len;
+        self.pinned.push((bytenr, len));
+    }
+
+    /// Allocates a data extent of up to `len` bytes (sector multiple);
+    /// returns `(bytenr, allocated_len)`, shorter than asked when free space
+    /// is fragmented. Its reference count starts at zero: each file extent
+    /// item that points into it adds one with [`Self::add_data_ref`].
+    pub fn alloc_data(&mut self, len: u64, owner: u64) -> Result<(u64, u64)> {
+        assert!(len > 0 && len % SECTOR_SIZE == 0);
+        let (start, len) = match self.free.find(len, self.data_cursor) {
+            Some(start) => (start, len),
+            None => {
+                let (start, run) = self.free.largest().ok_or(Error::NoSpace)?;
+                (start, run.min(len))
+            }
+        };
+        self.free.remove(start, len);
+        self.data_cursor = start + len;
+        self.bytes_used += len;
+        let prev = self.delayed_refs.insert(start, DelayedRef { num_bytes: len, kind: ExtentKind::Data { owner }, created: true, ref_delta: 0 });
+        assert!(prev.is_none(), "data extent {start} allocated while it has a pending extent change");
+        Ok((start, len))
+    }
+
+    /// Records one more (delta = 1) or one fewer (delta = -1) file extent
+    /// item pointing into the data extent at `bytenr`.
+    pub fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64, delta: i64) {
+        let entry = self.delayed_refs.entry(bytenr).or_insert(DelayedRef { num_bytes, kind: ExtentKind::Data { owner }, created: false, ref_delta: 0 });
+        assert_eq!(entry.num_bytes, num_bytes, "data extent {bytenr} referenced with two lengths");
+        entry.ref_delta += delta;
+        if entry.created && entry.ref_delta == 0 && delta < 0 {
+            // Written and dropped within this transaction: nothing on disk
+            // refers to it, but a log may; pin it like any other free.
+            self.delayed_refs.remove(&bytenr);
+            self.bytes_used -= num_bytes;
+            self.pinned.push((bytenr, num_bytes));
+        }
+    }
+
+    /// Returns an unused, never-referenced data allocation (e.g. writeback
+    /// allocated more than it used).
+    pub fn release_unused_data(&mut self, bytenr: u64, len: u64) {
+        let r = self.delayed_refs.remove(&bytenr).expect("release of unknown data allocation");
+        assert!(r.created && r.ref_delta == 0 && r.num_bytes == len, "release of referenced data extent {bytenr}");
+        self.bytes_used -= len;
+        self.free.add(bytenr, len);
+    }
+
+    /// Takes the pending extent changes, lowest bytenr first.
+    pub fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)> {
+        std::mem::take(&mut self.delayed_refs).into_iter().collect()
+    }
+
+    pub fn has_delayed_refs(&self) -> bool {
+        !self.delayed_refs.is_empty()
+    }
+
+    /// An existing extent lost its last reference while its delayed ref
+    /// was applied: pin its space.
+    pub fn extent_released(&mut self, bytenr: u64, len: u64) {
+        self.bytes_used -= len;
+        self.pinned.push((bytenr, len));
+    }
+
+    /// Called when a commit starts: the pinned ranges it will release once
+    /// durable.
+    pub fn take_pinned(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.pinned)
+    }
+
+    /// Called once the commit that pinned `ranges` is durable.
+    pub fn unpin(&mut self, ranges: Vec<(u64, u64)>) {
+        for (start, len) in ranges {
+            self.free.add(start, len);
+        }
+    }
+
+    /// Marks space that the extent tree does not record but something
+    /// durable references (a log tree being replayed) as in use.
+    pub fn reserve_range(&mut self, start: u64, len: u64) {
+        self.free.remove(start, len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_space_coalesces_and_splits() {
+        let mut f = FreeSpace::default();
+        f.add(4096, 4096);
+        f.add(12288, 4096);
+        f.add(8192, 4096);
+        assert_eq!(f.ranges().collect::<Vec<_>>(), vec![(4096, 12288)]);
+        f.remove(8192, 4096);
+        assert_eq!(f.ranges().collect::<Vec<_>>(), vec![(4096, 4096), (12288, 4096)]);
+        assert_eq!(f.free_bytes(), 8192);
+    }
+
+    #[test]
+    #[should_panic(expected = "double free")]
+    fn double_free_is_caught() {
+        let mut f = FreeSpace::default();
+        f.add(4096, 8192);
+        f.add(8192, 4096);
+    }
+
+    #[test]
+    fn freed_nodes_stay_pinned_until_unpinned() {
+        let mut free = FreeSpace::default();
+        free.add(1 << 20, 1 << 20);
+        let mut a = Allocator::new(free, 0, 2 << 20);
+        let n = a.alloc_node(5, 0).unwrap();
+        a.take_delayed_refs();
+        a.free_node(n, 5, 0);
+        let pinned = a.take_pinned();
+        assert_eq!(pinned, vec![(n, NODE_SIZE as u64)]);
+        assert_eq!(a.free_bytes(), (1 << 20) - NODE_SIZE as u64);
+        a.unpin(pinned);
+        assert_eq!(a.free_bytes(), 1 << 20);
+    }
+}

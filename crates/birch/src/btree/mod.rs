@@ -1,0 +1,585 @@
+//! The copy-on-write B-tree.
+//!
+//! A [`Forest`] holds every tree's nodes as the running transaction sees
+//! them: clean nodes come from the [`NodeStore`] (disk + cache), nodes the
+//! transaction changed live in `dirty` until commit writes them, and nodes
+//! of a commit still being written live in `committing`. A node is copied
+//! at most once per transaction: the copy gets a fresh block and the
+//! running transid, and later changes in the same transaction modify the
+//! copy in place. The old block is freed (pinned) through the allocator.
+//!
+//! Tree invariants (checked by `check` and by `Forest::verify_tree` in tests):
+//! keys strictly increase within a node and across the tree; every internal
+//! pointer's key equals the first key of its child; children are one level
+//! down, owned by the same tree, and carry the generation the pointer
+//! records; only a root may be empty; no node overflows.
+
+mod cache;
+mod store;
+
+pub use store::{read_node_uncached, NodeExpectation, NodeStore};
+
+use crate::alloc::Allocator;
+use crate::device::BlockDevice;
+use crate::error::{Corruption, Error, Result};
+use crate::format::{Key, KeyPtr, LeafItem, Node, NodeBody};
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use crate::format::node::{BODY_SIZE, MAX_ITEM_DATA};
+
+/// Where a tree's root node is, as the running transaction sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeRoot {
+    pub id: u64,
+    pub bytenr: u64,
+    pub level: u8,
+    pub generation: u64,
+}
+
+impl TreeRoot {
+    fn expectation(&self) -> NodeExpectation {
+        NodeExpectation { tree: self.id, level: self.level, generation: self.generation }
+    }
+}
+
+/// One step of a root-to-leaf path: the node and the slot taken in it
+/// (for a leaf, the item's position or insertion point).
+#[derive(Debug, Clone, Copy)]
+struct PathStep {
+    bytenr: u64,
+    slot: usize,
+}
+
+/// Counters the B-tree keeps about its own work.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TreeStats {
+    pub nodes_cowed: u64,
+    pub splits: u64,
+    pub merges: u64,
+}
+
+pub struct Forest<D> {
+    store: Arc<NodeStore<D>>,
+    dirty: HashMap<u64, Arc<Node>>,
+    committing: Arc<HashMap<u64, Arc<Node>>>,
+    pub alloc: Allocator,
+    transid: u64,
+    pub stats: TreeStats,
+}
+
+/// Largest i such that `ptrs[i].key <= key`, or 0.
+fn child_slot(ptrs: &[KeyPtr], key: &Key) -> usize {
+    match ptrs.binary_search_by(|p| p.key.cmp(key)) {
+        Ok(i) => i,
+        Err(0) => 0,
+        Err(i) => i - 1,
+    }
+}
+
+fn leaf_slot(items: &[LeafItem], key: &Key) -> std::result::Result<usize, usize> {
+    items.binary_search_by(|i| i.key.cmp(key))
+}
+
+impl<D: BlockDevice> Forest<D> {
+    pub fn new(store: Arc<NodeStore<D>>, alloc: Allocator, transid: u64) -> Self {
+        Forest { store, dirty: HashMap::new(), committing: Arc::new(HashMap::new()), alloc, transid, stats: TreeStats::default() }
+    }
+
+    pub fn transid(&self) -> u64 {
+        self.transid
+    }
+
+    pub fn store(&self) -> &Arc<NodeStore<D>> {
+        &self.store
+    }
+
+    pub fn dirty_node_count(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Reads a node as the running transaction sees it.
+    pub fn node(&self, bytenr: u64, expect: NodeExpectation) -> Result<Arc<Node>> {
+        if let Some(n) = self.dirty.get(&bytenr).or_else(|| self.committing.get(&bytenr)) {
+            if n.owner != expect.tree || n.level != expect.level || n.generation != expect.generation {
+                return Err(Error::corrupt(Corruption::at_block(
+                    Some(expect.tree),
+                    bytenr,
+                    None,
+                    format!("in-memory node (owner {}, level {}, gen {}) does not match its parent {:?}", n.owner, n.level, n.generation, expect),
+                )));
+            }
+            return Ok(n.clone());
+        }
+        self.store.read(bytenr, expect)
+    }
+
+    fn node_mut(&mut self, bytenr: u64) -> &mut Node {
+        Arc::make_mut(self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("node {bytenr} changed without being copied first")))
+    }
+
+    /// Makes `bytenr` writable in this transaction, copying it if it is not
+    /// already this transaction's copy. Returns the writable block.
+    fn cow(&mut self, bytenr: u64, expect: NodeExpectation) -> Result<u64> {
+        if self.dirty.contains_key(&bytenr) {
+            return Ok(bytenr);
+        }
+        let old = self.node(bytenr, expect)?;
+        let new_bytenr = self.alloc.alloc_node(expect.tree, expect.level)?;
+        let mut copy = (*old).clone();
+        copy.bytenr = new_bytenr;
+        copy.generation = self.transid;
+        self.dirty.insert(new_bytenr, Arc::new(copy));
+        self.free_block(bytenr, expect.tree, expect.level);
+        self.stats.nodes_cowed += 1;
+        Ok(new_bytenr)
+    }
+
+    fn free_block(&mut self, bytenr: u64, tree: u64, level: u8) {
+        self.dirty.remove(&bytenr);
+        self.store.forget(bytenr);
+        self.alloc.free_node(bytenr, tree, level);
+    }
+
+    fn new_node(&mut self, tree: u64, level: u8, body: NodeBody) -> Result<u64> {
+        let bytenr = self.alloc.alloc_node(tree, level)?;
+        self.dirty.insert(bytenr, Arc::new(Node { bytenr, generation: self.transid, owner: tree, level, body }));
+        Ok(bytenr)
+    }
+
+    /// Creates an empty tree (a root leaf with no items).
+    pub fn create_tree(&mut self, id: u64) -> Result<TreeRoot> {
+        let bytenr = self.new_node(id, 0, NodeBody::Leaf(Vec::new()))?;
+        Ok(TreeRoot { id, bytenr, level: 0, generation: self.transid })
+    }
+
+    /// Frees every node of a tree (e.g. a log tree after commit).
+    pub fn drop_tree(&mut self, root: &TreeRoot) -> Result<()> {
+        let mut stack = vec![(root.bytenr, root.expectation())];
+        while let Some((bytenr, expect)) = stack.pop() {
+            let node = self.node(bytenr, expect)?;
+            if let NodeBody::Internal(ptrs) = &node.body {
+                for p in ptrs {
+                    stack.push((p.blockptr, NodeExpectation { tree: expect.tree, level: expect.level - 1, generation: p.generation }));
+                }
+            }
+            self.free_block(bytenr, expect.tree, expect.level);
+        }
+        Ok(())
+    }
+
+    // ----- reads -----
+
+    /// The data of the item with exactly `key`.
+    pub fn get(&self, root: &TreeRoot, key: &Key) -> Result<Option<Vec<u8>>> {
+        let mut bytenr = root.bytenr;
+        let mut expect = root.expectation();
+        loop {
+            let node = self.node(bytenr, expect)?;
+            match &node.body {
+                NodeBody::Leaf(items) => return Ok(leaf_slot(items, key).ok().map(|i| items[i].data.clone())),
+                NodeBody::Internal(ptrs) => {
+                    let p = ptrs[child_slot(ptrs, key)];
+                    bytenr = p.blockptr;
+                    expect = NodeExpectation { tree: root.id, level: expect.level - 1, generation: p.generation };
+                }
+            }
+        }
+    }
+
+    /// Calls `f` on every item with `start <= key <= end`, in key order,
+    /// until it returns `Break`.
+    pub fn scan(&self, root: &TreeRoot, start: Key, end: Key, f: &mut dyn FnMut(&Key, &[u8]) -> Result<ControlFlow<()>>) -> Result<()> {
+        self.scan_node(root.bytenr, root.expectation(), &start, &end, f).map(|_| ())
+    }
+
+    fn scan_node(&self, bytenr: u64, expect: NodeExpectation, start: &Key, end: &Key, f: &mut dyn FnMut(&Key, &[u8]) -> Result<ControlFlow<()>>) -> Result<ControlFlow<()>> {
+        let node = self.node(bytenr, expect)?;
+        match &node.body {
+            NodeBody::Leaf(items) => {
+                let first = leaf_slot(items, start).unwrap_or_else(|i| i);
+                for item in &items[first..] {
+                    if item.key > *end {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                    if f(&item.key, &item.data)?.is_break() {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                Ok(ControlFlow::Continue(()))
+            }
+            NodeBody::Internal(ptrs) => {
+                for p in &ptrs[child_slot(ptrs, start)..] {
+                    if p.key > *end {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                    let child = NodeExpectation { tree: expect.tree, level: expect.level - 1, generation: p.generation };
+                    if self.scan_node(p.blockptr, child, start, end, f)?.is_break() {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                Ok(ControlFlow::Continue(()))
+            }
+        }
+    }
+
+    /// All items with `start <= key <= end`.
+    pub fn collect_range(&self, root: &TreeRoot, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+        let mut out = Vec::new();
+        self.scan(root, start, end, &mut |k, d| {
+            out.push((*k, d.to_vec()));
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(out)
+    }
+
+    /// The item with the largest key `<= key`, if any.
+    pub fn last_at_or_before(&self, root: &TreeRoot, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        self.last_in_node(root.bytenr, root.expectation(), key)
+    }
+
+    fn last_in_node(&self, bytenr: u64, expect: NodeExpectation, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        let node = self.node(bytenr, expect)?;
+        match &node.body {
+            NodeBody::Leaf(items) => {
+                let idx = match leaf_slot(items, key) {
+                    Ok(i) => Some(i),
+                    Err(0) => None,
+                    Err(i) => Some(i - 1),
+                };
+                Ok(idx.map(|i| (items[i].key, items[i].data.clone())))
+            }
+            NodeBody::Internal(ptrs) => {
+                // The child whose range holds `key` may contain nothing <= key
+                // only if key precedes the whole tree; then nothing does.
+                let slot = child_slot(ptrs, key);
+                for p in ptrs[..=slot].iter().rev() {
+                    let child = NodeExpectation { tree: expect.tree, level: expect.level - 1, generation: p.generation };
+                    if let Some(found) = self.last_in_node(p.blockptr, child, key)? {
+                        return Ok(Some(found));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    // ----- writes -----
+
+    /// Copies the root-to-leaf path toward `key` into this transaction.
+    fn cow_path(&mut self, root: &mut TreeRoot, key: &Key) -> Result<Vec<PathStep>> {
+        let new_root = self.cow(root.bytenr, root.expectation())?;
+        root.bytenr = new_root;
+        root.generation = self.transid;
+        let mut path = Vec::with_capacity(root.level as usize + 1);
+        let mut bytenr = new_root;
+        let mut level = root.level;
+        loop {
+            let node = self.dirty[&bytenr].clone();
+            match &node.body {
+                NodeBody::Leaf(items) => {
+                    let slot = leaf_slot(items, key).unwrap_or_else(|i| i);
+                    path.push(PathStep { bytenr, slot });
+                    return Ok(path);
+                }
+                NodeBody::Internal(ptrs) => {
+                    let slot = child_slot(ptrs, key);
+                    let p = ptrs[slot];
+                    let expect = NodeExpectation { tree: root.id, level: level - 1, generation: p.generation };
+                    let child = self.cow(p.blockptr, expect)?;
+                    if child != p.blockptr {
+                        let transid = self.transid;
+                        let ptr = &mut self.node_mut(bytenr).key_ptrs_mut()[slot];
+                        ptr.blockptr = child;
+                        ptr.generation = transid;
+                    }
+                    path.push(PathStep { bytenr, slot });
+                    bytenr = child;
+                    level -= 1;
+                }
+            }
+        }
+    }
+
+    /// Inserts a new item; `Err(Exists)` if the key is present.
+    pub fn insert(&mut self, root: &mut TreeRoot, key: Key, data: Vec<u8>) -> Result<()> {
+        if self.get(root, &key)?.is_some() {
+            return Err(Error::Exists);
+        }
+        self.put(root, key, data)
+    }
+
+    /// Inserts an item or replaces the data of an existing one.
+    pub fn put(&mut self, root: &mut TreeRoot, key: Key, data: Vec<u8>) -> Result<()> {
+        assert!(data.len() <= MAX_ITEM_DATA, "item {key} of {} bytes exceeds the largest item", data.len());
+        let path = self.cow_path(root, &key)?;
+        let leaf = path.last().expect("path has a leaf");
+        let slot = leaf.slot;
+        let items = self.node_mut(leaf.bytenr).leaf_items_mut();
+        if items.get(slot).is_some_and(|i| i.key == key) {
+            items[slot].data = data;
+        } else {
+            items.insert(slot, LeafItem { key, data });
+            if slot == 0 {
+                self.fix_low_keys(&path, path.len() - 1);
+            }
+        }
+        self.split_if_needed(root, &path, path.len() - 1)
+    }
+
+    /// Removes the item with `key`, returning its data.
+    pub fn delete(&mut self, root: &mut TreeRoot, key: &Key) -> Result<Option<Vec<u8>>> {
+        if self.get(root, key)?.is_none() {
+            return Ok(None);
+        }
+        let path = self.cow_path(root, key)?;
+        let leaf = *path.last().expect("path has a leaf");
+        let items = self.node_mut(leaf.bytenr).leaf_items_mut();
+        assert_eq!(items[leaf.slot].key, *key);
+        let removed = items.remove(leaf.slot);
+        if leaf.slot == 0 && !items.is_empty() {
+            self.fix_low_keys(&path, path.len() - 1);
+        }
+        self.rebalance(root, &path, path.len() - 1)?;
+        Ok(Some(removed.data))
+    }
+
+    /// After the first key of `path[depth]` changed, rewrites the keys that
+    /// point at it from above.
+    fn fix_low_keys(&mut self, path: &[PathStep], depth: usize) {
+        let mut depth = depth;
+        while depth > 0 {
+            let Some(first) = self.dirty[&path[depth].bytenr].first_key() else { return };
+            let parent = path[depth - 1];
+            self.node_mut(parent.bytenr).key_ptrs_mut()[parent.slot].key = first;
+            if parent.slot != 0 {
+                return;
+            }
+            depth -= 1;
+        }
+    }
+
+    fn split_if_needed(&mut self, root: &mut TreeRoot, path: &[PathStep], depth: usize) -> Result<()> {
+        let node = self.dirty[&path[depth].bytenr].clone();
+        if node.fits() {
+            return Ok(());
+        }
+        self.stats.splits += 1;
+        let pieces: Vec<NodeBody> = match &node.body {
+            NodeBody::Leaf(items) => split_leaf_items(items.clone()).into_iter().map(NodeBody::Leaf).collect(),
+            NodeBody::Internal(ptrs) => {
+                let mid = ptrs.len() / 2;
+                vec![NodeBody::Internal(ptrs[..mid].to_vec()), NodeBody::Internal(ptrs[mid..].to_vec())]
+            }
+        };
+        let mut pieces = pieces.into_iter();
+        self.node_mut(node.bytenr).body = pieces.next().expect("split yields pieces");
+        let mut new_ptrs = Vec::new();
+        for body in pieces {
+            let first = match &body {
+                NodeBody::Leaf(items) => items[0].key,
+                NodeBody::Internal(ptrs) => ptrs[0].key,
+            };
+            let bytenr = self.new_node(root.id, node.level, body)?;
+            new_ptrs.push(KeyPtr { key: first, blockptr: bytenr, generation: self.transid });
+        }
+        if depth == 0 {
+            let first = self.dirty[&node.bytenr].first_key().expect("split node is not empty");
+            let mut ptrs = vec![KeyPtr { key: first, blockptr: node.bytenr, generation: self.transid }];
+            ptrs.extend(new_ptrs);
+            let new_root = self.new_node(root.id, node.level + 1, NodeBody::Internal(ptrs))?;
+            root.bytenr = new_root;
+            root.level = node.level + 1;
+            root.generation = self.transid;
+            return Ok(());
+        }
+        let parent = path[depth - 1];
+        let ptrs = self.node_mut(parent.bytenr).key_ptrs_mut();
+        for (i, p) in new_ptrs.into_iter().enumerate() {
+            ptrs.insert(parent.slot + 1 + i, p);
+        }
+        self.split_if_needed(root, path, depth - 1)
+    }
+
+    /// After a removal from `path[depth]`, merges it with a sibling if it
+    /// got small, removes it if empty, and shrinks the root.
+    fn rebalance(&mut self, root: &mut TreeRoot, path: &[PathStep], depth: usize) -> Result<()> {
+        let bytenr = path[depth].bytenr;
+        let node = self.dirty[&bytenr].clone();
+        if depth == 0 {
+            // Collapse internal roots with a single child.
+            let mut node = node;
+            while !node.is_leaf() && node.nritems() == 1 {
+                let p = node.key_ptrs()[0];
+                let child_expect = NodeExpectation { tree: root.id, level: node.level - 1, generation: p.generation };
+                let child = self.node(p.blockptr, child_expect)?;
+                self.free_block(node.bytenr, root.id, node.level);
+                *root = TreeRoot { id: root.id, bytenr: child.bytenr, level: child.level, generation: child.generation };
+                node = child;
+            }
+            if !node.is_leaf() && node.nritems() == 0 {
+                self.free_block(node.bytenr, root.id, node.level);
+                *root = self.create_tree(root.id)?;
+            }
+            return Ok(());
+        }
+        let parent = path[depth - 1];
+        if node.nritems() == 0 {
+            self.free_block(bytenr, root.id, node.level);
+            let ptrs = self.node_mut(parent.bytenr).key_ptrs_mut();
+            ptrs.remove(parent.slot);
+            if parent.slot == 0 && !ptrs.is_empty() {
+                self.fix_low_keys(path, depth - 1);
+            }
+            return self.rebalance(root, path, depth - 1);
+        }
+        if node.used_bytes() >= BODY_SIZE / 4 {
+            return Ok(());
+        }
+        let parent_node = self.dirty[&parent.bytenr].clone();
+        let ptrs = parent_node.key_ptrs();
+        let level = node.level;
+        let sibling_expect = |p: &KeyPtr| NodeExpectation { tree: root.id, level, generation: p.generation };
+        if parent.slot > 0 {
+            // Merge this node into its left sibling.
+            let left_ptr = ptrs[parent.slot - 1];
+            let left = self.node(left_ptr.blockptr, sibling_expect(&left_ptr))?;
+            if left.used_bytes() + node.used_bytes() > BODY_SIZE {
+                return Ok(());
+            }
+            let left_bytenr = self.cow(left_ptr.blockptr, sibling_expect(&left_ptr))?;
+            append_body(self.node_mut(left_bytenr), &node.body);
+            self.free_block(bytenr, root.id, level);
+            let transid = self.transid;
+            let pptrs = self.node_mut(parent.bytenr).key_ptrs_mut();
+            pptrs[parent.slot - 1].blockptr = left_bytenr;
+            pptrs[parent.slot - 1].generation = transid;
+            pptrs.remove(parent.slot);
+        } else if ptrs.len() > 1 {
+            // Merge the right sibling into this node.
+            let right_ptr = ptrs[parent.slot + 1];
+            let right = self.node(right_ptr.blockptr, sibling_expect(&right_ptr))?;
+            if right.used_bytes() + node.used_bytes() > BODY_SIZE {
+                return Ok(());
+            }
+            append_body(self.node_mut(bytenr), &right.body);
+            self.free_block(right_ptr.blockptr, root.id, level);
+            self.node_mut(parent.bytenr).key_ptrs_mut().remove(parent.slot + 1);
+        } else {
+            return Ok(());
+        }
+        self.stats.merges += 1;
+        self.rebalance(root, path, depth - 1)
+    }
+
+    // ----- commit support -----
+
+    /// Ends the running transaction's changes: hands over its dirty nodes
+    /// (to be written) and starts transaction `transid + 1`.
+    pub fn begin_commit(&mut self) -> Arc<HashMap<u64, Arc<Node>>> {
+        let dirty = Arc::new(std::mem::take(&mut self.dirty));
+        self.committing = dirty.clone();
+        self.transid += 1;
+        dirty
+    }
+
+    /// The committed nodes are on disk: serve them from the cache.
+    pub fn end_commit(&mut self) {
+        let written = std::mem::take(&mut self.committing);
+        for node in written.values() {
+            self.store.cache_written(node.clone());
+        }
+    }
+
+    /// Walks a whole tree and asserts the structural invariants (tests).
+    pub fn verify_tree(&self, root: &TreeRoot) -> Result<usize> {
+        let mut count = 0;
+        self.verify_node(root.bytenr, root.expectation(), None, None, true, &mut count)?;
+        Ok(count)
+    }
+
+    fn verify_node(&self, bytenr: u64, expect: NodeExpectation, low: Option<Key>, high: Option<Key>, is_root: bool, count: &mut usize) -> Result<()> {
+        let node = self.node(bytenr, expect)?;
+        let fail = |reason: String| Err(Error::corrupt(Corruption::at_block(Some(expect.tree), bytenr, None, reason)));
+        if !node.fits() {
+            return fail(format!("node overflows: {} bytes", node.used_bytes()));
+        }
+        if !is_root && node.nritems() == 0 {
+            return fail("empty non-root node".into());
+        }
+        if let (Some(low), Some(first)) = (low, node.first_key()) {
+            if first != low {
+                return fail(format!("first key {first} differs from parent key {low}"));
+            }
+        }
+        match &node.body {
+            NodeBody::Leaf(items) => {
+                for w in items.windows(2) {
+                    if w[0].key >= w[1].key {
+                        return fail(format!("keys out of order: {} then {}", w[0].key, w[1].key));
+                    }
+                }
+                if let (Some(high), Some(last)) = (high, items.last()) {
+                    if last.key >= high {
+                        return fail(format!("key {} not below the next parent key {high}", last.key));
+                    }
+                }
+                *count += items.len();
+            }
+            NodeBody::Internal(ptrs) => {
+                for (i, p) in ptrs.iter().enumerate() {
+                    let next = ptrs.get(i + 1).map(|n| n.key).or(high);
+                    let child = NodeExpectation { tree: expect.tree, level: expect.level - 1, generation: p.generation };
+                    self.verify_node(p.blockptr, child, Some(p.key), next, false, count)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn append_body(dst: &mut Node, src: &NodeBody) {
+    match (&mut dst.body, src) {
+        (NodeBody::Leaf(a), NodeBody::Leaf(b)) => a.extend(b.iter().cloned()),
+        (NodeBody::Internal(a), NodeBody::Internal(b)) => a.extend(b.iter().copied()),
+        _ => panic!("merging nodes of different levels"),
+    }
+}
+
+/// Splits an overfull leaf's items into pieces that each fit: two balanced
+/// halves when possible, otherwise greedy packing (a very large item may
+/// need a piece of its own).
+fn split_leaf_items(items: Vec<LeafItem>) -> Vec<Vec<LeafItem>> {
+    use crate::format::node::LEAF_ITEM_HEADER_SIZE;
+    let sizes: Vec<usize> = items.iter().map(|i| LEAF_ITEM_HEADER_SIZE + i.data.len()).collect();
+    let total: usize = sizes.iter().sum();
+    let mut prefix = 0;
+    let mut best: Option<(usize, usize)> = None;
+    for (k, size) in sizes.iter().enumerate().take(sizes.len() - 1) {
+        prefix += size;
+        let (left, right) = (prefix, total - prefix);
+        if left <= BODY_SIZE && right <= BODY_SIZE {
+            let imbalance = left.abs_diff(right);
+            if best.is_none_or(|(_, b)| imbalance < b) {
+                best = Some((k + 1, imbalance));
+            }
+        }
+    }
+    if let Some((k, _)) = best {
+        let mut items = items;
+        let right = items.split_off(k);
+        return vec![items, right];
+    }
+    let mut pieces = vec![Vec::new()];
+    let mut used = 0;
+    for (item, size) in items.into_iter().zip(sizes) {
+        if used + size > BODY_SIZE {
+            pieces.push(Vec::new());
+            used = 0;
+        }
+        used += size;
+        pieces.last_mut().expect("at least one piece").push(item);
+    }
+    pieces
+}

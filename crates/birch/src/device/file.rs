@@ -1,0 +1,126 @@
+use super::{check_range, BlockDevice};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+/// An image file or a block device, accessed with pread/pwrite; flush is
+/// fdatasync. With `direct_io`, the file is opened O_DIRECT and every access
+/// goes through a 4 KiB-aligned bounce buffer.
+pub struct FileDevice {
+    file: File,
+    size_bytes: u64,
+    direct_io: bool,
+}
+
+const DIRECT_IO_ALIGN: usize = 4096;
+
+impl FileDevice {
+    /// Opens an existing image file or block device read-write.
+    pub fn open(path: &Path, direct_io: bool) -> io::Result<Self> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        if direct_io {
+            options.custom_flags(libc::O_DIRECT);
+        }
+        let file = options.open(path)?;
+        let size_bytes = device_size(&file)?;
+        Ok(FileDevice { file, size_bytes, direct_io })
+    }
+
+    /// Opens read-only (for `check` and `dump`, which must never write).
+    pub fn open_read_only(path: &Path) -> io::Result<Self> {
+        let file = File::open(path)?;
+        let size_bytes = device_size(&file)?;
+        Ok(FileDevice { file, size_bytes, direct_io: false })
+    }
+
+    /// The open file, e.g. for taking an advisory lock.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    fn aligned(offset: u64, len: usize) -> bool {
+        offset % DIRECT_IO_ALIGN as u64 == 0 && len % DIRECT_IO_ALIGN == 0
+    }
+}
+
+/// Size of a regular file or a block device (whose metadata length is 0).
+fn device_size(file: &File) -> io::Result<u64> {
+    let meta = file.metadata()?;
+    if meta.file_type().is_block_device() {
+        let mut size: u64 = 0;
+        // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+        const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+        // SAFETY: the fd is open for the lifetime of `file`, and `size` is a
+        // valid u64 the ioctl writes into.
+        let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(file), BLKGETSIZE64, &mut size) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(size)
+    } else {
+        Ok(meta.len())
+    }
+}
+
+/// A heap buffer aligned for O_DIRECT.
+struct AlignedBuffer {
+    bytes: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuffer {
+    fn new(len: usize) -> Self {
+        let bytes = vec![0u8; len + DIRECT_IO_ALIGN];
+        let start = bytes.as_ptr().align_offset(DIRECT_IO_ALIGN);
+        AlignedBuffer { bytes, start, len }
+    }
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[self.start..self.start + self.len]
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(buf.len(), offset, self.size_bytes)?;
+        if self.direct_io {
+            if !Self::aligned(offset, buf.len()) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("O_DIRECT read of {} bytes at {offset} is not 4 KiB aligned", buf.len()),
+                ));
+            }
+            let mut bounce = AlignedBuffer::new(buf.len());
+            self.file.read_exact_at(bounce.as_mut(), offset)?;
+            buf.copy_from_slice(bounce.as_mut());
+            return Ok(());
+        }
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        check_range(buf.len(), offset, self.size_bytes)?;
+        if self.direct_io {
+            if !Self::aligned(offset, buf.len()) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("O_DIRECT write of {} bytes at {offset} is not 4 KiB aligned", buf.len()),
+                ));
+            }
+            let mut bounce = AlignedBuffer::new(buf.len());
+            bounce.as_mut().copy_from_slice(buf);
+            return self.file.write_all_at(bounce.as_mut(), offset);
+        }
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+}

@@ -1,0 +1,50 @@
+use super::{check_range, BlockDevice};
+use std::io;
+use std::sync::RwLock;
+
+/// A device held in memory. Flush is a no-op: everything is "durable" for
+/// as long as the process lives. Crash tests use [`super::RecordingDevice`].
+pub struct MemoryDevice {
+    bytes: RwLock<Vec<u8>>,
+}
+
+impl MemoryDevice {
+    pub fn new(size_bytes: u64) -> Self {
+        Self::from_bytes(vec![0; size_bytes as usize])
+    }
+
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        MemoryDevice { bytes: RwLock::new(bytes) }
+    }
+
+    /// A copy of the whole device content.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.bytes.read().expect("memory device lock poisoned").clone()
+    }
+}
+
+impl BlockDevice for MemoryDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let bytes = self.bytes.read().expect("memory device lock poisoned");
+        check_range(buf.len(), offset, bytes.len() as u64)?;
+        let start = offset as usize;
+        buf.copy_from_slice(&bytes[start..start + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut bytes = self.bytes.write().expect("memory device lock poisoned");
+        check_range(buf.len(), offset, bytes.len() as u64)?;
+        let start = offset as usize;
+        bytes[start..start + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.bytes.read().expect("memory device lock poisoned").len() as u64
+    }
+}

@@ -1,0 +1,128 @@
+//! Engine errors. Each maps to the errno a kernel filesystem would return.
+
+use std::fmt;
+use std::io;
+
+/// Where on disk something is wrong, in the one format every report uses:
+/// `corrupt node: tree=5 block=30621696 slot=3: invalid key order`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Corruption {
+    pub tree: Option<u64>,
+    pub block: Option<u64>,
+    pub slot: Option<usize>,
+    pub reason: String,
+}
+
+impl Corruption {
+    pub fn at_block(tree: Option<u64>, block: u64, slot: Option<usize>, reason: impl Into<String>) -> Corruption {
+        Corruption { tree, block: Some(block), slot, reason: reason.into() }
+    }
+
+    pub fn general(reason: impl Into<String>) -> Corruption {
+        Corruption { tree: None, block: None, slot: None, reason: reason.into() }
+    }
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("corrupt")?;
+        if self.block.is_some() {
+            f.write_str(" node:")?;
+        } else {
+            f.write_str(":")?;
+        }
+        if let Some(tree) = self.tree {
+            write!(f, " tree={}", crate::print::tree_name(tree))?;
+        }
+        if let Some(block) = self.block {
+            write!(f, " block={block}")?;
+        }
+        if let Some(slot) = self.slot {
+            write!(f, " slot={slot}")?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+#[derive(Debug)]
+pub enum Error {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    NameTooLong,
+    /// EINVAL, with what was invalid.
+    InvalidArgument(&'static str),
+    NoSpace,
+    TooManyLinks,
+    /// No such xattr (ENODATA).
+    NoData,
+    /// A buffer too small or a value too large (ERANGE / E2BIG).
+    Range,
+    FileTooBig,
+    ReadOnly,
+    NotPermitted,
+    /// The device failed; the filesystem has gone read-only.
+    Io(io::Error),
+    Corrupt(Corruption),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound => libc::ENOENT,
+            Error::Exists => libc::EEXIST,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::NameTooLong => libc::ENAMETOOLONG,
+            Error::InvalidArgument(_) => libc::EINVAL,
+            Error::NoSpace => libc::ENOSPC,
+            Error::TooManyLinks => libc::EMLINK,
+            Error::NoData => libc::ENODATA,
+            Error::Range => libc::ERANGE,
+            Error::FileTooBig => libc::EFBIG,
+            Error::ReadOnly => libc::EROFS,
+            Error::NotPermitted => libc::EPERM,
+            Error::Io(_) | Error::Corrupt(_) => libc::EIO,
+        }
+    }
+
+    pub(crate) fn corrupt(c: Corruption) -> Error {
+        Error::Corrupt(c)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotFound => f.write_str("no such file or directory"),
+            Error::Exists => f.write_str("file exists"),
+            Error::NotDir => f.write_str("not a directory"),
+            Error::IsDir => f.write_str("is a directory"),
+            Error::NotEmpty => f.write_str("directory not empty"),
+            Error::NameTooLong => f.write_str("file name too long"),
+            Error::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
+            Error::NoSpace => f.write_str("no space left on device"),
+            Error::TooManyLinks => f.write_str("too many links"),
+            Error::NoData => f.write_str("no such attribute"),
+            Error::Range => f.write_str("value out of range"),
+            Error::FileTooBig => f.write_str("file too large"),
+            Error::ReadOnly => f.write_str("read-only filesystem"),
+            Error::NotPermitted => f.write_str("operation not permitted"),
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Corrupt(c) => c.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}

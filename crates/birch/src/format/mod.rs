@@ -1,0 +1,68 @@
+//! The on-disk format: byte layouts of the superblock, nodes, keys and items.
+//!
+//! This module knows bytes, not behaviour: every structure here has an
+//! `encode` and a `decode` that validates what it reads and names what is
+//! wrong. docs/FORMAT.md draws each layout.
+
+mod bytes;
+mod items;
+mod key;
+pub mod node;
+mod superblock;
+
+pub use items::*;
+pub use key::{item_type, item_type_name, Key};
+pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
+pub use superblock::{Superblock, SuperblockError};
+
+/// Allocation unit for data and metadata.
+pub const SECTOR_SIZE: u64 = 4096;
+/// Size of every B-tree node (btrfs's default nodesize).
+pub const NODE_SIZE: usize = 16384;
+/// Byte offsets of the superblock copies.
+pub const SUPERBLOCK_OFFSETS: [u64; 2] = [64 * 1024, 256 * 1024];
+pub const SUPERBLOCK_SIZE: usize = 4096;
+/// Nothing below this offset is ever allocated (room for the superblocks).
+pub const FIRST_ALLOCATABLE_BYTE: u64 = 1024 * 1024;
+/// Smallest device mkfs accepts.
+pub const MIN_DEVICE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// "BIRCHFS1", little-endian.
+pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"BIRCHFS1");
+/// "BNOD", little-endian.
+pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"BNOD");
+
+/// Tree ids (the `owner` of a node, and the objectid of its root item).
+pub mod tree_id {
+    pub const ROOT: u64 = 1;
+    pub const EXTENT: u64 = 2;
+    /// The one subvolume birch has today.
+    pub const FS: u64 = 5;
+    /// Owner of every log tree node; the log root tree names each log tree
+    /// by the subvolume it logs.
+    pub const LOG: u64 = u64::MAX - 6;
+    pub const LOG_ROOT: u64 = u64::MAX - 7;
+}
+
+/// Objectid of the orphan items (inodes with no names left, still open).
+pub const ORPHAN_OBJECTID: u64 = u64::MAX - 5;
+/// Inode number of a subvolume's root directory.
+pub const ROOT_DIR_INO: u64 = 256;
+/// First inode number handed out to a new file.
+pub const FIRST_FREE_INO: u64 = 257;
+/// First dir index a directory hands out (0 and 1 are "." and "..").
+pub const FIRST_DIR_INDEX: u64 = 2;
+
+/// Longest file name (bytes), as on every Linux filesystem.
+pub const NAME_MAX: usize = 255;
+/// Largest file data stored inline in the tree instead of in an extent.
+pub const MAX_INLINE_DATA: usize = 2048;
+/// Longest symlink target (PATH_MAX - 1); stored as an inline extent.
+pub const SYMLINK_MAX: usize = 4095;
+/// Largest data extent writeback allocates.
+pub const MAX_EXTENT_BYTES: u64 = 128 * 1024 * 1024;
+
+/// crc32c of a name, used as the offset of dir items and xattr items.
+pub fn name_hash(name: &[u8]) -> u64 {
+    u64::from(crc32c::crc32c(name))
+}

@@ -1,0 +1,162 @@
+//! Superblock layout (SUPERBLOCK_SIZE bytes, one copy at each of
+//! SUPERBLOCK_OFFSETS):
+//!
+//! ```text
+//! 0   csum              u32  crc32c of bytes 4..SUPERBLOCK_SIZE
+//! 4   reserved          u32
+//! 8   magic             u64  "BIRCHFS1"
+//! 16  bytenr            u64  offset of this copy
+//! 24  fsid              [16]
+//! 40  generation        u64  last committed transaction
+//! 48  root_tree_bytenr  u64
+//! 56  root_tree_level   u8   (+7 pad)
+//! 64  total_bytes       u64  usable size of the device
+//! 72  bytes_used        u64  allocated bytes (data + metadata)
+//! 80  sector_size       u32
+//! 84  node_size         u32
+//! 88  log_root_bytenr   u64  0 = no log to replay
+//! 96  log_root_level    u8   (+7 pad)
+//! 104 log_generation    u64  log transaction that wrote the log root
+//! 112 incompat_flags    u64  must be 0 for this version
+//! 120 reserved (zeroes)
+//! ```
+
+use super::bytes::{put_u32, put_u64, Reader};
+use super::{NODE_SIZE, SECTOR_SIZE, SUPERBLOCK_MAGIC, SUPERBLOCK_SIZE};
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub fsid: [u8; 16],
+    pub generation: u64,
+    pub root_tree_bytenr: u64,
+    pub root_tree_level: u8,
+    pub total_bytes: u64,
+    pub bytes_used: u64,
+    pub log_root_bytenr: u64,
+    pub log_root_level: u8,
+    pub log_generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SuperblockError {
+    BadMagic,
+    BadChecksum { stored: u32, computed: u32 },
+    WrongBytenr { found: u64 },
+    Unsupported(String),
+}
+
+impl fmt::Display for SuperblockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SuperblockError::BadMagic => write!(f, "no birch magic (not a birch filesystem)"),
+            SuperblockError::BadChecksum { stored, computed } => write!(f, "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"),
+            SuperblockError::WrongBytenr { found } => write!(f, "superblock copy claims to live at {found}"),
+            SuperblockError::Unsupported(what) => write!(f, "unsupported: {what}"),
+        }
+    }
+}
+
+impl Superblock {
+    pub fn encode(&self, copy_bytenr: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(SUPERBLOCK_SIZE);
+        put_u32(&mut out, 0);
+        put_u32(&mut out, 0);
+        put_u64(&mut out, SUPERBLOCK_MAGIC);
+        put_u64(&mut out, copy_bytenr);
+        out.extend_from_slice(&self.fsid);
+        put_u64(&mut out, self.generation);
+        put_u64(&mut out, self.root_tree_bytenr);
+        put_u64(&mut out, u64::from(self.root_tree_level));
+        put_u64(&mut out, self.total_bytes);
+        put_u64(&mut out, self.bytes_used);
+        put_u32(&mut out, SECTOR_SIZE as u32);
+        put_u32(&mut out, NODE_SIZE as u32);
+        put_u64(&mut out, self.log_root_bytenr);
+        put_u64(&mut out, u64::from(self.log_root_level));
+        put_u64(&mut out, self.log_generation);
+        put_u64(&mut out, 0);
+        out.resize(SUPERBLOCK_SIZE, 0);
+        let csum = crc32c::crc32c(&out[4..]);
+        out[0..4].copy_from_slice(&csum.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8], copy_bytenr: u64) -> Result<Superblock, SuperblockError> {
+        assert_eq!(bytes.len(), SUPERBLOCK_SIZE);
+        let field = |range: std::ops::Range<usize>| u64::from_le_bytes(bytes[range].try_into().expect("8 bytes"));
+        if field(8..16) != SUPERBLOCK_MAGIC {
+            return Err(SuperblockError::BadMagic);
+        }
+        let stored = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+        let computed = crc32c::crc32c(&bytes[4..]);
+        if stored != computed {
+            return Err(SuperblockError::BadChecksum { stored, computed });
+        }
+        let mut r = Reader::new(&bytes[16..]);
+        let short = |e: super::bytes::ShortRead| SuperblockError::Unsupported(e.to_string());
+        let found = r.u64().map_err(short)?;
+        if found != copy_bytenr {
+            return Err(SuperblockError::WrongBytenr { found });
+        }
+        let fsid: [u8; 16] = r.take(16).map_err(short)?.try_into().expect("16 bytes");
+        let generation = r.u64().map_err(short)?;
+        let root_tree_bytenr = r.u64().map_err(short)?;
+        let root_tree_level = r.u64().map_err(short)?;
+        let total_bytes = r.u64().map_err(short)?;
+        let bytes_used = r.u64().map_err(short)?;
+        let sector_size = r.u32().map_err(short)?;
+        let node_size = r.u32().map_err(short)?;
+        let log_root_bytenr = r.u64().map_err(short)?;
+        let log_root_level = r.u64().map_err(short)?;
+        let log_generation = r.u64().map_err(short)?;
+        let incompat = r.u64().map_err(short)?;
+        if u64::from(sector_size) != SECTOR_SIZE || node_size as usize != NODE_SIZE {
+            return Err(SuperblockError::Unsupported(format!("sector size {sector_size} / node size {node_size}")));
+        }
+        if incompat != 0 {
+            return Err(SuperblockError::Unsupported(format!("incompat flags {incompat:#x}")));
+        }
+        let level = |v: u64| u8::try_from(v).ok().filter(|&l| l <= super::node::MAX_LEVEL);
+        let root_tree_level = level(root_tree_level).ok_or_else(|| SuperblockError::Unsupported(format!("root tree level {root_tree_level}")))?;
+        let log_root_level = level(log_root_level).ok_or_else(|| SuperblockError::Unsupported(format!("log root level {log_root_level}")))?;
+        Ok(Superblock {
+            fsid,
+            generation,
+            root_tree_bytenr,
+            root_tree_level,
+            total_bytes,
+            bytes_used,
+            log_root_bytenr,
+            log_root_level,
+            log_generation,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_round_trips_and_rejects_damage() {
+        let sb = Superblock {
+            fsid: [3; 16],
+            generation: 9,
+            root_tree_bytenr: 1 << 20,
+            root_tree_level: 1,
+            total_bytes: 1 << 30,
+            bytes_used: 65536,
+            log_root_bytenr: 0,
+            log_root_level: 0,
+            log_generation: 0,
+        };
+        let bytes = sb.encode(65536);
+        assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), sb);
+        assert_eq!(Superblock::decode(&bytes, 262144), Err(SuperblockError::WrongBytenr { found: 65536 }));
+        let mut bad = bytes.clone();
+        bad[200] = 1;
+        assert!(matches!(Superblock::decode(&bad, 65536), Err(SuperblockError::BadChecksum { .. })));
+        assert_eq!(Superblock::decode(&[0; SUPERBLOCK_SIZE], 65536), Err(SuperblockError::BadMagic));
+    }
+}

@@ -1,0 +1,202 @@
+//! Transaction commit: the one protocol that makes changes durable.
+//!
+//! ```text
+//! under the state lock:   write back dirty pages (data extents written, not flushed)
+//!                         flush delayed dir-index items and inode updates into the fs tree
+//!                         apply delayed extent refs to the extent tree, update root items,
+//!                           repeat until nothing changes (each pass may copy more nodes)
+//!                         hand the dirty nodes to the commit; transaction T+1 starts
+//! without the lock:       write every node of T; FLUSH; write both superblocks; FLUSH
+//! under the state lock:   unpin the space T freed; T's nodes become clean cache entries
+//! ```
+//! A crash before the superblock write leaves the previous superblock, whose
+//! trees were never overwritten (T only wrote blocks that were free in T-1);
+//! a crash after it leaves T. Space T freed stays pinned until the second
+//! flush, so T+1 cannot overwrite anything T-1 still references.
+
+use crate::alloc::{DelayedRef, ExtentKind};
+use crate::btree::{Forest, TreeRoot};
+use crate::device::BlockDevice;
+use crate::error::{Corruption, Error, Result};
+use crate::format::{item_type, tree_id, ExtentItem, Key, Node, RootItem, Superblock, NODE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The trees a commit records: the root tree's root goes in the
+/// superblock, the others in root items.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Roots {
+    pub root: TreeRoot,
+    pub extent: TreeRoot,
+    pub fs: TreeRoot,
+}
+
+/// Everything a commit writes once the state lock is released.
+pub(crate) struct PreparedCommit {
+    pub nodes: Arc<HashMap<u64, Arc<Node>>>,
+    pub superblock: Superblock,
+    pub pinned: Vec<(u64, u64)>,
+}
+
+/// Applies delayed extent refs and root items until the trees stop
+/// changing, then ends the transaction.
+pub(crate) fn seal_transaction<D: BlockDevice>(forest: &mut Forest<D>, roots: &mut Roots, template: &Superblock) -> Result<PreparedCommit> {
+    let transid = forest.transid();
+    let mut passes = 0;
+    loop {
+        passes += 1;
+        assert!(passes < 64, "extent tree did not settle after {passes} passes");
+        for (bytenr, delayed) in forest.alloc.take_delayed_refs() {
+            apply_delayed_ref(forest, &mut roots.extent, bytenr, delayed, transid)?;
+        }
+        // Root items are written every pass; the first write copies the
+        // root tree's path, so its root always carries this transid.
+        for tree in [roots.extent, roots.fs] {
+            let item = RootItem { bytenr: tree.bytenr, generation: tree.generation, level: tree.level };
+            let key = Key::new(tree.id, item_type::ROOT_ITEM, 0);
+            if forest.get(&roots.root, &key)?.as_deref() != Some(&item.encode()[..]) || passes == 1 {
+                forest.put(&mut roots.root, key, item.encode())?;
+            }
+        }
+        if !forest.alloc.has_delayed_refs() && root_items_current(forest, roots)? {
+            break;
+        }
+    }
+    debug_assert_eq!(roots.root.generation, transid);
+    let superblock = Superblock {
+        generation: transid,
+        root_tree_bytenr: roots.root.bytenr,
+        root_tree_level: roots.root.level,
+        bytes_used: forest.alloc.bytes_used(),
+        log_root_bytenr: 0,
+        log_root_level: 0,
+        log_generation: 0,
+        ..template.clone()
+    };
+    let pinned = forest.alloc.take_pinned();
+    let nodes = forest.begin_commit();
+    Ok(PreparedCommit { nodes, superblock, pinned })
+}
+
+fn root_items_current<D: BlockDevice>(forest: &Forest<D>, roots: &Roots) -> Result<bool> {
+    for tree in [roots.extent, roots.fs] {
+        let item = RootItem { bytenr: tree.bytenr, generation: tree.generation, level: tree.level };
+        if forest.get(&roots.root, &Key::new(tree.id, item_type::ROOT_ITEM, 0))?.as_deref() != Some(&item.encode()[..]) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn apply_delayed_ref<D: BlockDevice>(forest: &mut Forest<D>, extent_root: &mut TreeRoot, bytenr: u64, r: DelayedRef, transid: u64) -> Result<()> {
+    let missing = |key: Key| Error::corrupt(Corruption { tree: Some(tree_id::EXTENT), block: None, slot: None, reason: format!("extent item {key} to update does not exist") });
+    match r.kind {
+        ExtentKind::Metadata { owner, level } => {
+            let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level));
+            match (r.created, r.ref_delta) {
+                (true, 1) => forest.insert(extent_root, key, ExtentItem { refs: 1, generation: transid, owner }.encode()),
+                (false, -1) => forest.delete(extent_root, &key)?.map(|_| ()).ok_or_else(|| missing(key)),
+                other => panic!("impossible metadata ref change {other:?} for node {bytenr}"),
+            }
+        }
+        ExtentKind::Data { owner } => {
+            let key = Key::new(bytenr, item_type::EXTENT_ITEM, r.num_bytes);
+            if r.created {
+                if r.ref_delta > 0 {
+                    forest.insert(extent_root, key, ExtentItem { refs: r.ref_delta as u64, generation: transid, owner }.encode())
+                } else {
+                    assert_eq!(r.ref_delta, 0, "new data extent {bytenr} with negative refs");
+                    forest.alloc.extent_released(bytenr, r.num_bytes);
+                    Ok(())
+                }
+            } else if r.ref_delta == 0 {
+                Ok(())
+            } else {
+                let data = forest.get(extent_root, &key)?.ok_or_else(|| missing(key))?;
+                let mut item = ExtentItem::decode(&data).map_err(|e| Error::corrupt(Corruption { tree: Some(tree_id::EXTENT), block: None, slot: None, reason: format!("{key}: {e}") }))?;
+                let refs = item.refs as i64 + r.ref_delta;
+                if refs < 0 {
+                    return Err(Error::corrupt(Corruption { tree: Some(tree_id::EXTENT), block: None, slot: None, reason: format!("{key}: reference count would drop below zero") }));
+                }
+                if refs == 0 {
+                    forest.delete(extent_root, &key)?;
+                    forest.alloc.extent_released(bytenr, r.num_bytes);
+                    Ok(())
+                } else {
+                    item.refs = refs as u64;
+                    forest.put(extent_root, key, item.encode())
+                }
+            }
+        }
+    }
+}
+
+/// Writes a sealed transaction: nodes, barrier, superblocks, barrier.
+pub(crate) fn write_commit<D: BlockDevice + ?Sized>(dev: &D, prepared: &PreparedCommit) -> Result<u64> {
+    let fsid = prepared.superblock.fsid;
+    let mut nodes: Vec<&Arc<Node>> = prepared.nodes.values().collect();
+    nodes.sort_by_key(|n| n.bytenr);
+    // Adjacent nodes go out in one write.
+    let mut run: Vec<u8> = Vec::new();
+    let mut run_start = 0;
+    for node in &nodes {
+        if !run.is_empty() && run_start + run.len() as u64 != node.bytenr {
+            dev.write_at(&run, run_start)?;
+            run.clear();
+        }
+        if run.is_empty() {
+            run_start = node.bytenr;
+        }
+        run.extend_from_slice(&node.encode(&fsid));
+        if run.len() >= 64 * NODE_SIZE {
+            dev.write_at(&run, run_start)?;
+            run.clear();
+        }
+    }
+    if !run.is_empty() {
+        dev.write_at(&run, run_start)?;
+    }
+    dev.flush()?;
+    write_superblocks(dev, &prepared.superblock)?;
+    Ok(nodes.len() as u64)
+}
+
+/// Writes both superblock copies and flushes.
+pub(crate) fn write_superblocks<D: BlockDevice + ?Sized>(dev: &D, sb: &Superblock) -> Result<()> {
+    for offset in SUPERBLOCK_OFFSETS {
+        dev.write_at(&sb.encode(offset), offset)?;
+    }
+    dev.flush()?;
+    Ok(())
+}
+
+/// Reads both superblock copies and returns the valid one with the highest
+/// generation, or an error naming what is wrong with each.
+pub fn read_superblock<D: BlockDevice + ?Sized>(dev: &D) -> Result<Superblock> {
+    let mut best: Option<Superblock> = None;
+    let mut problems = Vec::new();
+    for offset in SUPERBLOCK_OFFSETS {
+        let mut buf = vec![0u8; SUPERBLOCK_SIZE];
+        if let Err(e) = dev.read_at(&mut buf, offset) {
+            problems.push(format!("superblock at {offset}: {e}"));
+            continue;
+        }
+        match Superblock::decode(&buf, offset) {
+            Ok(sb) => {
+                if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                    best = Some(sb);
+                }
+            }
+            Err(e) => problems.push(format!("superblock at {offset}: {e}")),
+        }
+    }
+    match best {
+        Some(sb) if sb.total_bytes > dev.size_bytes() => Err(Error::corrupt(Corruption::general(format!(
+            "superblock says the filesystem is {} bytes but the device has only {} (truncated image?)",
+            sb.total_bytes,
+            dev.size_bytes()
+        )))),
+        Some(sb) => Ok(sb),
+        None => Err(Error::corrupt(Corruption::general(format!("not a birch filesystem: {}", problems.join("; "))))),
+    }
+}

@@ -1,0 +1,124 @@
+//! Delayed items and the delayed inode.
+//!
+//! Directory-index insertions and deletions, and inode attribute updates,
+//! are kept in memory per inode and written into the fs tree in one pass:
+//! at commit, or by the background worker when too many accumulate. Lookup
+//! (through DIR_ITEM, written at once) and readdir (which merges these
+//! batches over the tree's DIR_INDEX items) see them before they are
+//! flushed. The batches stay addressable per directory so that the
+//! tree-log can log a directory straight from them without flushing
+//! (seed 003).
+
+use super::FsState;
+use crate::device::BlockDevice;
+use crate::error::Result;
+use crate::format::{item_type, DirEntry, Key};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Pending DIR_INDEX changes of one directory.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct DelayedDir {
+    /// Index -> entry to insert.
+    pub insertions: BTreeMap<u64, DirEntry>,
+    /// Indexes whose tree item is to be deleted.
+    pub deletions: BTreeSet<u64>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct DelayedItems {
+    dirs: HashMap<u64, DelayedDir>,
+    /// Inodes whose in-memory item is newer than the tree's.
+    inodes: BTreeSet<u64>,
+    dir_items: usize,
+}
+
+impl DelayedItems {
+    pub fn insert_index(&mut self, dir: u64, index: u64, entry: DirEntry) {
+        let d = self.dirs.entry(dir).or_default();
+        let prev = d.insertions.insert(index, entry);
+        assert!(prev.is_none(), "dir {dir} index {index} inserted twice");
+        self.dir_items += 1;
+    }
+
+    /// Deletes an index: cancels a pending insertion, or records a
+    /// deletion of the tree's item.
+    pub fn delete_index(&mut self, dir: u64, index: u64) {
+        let d = self.dirs.entry(dir).or_default();
+        if d.insertions.remove(&index).is_some() {
+            self.dir_items -= 1;
+        } else {
+            assert!(d.deletions.insert(index), "dir {dir} index {index} deleted twice");
+            self.dir_items += 1;
+        }
+        if d.insertions.is_empty() && d.deletions.is_empty() {
+            self.dirs.remove(&dir);
+        }
+    }
+
+    pub fn dir(&self, dir: u64) -> Option<&DelayedDir> {
+        self.dirs.get(&dir)
+    }
+
+    /// Drops everything pending for an inode that is being destroyed.
+    pub fn forget_inode(&mut self, ino: u64) {
+        if let Some(d) = self.dirs.remove(&ino) {
+            self.dir_items -= d.insertions.len() + d.deletions.len();
+        }
+        self.inodes.remove(&ino);
+    }
+
+    pub fn inode_changed(&mut self, ino: u64) {
+        self.inodes.insert(ino);
+    }
+
+    pub fn is_inode_dirty(&self, ino: u64) -> bool {
+        self.inodes.contains(&ino)
+    }
+
+    pub fn has_pending_dir(&self, ino: u64) -> bool {
+        self.dirs.contains_key(&ino)
+    }
+
+    /// Number of pending items (dir-index changes plus inode updates).
+    pub fn len(&self) -> usize {
+        self.dir_items + self.inodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<D: BlockDevice> FsState<D> {
+    /// Writes every pending dir-index change and inode update into the fs
+    /// tree.
+    pub(crate) fn flush_delayed_items(&mut self) -> Result<()> {
+        if self.delayed.is_empty() {
+            return Ok(());
+        }
+        let count = self.delayed.len() as u64;
+        let dirs = std::mem::take(&mut self.delayed.dirs);
+        let inodes = std::mem::take(&mut self.delayed.inodes);
+        self.delayed.dir_items = 0;
+        let mut dirs: Vec<_> = dirs.into_iter().collect();
+        dirs.sort_by_key(|(ino, _)| *ino);
+        for (dir, batch) in dirs {
+            for index in batch.deletions {
+                let key = Key::new(dir, item_type::DIR_INDEX, index);
+                if self.forest.delete(&mut self.roots.fs, &key)?.is_none() {
+                    return Err(crate::Error::corrupt(crate::Corruption::general(format!("delayed deletion of {key}: no such item in the fs tree"))));
+                }
+            }
+            for (index, entry) in batch.insertions {
+                self.forest.insert(&mut self.roots.fs, Key::new(dir, item_type::DIR_INDEX, index), entry.encode())?;
+            }
+        }
+        for ino in inodes {
+            let item = self.inodes.get(&ino).unwrap_or_else(|| panic!("dirty inode {ino} is not cached")).item.encode();
+            self.forest.put(&mut self.roots.fs, Key::new(ino, item_type::INODE_ITEM, 0), item)?;
+        }
+        self.stats.delayed_item_flushes += 1;
+        self.stats.delayed_items_flushed += count;
+        Ok(())
+    }
+}

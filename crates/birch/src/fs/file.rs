@@ -1,0 +1,310 @@
+//! File data: dirty pages in memory, CoW data extents on disk.
+//!
+//! Writes land in per-inode dirty pages (SECTOR_SIZE each) and are written
+//! back at commit (or when dirty memory passes its limit) as contiguous
+//! extents, always to newly allocated space: an extent is never overwritten
+//! in place, so a crash leaves either the old or the new data referenced.
+//! Invariant: bytes of a file's last page beyond i_size are zero on disk
+//! and in memory, so growing a file exposes zeros.
+
+use super::inode::decode_item;
+use super::FsState;
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::{item_type, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA, SECTOR_SIZE};
+use std::ops::ControlFlow;
+
+const PAGE: u64 = SECTOR_SIZE;
+/// Largest file size (as btrfs: offsets must fit an i64).
+const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+impl<D: BlockDevice> FsState<D> {
+    fn require_regular(&mut self, ino: u64) -> Result<()> {
+        match self.inode(ino)?.item.file_type() {
+            FileType::Regular => Ok(()),
+            FileType::Directory => Err(Error::IsDir),
+            _ => Err(Error::InvalidArgument("not a regular file")),
+        }
+    }
+
+    /// Space a write may not take: kept so that writeback, commits and
+    /// deletions can still allocate metadata on a full filesystem.
+    fn metadata_reserve(&self) -> u64 {
+        (self.forest.alloc.total_bytes() / 32).clamp(4 * 1024 * 1024, 512 * 1024 * 1024)
+    }
+
+    /// Fails with ENOSPC unless `bytes` more data fit beside the dirty data
+    /// already accepted and the metadata reserve.
+    pub(crate) fn ensure_space(&self, bytes: u64) -> Result<()> {
+        let free = self.forest.alloc.free_bytes();
+        if free < self.dirty_page_bytes + bytes + self.metadata_reserve() {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// The file extent items of `ino` that overlap `[start, end)`.
+    fn extents_overlapping(&self, ino: u64, start: u64, end: u64) -> Result<Vec<(u64, FileExtent)>> {
+        let mut out = Vec::new();
+        if let Some((key, data)) = self.forest.last_at_or_before(&self.roots.fs, &Key::new(ino, item_type::EXTENT_DATA, start))? {
+            if key.objectid == ino && key.item_type == item_type::EXTENT_DATA {
+                let e = decode_item(&key, FileExtent::decode(&data))?;
+                if key.offset + e.len() > start {
+                    out.push((key.offset, e));
+                }
+            }
+        }
+        if end > start + 1 {
+            let mut err = None;
+            self.forest.scan(&self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, start + 1), Key::new(ino, item_type::EXTENT_DATA, end - 1), &mut |k, d| {
+                match FileExtent::decode(d) {
+                    Ok(e) => out.push((k.offset, e)),
+                    Err(e) => {
+                        err = Some(decode_item::<()>(k, Err(e)).unwrap_err());
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                Ok(ControlFlow::Continue(()))
+            })?;
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Fills `buf` (page aligned, at page-aligned `start`) with the file's
+    /// on-disk content; holes and preallocated ranges read as zeros.
+    fn read_extents_into(&self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
+        debug_assert!(start % PAGE == 0 && buf.len() as u64 % PAGE == 0);
+        let end = start + buf.len() as u64;
+        for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
+            let ov_start = file_offset.max(start);
+            let ov_end = (file_offset + extent.len()).min(end);
+            let dst = &mut buf[(ov_start - start) as usize..(ov_end - start) as usize];
+            match &extent {
+                FileExtent::Inline { data } => dst.copy_from_slice(&data[(ov_start - file_offset) as usize..(ov_end - file_offset) as usize]),
+                FileExtent::Regular { disk_bytenr, offset, .. } => {
+                    self.forest.store().device().read_at(dst, disk_bytenr + offset + (ov_start - file_offset))?;
+                }
+                FileExtent::Prealloc { .. } => dst.fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    /// One page of the file as it is now (dirty copy or disk content).
+    fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
+        if let Some(page) = self.inode(ino)?.pages.get(&index) {
+            return Ok(page.clone());
+        }
+        let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
+        if index * PAGE < self.inode(ino)?.item.size {
+            self.read_extents_into(ino, index * PAGE, &mut page)?;
+        }
+        Ok(page)
+    }
+
+    fn put_dirty_page(&mut self, ino: u64, index: u64, page: Box<[u8]>) -> Result<()> {
+        if self.inode(ino)?.pages.insert(index, page).is_none() {
+            self.dirty_page_bytes += PAGE;
+        }
+        self.dirty_data_inodes.insert(ino);
+        Ok(())
+    }
+
+    pub(crate) fn read_file(&mut self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+        self.require_regular(ino)?;
+        let file_size = self.inode(ino)?.item.size;
+        if offset >= file_size || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = file_size.min(offset.saturating_add(size as u64));
+        let first_page = offset / PAGE;
+        let aligned_start = first_page * PAGE;
+        let aligned_end = end.div_ceil(PAGE) * PAGE;
+        let mut buf = vec![0u8; (aligned_end - aligned_start) as usize];
+        self.read_extents_into(ino, aligned_start, &mut buf)?;
+        for (&index, page) in self.inode(ino)?.pages.range(first_page..aligned_end / PAGE) {
+            let at = ((index - first_page) * PAGE) as usize;
+            buf[at..at + PAGE as usize].copy_from_slice(page);
+        }
+        self.touch_atime(ino)?;
+        Ok(buf[(offset - aligned_start) as usize..(end - aligned_start) as usize].to_vec())
+    }
+
+    /// relatime: update atime only if it is older than mtime/ctime or a day.
+    fn touch_atime(&mut self, ino: u64) -> Result<()> {
+        if self.failed.is_some() {
+            return Ok(());
+        }
+        let now = Timespec::now();
+        let item = &self.inode(ino)?.item;
+        if item.atime <= item.mtime || item.atime <= item.ctime || now.sec - item.atime.sec >= 24 * 3600 {
+            self.update_inode(ino, |i| i.atime = now)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write_file(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.require_regular(ino)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooBig)?;
+        let first_page = offset / PAGE;
+        let last_page = (end - 1) / PAGE;
+        let new_pages = {
+            let inode = self.inode(ino)?;
+            (first_page..=last_page).filter(|p| !inode.pages.contains_key(p)).count() as u64
+        };
+        self.ensure_space(new_pages * PAGE)?;
+        for index in first_page..=last_page {
+            let page_start = index * PAGE;
+            let from = offset.max(page_start);
+            let to = end.min(page_start + PAGE);
+            let mut page = if from == page_start && to == page_start + PAGE {
+                // Fully overwritten: no need to read the old content.
+                vec![0u8; PAGE as usize].into_boxed_slice()
+            } else {
+                self.load_page(ino, index)?
+            };
+            page[(from - page_start) as usize..(to - page_start) as usize].copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            self.put_dirty_page(ino, index, page)?;
+        }
+        let now = Timespec::now();
+        self.update_inode(ino, |i| {
+            i.size = i.size.max(end);
+            i.mtime = now;
+            i.ctime = now;
+        })?;
+        Ok(data.len())
+    }
+
+    pub(crate) fn truncate_file(&mut self, ino: u64, new_size: u64) -> Result<()> {
+        if new_size > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let old_size = self.inode(ino)?.item.size;
+        if new_size < old_size {
+            let keep_pages = new_size.div_ceil(PAGE);
+            let dropped = self.inode(ino)?.pages.split_off(&keep_pages).len() as u64;
+            self.dirty_page_bytes -= dropped * PAGE;
+            if new_size % PAGE != 0 {
+                // Zero the tail of the new last page so growing the file
+                // later exposes zeros, not old data.
+                let index = new_size / PAGE;
+                let mut page = self.load_page(ino, index)?;
+                page[(new_size % PAGE) as usize..].fill(0);
+                self.put_dirty_page(ino, index, page)?;
+            }
+            self.drop_extents(ino, keep_pages * PAGE, u64::MAX)?;
+            if self.inode(ino)?.pages.is_empty() {
+                self.dirty_data_inodes.remove(&ino);
+            }
+        }
+        let now = Timespec::now();
+        self.update_inode(ino, |i| {
+            i.size = new_size;
+            i.mtime = now;
+            i.ctime = now;
+        })
+    }
+
+    /// Removes the file's extents from `[start, end)`, keeping the parts of
+    /// extents that stick out on either side.
+    pub(crate) fn drop_extents(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
+        let mut nbytes_delta: i64 = 0;
+        for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
+            let ext_end = file_offset + extent.len();
+            self.forest.delete(&mut self.roots.fs, &Key::new(ino, item_type::EXTENT_DATA, file_offset))?;
+            nbytes_delta -= extent.len() as i64;
+            match &extent {
+                FileExtent::Inline { data } => {
+                    if file_offset < start {
+                        let head = data[..(start - file_offset) as usize].to_vec();
+                        nbytes_delta += head.len() as i64;
+                        self.forest.insert(&mut self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, file_offset), FileExtent::Inline { data: head }.encode())?;
+                    }
+                }
+                FileExtent::Regular { .. } | FileExtent::Prealloc { .. } => {
+                    let disk = extent.disk_ref().expect("non-inline extent has a disk ref");
+                    let rebuild = |d| if matches!(extent, FileExtent::Regular { .. }) { FileExtent::regular(d) } else { FileExtent::prealloc(d) };
+                    self.forest.alloc.add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
+                    if file_offset < start {
+                        let head = crate::format::DiskRef { num_bytes: start - file_offset, ..disk };
+                        self.insert_file_extent(ino, file_offset, rebuild(head))?;
+                        nbytes_delta += head.num_bytes as i64;
+                    }
+                    if ext_end > end {
+                        let tail = crate::format::DiskRef { offset: disk.offset + (end - file_offset), num_bytes: ext_end - end, ..disk };
+                        self.insert_file_extent(ino, end, rebuild(tail))?;
+                        nbytes_delta += tail.num_bytes as i64;
+                    }
+                }
+            }
+        }
+        if nbytes_delta != 0 {
+            self.update_inode(ino, |i| i.nbytes = (i.nbytes as i64 + nbytes_delta) as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Inserts a file extent item and counts its reference on the disk extent.
+    fn insert_file_extent(&mut self, ino: u64, file_offset: u64, extent: FileExtent) -> Result<()> {
+        if let Some(d) = extent.disk_ref() {
+            self.forest.alloc.add_data_ref(d.disk_bytenr, d.disk_num_bytes, ino, 1);
+        }
+        self.forest.insert(&mut self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, file_offset), extent.encode())
+    }
+
+    /// Writes every dirty page of every file to new extents.
+    pub(crate) fn writeback_all(&mut self) -> Result<()> {
+        for ino in std::mem::take(&mut self.dirty_data_inodes) {
+            self.writeback_inode(ino)?;
+        }
+        debug_assert_eq!(self.dirty_page_bytes, 0);
+        Ok(())
+    }
+
+    fn writeback_inode(&mut self, ino: u64) -> Result<()> {
+        let pages = std::mem::take(&mut self.inode(ino)?.pages);
+        if pages.is_empty() {
+            return Ok(());
+        }
+        self.dirty_page_bytes -= pages.len() as u64 * PAGE;
+        let size = self.inode(ino)?.item.size;
+        debug_assert!(pages.keys().all(|&p| p * PAGE < size), "dirty page beyond EOF of inode {ino}");
+        if size <= MAX_INLINE_DATA as u64 {
+            // The whole file lives in page 0: keep it in the tree.
+            let page = &pages[&0];
+            self.drop_extents(ino, 0, PAGE)?;
+            self.forest.insert(&mut self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, 0), FileExtent::Inline { data: page[..size as usize].to_vec() }.encode())?;
+            return self.update_inode(ino, |i| i.nbytes += size);
+        }
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (index, page) in pages {
+            match runs.last_mut() {
+                Some((start, bytes)) if *start + bytes.len() as u64 == index * PAGE && (bytes.len() as u64) < MAX_EXTENT_BYTES => bytes.extend_from_slice(&page),
+                _ => runs.push((index * PAGE, page.to_vec())),
+            }
+        }
+        let mut added = 0;
+        for (start, bytes) in runs {
+            let mut done = 0u64;
+            while done < bytes.len() as u64 {
+                let want = bytes.len() as u64 - done;
+                let (bytenr, got) = self.forest.alloc.alloc_data(want, ino)?;
+                let chunk = &bytes[done as usize..(done + got) as usize];
+                self.forest.store().device().write_at(chunk, bytenr)?;
+                self.stats.data_bytes_written += got;
+                let file_offset = start + done;
+                self.drop_extents(ino, file_offset, file_offset + got)?;
+                self.insert_file_extent(ino, file_offset, FileExtent::regular(crate::format::DiskRef { disk_bytenr: bytenr, disk_num_bytes: got, offset: 0, num_bytes: got }))?;
+                added += got;
+                done += got;
+            }
+        }
+        self.update_inode(ino, |i| i.nbytes += added)
+    }
+}

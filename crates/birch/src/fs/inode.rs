@@ -1,0 +1,210 @@
+//! The in-memory inode cache. The cached `InodeItem` is the truth; the fs
+//! tree's copy is updated by the delayed-inode flush.
+
+use super::{Attr, FsState, SetAttr, SetTime};
+use crate::device::BlockDevice;
+use crate::error::{Corruption, Error, Result};
+use crate::format::{item_type, tree_id, FileExtent, FileType, InodeItem, Key, Timespec, ORPHAN_OBJECTID, SECTOR_SIZE};
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+
+/// Clean inodes kept cached before eviction starts.
+const INODE_CACHE_TARGET: usize = 64 * 1024;
+
+pub(crate) struct Inode {
+    pub item: InodeItem,
+    pub open_count: u32,
+    /// Directories: the next dir index to hand out, once computed.
+    pub next_index: Option<u64>,
+    /// Regular files: dirty pages by page index (SECTOR_SIZE bytes each).
+    pub pages: BTreeMap<u64, Box<[u8]>>,
+}
+
+/// Turns an item decode failure into a corruption report naming the key.
+pub(crate) fn decode_item<T>(key: &Key, result: std::result::Result<T, crate::format::ItemError>) -> Result<T> {
+    result.map_err(|e| Error::corrupt(Corruption { tree: Some(tree_id::FS), block: None, slot: None, reason: format!("item {key}: {e}") }))
+}
+
+impl<D: BlockDevice> FsState<D> {
+    /// The cached inode, loaded from the fs tree on first use.
+    pub(crate) fn inode(&mut self, ino: u64) -> Result<&mut Inode> {
+        if !self.inodes.contains_key(&ino) {
+            let key = Key::new(ino, item_type::INODE_ITEM, 0);
+            let data = self.forest.get(&self.roots.fs, &key)?.ok_or(Error::NotFound)?;
+            let item = decode_item(&key, InodeItem::decode(&data))?;
+            self.inodes.insert(ino, Inode { item, open_count: 0, next_index: None, pages: BTreeMap::new() });
+        }
+        Ok(self.inodes.get_mut(&ino).expect("just loaded"))
+    }
+
+    pub(crate) fn inode_item(&mut self, ino: u64) -> Result<InodeItem> {
+        Ok(self.inode(ino)?.item.clone())
+    }
+
+    /// Changes a cached inode and queues its item for the delayed flush.
+    pub(crate) fn update_inode(&mut self, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        let transid = self.forest.transid();
+        let inode = self.inode(ino)?;
+        f(&mut inode.item);
+        inode.item.transid = transid;
+        self.delayed.inode_changed(ino);
+        Ok(())
+    }
+
+    /// Registers a brand-new inode.
+    pub(crate) fn add_new_inode(&mut self, item: InodeItem) -> u64 {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.inodes.insert(ino, Inode { item, open_count: 0, next_index: None, pages: BTreeMap::new() });
+        self.delayed.inode_changed(ino);
+        ino
+    }
+
+    pub(crate) fn new_inode_item(&self, mode: u32, uid: u32, gid: u32, rdev: u64) -> InodeItem {
+        let now = Timespec::now();
+        let transid = self.forest.transid();
+        InodeItem {
+            generation: transid,
+            transid,
+            size: 0,
+            nbytes: 0,
+            nlink: if mode & libc::S_IFMT == libc::S_IFDIR { 2 } else { 1 },
+            uid,
+            gid,
+            mode,
+            rdev,
+            flags: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            otime: now,
+        }
+    }
+
+    pub(crate) fn getattr(&mut self, ino: u64) -> Result<Attr> {
+        let inode = self.inode(ino)?;
+        let dirty_bytes = inode.pages.len() as u64 * SECTOR_SIZE;
+        let mut attr = Attr::from_item(ino, &inode.item, 0);
+        // Count dirty data too, as other filesystems count delalloc, but
+        // never more than the file could hold.
+        attr.blocks = (inode.item.nbytes + dirty_bytes).min(inode.item.size.div_ceil(SECTOR_SIZE) * SECTOR_SIZE).max(inode.item.nbytes).div_ceil(512);
+        Ok(attr)
+    }
+
+    pub(crate) fn setattr(&mut self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        let item = self.inode_item(ino)?;
+        if let Some(size) = changes.size {
+            match item.file_type() {
+                FileType::Regular => self.truncate_file(ino, size)?,
+                FileType::Directory => return Err(Error::IsDir),
+                _ => return Err(Error::InvalidArgument("size change of a non-regular file")),
+            }
+        }
+        let now = Timespec::now();
+        let resolve = |t: SetTime| match t {
+            SetTime::Now => now,
+            SetTime::At(t) => t,
+        };
+        self.update_inode(ino, |item| {
+            if let Some(mode) = changes.mode {
+                item.mode = (item.mode & libc::S_IFMT) | (mode & 0o7777);
+            }
+            if let Some(uid) = changes.uid {
+                item.uid = uid;
+            }
+            if let Some(gid) = changes.gid {
+                item.gid = gid;
+            }
+            if let Some(t) = changes.atime {
+                item.atime = resolve(t);
+            }
+            if let Some(t) = changes.mtime {
+                item.mtime = resolve(t);
+            }
+            item.ctime = changes.ctime.unwrap_or(now);
+        })?;
+        self.getattr(ino)
+    }
+
+    pub(crate) fn open_inode(&mut self, ino: u64) -> Result<()> {
+        self.inode(ino)?.open_count += 1;
+        Ok(())
+    }
+
+    /// Drops an open handle; the last one of an unlinked inode destroys it.
+    pub(crate) fn release_inode(&mut self, ino: u64) -> Result<()> {
+        let inode = self.inode(ino)?;
+        assert!(inode.open_count > 0, "release of inode {ino} that is not open");
+        inode.open_count -= 1;
+        if inode.open_count == 0 && inode.item.nlink == 0 {
+            if self.failed.is_some() {
+                // Read-only now: the orphan item makes the next mount finish it.
+                return Ok(());
+            }
+            self.destroy_inode(ino)?;
+            self.forest.delete(&mut self.roots.fs, &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino))?;
+        }
+        Ok(())
+    }
+
+    /// An inode lost its last name: free it now, or (if open) record it as
+    /// an orphan so that a crash before the last close cannot leak it.
+    pub(crate) fn inode_unlinked(&mut self, ino: u64) -> Result<()> {
+        if self.inode(ino)?.open_count > 0 {
+            self.forest.put(&mut self.roots.fs, Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino), Vec::new())?;
+            Ok(())
+        } else {
+            self.destroy_inode(ino)
+        }
+    }
+
+    /// Deletes every item of an inode with no names and drops its data.
+    pub(crate) fn destroy_inode(&mut self, ino: u64) -> Result<()> {
+        let keys = {
+            let mut keys = Vec::new();
+            self.forest.scan(&self.roots.fs, Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX), &mut |k, d| {
+                keys.push((*k, d.to_vec()));
+                Ok(ControlFlow::Continue(()))
+            })?;
+            keys
+        };
+        for (key, data) in keys {
+            if key.item_type == item_type::EXTENT_DATA {
+                if let Some(disk) = decode_item(&key, FileExtent::decode(&data))?.disk_ref() {
+                    self.forest.alloc.add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
+                }
+            }
+            self.forest.delete(&mut self.roots.fs, &key)?;
+        }
+        if let Some(inode) = self.inodes.remove(&ino) {
+            self.dirty_page_bytes -= inode.pages.len() as u64 * SECTOR_SIZE;
+        }
+        self.dirty_data_inodes.remove(&ino);
+        self.delayed.forget_inode(ino);
+        Ok(())
+    }
+
+    /// Finishes inodes left as orphans by a crash or an unclean stop.
+    pub(crate) fn remove_orphans(&mut self) -> Result<usize> {
+        let orphans = self.forest.collect_range(&self.roots.fs, Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, 0), Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, u64::MAX))?;
+        for (key, _) in &orphans {
+            let ino = key.offset;
+            let nlink = self.inode(ino)?.item.nlink;
+            if nlink != 0 {
+                return Err(Error::corrupt(Corruption::general(format!("orphan item names inode {ino}, which still has {nlink} links"))));
+            }
+            self.destroy_inode(ino)?;
+            self.forest.delete(&mut self.roots.fs, key)?;
+        }
+        Ok(orphans.len())
+    }
+
+    /// Keeps the cache bounded: drops inodes with nothing pending.
+    pub(crate) fn evict_clean_inodes(&mut self) {
+        if self.inodes.len() <= INODE_CACHE_TARGET {
+            return;
+        }
+        let delayed = &self.delayed;
+        self.inodes.retain(|ino, inode| inode.open_count > 0 || !inode.pages.is_empty() || delayed.is_inode_dirty(*ino) || delayed.has_pending_dir(*ino));
+    }
+}

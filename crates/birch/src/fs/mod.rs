@@ -1,0 +1,395 @@
+//! The filesystem: transactions, delayed items, inodes, directories, files.
+//!
+//! [`Filesystem`] is the embeddable API (the FUSE front end is one user of
+//! it). All metadata lives behind one state lock; a commit seals the running
+//! transaction under that lock and then writes it without holding it, so
+//! requests keep running while a commit's I/O is in flight.
+
+mod commit;
+mod delayed;
+mod file;
+mod inode;
+mod mount;
+mod namespace;
+mod types;
+mod xattr;
+
+pub use commit::read_superblock;
+pub use types::*;
+
+use crate::btree::{Forest, NodeStore};
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::{Superblock, SECTOR_SIZE};
+use commit::Roots;
+use delayed::DelayedItems;
+use inode::Inode;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Everything the running transaction knows, behind the state lock.
+pub(crate) struct FsState<D> {
+    forest: Forest<Arc<D>>,
+    roots: Roots,
+    /// The last superblock written (the durable state).
+    superblock: Superblock,
+    inodes: HashMap<u64, Inode>,
+    delayed: DelayedItems,
+    next_ino: u64,
+    /// Bytes held in dirty pages of all inodes.
+    dirty_page_bytes: u64,
+    /// Inodes that have dirty pages.
+    dirty_data_inodes: BTreeSet<u64>,
+    stats: FsStats,
+    /// Set when a write or flush failed: the filesystem is read-only from
+    /// then on, and says why.
+    failed: Option<String>,
+    options: MountOptions,
+}
+
+struct Shared<D> {
+    state: Mutex<FsState<D>>,
+    /// Serializes commits; held across a commit's unlocked I/O.
+    commit_lock: Mutex<()>,
+    store: Arc<NodeStore<Arc<D>>>,
+    worker_stop: Mutex<bool>,
+    worker_wake: Condvar,
+}
+
+impl<D: BlockDevice> Shared<D> {
+    /// Seals the running transaction, writes it without the state lock, then
+    /// releases what it freed.
+    fn commit(&self) -> Result<()> {
+        let _commit = self.commit_lock.lock().expect("commit lock poisoned");
+        let prepared = {
+            let mut state = self.state.lock().expect("filesystem state lock poisoned");
+            if let Some(why) = &state.failed {
+                return Err(Error::Io(std::io::Error::other(format!("filesystem is read-only after an earlier failure: {why}"))));
+            }
+            match state.prepare_commit() {
+                Ok(Some(p)) => p,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    state.failed = Some(e.to_string());
+                    return Err(e);
+                }
+            }
+        };
+        let written = commit::write_commit(self.store.device().as_ref(), &prepared);
+        let mut state = self.state.lock().expect("filesystem state lock poisoned");
+        match written {
+            Ok(nodes) => {
+                state.finish_commit(prepared, nodes);
+                Ok(())
+            }
+            Err(e) => {
+                state.failed = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+}
+
+/// A mounted birch filesystem.
+pub struct Filesystem<D: BlockDevice + 'static> {
+    shared: Arc<Shared<D>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl<D: BlockDevice + 'static> Filesystem<D> {
+    /// Writes an empty filesystem (a root directory) onto `dev`.
+    pub fn mkfs(dev: &D, options: &MkfsOptions) -> Result<()> {
+        mount::mkfs(dev, options)
+    }
+
+    /// Opens the filesystem on `dev`, recovering to its last durable state.
+    pub fn open(dev: D, options: MountOptions) -> Result<Self> {
+        let dev = Arc::new(dev);
+        let (state, store) = mount::open(dev, options.clone())?;
+        let shared = Arc::new(Shared { state: Mutex::new(state), commit_lock: Mutex::new(()), store, worker_stop: Mutex::new(false), worker_wake: Condvar::new() });
+        let mut fs = Filesystem { shared, worker: None };
+        fs.cleanup_orphans()?;
+        if options.commit_interval.is_some() {
+            let shared = fs.shared.clone();
+            fs.worker = Some(std::thread::Builder::new().name("birch-commit".into()).spawn(move || background_worker(shared)).map_err(Error::Io)?);
+        }
+        Ok(fs)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FsState<D>> {
+        self.shared.state.lock().expect("filesystem state lock poisoned")
+    }
+
+    /// Runs a read-only operation.
+    fn read<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
+        f(&mut self.lock())
+    }
+
+    /// Runs an operation that changes the filesystem.
+    fn change<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
+        let (result, over_limit) = {
+            let mut state = self.lock();
+            if state.failed.is_some() {
+                return Err(Error::ReadOnly);
+            }
+            let result = f(&mut state);
+            (result, state.dirty_page_bytes > state.options.dirty_limit_bytes)
+        };
+        if over_limit {
+            self.commit()?;
+        }
+        result
+    }
+
+    // ----- namespace -----
+
+    pub fn root_ino(&self) -> u64 {
+        crate::format::ROOT_DIR_INO
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.read(|s| s.lookup(parent, name))
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.read(|s| s.getattr(ino))
+    }
+
+    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        self.change(|s| s.setattr(ino, changes))
+    }
+
+    /// Creates a regular file, device node, fifo or socket (per `mode`'s
+    /// file type bits).
+    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Attr> {
+        self.change(|s| s.create_node(parent, name, mode, uid, gid, rdev))
+    }
+
+    /// Creates a regular file (`mode` holds permission bits).
+    pub fn create(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.mknod(parent, name, libc::S_IFREG | (mode & 0o7777), uid, gid, 0)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.change(|s| s.create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0))
+    }
+
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        self.change(|s| s.symlink(parent, name, target, uid, gid))
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.read(|s| s.readlink(ino))
+    }
+
+    pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        self.change(|s| s.link(ino, new_parent, new_name))
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.change(|s| s.unlink(parent, name))
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.change(|s| s.rmdir(parent, name))
+    }
+
+    pub fn rename(&self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+        self.change(|s| s.rename(parent, name, new_parent, new_name, flags))
+    }
+
+    /// Entries of a directory after `offset` (0 starts at the beginning;
+    /// "." and ".." are not included), at most `limit` of them.
+    pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
+        self.read(|s| s.readdir(ino, offset, limit))
+    }
+
+    /// The parent of a directory (the root's parent is itself).
+    pub fn parent_of_dir(&self, ino: u64) -> Result<u64> {
+        self.read(|s| s.dir_parent(ino))
+    }
+
+    // ----- open files -----
+
+    /// Notes an open handle: an inode whose last name is removed while open
+    /// lives on (as an orphan) until the last [`release`](Self::release).
+    pub fn open_inode(&self, ino: u64) -> Result<()> {
+        self.read(|s| s.open_inode(ino))
+    }
+
+    pub fn release(&self, ino: u64) -> Result<()> {
+        self.read(|s| s.release_inode(ino))
+    }
+
+    // ----- data -----
+
+    pub fn read_file(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+        self.read(|s| s.read_file(ino, offset, size))
+    }
+
+    pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.change(|s| s.write_file(ino, offset, data))
+    }
+
+    pub fn truncate(&self, ino: u64, size: u64) -> Result<Attr> {
+        self.setattr(ino, &SetAttr { size: Some(size), ..Default::default() })
+    }
+
+    // ----- xattrs -----
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.read(|s| s.getxattr(ino, name))
+    }
+
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
+        self.change(|s| s.setxattr(ino, name, value, mode))
+    }
+
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.read(|s| s.listxattr(ino))
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        self.change(|s| s.removexattr(ino, name))
+    }
+
+    // ----- whole filesystem -----
+
+    pub fn statfs(&self) -> Result<StatFs> {
+        self.read(|s| Ok(s.statfs()))
+    }
+
+    /// Generation of the last durable commit.
+    pub fn generation(&self) -> u64 {
+        self.lock().superblock.generation
+    }
+
+    pub fn stats(&self) -> FsStats {
+        self.lock().stats
+    }
+
+    /// Makes `ino`'s data and metadata durable. Until the tree-log lands
+    /// this commits the whole transaction.
+    pub fn fsync(&self, ino: u64, _datasync: bool) -> Result<()> {
+        {
+            let mut state = self.lock();
+            state.inode(ino)?;
+            state.stats.fsyncs += 1;
+        }
+        self.commit()
+    }
+
+    /// Makes everything durable.
+    pub fn sync(&self) -> Result<()> {
+        self.commit()
+    }
+
+    /// Commits the running transaction (no-op when nothing changed).
+    pub fn commit(&self) -> Result<()> {
+        self.shared.commit()
+    }
+
+    /// Commits and closes. Dropping a `Filesystem` does the same but can
+    /// only log a failure; `close` reports it.
+    pub fn close(mut self) -> Result<()> {
+        self.stop_worker();
+        self.commit()
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            *self.shared.worker_stop.lock().expect("worker lock poisoned") = true;
+            self.shared.worker_wake.notify_all();
+            let _ = worker.join();
+        }
+    }
+
+    fn cleanup_orphans(&self) -> Result<()> {
+        let removed = self.change(|s| s.remove_orphans())?;
+        if removed > 0 {
+            self.commit()?;
+        }
+        Ok(())
+    }
+}
+
+impl<D: BlockDevice + 'static> Drop for Filesystem<D> {
+    fn drop(&mut self) {
+        self.stop_worker();
+        if let Err(e) = self.commit() {
+            eprintln!("birch: commit at close failed: {e}");
+        }
+    }
+}
+
+/// Commits every `commit_interval` while there are changes, and flushes
+/// delayed items early when too many accumulate.
+fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>) {
+    let interval = shared.state.lock().expect("state lock").options.commit_interval.expect("worker runs only with an interval");
+    let tick = interval.min(std::time::Duration::from_millis(500));
+    let mut last_commit = Instant::now();
+    loop {
+        {
+            let stop = shared.worker_stop.lock().expect("worker lock poisoned");
+            let (stop, _) = shared.worker_wake.wait_timeout(stop, tick).expect("worker lock poisoned");
+            if *stop {
+                break;
+            }
+        }
+        let flush_delayed = {
+            let state = shared.state.lock().expect("state lock poisoned");
+            state.failed.is_none() && state.delayed.len() > state.options.delayed_items_limit
+        };
+        if flush_delayed {
+            let mut state = shared.state.lock().expect("state lock poisoned");
+            if let Err(e) = state.flush_delayed_items() {
+                state.failed = Some(e.to_string());
+            }
+        }
+        if last_commit.elapsed() >= interval {
+            if let Err(e) = shared.commit() {
+                eprintln!("birch: periodic commit failed: {e}");
+            }
+            last_commit = Instant::now();
+        }
+    }
+}
+
+impl<D: BlockDevice> FsState<D> {
+    fn prepare_commit(&mut self) -> Result<Option<commit::PreparedCommit>> {
+        self.writeback_all()?;
+        self.flush_delayed_items()?;
+        if self.forest.dirty_node_count() == 0 && !self.forest.alloc.has_delayed_refs() {
+            return Ok(None);
+        }
+        let prepared = commit::seal_transaction(&mut self.forest, &mut self.roots, &self.superblock)?;
+        Ok(Some(prepared))
+    }
+
+    fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
+        self.forest.end_commit();
+        self.forest.alloc.unpin(prepared.pinned);
+        self.superblock = prepared.superblock;
+        self.stats.commits += 1;
+        self.stats.nodes_written += nodes_written;
+        self.evict_clean_inodes();
+    }
+
+    fn statfs(&self) -> StatFs {
+        let alloc = &self.forest.alloc;
+        let free = (alloc.free_bytes() + alloc.pinned_bytes()) / SECTOR_SIZE;
+        let dirty = self.dirty_page_bytes / SECTOR_SIZE;
+        StatFs {
+            block_size: SECTOR_SIZE as u32,
+            blocks: alloc.total_bytes() / SECTOR_SIZE,
+            blocks_free: free.saturating_sub(dirty),
+            blocks_available: free.saturating_sub(dirty),
+            files: u64::from(u32::MAX),
+            files_free: u64::from(u32::MAX).saturating_sub(self.next_ino),
+            name_max: crate::format::NAME_MAX as u32,
+        }
+    }
+}

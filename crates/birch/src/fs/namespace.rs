@@ -1,0 +1,421 @@
+//! Names: lookup, create, link, unlink, rename, readdir.
+//!
+//! A name is three items: DIR_ITEM (parent, hash) for lookup and INODE_REF
+//! (ino, parent) for the way back, both written to the tree at once, and
+//! DIR_INDEX (parent, index) for readdir order, kept as a delayed item.
+
+use super::inode::decode_item;
+use super::{Attr, DirListEntry, FsState, RenameFlags};
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::node::MAX_ITEM_DATA;
+use crate::format::{
+    decode_dir_items, decode_inode_refs, encode_dir_items, encode_inode_refs, item_type, name_hash, DirEntry, FileExtent, FileType, InodeRefEntry, Key, Timespec, FIRST_DIR_INDEX, NAME_MAX,
+    ROOT_DIR_INO, SYMLINK_MAX,
+};
+use std::ops::ControlFlow;
+
+/// Most links one inode may have (as ext4's EXT4_LINK_MAX).
+const LINK_MAX: u32 = 65000;
+
+/// Rejects names no directory may hold.
+fn validate_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidArgument("empty name"));
+    }
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::InvalidArgument("name contains '/' or NUL"));
+    }
+    Ok(())
+}
+
+/// Rejects names that may not be created ("." and "..").
+fn validate_new_name(name: &[u8]) -> Result<()> {
+    validate_name(name)?;
+    if name == b"." || name == b".." {
+        return Err(Error::Exists);
+    }
+    Ok(())
+}
+
+impl<D: BlockDevice> FsState<D> {
+    fn require_dir(&mut self, ino: u64) -> Result<()> {
+        if self.inode(ino)?.item.file_type() != FileType::Directory {
+            return Err(Error::NotDir);
+        }
+        Ok(())
+    }
+
+    /// The entry `name` in directory `dir`, if any.
+    pub(crate) fn find_entry(&mut self, dir: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+        self.require_dir(dir)?;
+        validate_name(name)?;
+        let key = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
+        let Some(data) = self.forest.get(&self.roots.fs, &key)? else { return Ok(None) };
+        Ok(decode_item(&key, decode_dir_items(&data))?.into_iter().find(|e| e.name == name))
+    }
+
+    pub(crate) fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let ino = match name {
+            b"." => {
+                self.require_dir(parent)?;
+                parent
+            }
+            b".." => self.dir_parent(parent)?,
+            _ => self.find_entry(parent, name)?.ok_or(Error::NotFound)?.ino,
+        };
+        self.getattr(ino)
+    }
+
+    /// A directory's parent, from its single INODE_REF.
+    pub(crate) fn dir_parent(&mut self, dir: u64) -> Result<u64> {
+        self.require_dir(dir)?;
+        if dir == ROOT_DIR_INO {
+            return Ok(ROOT_DIR_INO);
+        }
+        let mut parent = None;
+        self.forest.scan(&self.roots.fs, Key::new(dir, item_type::INODE_REF, 0), Key::new(dir, item_type::INODE_REF, u64::MAX), &mut |k, _| {
+            parent = Some(k.offset);
+            Ok(ControlFlow::Break(()))
+        })?;
+        parent.ok_or_else(|| Error::corrupt(crate::Corruption::general(format!("directory {dir} has no parent reference"))))
+    }
+
+    fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
+        if let Some(next) = self.inode(dir)?.next_index {
+            self.inode(dir)?.next_index = Some(next + 1);
+            return Ok(next);
+        }
+        let last = self.forest.last_at_or_before(&self.roots.fs, &Key::new(dir, item_type::DIR_INDEX, u64::MAX))?;
+        let mut next = match last {
+            Some((k, _)) if k.objectid == dir && k.item_type == item_type::DIR_INDEX => k.offset + 1,
+            _ => FIRST_DIR_INDEX,
+        };
+        if let Some(pending) = self.delayed.dir(dir).and_then(|d| d.insertions.keys().next_back()) {
+            next = next.max(pending + 1);
+        }
+        self.inode(dir)?.next_index = Some(next + 1);
+        Ok(next)
+    }
+
+    /// Adds the name `name` in `parent` for `ino`; returns its dir index.
+    fn add_name(&mut self, parent: u64, name: &[u8], ino: u64, file_type: FileType) -> Result<u64> {
+        let ref_key = Key::new(ino, item_type::INODE_REF, parent);
+        let mut refs = match self.forest.get(&self.roots.fs, &ref_key)? {
+            Some(data) => decode_item(&ref_key, decode_inode_refs(&data))?,
+            None => Vec::new(),
+        };
+        let index = self.next_dir_index(parent)?;
+        refs.push(InodeRefEntry { index, name: name.to_vec() });
+        let refs = encode_inode_refs(&refs);
+        let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
+        let mut entries = match self.forest.get(&self.roots.fs, &dir_key)? {
+            Some(data) => decode_item(&dir_key, decode_dir_items(&data))?,
+            None => Vec::new(),
+        };
+        let entry = DirEntry { ino, file_type, name: name.to_vec() };
+        entries.push(entry.clone());
+        let entries = encode_dir_items(&entries);
+        if refs.len() > MAX_ITEM_DATA || entries.len() > MAX_ITEM_DATA {
+            return Err(Error::TooManyLinks);
+        }
+        self.forest.put(&mut self.roots.fs, ref_key, refs)?;
+        self.forest.put(&mut self.roots.fs, dir_key, entries)?;
+        self.delayed.insert_index(parent, index, entry);
+        let now = Timespec::now();
+        self.update_inode(parent, |p| {
+            p.size += name.len() as u64;
+            p.mtime = now;
+            p.ctime = now;
+        })?;
+        Ok(index)
+    }
+
+    /// Removes the name `name` of `ino` from `parent`.
+    fn remove_name(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+        let ref_key = Key::new(ino, item_type::INODE_REF, parent);
+        let missing = || Error::corrupt(crate::Corruption::general(format!("name {:?} of inode {ino} in {parent}: no matching inode ref", String::from_utf8_lossy(name))));
+        let data = self.forest.get(&self.roots.fs, &ref_key)?.ok_or_else(missing)?;
+        let mut refs = decode_item(&ref_key, decode_inode_refs(&data))?;
+        let pos = refs.iter().position(|r| r.name == name).ok_or_else(missing)?;
+        let index = refs.remove(pos).index;
+        if refs.is_empty() {
+            self.forest.delete(&mut self.roots.fs, &ref_key)?;
+        } else {
+            self.forest.put(&mut self.roots.fs, ref_key, encode_inode_refs(&refs))?;
+        }
+        let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
+        let data = self.forest.get(&self.roots.fs, &dir_key)?.ok_or_else(missing)?;
+        let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
+        entries.retain(|e| e.name != name);
+        if entries.is_empty() {
+            self.forest.delete(&mut self.roots.fs, &dir_key)?;
+        } else {
+            self.forest.put(&mut self.roots.fs, dir_key, encode_dir_items(&entries))?;
+        }
+        self.delayed.delete_index(parent, index);
+        let now = Timespec::now();
+        self.update_inode(parent, |p| {
+            p.size -= name.len() as u64;
+            p.mtime = now;
+            p.ctime = now;
+        })
+    }
+
+    pub(crate) fn create_node(&mut self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Attr> {
+        validate_new_name(name)?;
+        let file_type = FileType::from_mode(mode).ok_or(Error::InvalidArgument("mode has no file type"))?;
+        if self.find_entry(parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        if file_type == FileType::Directory && self.inode(parent)?.item.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        let item = self.new_inode_item(mode, uid, gid, rdev);
+        let ino = self.add_new_inode(item);
+        self.add_name(parent, name, ino, file_type)?;
+        if file_type == FileType::Directory {
+            self.update_inode(parent, |p| p.nlink += 1)?;
+        }
+        self.getattr(ino)
+    }
+
+    pub(crate) fn symlink(&mut self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if target.len() > SYMLINK_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let attr = self.create_node(parent, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
+        let ino = attr.ino;
+        self.forest.insert(&mut self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, 0), FileExtent::Inline { data: target.to_vec() }.encode())?;
+        self.update_inode(ino, |i| {
+            i.size = target.len() as u64;
+            i.nbytes = target.len() as u64;
+        })?;
+        self.getattr(ino)
+    }
+
+    pub(crate) fn readlink(&mut self, ino: u64) -> Result<Vec<u8>> {
+        if self.inode(ino)?.item.file_type() != FileType::Symlink {
+            return Err(Error::InvalidArgument("not a symlink"));
+        }
+        let key = Key::new(ino, item_type::EXTENT_DATA, 0);
+        let data = self.forest.get(&self.roots.fs, &key)?.ok_or_else(|| Error::corrupt(crate::Corruption::general(format!("symlink {ino} has no target item"))))?;
+        match decode_item(&key, FileExtent::decode(&data))? {
+            FileExtent::Inline { data } => Ok(data),
+            _ => Err(Error::corrupt(crate::Corruption::general(format!("symlink {ino} target is not inline")))),
+        }
+    }
+
+    pub(crate) fn link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        validate_new_name(new_name)?;
+        let item = self.inode_item(ino)?;
+        if item.file_type() == FileType::Directory {
+            return Err(Error::NotPermitted);
+        }
+        if item.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        if self.find_entry(new_parent, new_name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        self.add_name(new_parent, new_name, ino, item.file_type())?;
+        let now = Timespec::now();
+        self.update_inode(ino, |i| {
+            i.nlink += 1;
+            i.ctime = now;
+        })?;
+        self.getattr(ino)
+    }
+
+    /// Drops one link of `ino` (whose name is already removed).
+    fn drop_link(&mut self, ino: u64) -> Result<()> {
+        let now = Timespec::now();
+        let is_dir = self.inode(ino)?.item.file_type() == FileType::Directory;
+        self.update_inode(ino, |i| {
+            // A directory's own "." link goes with its name.
+            i.nlink = if is_dir { 0 } else { i.nlink - 1 };
+            i.ctime = now;
+        })?;
+        if self.inode(ino)?.item.nlink == 0 {
+            self.inode_unlinked(ino)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn unlink(&mut self, parent: u64, name: &[u8]) -> Result<()> {
+        let entry = self.find_entry(parent, name)?.ok_or(Error::NotFound)?;
+        if entry.file_type == FileType::Directory {
+            return Err(Error::IsDir);
+        }
+        self.remove_name(parent, name, entry.ino)?;
+        self.drop_link(entry.ino)
+    }
+
+    pub(crate) fn is_dir_empty(&mut self, dir: u64) -> Result<bool> {
+        if self.delayed.dir(dir).is_some_and(|d| !d.insertions.is_empty()) {
+            return Ok(false);
+        }
+        let deletions = self.delayed.dir(dir).map(|d| d.deletions.clone()).unwrap_or_default();
+        let mut empty = true;
+        self.forest.scan(&self.roots.fs, Key::new(dir, item_type::DIR_INDEX, 0), Key::new(dir, item_type::DIR_INDEX, u64::MAX), &mut |k, _| {
+            if deletions.contains(&k.offset) {
+                return Ok(ControlFlow::Continue(()));
+            }
+            empty = false;
+            Ok(ControlFlow::Break(()))
+        })?;
+        Ok(empty)
+    }
+
+    pub(crate) fn rmdir(&mut self, parent: u64, name: &[u8]) -> Result<()> {
+        if name == b"." {
+            return Err(Error::InvalidArgument("rmdir of \".\""));
+        }
+        if name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        let entry = self.find_entry(parent, name)?.ok_or(Error::NotFound)?;
+        if entry.file_type != FileType::Directory {
+            return Err(Error::NotDir);
+        }
+        if !self.is_dir_empty(entry.ino)? {
+            return Err(Error::NotEmpty);
+        }
+        self.remove_name(parent, name, entry.ino)?;
+        self.update_inode(parent, |p| p.nlink -= 1)?;
+        self.drop_link(entry.ino)
+    }
+
+    /// Whether `dir` is `ancestor` or lies below it.
+    fn is_within(&mut self, dir: u64, ancestor: u64) -> Result<bool> {
+        let mut cur = dir;
+        for _ in 0..=u16::MAX {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            if cur == ROOT_DIR_INO {
+                return Ok(false);
+            }
+            cur = self.dir_parent(cur)?;
+        }
+        Err(Error::corrupt(crate::Corruption::general(format!("directory {dir}: parent chain does not reach the root"))))
+    }
+
+    pub(crate) fn rename(&mut self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+        if flags.exchange && flags.no_replace {
+            return Err(Error::InvalidArgument("RENAME_EXCHANGE with RENAME_NOREPLACE"));
+        }
+        if name == b"." || name == b".." {
+            return Err(Error::InvalidArgument("rename of \".\" or \"..\""));
+        }
+        validate_new_name(new_name).map_err(|e| if matches!(e, Error::Exists) { Error::InvalidArgument("rename onto \".\" or \"..\"") } else { e })?;
+        let source = self.find_entry(parent, name)?.ok_or(Error::NotFound)?;
+        let target = self.find_entry(new_parent, new_name)?;
+        let now = Timespec::now();
+        if flags.exchange {
+            let target = target.ok_or(Error::NotFound)?;
+            if source.ino == target.ino {
+                return Ok(());
+            }
+            for (moving, into) in [(&source, new_parent), (&target, parent)] {
+                if moving.file_type == FileType::Directory && self.is_within(into, moving.ino)? {
+                    return Err(Error::InvalidArgument("directory moved into its own subtree"));
+                }
+            }
+            self.remove_name(parent, name, source.ino)?;
+            self.remove_name(new_parent, new_name, target.ino)?;
+            self.add_name(new_parent, new_name, source.ino, source.file_type)?;
+            self.add_name(parent, name, target.ino, target.file_type)?;
+            if parent != new_parent {
+                let delta = |e: &DirEntry| i64::from(e.file_type == FileType::Directory);
+                let shift = delta(&source) - delta(&target);
+                self.update_inode(parent, |p| p.nlink = (i64::from(p.nlink) - shift) as u32)?;
+                self.update_inode(new_parent, |p| p.nlink = (i64::from(p.nlink) + shift) as u32)?;
+            }
+            for ino in [source.ino, target.ino] {
+                self.update_inode(ino, |i| i.ctime = now)?;
+            }
+            return Ok(());
+        }
+        let source_is_dir = source.file_type == FileType::Directory;
+        if source_is_dir && self.is_within(new_parent, source.ino)? {
+            return Err(Error::InvalidArgument("directory moved into its own subtree"));
+        }
+        if let Some(target) = &target {
+            if flags.no_replace {
+                return Err(Error::Exists);
+            }
+            if target.ino == source.ino {
+                // Two names of one inode: POSIX says do nothing.
+                return Ok(());
+            }
+            let target_is_dir = target.file_type == FileType::Directory;
+            match (source_is_dir, target_is_dir) {
+                (true, false) => return Err(Error::NotDir),
+                (false, true) => return Err(Error::IsDir),
+                (true, true) if !self.is_dir_empty(target.ino)? => return Err(Error::NotEmpty),
+                _ => {}
+            }
+            self.remove_name(new_parent, new_name, target.ino)?;
+            if target_is_dir {
+                self.update_inode(new_parent, |p| p.nlink -= 1)?;
+            }
+            self.drop_link(target.ino)?;
+        }
+        self.remove_name(parent, name, source.ino)?;
+        self.add_name(new_parent, new_name, source.ino, source.file_type)?;
+        if source_is_dir && parent != new_parent {
+            self.update_inode(parent, |p| p.nlink -= 1)?;
+            self.update_inode(new_parent, |p| p.nlink += 1)?;
+        }
+        self.update_inode(source.ino, |i| i.ctime = now)
+    }
+
+    pub(crate) fn readdir(&mut self, dir: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
+        self.require_dir(dir)?;
+        let start = offset.max(FIRST_DIR_INDEX);
+        let pending = self.delayed.dir(dir).cloned().unwrap_or_default();
+        let mut out: Vec<DirListEntry> = Vec::new();
+        let mut inserts = pending.insertions.range(start..).peekable();
+        let mut err = None;
+        self.forest.scan(&self.roots.fs, Key::new(dir, item_type::DIR_INDEX, start), Key::new(dir, item_type::DIR_INDEX, u64::MAX), &mut |k, data| {
+            while let Some((&index, entry)) = inserts.peek() {
+                if index >= k.offset || out.len() >= limit {
+                    break;
+                }
+                out.push(DirListEntry { ino: entry.ino, next_offset: index + 1, file_type: entry.file_type, name: entry.name.clone() });
+                inserts.next();
+            }
+            if out.len() >= limit {
+                return Ok(ControlFlow::Break(()));
+            }
+            if pending.deletions.contains(&k.offset) {
+                return Ok(ControlFlow::Continue(()));
+            }
+            match DirEntry::decode(data) {
+                Ok(e) => out.push(DirListEntry { ino: e.ino, next_offset: k.offset + 1, file_type: e.file_type, name: e.name }),
+                Err(e) => {
+                    err = Some(decode_item::<()>(k, Err(e)).unwrap_err());
+                    return Ok(ControlFlow::Break(()));
+                }
+            }
+            Ok(if out.len() >= limit { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
+        })?;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        for (&index, entry) in inserts {
+            if out.len() >= limit {
+                break;
+            }
+            out.push(DirListEntry { ino: entry.ino, next_offset: index + 1, file_type: entry.file_type, name: entry.name.clone() });
+        }
+        Ok(out)
+    }
+}
