@@ -276,8 +276,9 @@ impl<D: BlockDevice> Forest<D> {
         let mut bytenr = new_root;
         let mut level = root.level;
         loop {
-            let node = self.dirty[&bytenr].clone();
-            match &node.body {
+            // Copy out what is needed before touching the node mutably: a
+            // live Arc clone would make `Arc::make_mut` deep-copy it.
+            let (slot, p) = match &self.dirty[&bytenr].body {
                 NodeBody::Leaf(items) => {
                     let slot = leaf_slot(items, key).unwrap_or_else(|i| i);
                     path.push(PathStep { bytenr, slot });
@@ -285,20 +286,20 @@ impl<D: BlockDevice> Forest<D> {
                 }
                 NodeBody::Internal(ptrs) => {
                     let slot = child_slot(ptrs, key);
-                    let p = ptrs[slot];
-                    let expect = NodeExpectation { tree: root.id, level: level - 1, generation: p.generation };
-                    let child = self.cow(p.blockptr, expect)?;
-                    if child != p.blockptr {
-                        let transid = self.transid;
-                        let ptr = &mut self.node_mut(bytenr).key_ptrs_mut()[slot];
-                        ptr.blockptr = child;
-                        ptr.generation = transid;
-                    }
-                    path.push(PathStep { bytenr, slot });
-                    bytenr = child;
-                    level -= 1;
+                    (slot, ptrs[slot])
                 }
+            };
+            let expect = NodeExpectation { tree: root.id, level: level - 1, generation: p.generation };
+            let child = self.cow(p.blockptr, expect)?;
+            if child != p.blockptr {
+                let transid = self.transid;
+                let ptr = &mut self.node_mut(bytenr).key_ptrs_mut()[slot];
+                ptr.blockptr = child;
+                ptr.generation = transid;
             }
+            path.push(PathStep { bytenr, slot });
+            bytenr = child;
+            level -= 1;
         }
     }
 
@@ -361,36 +362,38 @@ impl<D: BlockDevice> Forest<D> {
     }
 
     fn split_if_needed(&mut self, root: &mut TreeRoot, path: &[PathStep], depth: usize) -> Result<()> {
-        let node = self.dirty[&path[depth].bytenr].clone();
-        if node.fits() {
+        let bytenr = path[depth].bytenr;
+        if self.dirty[&bytenr].fits() {
             return Ok(());
         }
         self.stats.splits += 1;
-        let pieces: Vec<NodeBody> = match &node.body {
-            NodeBody::Leaf(items) => split_leaf_items(items.clone()).into_iter().map(NodeBody::Leaf).collect(),
-            NodeBody::Internal(ptrs) => {
-                let mid = ptrs.len() / 2;
-                vec![NodeBody::Internal(ptrs[..mid].to_vec()), NodeBody::Internal(ptrs[mid..].to_vec())]
+        let level = self.dirty[&bytenr].level;
+        let body = std::mem::replace(&mut self.node_mut(bytenr).body, NodeBody::Leaf(Vec::new()));
+        let pieces: Vec<NodeBody> = match body {
+            NodeBody::Leaf(items) => split_leaf_items(items).into_iter().map(NodeBody::Leaf).collect(),
+            NodeBody::Internal(mut ptrs) => {
+                let right = ptrs.split_off(ptrs.len() / 2);
+                vec![NodeBody::Internal(ptrs), NodeBody::Internal(right)]
             }
         };
         let mut pieces = pieces.into_iter();
-        self.node_mut(node.bytenr).body = pieces.next().expect("split yields pieces");
+        self.node_mut(bytenr).body = pieces.next().expect("split yields pieces");
         let mut new_ptrs = Vec::new();
         for body in pieces {
             let first = match &body {
                 NodeBody::Leaf(items) => items[0].key,
                 NodeBody::Internal(ptrs) => ptrs[0].key,
             };
-            let bytenr = self.new_node(root.id, node.level, body)?;
-            new_ptrs.push(KeyPtr { key: first, blockptr: bytenr, generation: self.transid });
+            let new_bytenr = self.new_node(root.id, level, body)?;
+            new_ptrs.push(KeyPtr { key: first, blockptr: new_bytenr, generation: self.transid });
         }
         if depth == 0 {
-            let first = self.dirty[&node.bytenr].first_key().expect("split node is not empty");
-            let mut ptrs = vec![KeyPtr { key: first, blockptr: node.bytenr, generation: self.transid }];
+            let first = self.dirty[&bytenr].first_key().expect("split node is not empty");
+            let mut ptrs = vec![KeyPtr { key: first, blockptr: bytenr, generation: self.transid }];
             ptrs.extend(new_ptrs);
-            let new_root = self.new_node(root.id, node.level + 1, NodeBody::Internal(ptrs))?;
+            let new_root = self.new_node(root.id, level + 1, NodeBody::Internal(ptrs))?;
             root.bytenr = new_root;
-            root.level = node.level + 1;
+            root.level = level + 1;
             root.generation = self.transid;
             return Ok(());
         }
@@ -425,8 +428,10 @@ impl<D: BlockDevice> Forest<D> {
             return Ok(());
         }
         let parent = path[depth - 1];
-        if node.nritems() == 0 {
-            self.free_block(bytenr, root.id, node.level);
+        let (level, nritems, used) = (node.level, node.nritems(), node.used_bytes());
+        drop(node);
+        if nritems == 0 {
+            self.free_block(bytenr, root.id, level);
             let ptrs = self.node_mut(parent.bytenr).key_ptrs_mut();
             ptrs.remove(parent.slot);
             if parent.slot == 0 && !ptrs.is_empty() {
@@ -434,36 +439,37 @@ impl<D: BlockDevice> Forest<D> {
             }
             return self.rebalance(root, path, depth - 1);
         }
-        if node.used_bytes() >= BODY_SIZE / 4 {
+        if used >= BODY_SIZE / 4 {
             return Ok(());
         }
-        let parent_node = self.dirty[&parent.bytenr].clone();
-        let ptrs = parent_node.key_ptrs();
-        let level = node.level;
+        let (left_ptr, right_ptr) = {
+            let ptrs = self.dirty[&parent.bytenr].key_ptrs();
+            (parent.slot.checked_sub(1).map(|i| ptrs[i]), ptrs.get(parent.slot + 1).copied())
+        };
         let sibling_expect = |p: &KeyPtr| NodeExpectation { tree: root.id, level, generation: p.generation };
-        if parent.slot > 0 {
+        if let Some(left_ptr) = left_ptr {
             // Merge this node into its left sibling.
-            let left_ptr = ptrs[parent.slot - 1];
-            let left = self.node(left_ptr.blockptr, sibling_expect(&left_ptr))?;
-            if left.used_bytes() + node.used_bytes() > BODY_SIZE {
+            if self.node(left_ptr.blockptr, sibling_expect(&left_ptr))?.used_bytes() + used > BODY_SIZE {
                 return Ok(());
             }
             let left_bytenr = self.cow(left_ptr.blockptr, sibling_expect(&left_ptr))?;
-            append_body(self.node_mut(left_bytenr), &node.body);
+            let body = std::mem::replace(&mut self.node_mut(bytenr).body, NodeBody::Leaf(Vec::new()));
+            append_body(self.node_mut(left_bytenr), body);
             self.free_block(bytenr, root.id, level);
             let transid = self.transid;
             let pptrs = self.node_mut(parent.bytenr).key_ptrs_mut();
             pptrs[parent.slot - 1].blockptr = left_bytenr;
             pptrs[parent.slot - 1].generation = transid;
             pptrs.remove(parent.slot);
-        } else if ptrs.len() > 1 {
+        } else if let Some(right_ptr) = right_ptr {
             // Merge the right sibling into this node.
-            let right_ptr = ptrs[parent.slot + 1];
             let right = self.node(right_ptr.blockptr, sibling_expect(&right_ptr))?;
-            if right.used_bytes() + node.used_bytes() > BODY_SIZE {
+            if right.used_bytes() + used > BODY_SIZE {
                 return Ok(());
             }
-            append_body(self.node_mut(bytenr), &right.body);
+            let right_body = right.body.clone();
+            drop(right);
+            append_body(self.node_mut(bytenr), right_body);
             self.free_block(right_ptr.blockptr, root.id, level);
             self.node_mut(parent.bytenr).key_ptrs_mut().remove(parent.slot + 1);
         } else {
@@ -539,10 +545,10 @@ impl<D: BlockDevice> Forest<D> {
     }
 }
 
-fn append_body(dst: &mut Node, src: &NodeBody) {
+fn append_body(dst: &mut Node, src: NodeBody) {
     match (&mut dst.body, src) {
-        (NodeBody::Leaf(a), NodeBody::Leaf(b)) => a.extend(b.iter().cloned()),
-        (NodeBody::Internal(a), NodeBody::Internal(b)) => a.extend(b.iter().copied()),
+        (NodeBody::Leaf(a), NodeBody::Leaf(b)) => a.extend(b),
+        (NodeBody::Internal(a), NodeBody::Internal(b)) => a.extend(b),
         _ => panic!("merging nodes of different levels"),
     }
 }

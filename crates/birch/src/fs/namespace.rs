@@ -4,6 +4,7 @@
 //! (ino, parent) for the way back, both written to the tree at once, and
 //! DIR_INDEX (parent, index) for readdir order, kept as a delayed item.
 
+use super::delayed::DelayedDir;
 use super::inode::decode_item;
 use super::{Attr, DirListEntry, FsState, RenameFlags};
 use crate::device::BlockDevice;
@@ -261,7 +262,8 @@ impl<D: BlockDevice> FsState<D> {
         if self.delayed.dir(dir).is_some_and(|d| !d.insertions.is_empty()) {
             return Ok(false);
         }
-        let deletions = self.delayed.dir(dir).map(|d| d.deletions.clone()).unwrap_or_default();
+        let empty_batch = DelayedDir::default();
+        let deletions = &self.delayed.dir(dir).unwrap_or(&empty_batch).deletions;
         let mut empty = true;
         self.forest.scan(&self.roots.fs, Key::new(dir, item_type::DIR_INDEX, 0), Key::new(dir, item_type::DIR_INDEX, u64::MAX), &mut |k, _| {
             if deletions.contains(&k.offset) {
@@ -380,17 +382,18 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn readdir(&mut self, dir: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
         self.require_dir(dir)?;
         let start = offset.max(FIRST_DIR_INDEX);
-        let pending = self.delayed.dir(dir).cloned().unwrap_or_default();
-        let mut out: Vec<DirListEntry> = Vec::new();
+        let empty = DelayedDir::default();
+        let pending = self.delayed.dir(dir).unwrap_or(&empty);
         let mut inserts = pending.insertions.range(start..).peekable();
+        let mut out: Vec<DirListEntry> = Vec::new();
+        let listed = |index: u64, e: &DirEntry| DirListEntry { ino: e.ino, next_offset: index + 1, file_type: e.file_type, name: e.name.clone() };
         let mut err = None;
         self.forest.scan(&self.roots.fs, Key::new(dir, item_type::DIR_INDEX, start), Key::new(dir, item_type::DIR_INDEX, u64::MAX), &mut |k, data| {
-            while let Some((&index, entry)) = inserts.peek() {
-                if index >= k.offset || out.len() >= limit {
-                    break;
+            while let Some((&index, entry)) = inserts.next_if(|(&index, _)| index < k.offset) {
+                if out.len() >= limit {
+                    return Ok(ControlFlow::Break(()));
                 }
-                out.push(DirListEntry { ino: entry.ino, next_offset: index + 1, file_type: entry.file_type, name: entry.name.clone() });
-                inserts.next();
+                out.push(listed(index, entry));
             }
             if out.len() >= limit {
                 return Ok(ControlFlow::Break(()));
@@ -399,23 +402,19 @@ impl<D: BlockDevice> FsState<D> {
                 return Ok(ControlFlow::Continue(()));
             }
             match DirEntry::decode(data) {
-                Ok(e) => out.push(DirListEntry { ino: e.ino, next_offset: k.offset + 1, file_type: e.file_type, name: e.name }),
+                Ok(e) => out.push(listed(k.offset, &e)),
                 Err(e) => {
                     err = Some(decode_item::<()>(k, Err(e)).unwrap_err());
                     return Ok(ControlFlow::Break(()));
                 }
             }
-            Ok(if out.len() >= limit { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
+            Ok(ControlFlow::Continue(()))
         })?;
         if let Some(e) = err {
             return Err(e);
         }
-        for (&index, entry) in inserts {
-            if out.len() >= limit {
-                break;
-            }
-            out.push(DirListEntry { ino: entry.ino, next_offset: index + 1, file_type: entry.file_type, name: entry.name.clone() });
-        }
+        out.extend(inserts.take(limit.saturating_sub(out.len())).map(|(&index, entry)| listed(index, entry)));
+        out.truncate(limit);
         Ok(out)
     }
 }
