@@ -23,7 +23,13 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 fn report(name: &str, mut samples: Vec<Duration>) {
     samples.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    println!("{name:<34} n={:<5} p50={:>9.1}us p99={:>9.1}us max={:>9.1}us", samples.len(), us(percentile(&samples, 0.5)), us(percentile(&samples, 0.99)), us(*samples.last().unwrap()));
+    println!(
+        "{name:<34} n={:<5} p50={:>9.1}us p99={:>9.1}us max={:>9.1}us",
+        samples.len(),
+        us(percentile(&samples, 0.5)),
+        us(percentile(&samples, 0.99)),
+        us(*samples.last().unwrap())
+    );
 }
 
 /// Inserts `count` items of 100 bytes; commits (writing nodes to the
@@ -46,7 +52,9 @@ fn btree_inserts(dev: Arc<FileDevice>, count: u64, random: bool) -> f64 {
         } else {
             i
         };
-        forest.put(&mut root, Key::new(objectid, 1, 0), vec![7; 100]).unwrap();
+        forest
+            .put(&mut root, Key::new(objectid, 1, 0), vec![7; 100])
+            .unwrap();
         if i % 10_000 == 9_999 {
             forest.alloc.take_delayed_refs();
             let pinned = forest.alloc.take_pinned();
@@ -62,9 +70,14 @@ fn btree_inserts(dev: Arc<FileDevice>, count: u64, random: bool) -> f64 {
 }
 
 fn main() {
-    let path = std::env::args().nth(1).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("engine-bench.img"));
+    let path = std::env::args()
+        .nth(1)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("engine-bench.img"));
     let created = !path.exists();
-    std::fs::File::create(&path).and_then(|f| f.set_len(IMAGE_BYTES)).expect("create image");
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(IMAGE_BYTES))
+        .expect("create image");
     let dev = Arc::new(FileDevice::open(&path, false).expect("open image"));
 
     for (name, random) in [("sequential", false), ("random", true)] {
@@ -87,7 +100,9 @@ fn main() {
     let root = fs.root_ino();
     let mut commits = Vec::new();
     for i in 0..200 {
-        let f = fs.create(root, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
+        let f = fs
+            .create(root, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
         fs.write_file(f.ino, 0, &block).unwrap();
         let t = Instant::now();
         fs.commit().unwrap();
@@ -96,7 +111,8 @@ fn main() {
     report("commit: create + 4 KiB write", commits);
     let mut empty_dir_commits = Vec::new();
     for i in 0..200 {
-        fs.mkdir(root, format!("d{i}").as_bytes(), 0o755, 0, 0).unwrap();
+        fs.mkdir(root, format!("d{i}").as_bytes(), 0o755, 0, 0)
+            .unwrap();
         let t = Instant::now();
         fs.commit().unwrap();
         empty_dir_commits.push(t.elapsed());

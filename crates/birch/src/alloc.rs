@@ -57,19 +57,28 @@ impl FreeSpace {
     /// Returns `[start, start+len)` to the free map. Panics if any of it is
     /// already free: a double free is a bug that would corrupt the image.
     pub fn add(&mut self, start: u64, len: u64) {
-        assert!(len > 0 && start % SECTOR_SIZE == 0 && len % SECTOR_SIZE == 0, "unaligned free {start}+{len}");
+        assert!(
+            len > 0 && start.is_multiple_of(SECTOR_SIZE) && len.is_multiple_of(SECTOR_SIZE),
+            "unaligned free {start}+{len}"
+        );
         let end = start + len;
         let mut new_start = start;
         let mut new_end = end;
         if let Some((&ps, &pl)) = self.ranges.range(..=start).next_back() {
-            assert!(ps + pl <= start, "double free: {start}+{len} overlaps free {ps}+{pl}");
+            assert!(
+                ps + pl <= start,
+                "double free: {start}+{len} overlaps free {ps}+{pl}"
+            );
             if ps + pl == start {
                 new_start = ps;
                 self.ranges.remove(&ps);
             }
         }
         if let Some((&ns, &nl)) = self.ranges.range(start..).next() {
-            assert!(ns >= end, "double free: {start}+{len} overlaps free {ns}+{nl}");
+            assert!(
+                ns >= end,
+                "double free: {start}+{len} overlaps free {ns}+{nl}"
+            );
             if ns == end {
                 new_end = ns + nl;
                 self.ranges.remove(&ns);
@@ -81,8 +90,15 @@ impl FreeSpace {
 
     /// Takes `[start, start+len)` out of the free map; it must be free.
     pub fn remove(&mut self, start: u64, len: u64) {
-        let (&fs, &fl) = self.ranges.range(..=start).next_back().unwrap_or_else(|| panic!("allocating non-free {start}+{len}"));
-        assert!(fs + fl >= start + len, "allocating non-free {start}+{len} (free run {fs}+{fl})");
+        let (&fs, &fl) = self
+            .ranges
+            .range(..=start)
+            .next_back()
+            .unwrap_or_else(|| panic!("allocating non-free {start}+{len}"));
+        assert!(
+            fs + fl >= start + len,
+            "allocating non-free {start}+{len} (free run {fs}+{fl})"
+        );
         self.ranges.remove(&fs);
         if fs < start {
             self.ranges.insert(fs, start - fs);
@@ -105,12 +121,18 @@ impl FreeSpace {
                 return Some(hint);
             }
         }
-        self.ranges.range(hint..).find_map(fits).or_else(|| self.ranges.iter().find(|(_, &l)| l >= len).map(|(&s, _)| s))
+        self.ranges
+            .range(hint..)
+            .find_map(fits)
+            .or_else(|| self.ranges.iter().find(|(_, &l)| l >= len).map(|(&s, _)| s))
     }
 
     /// Longest free run (for carving a data extent when no run is big enough).
     fn largest(&self) -> Option<(u64, u64)> {
-        self.ranges.iter().max_by_key(|(_, &l)| l).map(|(&s, &l)| (s, l))
+        self.ranges
+            .iter()
+            .max_by_key(|(_, &l)| l)
+            .map(|(&s, &l)| (s, l))
     }
 }
 
@@ -167,12 +189,26 @@ impl Allocator {
     /// Allocates one tree node.
     pub fn alloc_node(&mut self, owner: u64, level: u8) -> Result<u64> {
         let len = NODE_SIZE as u64;
-        let start = self.free.find(len, self.metadata_cursor).ok_or(Error::NoSpace)?;
+        let start = self
+            .free
+            .find(len, self.metadata_cursor)
+            .ok_or(Error::NoSpace)?;
         self.free.remove(start, len);
         self.metadata_cursor = start + len;
         self.bytes_used += len;
-        let prev = self.delayed_refs.insert(start, DelayedRef { num_bytes: len, kind: ExtentKind::Metadata { owner, level }, created: true, ref_delta: 1 });
-        assert!(prev.is_none(), "node {start} allocated while it has a pending extent change");
+        let prev = self.delayed_refs.insert(
+            start,
+            DelayedRef {
+                num_bytes: len,
+                kind: ExtentKind::Metadata { owner, level },
+                created: true,
+                ref_delta: 1,
+            },
+        );
+        assert!(
+            prev.is_none(),
+            "node {start} allocated while it has a pending extent change"
+        );
         Ok(start)
     }
 
@@ -186,7 +222,15 @@ impl Allocator {
             }
             Some(r) => panic!("node {bytenr} freed twice (pending {r:?})"),
             None => {
-                self.delayed_refs.insert(bytenr, DelayedRef { num_bytes: len, kind: ExtentKind::Metadata { owner, level }, created: false, ref_delta: -1 });
+                self.delayed_refs.insert(
+                    bytenr,
+                    DelayedRef {
+                        num_bytes: len,
+                        kind: ExtentKind::Metadata { owner, level },
+                        created: false,
+                        ref_delta: -1,
+                    },
+                );
             }
         }
         self.bytes_used -= len;
@@ -198,7 +242,7 @@ impl Allocator {
     /// is fragmented. Its reference count starts at zero: each file extent
     /// item that points into it adds one with [`Self::add_data_ref`].
     pub fn alloc_data(&mut self, len: u64, owner: u64) -> Result<(u64, u64)> {
-        assert!(len > 0 && len % SECTOR_SIZE == 0);
+        assert!(len > 0 && len.is_multiple_of(SECTOR_SIZE));
         let (start, len) = match self.free.find(len, self.data_cursor) {
             Some(start) => (start, len),
             None => {
@@ -209,16 +253,35 @@ impl Allocator {
         self.free.remove(start, len);
         self.data_cursor = start + len;
         self.bytes_used += len;
-        let prev = self.delayed_refs.insert(start, DelayedRef { num_bytes: len, kind: ExtentKind::Data { owner }, created: true, ref_delta: 0 });
-        assert!(prev.is_none(), "data extent {start} allocated while it has a pending extent change");
+        let prev = self.delayed_refs.insert(
+            start,
+            DelayedRef {
+                num_bytes: len,
+                kind: ExtentKind::Data { owner },
+                created: true,
+                ref_delta: 0,
+            },
+        );
+        assert!(
+            prev.is_none(),
+            "data extent {start} allocated while it has a pending extent change"
+        );
         Ok((start, len))
     }
 
     /// Records one more (delta = 1) or one fewer (delta = -1) file extent
     /// item pointing into the data extent at `bytenr`.
     pub fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64, delta: i64) {
-        let entry = self.delayed_refs.entry(bytenr).or_insert(DelayedRef { num_bytes, kind: ExtentKind::Data { owner }, created: false, ref_delta: 0 });
-        assert_eq!(entry.num_bytes, num_bytes, "data extent {bytenr} referenced with two lengths");
+        let entry = self.delayed_refs.entry(bytenr).or_insert(DelayedRef {
+            num_bytes,
+            kind: ExtentKind::Data { owner },
+            created: false,
+            ref_delta: 0,
+        });
+        assert_eq!(
+            entry.num_bytes, num_bytes,
+            "data extent {bytenr} referenced with two lengths"
+        );
         entry.ref_delta += delta;
         if entry.created && entry.ref_delta == 0 && delta < 0 {
             // Written and dropped within this transaction: nothing on disk
@@ -232,8 +295,14 @@ impl Allocator {
     /// Returns an unused, never-referenced data allocation (e.g. writeback
     /// allocated more than it used).
     pub fn release_unused_data(&mut self, bytenr: u64, len: u64) {
-        let r = self.delayed_refs.remove(&bytenr).expect("release of unknown data allocation");
-        assert!(r.created && r.ref_delta == 0 && r.num_bytes == len, "release of referenced data extent {bytenr}");
+        let r = self
+            .delayed_refs
+            .remove(&bytenr)
+            .expect("release of unknown data allocation");
+        assert!(
+            r.created && r.ref_delta == 0 && r.num_bytes == len,
+            "release of referenced data extent {bytenr}"
+        );
         self.bytes_used -= len;
         self.free.add(bytenr, len);
     }
@@ -286,7 +355,10 @@ mod tests {
         f.add(8192, 4096);
         assert_eq!(f.ranges().collect::<Vec<_>>(), vec![(4096, 12288)]);
         f.remove(8192, 4096);
-        assert_eq!(f.ranges().collect::<Vec<_>>(), vec![(4096, 4096), (12288, 4096)]);
+        assert_eq!(
+            f.ranges().collect::<Vec<_>>(),
+            vec![(4096, 4096), (12288, 4096)]
+        );
         assert_eq!(f.free_bytes(), 8192);
     }
 

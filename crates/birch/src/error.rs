@@ -14,23 +14,37 @@ pub struct Corruption {
 }
 
 impl Corruption {
-    pub fn at_block(tree: Option<u64>, block: u64, slot: Option<usize>, reason: impl Into<String>) -> Corruption {
-        Corruption { tree, block: Some(block), slot, reason: reason.into() }
+    pub fn at_block(
+        tree: Option<u64>,
+        block: u64,
+        slot: Option<usize>,
+        reason: impl Into<String>,
+    ) -> Corruption {
+        Corruption {
+            tree,
+            block: Some(block),
+            slot,
+            reason: reason.into(),
+        }
     }
 
     pub fn general(reason: impl Into<String>) -> Corruption {
-        Corruption { tree: None, block: None, slot: None, reason: reason.into() }
+        Corruption {
+            tree: None,
+            block: None,
+            slot: None,
+            reason: reason.into(),
+        }
     }
 }
 
 impl fmt::Display for Corruption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("corrupt")?;
-        if self.block.is_some() {
-            f.write_str(" node:")?;
+        f.write_str(if self.block.is_some() {
+            "corrupt node:"
         } else {
-            f.write_str(":")?;
-        }
+            "corrupt"
+        })?;
         if let Some(tree) = self.tree {
             write!(f, " tree={}", crate::print::tree_name(tree))?;
         }
@@ -63,6 +77,10 @@ pub enum Error {
     FileTooBig,
     ReadOnly,
     NotPermitted,
+    /// SEEK_DATA / SEEK_HOLE past the end of the file (ENXIO).
+    NoSuchOffset,
+    /// A mode or request the filesystem does not implement (EOPNOTSUPP).
+    NotSupported(&'static str),
     /// The device failed; the filesystem has gone read-only.
     Io(io::Error),
     Corrupt(Corruption),
@@ -87,6 +105,8 @@ impl Error {
             Error::FileTooBig => libc::EFBIG,
             Error::ReadOnly => libc::EROFS,
             Error::NotPermitted => libc::EPERM,
+            Error::NoSuchOffset => libc::ENXIO,
+            Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::Io(_) | Error::Corrupt(_) => libc::EIO,
         }
     }
@@ -113,6 +133,8 @@ impl fmt::Display for Error {
             Error::FileTooBig => f.write_str("file too large"),
             Error::ReadOnly => f.write_str("read-only filesystem"),
             Error::NotPermitted => f.write_str("operation not permitted"),
+            Error::NoSuchOffset => f.write_str("no such offset (no more data or holes)"),
+            Error::NotSupported(what) => write!(f, "not supported: {what}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
             Error::Corrupt(c) => c.fmt(f),
         }

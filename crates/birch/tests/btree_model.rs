@@ -20,7 +20,10 @@ const DEVICE_BYTES: u64 = 256 << 20;
 fn new_forest() -> Forest<Arc<MemoryDevice>> {
     let dev = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let mut free = FreeSpace::default();
-    free.add(FIRST_ALLOCATABLE_BYTE, DEVICE_BYTES - FIRST_ALLOCATABLE_BYTE);
+    free.add(
+        FIRST_ALLOCATABLE_BYTE,
+        DEVICE_BYTES - FIRST_ALLOCATABLE_BYTE,
+    );
     let store = Arc::new(NodeStore::new(dev, [9; 16], 8));
     Forest::new(store, Allocator::new(free, 0, DEVICE_BYTES), 1)
 }
@@ -32,14 +35,22 @@ fn commit(forest: &mut Forest<Arc<MemoryDevice>>) {
     let pinned = forest.alloc.take_pinned();
     let nodes = forest.begin_commit();
     for node in nodes.values() {
-        forest.store().device().write_at(&node.encode(&[9; 16]), node.bytenr).unwrap();
+        forest
+            .store()
+            .device()
+            .write_at(&node.encode(&[9; 16]), node.bytenr)
+            .unwrap();
     }
     forest.end_commit();
     forest.alloc.unpin(pinned);
 }
 
 fn random_key(rng: &mut ChaCha8Rng, key_space: u64) -> Key {
-    Key::new(rng.gen_range(0..key_space), rng.gen_range(0..3), rng.gen_range(0..4))
+    Key::new(
+        rng.gen_range(0..key_space),
+        rng.gen_range(0..3),
+        rng.gen_range(0..4),
+    )
 }
 
 fn random_value(rng: &mut ChaCha8Rng) -> Vec<u8> {
@@ -64,16 +75,21 @@ fn run(seed: u64, steps: usize, key_space: u64, verify_every: usize) {
             0..=39 => {
                 let (k, v) = (random_key(&mut rng, key_space), random_value(&mut rng));
                 let result = forest.insert(&mut root, k, v.clone());
-                if model.contains_key(&k) {
-                    assert!(matches!(result, Err(birch::Error::Exists)), "{ctx}: insert of present key {k}");
-                } else {
+                if let std::collections::btree_map::Entry::Vacant(e) = model.entry(k) {
                     result.unwrap_or_else(|e| panic!("{ctx}: insert {k}: {e}"));
-                    model.insert(k, v);
+                    e.insert(v);
+                } else {
+                    assert!(
+                        matches!(result, Err(birch::Error::Exists)),
+                        "{ctx}: insert of present key {k}"
+                    );
                 }
             }
             40..=54 => {
                 let (k, v) = (random_key(&mut rng, key_space), random_value(&mut rng));
-                forest.put(&mut root, k, v.clone()).unwrap_or_else(|e| panic!("{ctx}: put {k}: {e}"));
+                forest
+                    .put(&mut root, k, v.clone())
+                    .unwrap_or_else(|e| panic!("{ctx}: put {k}: {e}"));
                 model.insert(k, v);
             }
             55..=84 => {
@@ -82,44 +98,75 @@ fn run(seed: u64, steps: usize, key_space: u64, verify_every: usize) {
                     Some(k) if rng.gen_bool(0.9) => *k,
                     _ => random_key(&mut rng, key_space),
                 };
-                let got = forest.delete(&mut root, &k).unwrap_or_else(|e| panic!("{ctx}: delete {k}: {e}"));
+                let got = forest
+                    .delete(&mut root, &k)
+                    .unwrap_or_else(|e| panic!("{ctx}: delete {k}: {e}"));
                 assert_eq!(got, model.remove(&k), "{ctx}: delete {k}");
             }
             85..=92 => {
                 let k = random_key(&mut rng, key_space);
-                assert_eq!(forest.get(&root, &k).unwrap(), model.get(&k).cloned(), "{ctx}: get {k}");
+                assert_eq!(
+                    forest.get(&root, &k).unwrap(),
+                    model.get(&k).cloned(),
+                    "{ctx}: get {k}"
+                );
                 let before = forest.last_at_or_before(&root, &k).unwrap();
-                assert_eq!(before, model.range(..=k).next_back().map(|(k, v)| (*k, v.clone())), "{ctx}: last_at_or_before {k}");
+                assert_eq!(
+                    before,
+                    model.range(..=k).next_back().map(|(k, v)| (*k, v.clone())),
+                    "{ctx}: last_at_or_before {k}"
+                );
             }
             93..=97 => {
-                let (a, b) = (random_key(&mut rng, key_space), random_key(&mut rng, key_space));
+                let (a, b) = (
+                    random_key(&mut rng, key_space),
+                    random_key(&mut rng, key_space),
+                );
                 let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
                 let limit = rng.gen_range(1..50);
                 let mut got = Vec::new();
                 forest
                     .scan(&root, lo, hi, &mut |k, v| {
                         got.push((*k, v.to_vec()));
-                        Ok(if got.len() >= limit { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
+                        Ok(if got.len() >= limit {
+                            ControlFlow::Break(())
+                        } else {
+                            ControlFlow::Continue(())
+                        })
                     })
                     .unwrap();
-                let want: Vec<_> = model.range(lo..=hi).take(limit).map(|(k, v)| (*k, v.clone())).collect();
+                let want: Vec<_> = model
+                    .range(lo..=hi)
+                    .take(limit)
+                    .map(|(k, v)| (*k, v.clone()))
+                    .collect();
                 assert_eq!(got, want, "{ctx}: scan {lo}..={hi} limit {limit}");
             }
             _ => commit(&mut forest),
         }
         if step % verify_every == 0 {
-            let count = forest.verify_tree(&root).unwrap_or_else(|e| panic!("{ctx}: invariant broken: {e}"));
+            let count = forest
+                .verify_tree(&root)
+                .unwrap_or_else(|e| panic!("{ctx}: invariant broken: {e}"));
             assert_eq!(count, model.len(), "{ctx}: item count");
         }
     }
     commit(&mut forest);
     let all = forest.collect_range(&root, Key::MIN, Key::MAX).unwrap();
-    assert_eq!(all, model.into_iter().collect::<Vec<_>>(), "seed={seed}: final contents");
+    assert_eq!(
+        all,
+        model.into_iter().collect::<Vec<_>>(),
+        "seed={seed}: final contents"
+    );
     // Drop everything: the tree collapses back to one empty leaf.
     for (k, _) in all {
         forest.delete(&mut root, &k).unwrap();
     }
-    assert_eq!(root.level, 0, "seed={seed}: empty tree keeps height {}", root.level);
+    assert_eq!(
+        root.level, 0,
+        "seed={seed}: empty tree keeps height {}",
+        root.level
+    );
     forest.verify_tree(&root).unwrap();
 }
 
@@ -152,13 +199,27 @@ fn a_node_is_copied_at_most_once_per_transaction() {
     let mut forest = new_forest();
     let mut root = forest.create_tree(5).unwrap();
     for i in 0..2000u64 {
-        forest.insert(&mut root, Key::new(i, 1, 0), vec![0; 50]).unwrap();
+        forest
+            .insert(&mut root, Key::new(i, 1, 0), vec![0; 50])
+            .unwrap();
     }
     commit(&mut forest);
     let before = forest.stats.nodes_cowed;
-    forest.put(&mut root, Key::new(7, 1, 0), vec![1; 50]).unwrap();
+    forest
+        .put(&mut root, Key::new(7, 1, 0), vec![1; 50])
+        .unwrap();
     let first = forest.stats.nodes_cowed - before;
-    assert_eq!(first, u64::from(root.level) + 1, "one copy per level on the first change");
-    forest.put(&mut root, Key::new(8, 1, 0), vec![1; 50]).unwrap();
-    assert_eq!(forest.stats.nodes_cowed - before, first, "the same path is not copied again in the same transaction");
+    assert_eq!(
+        first,
+        u64::from(root.level) + 1,
+        "one copy per level on the first change"
+    );
+    forest
+        .put(&mut root, Key::new(8, 1, 0), vec![1; 50])
+        .unwrap();
+    assert_eq!(
+        forest.stats.nodes_cowed - before,
+        first,
+        "the same path is not copied again in the same transaction"
+    );
 }

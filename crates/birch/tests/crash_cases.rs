@@ -16,7 +16,13 @@ const IMAGE_BYTES: u64 = 32 << 20;
 
 fn recorder() -> Arc<RecordingDevice> {
     let dev = MemoryDevice::new(IMAGE_BYTES);
-    Filesystem::mkfs(&dev, &MkfsOptions { fsid: Some([4; 16]) }).unwrap();
+    Filesystem::mkfs(
+        &dev,
+        &MkfsOptions {
+            fsid: Some([4; 16]),
+        },
+    )
+    .unwrap();
     Arc::new(RecordingDevice::new(dev.snapshot()))
 }
 
@@ -29,7 +35,12 @@ fn mount<D: birch::device::BlockDevice + 'static>(dev: D) -> Filesystem<D> {
 type View = BTreeMap<String, Vec<u8>>;
 
 fn view<D: birch::device::BlockDevice + 'static>(fs: &Filesystem<D>) -> View {
-    fn walk<D: birch::device::BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, prefix: &str, out: &mut View) {
+    fn walk<D: birch::device::BlockDevice + 'static>(
+        fs: &Filesystem<D>,
+        dir: u64,
+        prefix: &str,
+        out: &mut View,
+    ) {
         for e in fs.readdir(dir, 0, usize::MAX).unwrap() {
             let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
             let attr = fs.getattr(e.ino).unwrap();
@@ -39,7 +50,10 @@ fn view<D: birch::device::BlockDevice + 'static>(fs: &Filesystem<D>) -> View {
                     walk(fs, e.ino, &path, out);
                 }
                 birch::format::FileType::Symlink => {
-                    out.insert(path, [b"-> ".as_slice(), &fs.readlink(e.ino).unwrap()].concat());
+                    out.insert(
+                        path,
+                        [b"-> ".as_slice(), &fs.readlink(e.ino).unwrap()].concat(),
+                    );
                 }
                 _ => {
                     let data = fs.read_file(e.ino, 0, attr.size as usize).unwrap();
@@ -60,12 +74,18 @@ fn crash_view(rec: &RecordingDevice, point: &CrashPoint) -> View {
     let image = rec.crash_image(point);
     let dev = Arc::new(MemoryDevice::from_bytes(image));
     let report = check_device(dev.as_ref());
-    assert!(report.is_clean(), "crash point {point:?}: check before mount:\n{report}");
+    assert!(
+        report.is_clean(),
+        "crash point {point:?}: check before mount:\n{report}"
+    );
     let fs = mount(dev.clone());
     let v = view(&fs);
     fs.close().unwrap();
     let report = check_device(dev.as_ref());
-    assert!(report.is_clean(), "crash point {point:?}: check after mount:\n{report}");
+    assert!(
+        report.is_clean(),
+        "crash point {point:?}: check after mount:\n{report}"
+    );
     v
 }
 
@@ -79,17 +99,29 @@ fn crash_points(rec: &RecordingDevice, from: usize, seed: u64) -> Vec<CrashPoint
         let n = rec.writes_in_window(k);
         if n <= 10 {
             for mask in 0u32..(1 << n) {
-                points.push(CrashPoint { flushes_completed: k, kept_writes: (0..n).filter(|i| mask & (1 << i) != 0).collect() });
+                points.push(CrashPoint {
+                    flushes_completed: k,
+                    kept_writes: (0..n).filter(|i| mask & (1 << i) != 0).collect(),
+                });
             }
         } else {
             for prefix in 0..=n {
-                points.push(CrashPoint { flushes_completed: k, kept_writes: (0..prefix).collect() });
+                points.push(CrashPoint {
+                    flushes_completed: k,
+                    kept_writes: (0..prefix).collect(),
+                });
             }
             for drop in 0..n {
-                points.push(CrashPoint { flushes_completed: k, kept_writes: (0..n).filter(|&i| i != drop).collect() });
+                points.push(CrashPoint {
+                    flushes_completed: k,
+                    kept_writes: (0..n).filter(|&i| i != drop).collect(),
+                });
             }
             for _ in 0..64 {
-                points.push(CrashPoint { flushes_completed: k, kept_writes: (0..n).filter(|_| rng.gen_bool(0.5)).collect() });
+                points.push(CrashPoint {
+                    flushes_completed: k,
+                    kept_writes: (0..n).filter(|_| rng.gen_bool(0.5)).collect(),
+                });
             }
         }
     }
@@ -120,7 +152,13 @@ fn crash_before_superblock_keeps_previous_commit() {
     fs.sync().unwrap();
     drop(fs);
     // Flush `synced + 1` ends the node writes; the superblocks follow it.
-    let got = crash_view(&rec, &CrashPoint { flushes_completed: synced + 1, kept_writes: vec![] });
+    let got = crash_view(
+        &rec,
+        &CrashPoint {
+            flushes_completed: synced + 1,
+            kept_writes: vec![],
+        },
+    );
     assert_eq!(got, first);
 }
 
@@ -136,16 +174,42 @@ fn crash_during_superblock_writes_picks_valid_newest_copy() {
     fs.sync().unwrap();
     let second = view(&fs);
     drop(fs);
-    assert_eq!(rec.writes_in_window(synced + 1), 2, "the superblock window holds the two copies");
+    assert_eq!(
+        rec.writes_in_window(synced + 1),
+        2,
+        "the superblock window holds the two copies"
+    );
     for kept in [vec![0], vec![1]] {
-        assert_eq!(crash_view(&rec, &CrashPoint { flushes_completed: synced + 1, kept_writes: kept }), second);
+        assert_eq!(
+            crash_view(
+                &rec,
+                &CrashPoint {
+                    flushes_completed: synced + 1,
+                    kept_writes: kept
+                }
+            ),
+            second
+        );
     }
-    assert_eq!(crash_view(&rec, &CrashPoint { flushes_completed: synced + 1, kept_writes: vec![] }), first);
+    assert_eq!(
+        crash_view(
+            &rec,
+            &CrashPoint {
+                flushes_completed: synced + 1,
+                kept_writes: vec![]
+            }
+        ),
+        first
+    );
 }
 
 /// Runs `second` after a sync of `first`'s changes and checks that every
 /// crash point during the second sync shows exactly one of the two states.
-fn assert_atomic(first: impl FnOnce(&Filesystem<Arc<RecordingDevice>>), second: impl FnOnce(&Filesystem<Arc<RecordingDevice>>), seed: u64) -> usize {
+fn assert_atomic(
+    first: impl FnOnce(&Filesystem<Arc<RecordingDevice>>),
+    second: impl FnOnce(&Filesystem<Arc<RecordingDevice>>),
+    seed: u64,
+) -> usize {
     let rec = recorder();
     let fs = mount(rec.clone());
     first(&fs);
@@ -160,7 +224,10 @@ fn assert_atomic(first: impl FnOnce(&Filesystem<Arc<RecordingDevice>>), second: 
     let points = crash_points(&rec, synced, seed);
     for point in &points {
         let got = crash_view(&rec, point);
-        assert!(got == before || got == after, "crash point {point:?} shows a state that was never committed (seed {seed})");
+        assert!(
+            got == before || got == after,
+            "crash point {point:?} shows a state that was never committed (seed {seed})"
+        );
     }
     points.len()
 }
@@ -178,7 +245,15 @@ fn crash_at_every_point_of_a_commit_is_atomic() {
             for i in 0..200 {
                 let name = format!("f{i}");
                 match i % 4 {
-                    0 | 1 => fs.rename(root, name.as_bytes(), root, format!("r{i}").as_bytes(), RenameFlags::default()).unwrap(),
+                    0 | 1 => fs
+                        .rename(
+                            root,
+                            name.as_bytes(),
+                            root,
+                            format!("r{i}").as_bytes(),
+                            RenameFlags::default(),
+                        )
+                        .unwrap(),
                     2 => fs.unlink(root, name.as_bytes()).unwrap(),
                     _ => drop(file(fs, &name, &vec![0xEE; 5000])),
                 }
@@ -198,8 +273,16 @@ fn unsynced_changes_vanish_cleanly() {
     let synced = rec.flush_count();
     let x = fs.create(d.ino, b"x", 0o644, 0, 0).unwrap();
     fs.write_file(x.ino, 0, &[1; 10000]).unwrap();
-    let got = crash_view(&rec, &CrashPoint { flushes_completed: synced, kept_writes: vec![] });
-    let want: View = [("/d".to_string(), b"<dir>".to_vec())].into_iter().collect();
+    let got = crash_view(
+        &rec,
+        &CrashPoint {
+            flushes_completed: synced,
+            kept_writes: vec![],
+        },
+    );
+    let want: View = [("/d".to_string(), b"<dir>".to_vec())]
+        .into_iter()
+        .collect();
     assert_eq!(got, want);
     drop(fs);
 }
@@ -209,7 +292,14 @@ fn cow_never_overwrites_durable_nodes() {
     assert_atomic(
         |fs| {
             for i in 0..300 {
-                fs.create(fs.root_ino(), format!("file-{i:04}").as_bytes(), 0o644, 0, 0).unwrap();
+                fs.create(
+                    fs.root_ino(),
+                    format!("file-{i:04}").as_bytes(),
+                    0o644,
+                    0,
+                    0,
+                )
+                .unwrap();
             }
         },
         |fs| {
@@ -219,7 +309,14 @@ fn cow_never_overwrites_durable_nodes() {
                 if i % 2 == 0 {
                     fs.unlink(root, name.as_bytes()).unwrap();
                 } else {
-                    fs.rename(root, name.as_bytes(), root, format!("renamed-{i:04}").as_bytes(), RenameFlags::default()).unwrap();
+                    fs.rename(
+                        root,
+                        name.as_bytes(),
+                        root,
+                        format!("renamed-{i:04}").as_bytes(),
+                        RenameFlags::default(),
+                    )
+                    .unwrap();
                 }
             }
         },
@@ -243,7 +340,10 @@ fn freed_blocks_are_not_reused_before_commit() {
     drop(fs);
     for point in crash_points(&rec, synced, 3) {
         let got = crash_view(&rec, &point);
-        assert!(got == second || got == third, "crash point {point:?}: f is neither the second nor the third version");
+        assert!(
+            got == second || got == third,
+            "crash point {point:?}: f is neither the second nor the third version"
+        );
     }
 }
 
@@ -257,7 +357,8 @@ fn delete_then_create_reuses_space_only_after_commit() {
         },
         |fs| {
             for i in 0..50 {
-                fs.unlink(fs.root_ino(), format!("old{i}").as_bytes()).unwrap();
+                fs.unlink(fs.root_ino(), format!("old{i}").as_bytes())
+                    .unwrap();
             }
             for i in 0..50 {
                 file(fs, &format!("new{i}"), &vec![100 + i as u8; 65536]);

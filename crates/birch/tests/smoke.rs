@@ -16,9 +16,11 @@ fn mkfs_write_close_reopen_reads_back() {
     let small = fs.create(root, b"small", 0o644, 0, 0).unwrap();
     fs.write_file(small.ino, 0, b"tiny").unwrap();
     fs.symlink(root, b"link", b"dir/file", 0, 0).unwrap();
-    fs.rename(d.ino, b"file", root, b"moved", RenameFlags::default()).unwrap();
+    fs.rename(d.ino, b"file", root, b"moved", RenameFlags::default())
+        .unwrap();
     for i in 0..500 {
-        fs.create(d.ino, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
+        fs.create(d.ino, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
     }
     fs.sync().unwrap();
     for i in 0..500 {
@@ -34,7 +36,10 @@ fn mkfs_write_close_reopen_reads_back() {
     expect[5000..5005].copy_from_slice(b"hello");
     assert_eq!(fs.read_file(moved.ino, 0, 200_000).unwrap(), expect);
     assert_eq!(fs.read_file(small.ino, 0, 100).unwrap(), b"tiny");
-    assert_eq!(fs.readlink(fs.lookup(root, b"link").unwrap().ino).unwrap(), b"dir/file");
+    assert_eq!(
+        fs.readlink(fs.lookup(root, b"link").unwrap().ino).unwrap(),
+        b"dir/file"
+    );
     let entries = fs.readdir(d.ino, 0, usize::MAX).unwrap();
     assert_eq!(entries.len(), 500 - 167);
     assert_eq!(fs.getattr(root).unwrap().nlink, 3);

@@ -14,7 +14,11 @@ pub struct NodeCache {
 impl NodeCache {
     pub fn new(capacity: usize) -> NodeCache {
         assert!(capacity > 0);
-        NodeCache { entries: HashMap::new(), clock: VecDeque::new(), capacity }
+        NodeCache {
+            entries: HashMap::new(),
+            clock: VecDeque::new(),
+            capacity,
+        }
     }
 
     pub fn get(&mut self, bytenr: u64) -> Option<Arc<Node>> {
@@ -30,7 +34,9 @@ impl NodeCache {
         }
         self.clock.push_back(bytenr);
         while self.entries.len() > self.capacity {
-            let Some(victim) = self.clock.pop_front() else { break };
+            let Some(victim) = self.clock.pop_front() else {
+                break;
+            };
             match self.entries.get_mut(&victim) {
                 Some((_, referenced)) if *referenced => {
                     *referenced = false;
@@ -48,5 +54,4 @@ impl NodeCache {
     pub fn remove(&mut self, bytenr: u64) {
         self.entries.remove(&bytenr);
     }
-
 }

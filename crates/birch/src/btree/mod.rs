@@ -29,6 +29,9 @@ use std::sync::Arc;
 
 use crate::format::node::{BODY_SIZE, MAX_ITEM_DATA};
 
+/// Called by [`Forest::scan`] on each item; `Break` stops the scan.
+pub type ItemVisitor<'a> = dyn FnMut(&Key, &[u8]) -> Result<ControlFlow<()>> + 'a;
+
 /// Where a tree's root node is, as the running transaction sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TreeRoot {
@@ -40,7 +43,11 @@ pub struct TreeRoot {
 
 impl TreeRoot {
     fn expectation(&self) -> NodeExpectation {
-        NodeExpectation { tree: self.id, level: self.level, generation: self.generation }
+        NodeExpectation {
+            tree: self.id,
+            level: self.level,
+            generation: self.generation,
+        }
     }
 }
 
@@ -84,7 +91,14 @@ fn leaf_slot(items: &[LeafItem], key: &Key) -> std::result::Result<usize, usize>
 
 impl<D: BlockDevice> Forest<D> {
     pub fn new(store: Arc<NodeStore<D>>, alloc: Allocator, transid: u64) -> Self {
-        Forest { store, dirty: HashMap::new(), committing: Arc::new(HashMap::new()), alloc, transid, stats: TreeStats::default() }
+        Forest {
+            store,
+            dirty: HashMap::new(),
+            committing: Arc::new(HashMap::new()),
+            alloc,
+            transid,
+            stats: TreeStats::default(),
+        }
     }
 
     pub fn transid(&self) -> u64 {
@@ -101,8 +115,15 @@ impl<D: BlockDevice> Forest<D> {
 
     /// Reads a node as the running transaction sees it.
     pub fn node(&self, bytenr: u64, expect: NodeExpectation) -> Result<Arc<Node>> {
-        if let Some(n) = self.dirty.get(&bytenr).or_else(|| self.committing.get(&bytenr)) {
-            if n.owner != expect.tree || n.level != expect.level || n.generation != expect.generation {
+        if let Some(n) = self
+            .dirty
+            .get(&bytenr)
+            .or_else(|| self.committing.get(&bytenr))
+        {
+            if n.owner != expect.tree
+                || n.level != expect.level
+                || n.generation != expect.generation
+            {
                 return Err(Error::corrupt(Corruption::at_block(
                     Some(expect.tree),
                     bytenr,
@@ -116,7 +137,11 @@ impl<D: BlockDevice> Forest<D> {
     }
 
     fn node_mut(&mut self, bytenr: u64) -> &mut Node {
-        Arc::make_mut(self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("node {bytenr} changed without being copied first")))
+        Arc::make_mut(
+            self.dirty
+                .get_mut(&bytenr)
+                .unwrap_or_else(|| panic!("node {bytenr} changed without being copied first")),
+        )
     }
 
     /// Makes `bytenr` writable in this transaction, copying it if it is not
@@ -144,14 +169,28 @@ impl<D: BlockDevice> Forest<D> {
 
     fn new_node(&mut self, tree: u64, level: u8, body: NodeBody) -> Result<u64> {
         let bytenr = self.alloc.alloc_node(tree, level)?;
-        self.dirty.insert(bytenr, Arc::new(Node { bytenr, generation: self.transid, owner: tree, level, body }));
+        self.dirty.insert(
+            bytenr,
+            Arc::new(Node {
+                bytenr,
+                generation: self.transid,
+                owner: tree,
+                level,
+                body,
+            }),
+        );
         Ok(bytenr)
     }
 
     /// Creates an empty tree (a root leaf with no items).
     pub fn create_tree(&mut self, id: u64) -> Result<TreeRoot> {
         let bytenr = self.new_node(id, 0, NodeBody::Leaf(Vec::new()))?;
-        Ok(TreeRoot { id, bytenr, level: 0, generation: self.transid })
+        Ok(TreeRoot {
+            id,
+            bytenr,
+            level: 0,
+            generation: self.transid,
+        })
     }
 
     /// Frees every node of a tree (e.g. a log tree after commit).
@@ -161,7 +200,14 @@ impl<D: BlockDevice> Forest<D> {
             let node = self.node(bytenr, expect)?;
             if let NodeBody::Internal(ptrs) = &node.body {
                 for p in ptrs {
-                    stack.push((p.blockptr, NodeExpectation { tree: expect.tree, level: expect.level - 1, generation: p.generation }));
+                    stack.push((
+                        p.blockptr,
+                        NodeExpectation {
+                            tree: expect.tree,
+                            level: expect.level - 1,
+                            generation: p.generation,
+                        },
+                    ));
                 }
             }
             self.free_block(bytenr, expect.tree, expect.level);
@@ -178,11 +224,17 @@ impl<D: BlockDevice> Forest<D> {
         loop {
             let node = self.node(bytenr, expect)?;
             match &node.body {
-                NodeBody::Leaf(items) => return Ok(leaf_slot(items, key).ok().map(|i| items[i].data.clone())),
+                NodeBody::Leaf(items) => {
+                    return Ok(leaf_slot(items, key).ok().map(|i| items[i].data.clone()))
+                }
                 NodeBody::Internal(ptrs) => {
                     let p = ptrs[child_slot(ptrs, key)];
                     bytenr = p.blockptr;
-                    expect = NodeExpectation { tree: root.id, level: expect.level - 1, generation: p.generation };
+                    expect = NodeExpectation {
+                        tree: root.id,
+                        level: expect.level - 1,
+                        generation: p.generation,
+                    };
                 }
             }
         }
@@ -190,11 +242,19 @@ impl<D: BlockDevice> Forest<D> {
 
     /// Calls `f` on every item with `start <= key <= end`, in key order,
     /// until it returns `Break`.
-    pub fn scan(&self, root: &TreeRoot, start: Key, end: Key, f: &mut dyn FnMut(&Key, &[u8]) -> Result<ControlFlow<()>>) -> Result<()> {
-        self.scan_node(root.bytenr, root.expectation(), &start, &end, f).map(|_| ())
+    pub fn scan(&self, root: &TreeRoot, start: Key, end: Key, f: &mut ItemVisitor) -> Result<()> {
+        self.scan_node(root.bytenr, root.expectation(), &start, &end, f)
+            .map(|_| ())
     }
 
-    fn scan_node(&self, bytenr: u64, expect: NodeExpectation, start: &Key, end: &Key, f: &mut dyn FnMut(&Key, &[u8]) -> Result<ControlFlow<()>>) -> Result<ControlFlow<()>> {
+    fn scan_node(
+        &self,
+        bytenr: u64,
+        expect: NodeExpectation,
+        start: &Key,
+        end: &Key,
+        f: &mut ItemVisitor,
+    ) -> Result<ControlFlow<()>> {
         let node = self.node(bytenr, expect)?;
         match &node.body {
             NodeBody::Leaf(items) => {
@@ -214,7 +274,11 @@ impl<D: BlockDevice> Forest<D> {
                     if p.key > *end {
                         return Ok(ControlFlow::Break(()));
                     }
-                    let child = NodeExpectation { tree: expect.tree, level: expect.level - 1, generation: p.generation };
+                    let child = NodeExpectation {
+                        tree: expect.tree,
+                        level: expect.level - 1,
+                        generation: p.generation,
+                    };
                     if self.scan_node(p.blockptr, child, start, end, f)?.is_break() {
                         return Ok(ControlFlow::Break(()));
                     }
@@ -225,7 +289,12 @@ impl<D: BlockDevice> Forest<D> {
     }
 
     /// All items with `start <= key <= end`.
-    pub fn collect_range(&self, root: &TreeRoot, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+    pub fn collect_range(
+        &self,
+        root: &TreeRoot,
+        start: Key,
+        end: Key,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
         let mut out = Vec::new();
         self.scan(root, start, end, &mut |k, d| {
             out.push((*k, d.to_vec()));
@@ -239,7 +308,12 @@ impl<D: BlockDevice> Forest<D> {
         self.last_in_node(root.bytenr, root.expectation(), key)
     }
 
-    fn last_in_node(&self, bytenr: u64, expect: NodeExpectation, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+    fn last_in_node(
+        &self,
+        bytenr: u64,
+        expect: NodeExpectation,
+        key: &Key,
+    ) -> Result<Option<(Key, Vec<u8>)>> {
         let node = self.node(bytenr, expect)?;
         match &node.body {
             NodeBody::Leaf(items) => {
@@ -255,7 +329,11 @@ impl<D: BlockDevice> Forest<D> {
                 // only if key precedes the whole tree; then nothing does.
                 let slot = child_slot(ptrs, key);
                 for p in ptrs[..=slot].iter().rev() {
-                    let child = NodeExpectation { tree: expect.tree, level: expect.level - 1, generation: p.generation };
+                    let child = NodeExpectation {
+                        tree: expect.tree,
+                        level: expect.level - 1,
+                        generation: p.generation,
+                    };
                     if let Some(found) = self.last_in_node(p.blockptr, child, key)? {
                         return Ok(Some(found));
                     }
@@ -289,7 +367,11 @@ impl<D: BlockDevice> Forest<D> {
                     (slot, ptrs[slot])
                 }
             };
-            let expect = NodeExpectation { tree: root.id, level: level - 1, generation: p.generation };
+            let expect = NodeExpectation {
+                tree: root.id,
+                level: level - 1,
+                generation: p.generation,
+            };
             let child = self.cow(p.blockptr, expect)?;
             if child != p.blockptr {
                 let transid = self.transid;
@@ -313,7 +395,11 @@ impl<D: BlockDevice> Forest<D> {
 
     /// Inserts an item or replaces the data of an existing one.
     pub fn put(&mut self, root: &mut TreeRoot, key: Key, data: Vec<u8>) -> Result<()> {
-        assert!(data.len() <= MAX_ITEM_DATA, "item {key} of {} bytes exceeds the largest item", data.len());
+        assert!(
+            data.len() <= MAX_ITEM_DATA,
+            "item {key} of {} bytes exceeds the largest item",
+            data.len()
+        );
         let path = self.cow_path(root, &key)?;
         let leaf = path.last().expect("path has a leaf");
         let slot = leaf.slot;
@@ -351,7 +437,9 @@ impl<D: BlockDevice> Forest<D> {
     fn fix_low_keys(&mut self, path: &[PathStep], depth: usize) {
         let mut depth = depth;
         while depth > 0 {
-            let Some(first) = self.dirty[&path[depth].bytenr].first_key() else { return };
+            let Some(first) = self.dirty[&path[depth].bytenr].first_key() else {
+                return;
+            };
             let parent = path[depth - 1];
             self.node_mut(parent.bytenr).key_ptrs_mut()[parent.slot].key = first;
             if parent.slot != 0 {
@@ -361,7 +449,12 @@ impl<D: BlockDevice> Forest<D> {
         }
     }
 
-    fn split_if_needed(&mut self, root: &mut TreeRoot, path: &[PathStep], depth: usize) -> Result<()> {
+    fn split_if_needed(
+        &mut self,
+        root: &mut TreeRoot,
+        path: &[PathStep],
+        depth: usize,
+    ) -> Result<()> {
         let bytenr = path[depth].bytenr;
         if self.dirty[&bytenr].fits() {
             return Ok(());
@@ -370,7 +463,10 @@ impl<D: BlockDevice> Forest<D> {
         let level = self.dirty[&bytenr].level;
         let body = std::mem::replace(&mut self.node_mut(bytenr).body, NodeBody::Leaf(Vec::new()));
         let pieces: Vec<NodeBody> = match body {
-            NodeBody::Leaf(items) => split_leaf_items(items).into_iter().map(NodeBody::Leaf).collect(),
+            NodeBody::Leaf(items) => split_leaf_items(items)
+                .into_iter()
+                .map(NodeBody::Leaf)
+                .collect(),
             NodeBody::Internal(mut ptrs) => {
                 let right = ptrs.split_off(ptrs.len() / 2);
                 vec![NodeBody::Internal(ptrs), NodeBody::Internal(right)]
@@ -385,11 +481,21 @@ impl<D: BlockDevice> Forest<D> {
                 NodeBody::Internal(ptrs) => ptrs[0].key,
             };
             let new_bytenr = self.new_node(root.id, level, body)?;
-            new_ptrs.push(KeyPtr { key: first, blockptr: new_bytenr, generation: self.transid });
+            new_ptrs.push(KeyPtr {
+                key: first,
+                blockptr: new_bytenr,
+                generation: self.transid,
+            });
         }
         if depth == 0 {
-            let first = self.dirty[&bytenr].first_key().expect("split node is not empty");
-            let mut ptrs = vec![KeyPtr { key: first, blockptr: bytenr, generation: self.transid }];
+            let first = self.dirty[&bytenr]
+                .first_key()
+                .expect("split node is not empty");
+            let mut ptrs = vec![KeyPtr {
+                key: first,
+                blockptr: bytenr,
+                generation: self.transid,
+            }];
             ptrs.extend(new_ptrs);
             let new_root = self.new_node(root.id, level + 1, NodeBody::Internal(ptrs))?;
             root.bytenr = new_root;
@@ -415,10 +521,19 @@ impl<D: BlockDevice> Forest<D> {
             let mut node = node;
             while !node.is_leaf() && node.nritems() == 1 {
                 let p = node.key_ptrs()[0];
-                let child_expect = NodeExpectation { tree: root.id, level: node.level - 1, generation: p.generation };
+                let child_expect = NodeExpectation {
+                    tree: root.id,
+                    level: node.level - 1,
+                    generation: p.generation,
+                };
                 let child = self.node(p.blockptr, child_expect)?;
                 self.free_block(node.bytenr, root.id, node.level);
-                *root = TreeRoot { id: root.id, bytenr: child.bytenr, level: child.level, generation: child.generation };
+                *root = TreeRoot {
+                    id: root.id,
+                    bytenr: child.bytenr,
+                    level: child.level,
+                    generation: child.generation,
+                };
                 node = child;
             }
             if !node.is_leaf() && node.nritems() == 0 {
@@ -444,16 +559,29 @@ impl<D: BlockDevice> Forest<D> {
         }
         let (left_ptr, right_ptr) = {
             let ptrs = self.dirty[&parent.bytenr].key_ptrs();
-            (parent.slot.checked_sub(1).map(|i| ptrs[i]), ptrs.get(parent.slot + 1).copied())
+            (
+                parent.slot.checked_sub(1).map(|i| ptrs[i]),
+                ptrs.get(parent.slot + 1).copied(),
+            )
         };
-        let sibling_expect = |p: &KeyPtr| NodeExpectation { tree: root.id, level, generation: p.generation };
+        let sibling_expect = |p: &KeyPtr| NodeExpectation {
+            tree: root.id,
+            level,
+            generation: p.generation,
+        };
         if let Some(left_ptr) = left_ptr {
             // Merge this node into its left sibling.
-            if self.node(left_ptr.blockptr, sibling_expect(&left_ptr))?.used_bytes() + used > BODY_SIZE {
+            if self
+                .node(left_ptr.blockptr, sibling_expect(&left_ptr))?
+                .used_bytes()
+                + used
+                > BODY_SIZE
+            {
                 return Ok(());
             }
             let left_bytenr = self.cow(left_ptr.blockptr, sibling_expect(&left_ptr))?;
-            let body = std::mem::replace(&mut self.node_mut(bytenr).body, NodeBody::Leaf(Vec::new()));
+            let body =
+                std::mem::replace(&mut self.node_mut(bytenr).body, NodeBody::Leaf(Vec::new()));
             append_body(self.node_mut(left_bytenr), body);
             self.free_block(bytenr, root.id, level);
             let transid = self.transid;
@@ -471,7 +599,9 @@ impl<D: BlockDevice> Forest<D> {
             drop(right);
             append_body(self.node_mut(bytenr), right_body);
             self.free_block(right_ptr.blockptr, root.id, level);
-            self.node_mut(parent.bytenr).key_ptrs_mut().remove(parent.slot + 1);
+            self.node_mut(parent.bytenr)
+                .key_ptrs_mut()
+                .remove(parent.slot + 1);
         } else {
             return Ok(());
         }
@@ -501,13 +631,35 @@ impl<D: BlockDevice> Forest<D> {
     /// Walks a whole tree and asserts the structural invariants (tests).
     pub fn verify_tree(&self, root: &TreeRoot) -> Result<usize> {
         let mut count = 0;
-        self.verify_node(root.bytenr, root.expectation(), None, None, true, &mut count)?;
+        self.verify_node(
+            root.bytenr,
+            root.expectation(),
+            None,
+            None,
+            true,
+            &mut count,
+        )?;
         Ok(count)
     }
 
-    fn verify_node(&self, bytenr: u64, expect: NodeExpectation, low: Option<Key>, high: Option<Key>, is_root: bool, count: &mut usize) -> Result<()> {
+    fn verify_node(
+        &self,
+        bytenr: u64,
+        expect: NodeExpectation,
+        low: Option<Key>,
+        high: Option<Key>,
+        is_root: bool,
+        count: &mut usize,
+    ) -> Result<()> {
         let node = self.node(bytenr, expect)?;
-        let fail = |reason: String| Err(Error::corrupt(Corruption::at_block(Some(expect.tree), bytenr, None, reason)));
+        let fail = |reason: String| {
+            Err(Error::corrupt(Corruption::at_block(
+                Some(expect.tree),
+                bytenr,
+                None,
+                reason,
+            )))
+        };
         if !node.fits() {
             return fail(format!("node overflows: {} bytes", node.used_bytes()));
         }
@@ -528,7 +680,10 @@ impl<D: BlockDevice> Forest<D> {
                 }
                 if let (Some(high), Some(last)) = (high, items.last()) {
                     if last.key >= high {
-                        return fail(format!("key {} not below the next parent key {high}", last.key));
+                        return fail(format!(
+                            "key {} not below the next parent key {high}",
+                            last.key
+                        ));
                     }
                 }
                 *count += items.len();
@@ -536,7 +691,11 @@ impl<D: BlockDevice> Forest<D> {
             NodeBody::Internal(ptrs) => {
                 for (i, p) in ptrs.iter().enumerate() {
                     let next = ptrs.get(i + 1).map(|n| n.key).or(high);
-                    let child = NodeExpectation { tree: expect.tree, level: expect.level - 1, generation: p.generation };
+                    let child = NodeExpectation {
+                        tree: expect.tree,
+                        level: expect.level - 1,
+                        generation: p.generation,
+                    };
                     self.verify_node(p.blockptr, child, Some(p.key), next, false, count)?;
                 }
             }
@@ -558,7 +717,10 @@ fn append_body(dst: &mut Node, src: NodeBody) {
 /// need a piece of its own).
 fn split_leaf_items(items: Vec<LeafItem>) -> Vec<Vec<LeafItem>> {
     use crate::format::node::LEAF_ITEM_HEADER_SIZE;
-    let sizes: Vec<usize> = items.iter().map(|i| LEAF_ITEM_HEADER_SIZE + i.data.len()).collect();
+    let sizes: Vec<usize> = items
+        .iter()
+        .map(|i| LEAF_ITEM_HEADER_SIZE + i.data.len())
+        .collect();
     let total: usize = sizes.iter().sum();
     let mut prefix = 0;
     let mut best: Option<(usize, usize)> = None;

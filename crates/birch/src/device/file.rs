@@ -25,14 +25,22 @@ impl FileDevice {
         }
         let file = options.open(path)?;
         let size_bytes = device_size(&file)?;
-        Ok(FileDevice { file, size_bytes, direct_io })
+        Ok(FileDevice {
+            file,
+            size_bytes,
+            direct_io,
+        })
     }
 
     /// Opens read-only (for `check` and `dump`, which must never write).
     pub fn open_read_only(path: &Path) -> io::Result<Self> {
         let file = File::open(path)?;
         let size_bytes = device_size(&file)?;
-        Ok(FileDevice { file, size_bytes, direct_io: false })
+        Ok(FileDevice {
+            file,
+            size_bytes,
+            direct_io: false,
+        })
     }
 
     /// The open file, e.g. for taking an advisory lock.
@@ -41,7 +49,7 @@ impl FileDevice {
     }
 
     fn aligned(offset: u64, len: usize) -> bool {
-        offset % DIRECT_IO_ALIGN as u64 == 0 && len % DIRECT_IO_ALIGN == 0
+        offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN)
     }
 }
 
@@ -54,7 +62,13 @@ fn device_size(file: &File) -> io::Result<u64> {
         const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
         // SAFETY: the fd is open for the lifetime of `file`, and `size` is a
         // valid u64 the ioctl writes into.
-        let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(file), BLKGETSIZE64, &mut size) };
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(file),
+                BLKGETSIZE64,
+                &mut size,
+            )
+        };
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -89,7 +103,10 @@ impl BlockDevice for FileDevice {
             if !Self::aligned(offset, buf.len()) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("O_DIRECT read of {} bytes at {offset} is not 4 KiB aligned", buf.len()),
+                    format!(
+                        "O_DIRECT read of {} bytes at {offset} is not 4 KiB aligned",
+                        buf.len()
+                    ),
                 ));
             }
             let mut bounce = AlignedBuffer::new(buf.len());
@@ -106,7 +123,10 @@ impl BlockDevice for FileDevice {
             if !Self::aligned(offset, buf.len()) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("O_DIRECT write of {} bytes at {offset} is not 4 KiB aligned", buf.len()),
+                    format!(
+                        "O_DIRECT write of {} bytes at {offset} is not 4 KiB aligned",
+                        buf.len()
+                    ),
                 ));
             }
             let mut bounce = AlignedBuffer::new(buf.len());

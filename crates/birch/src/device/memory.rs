@@ -14,12 +14,17 @@ impl MemoryDevice {
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        MemoryDevice { bytes: RwLock::new(bytes) }
+        MemoryDevice {
+            bytes: RwLock::new(bytes),
+        }
     }
 
     /// A copy of the whole device content.
     pub fn snapshot(&self) -> Vec<u8> {
-        self.bytes.read().expect("memory device lock poisoned").clone()
+        self.bytes
+            .read()
+            .expect("memory device lock poisoned")
+            .clone()
     }
 }
 
@@ -45,6 +50,9 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.bytes.read().expect("memory device lock poisoned").len() as u64
+        self.bytes
+            .read()
+            .expect("memory device lock poisoned")
+            .len() as u64
     }
 }

@@ -72,7 +72,9 @@ pub(crate) fn check_range(len: usize, offset: u64, size: u64) -> io::Result<()> 
         Some(end) if end <= size => Ok(()),
         _ => Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
-            format!("access of {len} bytes at offset {offset} is beyond the device end ({size} bytes)"),
+            format!(
+                "access of {len} bytes at offset {offset} is beyond the device end ({size} bytes)"
+            ),
         )),
     }
 }

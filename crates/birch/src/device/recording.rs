@@ -46,7 +46,12 @@ impl RecordingDevice {
     }
 
     pub fn flush_count(&self) -> usize {
-        self.events.lock().expect("recording lock poisoned").iter().filter(|e| matches!(e, DeviceEvent::Flush)).count()
+        self.events
+            .lock()
+            .expect("recording lock poisoned")
+            .iter()
+            .filter(|e| matches!(e, DeviceEvent::Flush))
+            .count()
     }
 
     /// Number of writes issued after the `flushes_completed`-th flush and
@@ -70,10 +75,19 @@ impl RecordingDevice {
                 DeviceEvent::Flush => flushes += 1,
             }
         }
-        assert_eq!(flushes, point.flushes_completed, "crash point names flush {} but only {flushes} happened", point.flushes_completed);
+        assert_eq!(
+            flushes, point.flushes_completed,
+            "crash point names flush {} but only {flushes} happened",
+            point.flushes_completed
+        );
         let pending = window(&events, point.flushes_completed);
         for &kept in &point.kept_writes {
-            let (offset, bytes) = pending.get(kept).unwrap_or_else(|| panic!("crash point keeps write {kept} of a window of {}", pending.len()));
+            let (offset, bytes) = pending.get(kept).unwrap_or_else(|| {
+                panic!(
+                    "crash point keeps write {kept} of a window of {}",
+                    pending.len()
+                )
+            });
             apply(&mut image, *offset, bytes);
         }
         image
@@ -122,12 +136,18 @@ impl BlockDevice for RecordingDevice {
         // in which the writes became visible.
         let mut events = self.events.lock().expect("recording lock poisoned");
         self.current.write_at(buf, offset)?;
-        events.push(DeviceEvent::Write { offset, bytes: buf.to_vec() });
+        events.push(DeviceEvent::Write {
+            offset,
+            bytes: buf.to_vec(),
+        });
         Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.events.lock().expect("recording lock poisoned").push(DeviceEvent::Flush);
+        self.events
+            .lock()
+            .expect("recording lock poisoned")
+            .push(DeviceEvent::Flush);
         Ok(())
     }
 
@@ -151,13 +171,25 @@ mod tests {
         assert_eq!(dev.writes_in_window(0), 1);
         assert_eq!(dev.writes_in_window(1), 2);
         assert_eq!(dev.writes_in_window(2), 0);
-        let none = dev.crash_image(&CrashPoint { flushes_completed: 1, kept_writes: vec![] });
+        let none = dev.crash_image(&CrashPoint {
+            flushes_completed: 1,
+            kept_writes: vec![],
+        });
         assert_eq!(&none[..3], &[1, 0, 0]);
-        let second = dev.crash_image(&CrashPoint { flushes_completed: 1, kept_writes: vec![1] });
+        let second = dev.crash_image(&CrashPoint {
+            flushes_completed: 1,
+            kept_writes: vec![1],
+        });
         assert_eq!(&second[..3], &[1, 0, 3]);
-        let all = dev.crash_image(&CrashPoint { flushes_completed: 2, kept_writes: vec![] });
+        let all = dev.crash_image(&CrashPoint {
+            flushes_completed: 2,
+            kept_writes: vec![],
+        });
         assert_eq!(&all[..3], &[1, 2, 3]);
-        let before_any = dev.crash_image(&CrashPoint { flushes_completed: 0, kept_writes: vec![] });
+        let before_any = dev.crash_image(&CrashPoint {
+            flushes_completed: 0,
+            kept_writes: vec![],
+        });
         assert_eq!(&before_any[..3], &[0, 0, 0]);
     }
 }

@@ -16,7 +16,11 @@ pub struct ShortRead {
 
 impl std::fmt::Display for ShortRead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "item too short: wanted {} bytes at {} of {}", self.wanted, self.at, self.len)
+        write!(
+            f,
+            "item too short: wanted {} bytes at {} of {}",
+            self.wanted, self.at, self.len
+        )
     }
 }
 
@@ -25,30 +29,45 @@ impl<'a> Reader<'a> {
         Reader { bytes, pos: 0 }
     }
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], ShortRead> {
-        let end = self.pos.checked_add(n).filter(|&end| end <= self.bytes.len());
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len());
         match end {
             Some(end) => {
                 let out = &self.bytes[self.pos..end];
                 self.pos = end;
                 Ok(out)
             }
-            None => Err(ShortRead { wanted: n, at: self.pos, len: self.bytes.len() }),
+            None => Err(ShortRead {
+                wanted: n,
+                at: self.pos,
+                len: self.bytes.len(),
+            }),
         }
     }
     pub fn u8(&mut self) -> Result<u8, ShortRead> {
         Ok(self.take(1)?[0])
     }
     pub fn u16(&mut self) -> Result<u16, ShortRead> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     pub fn u32(&mut self) -> Result<u32, ShortRead> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub fn u64(&mut self) -> Result<u64, ShortRead> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub fn i64(&mut self) -> Result<i64, ShortRead> {
-        Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(i64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub fn is_empty(&self) -> bool {
         self.pos == self.bytes.len()

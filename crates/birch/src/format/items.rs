@@ -25,14 +25,19 @@ fn finish(r: &Reader, what: &str) -> Result<(), ItemError> {
     if r.is_empty() {
         Ok(())
     } else {
-        Err(ItemError(format!("{what}: {} trailing bytes", r.remaining())))
+        Err(ItemError(format!(
+            "{what}: {} trailing bytes",
+            r.remaining()
+        )))
     }
 }
 
 fn read_name(r: &mut Reader, what: &str) -> Result<Vec<u8>, ItemError> {
     let len = r.u16()? as usize;
     if len == 0 || len > NAME_MAX {
-        return Err(ItemError(format!("{what}: name length {len} is not in 1..={NAME_MAX}")));
+        return Err(ItemError(format!(
+            "{what}: name length {len} is not in 1..={NAME_MAX}"
+        )));
     }
     Ok(r.take(len)?.to_vec())
 }
@@ -46,8 +51,13 @@ pub struct Timespec {
 
 impl Timespec {
     pub fn now() -> Timespec {
-        let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timespec {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        }
     }
     fn encode(&self, out: &mut Vec<u8>) {
         put_i64(out, self.sec);
@@ -57,7 +67,9 @@ impl Timespec {
         let sec = r.i64()?;
         let nsec = r.u32()?;
         if nsec >= 1_000_000_000 {
-            return Err(ItemError(format!("timestamp nanoseconds {nsec} out of range")));
+            return Err(ItemError(format!(
+                "timestamp nanoseconds {nsec} out of range"
+            )));
         }
         Ok(Timespec { sec, nsec })
     }
@@ -128,7 +140,10 @@ impl InodeItem {
         };
         finish(&r, "inode item")?;
         if FileType::from_mode(item.mode).is_none() {
-            return Err(ItemError(format!("inode item: mode {:o} has no valid file type", item.mode)));
+            return Err(ItemError(format!(
+                "inode item: mode {:o} has no valid file type",
+                item.mode
+            )));
         }
         Ok(item)
     }
@@ -243,9 +258,14 @@ impl DirEntry {
     fn decode_from(r: &mut Reader) -> Result<DirEntry, ItemError> {
         let ino = r.u64()?;
         let code = r.u8()?;
-        let file_type = FileType::from_code(code).ok_or_else(|| ItemError(format!("dir entry: bad file type {code}")))?;
+        let file_type = FileType::from_code(code)
+            .ok_or_else(|| ItemError(format!("dir entry: bad file type {code}")))?;
         let name = read_name(r, "dir entry")?;
-        Ok(DirEntry { ino, file_type, name })
+        Ok(DirEntry {
+            ino,
+            file_type,
+            name,
+        })
     }
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -307,7 +327,9 @@ pub fn decode_xattrs(bytes: &[u8]) -> Result<Vec<Xattr>, ItemError> {
         let name_len = r.u16()? as usize;
         let value_len = r.u32()? as usize;
         if name_len == 0 || name_len > NAME_MAX {
-            return Err(ItemError(format!("xattr: name length {name_len} is not in 1..={NAME_MAX}")));
+            return Err(ItemError(format!(
+                "xattr: name length {name_len} is not in 1..={NAME_MAX}"
+            )));
         }
         let name = r.take(name_len)?.to_vec();
         let value = r.take(value_len)?.to_vec();
@@ -328,10 +350,20 @@ pub enum FileExtent {
     /// `[disk_bytenr, disk_bytenr + disk_num_bytes)` starting `offset` bytes in.
     /// Several items may share one disk extent (after a split); the extent
     /// item counts them.
-    Regular { disk_bytenr: u64, disk_num_bytes: u64, offset: u64, num_bytes: u64 },
+    Regular {
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        offset: u64,
+        num_bytes: u64,
+    },
     /// Like `Regular`, but the space was reserved by fallocate and never
     /// written: it reads as zeros.
-    Prealloc { disk_bytenr: u64, disk_num_bytes: u64, offset: u64, num_bytes: u64 },
+    Prealloc {
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        offset: u64,
+        num_bytes: u64,
+    },
 }
 
 const EXTENT_INLINE: u8 = 0;
@@ -355,9 +387,23 @@ impl FileExtent {
                 out.push(EXTENT_INLINE);
                 out.extend_from_slice(data);
             }
-            FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes }
-            | FileExtent::Prealloc { disk_bytenr, disk_num_bytes, offset, num_bytes } => {
-                out.push(if matches!(self, FileExtent::Regular { .. }) { EXTENT_REGULAR } else { EXTENT_PREALLOC });
+            FileExtent::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+            }
+            | FileExtent::Prealloc {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+            } => {
+                out.push(if matches!(self, FileExtent::Regular { .. }) {
+                    EXTENT_REGULAR
+                } else {
+                    EXTENT_PREALLOC
+                });
                 put_u64(&mut out, *disk_bytenr);
                 put_u64(&mut out, *disk_num_bytes);
                 put_u64(&mut out, *offset);
@@ -377,15 +423,23 @@ impl FileExtent {
             }
             return Ok(FileExtent::Inline { data });
         }
-        let disk = DiskRef { disk_bytenr: r.u64()?, disk_num_bytes: r.u64()?, offset: r.u64()?, num_bytes: r.u64()? };
+        let disk = DiskRef {
+            disk_bytenr: r.u64()?,
+            disk_num_bytes: r.u64()?,
+            offset: r.u64()?,
+            num_bytes: r.u64()?,
+        };
         finish(&r, "file extent")?;
-        let aligned = |v: u64| v % SECTOR_SIZE == 0;
+        let aligned = |v: u64| v.is_multiple_of(SECTOR_SIZE);
         if disk.num_bytes == 0
             || !aligned(disk.disk_bytenr)
             || !aligned(disk.disk_num_bytes)
             || !aligned(disk.offset)
             || !aligned(disk.num_bytes)
-            || disk.offset.checked_add(disk.num_bytes).is_none_or(|end| end > disk.disk_num_bytes)
+            || disk
+                .offset
+                .checked_add(disk.num_bytes)
+                .is_none_or(|end| end > disk.disk_num_bytes)
         {
             return Err(ItemError(format!(
                 "file extent: range offset {} + {} does not fit disk extent {}+{} or is not sector aligned",
@@ -400,21 +454,44 @@ impl FileExtent {
     }
 
     pub fn regular(d: DiskRef) -> FileExtent {
-        FileExtent::Regular { disk_bytenr: d.disk_bytenr, disk_num_bytes: d.disk_num_bytes, offset: d.offset, num_bytes: d.num_bytes }
+        FileExtent::Regular {
+            disk_bytenr: d.disk_bytenr,
+            disk_num_bytes: d.disk_num_bytes,
+            offset: d.offset,
+            num_bytes: d.num_bytes,
+        }
     }
 
     pub fn prealloc(d: DiskRef) -> FileExtent {
-        FileExtent::Prealloc { disk_bytenr: d.disk_bytenr, disk_num_bytes: d.disk_num_bytes, offset: d.offset, num_bytes: d.num_bytes }
+        FileExtent::Prealloc {
+            disk_bytenr: d.disk_bytenr,
+            disk_num_bytes: d.disk_num_bytes,
+            offset: d.offset,
+            num_bytes: d.num_bytes,
+        }
     }
 
     /// The disk extent behind this file extent, if any.
     pub fn disk_ref(&self) -> Option<DiskRef> {
         match *self {
             FileExtent::Inline { .. } => None,
-            FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes }
-            | FileExtent::Prealloc { disk_bytenr, disk_num_bytes, offset, num_bytes } => {
-                Some(DiskRef { disk_bytenr, disk_num_bytes, offset, num_bytes })
+            FileExtent::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
             }
+            | FileExtent::Prealloc {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+            } => Some(DiskRef {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+            }),
         }
     }
 
@@ -422,7 +499,9 @@ impl FileExtent {
     pub fn len(&self) -> u64 {
         match self {
             FileExtent::Inline { data } => data.len() as u64,
-            FileExtent::Regular { num_bytes, .. } | FileExtent::Prealloc { num_bytes, .. } => *num_bytes,
+            FileExtent::Regular { num_bytes, .. } | FileExtent::Prealloc { num_bytes, .. } => {
+                *num_bytes
+            }
         }
     }
 
@@ -449,7 +528,11 @@ impl RootItem {
     }
     pub fn decode(bytes: &[u8]) -> Result<RootItem, ItemError> {
         let mut r = Reader::new(bytes);
-        let item = RootItem { bytenr: r.u64()?, generation: r.u64()?, level: r.u8()? };
+        let item = RootItem {
+            bytenr: r.u64()?,
+            generation: r.u64()?,
+            level: r.u8()?,
+        };
         finish(&r, "root item")?;
         Ok(item)
     }
@@ -477,7 +560,11 @@ impl ExtentItem {
     }
     pub fn decode(bytes: &[u8]) -> Result<ExtentItem, ItemError> {
         let mut r = Reader::new(bytes);
-        let item = ExtentItem { refs: r.u64()?, generation: r.u64()?, owner: r.u64()? };
+        let item = ExtentItem {
+            refs: r.u64()?,
+            generation: r.u64()?,
+            owner: r.u64()?,
+        };
         finish(&r, "extent item")?;
         if item.refs == 0 {
             return Err(ItemError("extent item: zero references".into()));
@@ -492,17 +579,46 @@ mod tests {
 
     #[test]
     fn items_round_trip() {
-        let inode = InodeItem { mode: libc::S_IFREG | 0o644, nlink: 1, size: 5, atime: Timespec { sec: -3, nsec: 7 }, ..Default::default() };
+        let inode = InodeItem {
+            mode: libc::S_IFREG | 0o644,
+            nlink: 1,
+            size: 5,
+            atime: Timespec { sec: -3, nsec: 7 },
+            ..Default::default()
+        };
         assert_eq!(InodeItem::decode(&inode.encode()).unwrap(), inode);
-        let refs = vec![InodeRefEntry { index: 2, name: b"a".to_vec() }, InodeRefEntry { index: 9, name: b"bb".to_vec() }];
+        let refs = vec![
+            InodeRefEntry {
+                index: 2,
+                name: b"a".to_vec(),
+            },
+            InodeRefEntry {
+                index: 9,
+                name: b"bb".to_vec(),
+            },
+        ];
         assert_eq!(decode_inode_refs(&encode_inode_refs(&refs)).unwrap(), refs);
-        let dirs = vec![DirEntry { ino: 300, file_type: FileType::Symlink, name: b"x".to_vec() }];
+        let dirs = vec![DirEntry {
+            ino: 300,
+            file_type: FileType::Symlink,
+            name: b"x".to_vec(),
+        }];
         assert_eq!(decode_dir_items(&encode_dir_items(&dirs)).unwrap(), dirs);
-        let x = vec![Xattr { name: b"user.a".to_vec(), value: vec![] }];
+        let x = vec![Xattr {
+            name: b"user.a".to_vec(),
+            value: vec![],
+        }];
         assert_eq!(decode_xattrs(&encode_xattrs(&x)).unwrap(), x);
-        let e = FileExtent::Regular { disk_bytenr: 1 << 20, disk_num_bytes: 8192, offset: 4096, num_bytes: 4096 };
+        let e = FileExtent::Regular {
+            disk_bytenr: 1 << 20,
+            disk_num_bytes: 8192,
+            offset: 4096,
+            num_bytes: 4096,
+        };
         assert_eq!(FileExtent::decode(&e.encode()).unwrap(), e);
-        let i = FileExtent::Inline { data: b"hi".to_vec() };
+        let i = FileExtent::Inline {
+            data: b"hi".to_vec(),
+        };
         assert_eq!(FileExtent::decode(&i.encode()).unwrap(), i);
     }
 
@@ -513,7 +629,12 @@ mod tests {
         bad_mode[44..48].copy_from_slice(&0u32.to_le_bytes());
         assert!(InodeItem::decode(&bad_mode).is_err());
         assert!(decode_inode_refs(&[]).is_err());
-        let e = FileExtent::Regular { disk_bytenr: 4096, disk_num_bytes: 4096, offset: 4096, num_bytes: 4096 };
+        let e = FileExtent::Regular {
+            disk_bytenr: 4096,
+            disk_num_bytes: 4096,
+            offset: 4096,
+            num_bytes: 4096,
+        };
         assert!(FileExtent::decode(&e.encode()).is_err());
     }
 }

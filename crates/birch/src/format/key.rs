@@ -45,11 +45,23 @@ pub fn item_type_name(t: u8) -> &'static str {
 
 impl Key {
     pub const ENCODED_SIZE: usize = 17;
-    pub const MIN: Key = Key { objectid: 0, item_type: 0, offset: 0 };
-    pub const MAX: Key = Key { objectid: u64::MAX, item_type: u8::MAX, offset: u64::MAX };
+    pub const MIN: Key = Key {
+        objectid: 0,
+        item_type: 0,
+        offset: 0,
+    };
+    pub const MAX: Key = Key {
+        objectid: u64::MAX,
+        item_type: u8::MAX,
+        offset: u64::MAX,
+    };
 
     pub const fn new(objectid: u64, item_type: u8, offset: u64) -> Key {
-        Key { objectid, item_type, offset }
+        Key {
+            objectid,
+            item_type,
+            offset,
+        }
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -59,17 +71,32 @@ impl Key {
     }
 
     pub(crate) fn decode(r: &mut Reader) -> Result<Key, ShortRead> {
-        Ok(Key { objectid: r.u64()?, item_type: r.u8()?, offset: r.u64()? })
+        Ok(Key {
+            objectid: r.u64()?,
+            item_type: r.u8()?,
+            offset: r.u64()?,
+        })
     }
 
     /// The smallest key greater than this one.
     pub fn successor(&self) -> Option<Key> {
         if self.offset < u64::MAX {
-            Some(Key { offset: self.offset + 1, ..*self })
+            Some(Key {
+                offset: self.offset + 1,
+                ..*self
+            })
         } else if self.item_type < u8::MAX {
-            Some(Key { item_type: self.item_type + 1, offset: 0, ..*self })
+            Some(Key {
+                item_type: self.item_type + 1,
+                offset: 0,
+                ..*self
+            })
         } else if self.objectid < u64::MAX {
-            Some(Key { objectid: self.objectid + 1, item_type: 0, offset: 0 })
+            Some(Key {
+                objectid: self.objectid + 1,
+                item_type: 0,
+                offset: 0,
+            })
         } else {
             None
         }
@@ -78,7 +105,13 @@ impl Key {
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "({} {} {})", self.objectid, item_type_name(self.item_type), self.offset)
+        write!(
+            f,
+            "({} {} {})",
+            self.objectid,
+            item_type_name(self.item_type),
+            self.offset
+        )
     }
 }
 

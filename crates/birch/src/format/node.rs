@@ -80,15 +80,27 @@ pub enum NodeError {
 impl fmt::Display for NodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            NodeError::BadChecksum { stored, computed } => write!(f, "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"),
+            NodeError::BadChecksum { stored, computed } => write!(
+                f,
+                "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            ),
             NodeError::BadMagic { found } => write!(f, "bad node magic {found:#010x}"),
             NodeError::WrongBytenr { found } => write!(f, "node header names block {found}"),
             NodeError::WrongFsid => write!(f, "node belongs to another filesystem (fsid mismatch)"),
             NodeError::BadLevel { level } => write!(f, "invalid level {level}"),
-            NodeError::TooManyItems { nritems } => write!(f, "item count {nritems} does not fit a node"),
-            NodeError::ItemOutOfBounds { slot } => write!(f, "slot={slot}: item data outside the node or overlapping"),
-            NodeError::KeysOutOfOrder { slot, prev, key } => write!(f, "slot={slot}: invalid key order, {prev} then {key}"),
-            NodeError::BadPointer { slot, blockptr } => write!(f, "slot={slot}: child pointer {blockptr} is not node aligned"),
+            NodeError::TooManyItems { nritems } => {
+                write!(f, "item count {nritems} does not fit a node")
+            }
+            NodeError::ItemOutOfBounds { slot } => {
+                write!(f, "slot={slot}: item data outside the node or overlapping")
+            }
+            NodeError::KeysOutOfOrder { slot, prev, key } => {
+                write!(f, "slot={slot}: invalid key order, {prev} then {key}")
+            }
+            NodeError::BadPointer { slot, blockptr } => write!(
+                f,
+                "slot={slot}: child pointer {blockptr} is not node aligned"
+            ),
         }
     }
 }
@@ -115,14 +127,18 @@ impl Node {
     pub fn leaf_items(&self) -> &[LeafItem] {
         match &self.body {
             NodeBody::Leaf(items) => items,
-            NodeBody::Internal(_) => panic!("node {} at level {} is not a leaf", self.bytenr, self.level),
+            NodeBody::Internal(_) => {
+                panic!("node {} at level {} is not a leaf", self.bytenr, self.level)
+            }
         }
     }
 
     pub fn leaf_items_mut(&mut self) -> &mut Vec<LeafItem> {
         match &mut self.body {
             NodeBody::Leaf(items) => items,
-            NodeBody::Internal(_) => panic!("node {} at level {} is not a leaf", self.bytenr, self.level),
+            NodeBody::Internal(_) => {
+                panic!("node {} at level {} is not a leaf", self.bytenr, self.level)
+            }
         }
     }
 
@@ -143,7 +159,10 @@ impl Node {
     /// Bytes of the body in use.
     pub fn used_bytes(&self) -> usize {
         match &self.body {
-            NodeBody::Leaf(items) => items.iter().map(|i| LEAF_ITEM_HEADER_SIZE + i.data.len()).sum(),
+            NodeBody::Leaf(items) => items
+                .iter()
+                .map(|i| LEAF_ITEM_HEADER_SIZE + i.data.len())
+                .sum(),
             NodeBody::Internal(ptrs) => ptrs.len() * KEY_PTR_SIZE,
         }
     }
@@ -153,7 +172,12 @@ impl Node {
     }
 
     pub fn encode(&self, fsid: &[u8; 16]) -> Vec<u8> {
-        assert!(self.fits(), "encoding node {} that overflows: {} bytes", self.bytenr, self.used_bytes());
+        assert!(
+            self.fits(),
+            "encoding node {} that overflows: {} bytes",
+            self.bytenr,
+            self.used_bytes()
+        );
         let mut out = Vec::with_capacity(NODE_SIZE);
         put_u32(&mut out, 0);
         put_u32(&mut out, NODE_MAGIC);
@@ -199,7 +223,11 @@ impl Node {
 
     /// Decodes and validates a node read from `expected_bytenr`.
     pub fn decode(bytes: &[u8], expected_bytenr: u64, fsid: &[u8; 16]) -> Result<Node, NodeError> {
-        assert_eq!(bytes.len(), NODE_SIZE, "node buffer must be NODE_SIZE bytes");
+        assert_eq!(
+            bytes.len(),
+            NODE_SIZE,
+            "node buffer must be NODE_SIZE bytes"
+        );
         let stored = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
         let computed = crc32c::crc32c(&bytes[4..]);
         if stored != computed {
@@ -247,10 +275,17 @@ impl Node {
                 prev_start = offset;
                 if let Some(prev) = items.last() {
                     if prev.key >= key {
-                        return Err(NodeError::KeysOutOfOrder { slot, prev: prev.key, key });
+                        return Err(NodeError::KeysOutOfOrder {
+                            slot,
+                            prev: prev.key,
+                            key,
+                        });
                     }
                 }
-                items.push(LeafItem { key, data: body[offset..offset + size].to_vec() });
+                items.push(LeafItem {
+                    key,
+                    data: body[offset..offset + size].to_vec(),
+                });
             }
             NodeBody::Leaf(items)
         } else {
@@ -269,14 +304,28 @@ impl Node {
                 }
                 if let Some(prev) = ptrs.last() {
                     if prev.key >= key {
-                        return Err(NodeError::KeysOutOfOrder { slot, prev: prev.key, key });
+                        return Err(NodeError::KeysOutOfOrder {
+                            slot,
+                            prev: prev.key,
+                            key,
+                        });
                     }
                 }
-                ptrs.push(KeyPtr { key, blockptr, generation });
+                ptrs.push(KeyPtr {
+                    key,
+                    blockptr,
+                    generation,
+                });
             }
             NodeBody::Internal(ptrs)
         };
-        Ok(Node { bytenr, generation, owner, level, body })
+        Ok(Node {
+            bytenr,
+            generation,
+            owner,
+            level,
+            body,
+        })
     }
 }
 
@@ -291,9 +340,18 @@ mod tests {
             owner: 5,
             level: 0,
             body: NodeBody::Leaf(vec![
-                LeafItem { key: Key::new(256, 1, 0), data: vec![1, 2, 3] },
-                LeafItem { key: Key::new(256, 12, 256), data: vec![] },
-                LeafItem { key: Key::new(257, 1, 0), data: vec![9; 100] },
+                LeafItem {
+                    key: Key::new(256, 1, 0),
+                    data: vec![1, 2, 3],
+                },
+                LeafItem {
+                    key: Key::new(256, 12, 256),
+                    data: vec![],
+                },
+                LeafItem {
+                    key: Key::new(257, 1, 0),
+                    data: vec![9; 100],
+                },
             ]),
         }
     }
@@ -311,8 +369,16 @@ mod tests {
             owner: 1,
             level: 1,
             body: NodeBody::Internal(vec![
-                KeyPtr { key: Key::new(1, 1, 0), blockptr: 1 << 20, generation: 3 },
-                KeyPtr { key: Key::new(9, 1, 0), blockptr: 3 << 20, generation: 4 },
+                KeyPtr {
+                    key: Key::new(1, 1, 0),
+                    blockptr: 1 << 20,
+                    generation: 3,
+                },
+                KeyPtr {
+                    key: Key::new(9, 1, 0),
+                    blockptr: 3 << 20,
+                    generation: 4,
+                },
             ]),
         };
         let bytes = internal.encode(&fsid);
@@ -325,9 +391,18 @@ mod tests {
         let n = leaf();
         let mut bytes = n.encode(&fsid);
         bytes[100] ^= 1;
-        assert!(matches!(Node::decode(&bytes, n.bytenr, &fsid), Err(NodeError::BadChecksum { .. })));
+        assert!(matches!(
+            Node::decode(&bytes, n.bytenr, &fsid),
+            Err(NodeError::BadChecksum { .. })
+        ));
         let bytes = n.encode(&fsid);
-        assert_eq!(Node::decode(&bytes, n.bytenr + 4096, &fsid).err(), Some(NodeError::WrongBytenr { found: n.bytenr }));
-        assert_eq!(Node::decode(&bytes, n.bytenr, &[0; 16]).err(), Some(NodeError::WrongFsid));
+        assert_eq!(
+            Node::decode(&bytes, n.bytenr + 4096, &fsid).err(),
+            Some(NodeError::WrongBytenr { found: n.bytenr })
+        );
+        assert_eq!(
+            Node::decode(&bytes, n.bytenr, &[0; 16]).err(),
+            Some(NodeError::WrongFsid)
+        );
     }
 }

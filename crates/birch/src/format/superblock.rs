@@ -50,8 +50,13 @@ impl fmt::Display for SuperblockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SuperblockError::BadMagic => write!(f, "no birch magic (not a birch filesystem)"),
-            SuperblockError::BadChecksum { stored, computed } => write!(f, "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"),
-            SuperblockError::WrongBytenr { found } => write!(f, "superblock copy claims to live at {found}"),
+            SuperblockError::BadChecksum { stored, computed } => write!(
+                f,
+                "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            ),
+            SuperblockError::WrongBytenr { found } => {
+                write!(f, "superblock copy claims to live at {found}")
+            }
             SuperblockError::Unsupported(what) => write!(f, "unsupported: {what}"),
         }
     }
@@ -84,7 +89,9 @@ impl Superblock {
 
     pub fn decode(bytes: &[u8], copy_bytenr: u64) -> Result<Superblock, SuperblockError> {
         assert_eq!(bytes.len(), SUPERBLOCK_SIZE);
-        let field = |range: std::ops::Range<usize>| u64::from_le_bytes(bytes[range].try_into().expect("8 bytes"));
+        let field = |range: std::ops::Range<usize>| {
+            u64::from_le_bytes(bytes[range].try_into().expect("8 bytes"))
+        };
         if field(8..16) != SUPERBLOCK_MAGIC {
             return Err(SuperblockError::BadMagic);
         }
@@ -112,14 +119,26 @@ impl Superblock {
         let log_generation = r.u64().map_err(short)?;
         let incompat = r.u64().map_err(short)?;
         if u64::from(sector_size) != SECTOR_SIZE || node_size as usize != NODE_SIZE {
-            return Err(SuperblockError::Unsupported(format!("sector size {sector_size} / node size {node_size}")));
+            return Err(SuperblockError::Unsupported(format!(
+                "sector size {sector_size} / node size {node_size}"
+            )));
         }
         if incompat != 0 {
-            return Err(SuperblockError::Unsupported(format!("incompat flags {incompat:#x}")));
+            return Err(SuperblockError::Unsupported(format!(
+                "incompat flags {incompat:#x}"
+            )));
         }
-        let level = |v: u64| u8::try_from(v).ok().filter(|&l| l <= super::node::MAX_LEVEL);
-        let root_tree_level = level(root_tree_level).ok_or_else(|| SuperblockError::Unsupported(format!("root tree level {root_tree_level}")))?;
-        let log_root_level = level(log_root_level).ok_or_else(|| SuperblockError::Unsupported(format!("log root level {log_root_level}")))?;
+        let level = |v: u64| {
+            u8::try_from(v)
+                .ok()
+                .filter(|&l| l <= super::node::MAX_LEVEL)
+        };
+        let root_tree_level = level(root_tree_level).ok_or_else(|| {
+            SuperblockError::Unsupported(format!("root tree level {root_tree_level}"))
+        })?;
+        let log_root_level = level(log_root_level).ok_or_else(|| {
+            SuperblockError::Unsupported(format!("log root level {log_root_level}"))
+        })?;
         Ok(Superblock {
             fsid,
             generation,
@@ -153,10 +172,19 @@ mod tests {
         };
         let bytes = sb.encode(65536);
         assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), sb);
-        assert_eq!(Superblock::decode(&bytes, 262144), Err(SuperblockError::WrongBytenr { found: 65536 }));
+        assert_eq!(
+            Superblock::decode(&bytes, 262144),
+            Err(SuperblockError::WrongBytenr { found: 65536 })
+        );
         let mut bad = bytes.clone();
         bad[200] = 1;
-        assert!(matches!(Superblock::decode(&bad, 65536), Err(SuperblockError::BadChecksum { .. })));
-        assert_eq!(Superblock::decode(&[0; SUPERBLOCK_SIZE], 65536), Err(SuperblockError::BadMagic));
+        assert!(matches!(
+            Superblock::decode(&bad, 65536),
+            Err(SuperblockError::BadChecksum { .. })
+        ));
+        assert_eq!(
+            Superblock::decode(&[0; SUPERBLOCK_SIZE], 65536),
+            Err(SuperblockError::BadMagic)
+        );
     }
 }

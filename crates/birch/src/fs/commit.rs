@@ -18,7 +18,10 @@ use crate::alloc::{DelayedRef, ExtentKind};
 use crate::btree::{Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
-use crate::format::{item_type, tree_id, ExtentItem, Key, Node, RootItem, Superblock, NODE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE};
+use crate::format::{
+    item_type, tree_id, ExtentItem, Key, Node, RootItem, Superblock, NODE_SIZE, SUPERBLOCK_OFFSETS,
+    SUPERBLOCK_SIZE,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -40,21 +43,33 @@ pub(crate) struct PreparedCommit {
 
 /// Applies delayed extent refs and root items until the trees stop
 /// changing, then ends the transaction.
-pub(crate) fn seal_transaction<D: BlockDevice>(forest: &mut Forest<D>, roots: &mut Roots, template: &Superblock) -> Result<PreparedCommit> {
+pub(crate) fn seal_transaction<D: BlockDevice>(
+    forest: &mut Forest<D>,
+    roots: &mut Roots,
+    template: &Superblock,
+) -> Result<PreparedCommit> {
     let transid = forest.transid();
     let mut passes = 0;
     loop {
         passes += 1;
-        assert!(passes < 64, "extent tree did not settle after {passes} passes");
+        assert!(
+            passes < 64,
+            "extent tree did not settle after {passes} passes"
+        );
         for (bytenr, delayed) in forest.alloc.take_delayed_refs() {
             apply_delayed_ref(forest, &mut roots.extent, bytenr, delayed, transid)?;
         }
         // Root items are written every pass; the first write copies the
         // root tree's path, so its root always carries this transid.
         for tree in [roots.extent, roots.fs] {
-            let item = RootItem { bytenr: tree.bytenr, generation: tree.generation, level: tree.level };
+            let item = RootItem {
+                bytenr: tree.bytenr,
+                generation: tree.generation,
+                level: tree.level,
+            };
             let key = Key::new(tree.id, item_type::ROOT_ITEM, 0);
-            if forest.get(&roots.root, &key)?.as_deref() != Some(&item.encode()[..]) || passes == 1 {
+            if forest.get(&roots.root, &key)?.as_deref() != Some(&item.encode()[..]) || passes == 1
+            {
                 forest.put(&mut roots.root, key, item.encode())?;
             }
         }
@@ -75,27 +90,64 @@ pub(crate) fn seal_transaction<D: BlockDevice>(forest: &mut Forest<D>, roots: &m
     };
     let pinned = forest.alloc.take_pinned();
     let nodes = forest.begin_commit();
-    Ok(PreparedCommit { nodes, superblock, pinned })
+    Ok(PreparedCommit {
+        nodes,
+        superblock,
+        pinned,
+    })
 }
 
 fn root_items_current<D: BlockDevice>(forest: &Forest<D>, roots: &Roots) -> Result<bool> {
     for tree in [roots.extent, roots.fs] {
-        let item = RootItem { bytenr: tree.bytenr, generation: tree.generation, level: tree.level };
-        if forest.get(&roots.root, &Key::new(tree.id, item_type::ROOT_ITEM, 0))?.as_deref() != Some(&item.encode()[..]) {
+        let item = RootItem {
+            bytenr: tree.bytenr,
+            generation: tree.generation,
+            level: tree.level,
+        };
+        if forest
+            .get(&roots.root, &Key::new(tree.id, item_type::ROOT_ITEM, 0))?
+            .as_deref()
+            != Some(&item.encode()[..])
+        {
             return Ok(false);
         }
     }
     Ok(true)
 }
 
-fn apply_delayed_ref<D: BlockDevice>(forest: &mut Forest<D>, extent_root: &mut TreeRoot, bytenr: u64, r: DelayedRef, transid: u64) -> Result<()> {
-    let missing = |key: Key| Error::corrupt(Corruption { tree: Some(tree_id::EXTENT), block: None, slot: None, reason: format!("extent item {key} to update does not exist") });
+fn apply_delayed_ref<D: BlockDevice>(
+    forest: &mut Forest<D>,
+    extent_root: &mut TreeRoot,
+    bytenr: u64,
+    r: DelayedRef,
+    transid: u64,
+) -> Result<()> {
+    let missing = |key: Key| {
+        Error::corrupt(Corruption {
+            tree: Some(tree_id::EXTENT),
+            block: None,
+            slot: None,
+            reason: format!("extent item {key} to update does not exist"),
+        })
+    };
     match r.kind {
         ExtentKind::Metadata { owner, level } => {
             let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level));
             match (r.created, r.ref_delta) {
-                (true, 1) => forest.insert(extent_root, key, ExtentItem { refs: 1, generation: transid, owner }.encode()),
-                (false, -1) => forest.delete(extent_root, &key)?.map(|_| ()).ok_or_else(|| missing(key)),
+                (true, 1) => forest.insert(
+                    extent_root,
+                    key,
+                    ExtentItem {
+                        refs: 1,
+                        generation: transid,
+                        owner,
+                    }
+                    .encode(),
+                ),
+                (false, -1) => forest
+                    .delete(extent_root, &key)?
+                    .map(|_| ())
+                    .ok_or_else(|| missing(key)),
                 other => panic!("impossible metadata ref change {other:?} for node {bytenr}"),
             }
         }
@@ -103,9 +155,21 @@ fn apply_delayed_ref<D: BlockDevice>(forest: &mut Forest<D>, extent_root: &mut T
             let key = Key::new(bytenr, item_type::EXTENT_ITEM, r.num_bytes);
             if r.created {
                 if r.ref_delta > 0 {
-                    forest.insert(extent_root, key, ExtentItem { refs: r.ref_delta as u64, generation: transid, owner }.encode())
+                    forest.insert(
+                        extent_root,
+                        key,
+                        ExtentItem {
+                            refs: r.ref_delta as u64,
+                            generation: transid,
+                            owner,
+                        }
+                        .encode(),
+                    )
                 } else {
-                    assert_eq!(r.ref_delta, 0, "new data extent {bytenr} with negative refs");
+                    assert_eq!(
+                        r.ref_delta, 0,
+                        "new data extent {bytenr} with negative refs"
+                    );
                     forest.alloc.extent_released(bytenr, r.num_bytes);
                     Ok(())
                 }
@@ -113,10 +177,22 @@ fn apply_delayed_ref<D: BlockDevice>(forest: &mut Forest<D>, extent_root: &mut T
                 Ok(())
             } else {
                 let data = forest.get(extent_root, &key)?.ok_or_else(|| missing(key))?;
-                let mut item = ExtentItem::decode(&data).map_err(|e| Error::corrupt(Corruption { tree: Some(tree_id::EXTENT), block: None, slot: None, reason: format!("{key}: {e}") }))?;
+                let mut item = ExtentItem::decode(&data).map_err(|e| {
+                    Error::corrupt(Corruption {
+                        tree: Some(tree_id::EXTENT),
+                        block: None,
+                        slot: None,
+                        reason: format!("{key}: {e}"),
+                    })
+                })?;
                 let refs = item.refs as i64 + r.ref_delta;
                 if refs < 0 {
-                    return Err(Error::corrupt(Corruption { tree: Some(tree_id::EXTENT), block: None, slot: None, reason: format!("{key}: reference count would drop below zero") }));
+                    return Err(Error::corrupt(Corruption {
+                        tree: Some(tree_id::EXTENT),
+                        block: None,
+                        slot: None,
+                        reason: format!("{key}: reference count would drop below zero"),
+                    }));
                 }
                 if refs == 0 {
                     forest.delete(extent_root, &key)?;
@@ -132,7 +208,10 @@ fn apply_delayed_ref<D: BlockDevice>(forest: &mut Forest<D>, extent_root: &mut T
 }
 
 /// Writes a sealed transaction: nodes, barrier, superblocks, barrier.
-pub(crate) fn write_commit<D: BlockDevice + ?Sized>(dev: &D, prepared: &PreparedCommit) -> Result<u64> {
+pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
+    dev: &D,
+    prepared: &PreparedCommit,
+) -> Result<u64> {
     let fsid = prepared.superblock.fsid;
     let mut nodes: Vec<&Arc<Node>> = prepared.nodes.values().collect();
     nodes.sort_by_key(|n| n.bytenr);

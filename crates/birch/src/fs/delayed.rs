@@ -47,7 +47,10 @@ impl DelayedItems {
         if d.insertions.remove(&index).is_some() {
             self.dir_items -= 1;
         } else {
-            assert!(d.deletions.insert(index), "dir {dir} index {index} deleted twice");
+            assert!(
+                d.deletions.insert(index),
+                "dir {dir} index {index} deleted twice"
+            );
             self.dir_items += 1;
         }
         if d.insertions.is_empty() && d.deletions.is_empty() {
@@ -106,16 +109,31 @@ impl<D: BlockDevice> FsState<D> {
             for index in batch.deletions {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
                 if self.forest.delete(&mut self.roots.fs, &key)?.is_none() {
-                    return Err(crate::Error::corrupt(crate::Corruption::general(format!("delayed deletion of {key}: no such item in the fs tree"))));
+                    return Err(crate::Error::corrupt(crate::Corruption::general(format!(
+                        "delayed deletion of {key}: no such item in the fs tree"
+                    ))));
                 }
             }
             for (index, entry) in batch.insertions {
-                self.forest.insert(&mut self.roots.fs, Key::new(dir, item_type::DIR_INDEX, index), entry.encode())?;
+                self.forest.insert(
+                    &mut self.roots.fs,
+                    Key::new(dir, item_type::DIR_INDEX, index),
+                    entry.encode(),
+                )?;
             }
         }
         for ino in inodes {
-            let item = self.inodes.get(&ino).unwrap_or_else(|| panic!("dirty inode {ino} is not cached")).item.encode();
-            self.forest.put(&mut self.roots.fs, Key::new(ino, item_type::INODE_ITEM, 0), item)?;
+            let item = self
+                .inodes
+                .get(&ino)
+                .unwrap_or_else(|| panic!("dirty inode {ino} is not cached"))
+                .item
+                .encode();
+            self.forest.put(
+                &mut self.roots.fs,
+                Key::new(ino, item_type::INODE_ITEM, 0),
+                item,
+            )?;
         }
         self.stats.delayed_item_flushes += 1;
         self.stats.delayed_items_flushed += count;

@@ -8,10 +8,12 @@
 //! and in memory, so growing a file exposes zeros.
 
 use super::inode::decode_item;
-use super::FsState;
+use super::{FallocateMode, FsState, SeekWhence};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::{item_type, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA, SECTOR_SIZE};
+use crate::format::{
+    item_type, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA, SECTOR_SIZE,
+};
 use std::ops::ControlFlow;
 
 const PAGE: u64 = SECTOR_SIZE;
@@ -44,9 +46,17 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// The file extent items of `ino` that overlap `[start, end)`.
-    fn extents_overlapping(&self, ino: u64, start: u64, end: u64) -> Result<Vec<(u64, FileExtent)>> {
+    fn extents_overlapping(
+        &self,
+        ino: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<(u64, FileExtent)>> {
         let mut out = Vec::new();
-        if let Some((key, data)) = self.forest.last_at_or_before(&self.roots.fs, &Key::new(ino, item_type::EXTENT_DATA, start))? {
+        if let Some((key, data)) = self.forest.last_at_or_before(
+            &self.roots.fs,
+            &Key::new(ino, item_type::EXTENT_DATA, start),
+        )? {
             if key.objectid == ino && key.item_type == item_type::EXTENT_DATA {
                 let e = decode_item(&key, FileExtent::decode(&data))?;
                 if key.offset + e.len() > start {
@@ -56,16 +66,21 @@ impl<D: BlockDevice> FsState<D> {
         }
         if end > start + 1 {
             let mut err = None;
-            self.forest.scan(&self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, start + 1), Key::new(ino, item_type::EXTENT_DATA, end - 1), &mut |k, d| {
-                match FileExtent::decode(d) {
-                    Ok(e) => out.push((k.offset, e)),
-                    Err(e) => {
-                        err = Some(decode_item::<()>(k, Err(e)).unwrap_err());
-                        return Ok(ControlFlow::Break(()));
+            self.forest.scan(
+                &self.roots.fs,
+                Key::new(ino, item_type::EXTENT_DATA, start + 1),
+                Key::new(ino, item_type::EXTENT_DATA, end - 1),
+                &mut |k, d| {
+                    match FileExtent::decode(d) {
+                        Ok(e) => out.push((k.offset, e)),
+                        Err(e) => {
+                            err = Some(decode_item::<()>(k, Err(e)).unwrap_err());
+                            return Ok(ControlFlow::Break(()));
+                        }
                     }
-                }
-                Ok(ControlFlow::Continue(()))
-            })?;
+                    Ok(ControlFlow::Continue(()))
+                },
+            )?;
             if let Some(e) = err {
                 return Err(e);
             }
@@ -76,16 +91,25 @@ impl<D: BlockDevice> FsState<D> {
     /// Fills `buf` (page aligned, at page-aligned `start`) with the file's
     /// on-disk content; holes and preallocated ranges read as zeros.
     fn read_extents_into(&self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
-        debug_assert!(start % PAGE == 0 && buf.len() as u64 % PAGE == 0);
+        debug_assert!(start.is_multiple_of(PAGE) && (buf.len() as u64).is_multiple_of(PAGE));
         let end = start + buf.len() as u64;
         for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
             let ov_start = file_offset.max(start);
             let ov_end = (file_offset + extent.len()).min(end);
             let dst = &mut buf[(ov_start - start) as usize..(ov_end - start) as usize];
             match &extent {
-                FileExtent::Inline { data } => dst.copy_from_slice(&data[(ov_start - file_offset) as usize..(ov_end - file_offset) as usize]),
-                FileExtent::Regular { disk_bytenr, offset, .. } => {
-                    self.forest.store().device().read_at(dst, disk_bytenr + offset + (ov_start - file_offset))?;
+                FileExtent::Inline { data } => dst.copy_from_slice(
+                    &data[(ov_start - file_offset) as usize..(ov_end - file_offset) as usize],
+                ),
+                FileExtent::Regular {
+                    disk_bytenr,
+                    offset,
+                    ..
+                } => {
+                    self.forest
+                        .store()
+                        .device()
+                        .read_at(dst, disk_bytenr + offset + (ov_start - file_offset))?;
                 }
                 FileExtent::Prealloc { .. } => dst.fill(0),
             }
@@ -140,7 +164,10 @@ impl<D: BlockDevice> FsState<D> {
         }
         let now = Timespec::now();
         let item = &self.inode(ino)?.item;
-        if item.atime <= item.mtime || item.atime <= item.ctime || now.sec - item.atime.sec >= 24 * 3600 {
+        if item.atime <= item.mtime
+            || item.atime <= item.ctime
+            || now.sec - item.atime.sec >= 24 * 3600
+        {
             self.update_inode(ino, |i| i.atime = now)?;
         }
         Ok(())
@@ -151,12 +178,17 @@ impl<D: BlockDevice> FsState<D> {
         if data.is_empty() {
             return Ok(0);
         }
-        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooBig)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooBig)?;
         let first_page = offset / PAGE;
         let last_page = (end - 1) / PAGE;
         let new_pages = {
             let inode = self.inode(ino)?;
-            (first_page..=last_page).filter(|p| !inode.pages.contains_key(p)).count() as u64
+            (first_page..=last_page)
+                .filter(|p| !inode.pages.contains_key(p))
+                .count() as u64
         };
         self.ensure_space(new_pages * PAGE)?;
         for index in first_page..=last_page {
@@ -169,7 +201,8 @@ impl<D: BlockDevice> FsState<D> {
             } else {
                 self.load_page(ino, index)?
             };
-            page[(from - page_start) as usize..(to - page_start) as usize].copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            page[(from - page_start) as usize..(to - page_start) as usize]
+                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
             self.put_dirty_page(ino, index, page)?;
         }
         let now = Timespec::now();
@@ -190,7 +223,7 @@ impl<D: BlockDevice> FsState<D> {
             let keep_pages = new_size.div_ceil(PAGE);
             let dropped = self.inode(ino)?.pages.split_off(&keep_pages).len() as u64;
             self.dirty_page_bytes -= dropped * PAGE;
-            if new_size % PAGE != 0 {
+            if !new_size.is_multiple_of(PAGE) {
                 // Zero the tail of the new last page so growing the file
                 // later exposes zeros, not old data.
                 let index = new_size / PAGE;
@@ -217,27 +250,49 @@ impl<D: BlockDevice> FsState<D> {
         let mut nbytes_delta: i64 = 0;
         for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
             let ext_end = file_offset + extent.len();
-            self.forest.delete(&mut self.roots.fs, &Key::new(ino, item_type::EXTENT_DATA, file_offset))?;
+            self.forest.delete(
+                &mut self.roots.fs,
+                &Key::new(ino, item_type::EXTENT_DATA, file_offset),
+            )?;
             nbytes_delta -= extent.len() as i64;
             match &extent {
                 FileExtent::Inline { data } => {
                     if file_offset < start {
                         let head = data[..(start - file_offset) as usize].to_vec();
                         nbytes_delta += head.len() as i64;
-                        self.forest.insert(&mut self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, file_offset), FileExtent::Inline { data: head }.encode())?;
+                        self.forest.insert(
+                            &mut self.roots.fs,
+                            Key::new(ino, item_type::EXTENT_DATA, file_offset),
+                            FileExtent::Inline { data: head }.encode(),
+                        )?;
                     }
                 }
                 FileExtent::Regular { .. } | FileExtent::Prealloc { .. } => {
                     let disk = extent.disk_ref().expect("non-inline extent has a disk ref");
-                    let rebuild = |d| if matches!(extent, FileExtent::Regular { .. }) { FileExtent::regular(d) } else { FileExtent::prealloc(d) };
-                    self.forest.alloc.add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
+                    let rebuild = |d| {
+                        if matches!(extent, FileExtent::Regular { .. }) {
+                            FileExtent::regular(d)
+                        } else {
+                            FileExtent::prealloc(d)
+                        }
+                    };
+                    self.forest
+                        .alloc
+                        .add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
                     if file_offset < start {
-                        let head = crate::format::DiskRef { num_bytes: start - file_offset, ..disk };
+                        let head = crate::format::DiskRef {
+                            num_bytes: start - file_offset,
+                            ..disk
+                        };
                         self.insert_file_extent(ino, file_offset, rebuild(head))?;
                         nbytes_delta += head.num_bytes as i64;
                     }
                     if ext_end > end {
-                        let tail = crate::format::DiskRef { offset: disk.offset + (end - file_offset), num_bytes: ext_end - end, ..disk };
+                        let tail = crate::format::DiskRef {
+                            offset: disk.offset + (end - file_offset),
+                            num_bytes: ext_end - end,
+                            ..disk
+                        };
                         self.insert_file_extent(ino, end, rebuild(tail))?;
                         nbytes_delta += tail.num_bytes as i64;
                     }
@@ -253,9 +308,15 @@ impl<D: BlockDevice> FsState<D> {
     /// Inserts a file extent item and counts its reference on the disk extent.
     fn insert_file_extent(&mut self, ino: u64, file_offset: u64, extent: FileExtent) -> Result<()> {
         if let Some(d) = extent.disk_ref() {
-            self.forest.alloc.add_data_ref(d.disk_bytenr, d.disk_num_bytes, ino, 1);
+            self.forest
+                .alloc
+                .add_data_ref(d.disk_bytenr, d.disk_num_bytes, ino, 1);
         }
-        self.forest.insert(&mut self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, file_offset), extent.encode())
+        self.forest.insert(
+            &mut self.roots.fs,
+            Key::new(ino, item_type::EXTENT_DATA, file_offset),
+            extent.encode(),
+        )
     }
 
     /// Writes every dirty page of every file to new extents.
@@ -274,18 +335,33 @@ impl<D: BlockDevice> FsState<D> {
         }
         self.dirty_page_bytes -= pages.len() as u64 * PAGE;
         let size = self.inode(ino)?.item.size;
-        debug_assert!(pages.keys().all(|&p| p * PAGE < size), "dirty page beyond EOF of inode {ino}");
+        debug_assert!(
+            pages.keys().all(|&p| p * PAGE < size),
+            "dirty page beyond EOF of inode {ino}"
+        );
         if size <= MAX_INLINE_DATA as u64 {
             // The whole file lives in page 0: keep it in the tree.
             let page = &pages[&0];
             self.drop_extents(ino, 0, PAGE)?;
-            self.forest.insert(&mut self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, 0), FileExtent::Inline { data: page[..size as usize].to_vec() }.encode())?;
+            self.forest.insert(
+                &mut self.roots.fs,
+                Key::new(ino, item_type::EXTENT_DATA, 0),
+                FileExtent::Inline {
+                    data: page[..size as usize].to_vec(),
+                }
+                .encode(),
+            )?;
             return self.update_inode(ino, |i| i.nbytes += size);
         }
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         for (index, page) in pages {
             match runs.last_mut() {
-                Some((start, bytes)) if *start + bytes.len() as u64 == index * PAGE && (bytes.len() as u64) < MAX_EXTENT_BYTES => bytes.extend_from_slice(&page),
+                Some((start, bytes))
+                    if *start + bytes.len() as u64 == index * PAGE
+                        && (bytes.len() as u64) < MAX_EXTENT_BYTES =>
+                {
+                    bytes.extend_from_slice(&page)
+                }
                 _ => runs.push((index * PAGE, page.to_vec())),
             }
         }
@@ -300,11 +376,189 @@ impl<D: BlockDevice> FsState<D> {
                 self.stats.data_bytes_written += got;
                 let file_offset = start + done;
                 self.drop_extents(ino, file_offset, file_offset + got)?;
-                self.insert_file_extent(ino, file_offset, FileExtent::regular(crate::format::DiskRef { disk_bytenr: bytenr, disk_num_bytes: got, offset: 0, num_bytes: got }))?;
+                self.insert_file_extent(
+                    ino,
+                    file_offset,
+                    FileExtent::regular(crate::format::DiskRef {
+                        disk_bytenr: bytenr,
+                        disk_num_bytes: got,
+                        offset: 0,
+                        num_bytes: got,
+                    }),
+                )?;
                 added += got;
                 done += got;
             }
         }
         self.update_inode(ino, |i| i.nbytes += added)
+    }
+
+    pub(crate) fn fallocate(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> Result<()> {
+        self.require_regular(ino)?;
+        if len == 0 {
+            return Err(Error::InvalidArgument("fallocate of zero bytes"));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooBig)?;
+        let size = self.inode(ino)?.item.size;
+        if mode == FallocateMode::PunchHole {
+            return self.punch_hole(ino, offset, end.min(size));
+        }
+        // Reserve every hole of the page-aligned range with unwritten
+        // (prealloc) extents; data already there stays.
+        let start = offset / PAGE * PAGE;
+        let aligned_end = end.div_ceil(PAGE) * PAGE;
+        let mut covered: Vec<(u64, u64)> = self
+            .extents_overlapping(ino, start, aligned_end)?
+            .into_iter()
+            .map(|(o, e)| {
+                (
+                    o,
+                    if matches!(e, FileExtent::Inline { .. }) {
+                        PAGE
+                    } else {
+                        e.len()
+                    },
+                )
+            })
+            .collect();
+        covered.extend(
+            self.inode(ino)?
+                .pages
+                .range(start / PAGE..aligned_end / PAGE)
+                .map(|(&p, _)| (p * PAGE, PAGE)),
+        );
+        covered.sort_unstable();
+        let mut holes = Vec::new();
+        let mut cursor = start;
+        for (o, l) in covered {
+            if o > cursor {
+                holes.push((cursor, o.min(aligned_end)));
+            }
+            cursor = cursor.max(o + l);
+        }
+        if cursor < aligned_end {
+            holes.push((cursor, aligned_end));
+        }
+        let needed: u64 = holes.iter().map(|(a, b)| b - a).sum();
+        self.ensure_space(needed)?;
+        let mut added = 0;
+        for (hole_start, hole_end) in holes {
+            let mut at = hole_start;
+            while at < hole_end {
+                let (bytenr, got) = self
+                    .forest
+                    .alloc
+                    .alloc_data((hole_end - at).min(MAX_EXTENT_BYTES), ino)?;
+                self.insert_file_extent(
+                    ino,
+                    at,
+                    FileExtent::prealloc(crate::format::DiskRef {
+                        disk_bytenr: bytenr,
+                        disk_num_bytes: got,
+                        offset: 0,
+                        num_bytes: got,
+                    }),
+                )?;
+                added += got;
+                at += got;
+            }
+        }
+        let now = Timespec::now();
+        let grow = mode == FallocateMode::Allocate;
+        self.update_inode(ino, |i| {
+            i.nbytes += added;
+            if grow && end > i.size {
+                i.size = end;
+                i.mtime = now;
+            }
+            i.ctime = now;
+        })
+    }
+
+    /// Zeroes `[start, end)`: whole pages lose their extents and dirty
+    /// copies; partial pages at the edges are zeroed in place.
+    fn punch_hole(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let first_full = start.div_ceil(PAGE);
+        let last_full = end / PAGE;
+        for index in [start / PAGE, (end - 1) / PAGE] {
+            if index >= first_full && index < last_full {
+                continue;
+            }
+            let page_start = index * PAGE;
+            let mut page = self.load_page(ino, index)?;
+            let from = start.max(page_start) - page_start;
+            let to = end.min(page_start + PAGE) - page_start;
+            page[from as usize..to as usize].fill(0);
+            self.put_dirty_page(ino, index, page)?;
+        }
+        if first_full < last_full {
+            let dropped = {
+                let pages = &mut self.inode(ino)?.pages;
+                let mut tail = pages.split_off(&first_full);
+                let mut rest = tail.split_off(&last_full);
+                pages.append(&mut rest);
+                tail.len() as u64
+            };
+            self.dirty_page_bytes -= dropped * PAGE;
+            self.drop_extents(ino, first_full * PAGE, last_full * PAGE)?;
+        }
+        let now = Timespec::now();
+        self.update_inode(ino, |i| {
+            i.mtime = now;
+            i.ctime = now;
+        })
+    }
+
+    pub(crate) fn seek(&mut self, ino: u64, offset: u64, whence: SeekWhence) -> Result<u64> {
+        self.require_regular(ino)?;
+        let size = self.inode(ino)?.item.size;
+        if offset >= size {
+            return Err(Error::NoSuchOffset);
+        }
+        // Data: written extents and dirty pages. Unwritten (prealloc)
+        // ranges read as zeros and count as holes, as on btrfs.
+        let mut data: Vec<(u64, u64)> = self
+            .extents_overlapping(ino, offset, size)?
+            .into_iter()
+            .filter(|(_, e)| !matches!(e, FileExtent::Prealloc { .. }))
+            .map(|(o, e)| (o, o + e.len()))
+            .collect();
+        data.extend(
+            self.inode(ino)?
+                .pages
+                .range(offset / PAGE..)
+                .map(|(&p, _)| (p * PAGE, p * PAGE + PAGE)),
+        );
+        data.sort_unstable();
+        match whence {
+            SeekWhence::Data => data
+                .iter()
+                .find(|&&(_, e)| e > offset)
+                .map(|&(s, _)| s.max(offset))
+                .filter(|&o| o < size)
+                .ok_or(Error::NoSuchOffset),
+            SeekWhence::Hole => {
+                let mut at = offset;
+                for (s, e) in data {
+                    if s > at {
+                        break;
+                    }
+                    at = at.max(e);
+                }
+                Ok(at.min(size))
+            }
+        }
     }
 }

@@ -4,7 +4,10 @@
 use super::{Attr, FsState, SetAttr, SetTime};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
-use crate::format::{item_type, tree_id, FileExtent, FileType, InodeItem, Key, Timespec, ORPHAN_OBJECTID, SECTOR_SIZE};
+use crate::format::{
+    item_type, tree_id, FileExtent, FileType, InodeItem, Key, Timespec, ORPHAN_OBJECTID,
+    SECTOR_SIZE,
+};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
@@ -21,8 +24,18 @@ pub(crate) struct Inode {
 }
 
 /// Turns an item decode failure into a corruption report naming the key.
-pub(crate) fn decode_item<T>(key: &Key, result: std::result::Result<T, crate::format::ItemError>) -> Result<T> {
-    result.map_err(|e| Error::corrupt(Corruption { tree: Some(tree_id::FS), block: None, slot: None, reason: format!("item {key}: {e}") }))
+pub(crate) fn decode_item<T>(
+    key: &Key,
+    result: std::result::Result<T, crate::format::ItemError>,
+) -> Result<T> {
+    result.map_err(|e| {
+        Error::corrupt(Corruption {
+            tree: Some(tree_id::FS),
+            block: None,
+            slot: None,
+            reason: format!("item {key}: {e}"),
+        })
+    })
 }
 
 impl<D: BlockDevice> FsState<D> {
@@ -30,9 +43,20 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn inode(&mut self, ino: u64) -> Result<&mut Inode> {
         if !self.inodes.contains_key(&ino) {
             let key = Key::new(ino, item_type::INODE_ITEM, 0);
-            let data = self.forest.get(&self.roots.fs, &key)?.ok_or(Error::NotFound)?;
+            let data = self
+                .forest
+                .get(&self.roots.fs, &key)?
+                .ok_or(Error::NotFound)?;
             let item = decode_item(&key, InodeItem::decode(&data))?;
-            self.inodes.insert(ino, Inode { item, open_count: 0, next_index: None, pages: BTreeMap::new() });
+            self.inodes.insert(
+                ino,
+                Inode {
+                    item,
+                    open_count: 0,
+                    next_index: None,
+                    pages: BTreeMap::new(),
+                },
+            );
         }
         Ok(self.inodes.get_mut(&ino).expect("just loaded"))
     }
@@ -55,7 +79,15 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn add_new_inode(&mut self, item: InodeItem) -> u64 {
         let ino = self.next_ino;
         self.next_ino += 1;
-        self.inodes.insert(ino, Inode { item, open_count: 0, next_index: None, pages: BTreeMap::new() });
+        self.inodes.insert(
+            ino,
+            Inode {
+                item,
+                open_count: 0,
+                next_index: None,
+                pages: BTreeMap::new(),
+            },
+        );
         self.delayed.inode_changed(ino);
         ino
     }
@@ -68,7 +100,11 @@ impl<D: BlockDevice> FsState<D> {
             transid,
             size: 0,
             nbytes: 0,
-            nlink: if mode & libc::S_IFMT == libc::S_IFDIR { 2 } else { 1 },
+            nlink: if mode & libc::S_IFMT == libc::S_IFDIR {
+                2
+            } else {
+                1
+            },
             uid,
             gid,
             mode,
@@ -87,7 +123,10 @@ impl<D: BlockDevice> FsState<D> {
         let mut attr = Attr::from_item(ino, &inode.item, 0);
         // Count dirty data too, as other filesystems count delalloc, but
         // never more than the file could hold.
-        attr.blocks = (inode.item.nbytes + dirty_bytes).min(inode.item.size.div_ceil(SECTOR_SIZE) * SECTOR_SIZE).max(inode.item.nbytes).div_ceil(512);
+        attr.blocks = (inode.item.nbytes + dirty_bytes)
+            .min(inode.item.size.div_ceil(SECTOR_SIZE) * SECTOR_SIZE)
+            .max(inode.item.nbytes)
+            .div_ceil(512);
         Ok(attr)
     }
 
@@ -134,7 +173,10 @@ impl<D: BlockDevice> FsState<D> {
     /// Drops an open handle; the last one of an unlinked inode destroys it.
     pub(crate) fn release_inode(&mut self, ino: u64) -> Result<()> {
         let inode = self.inode(ino)?;
-        assert!(inode.open_count > 0, "release of inode {ino} that is not open");
+        assert!(
+            inode.open_count > 0,
+            "release of inode {ino} that is not open"
+        );
         inode.open_count -= 1;
         if inode.open_count == 0 && inode.item.nlink == 0 {
             if self.failed.is_some() {
@@ -142,7 +184,10 @@ impl<D: BlockDevice> FsState<D> {
                 return Ok(());
             }
             self.destroy_inode(ino)?;
-            self.forest.delete(&mut self.roots.fs, &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino))?;
+            self.forest.delete(
+                &mut self.roots.fs,
+                &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
+            )?;
         }
         Ok(())
     }
@@ -151,7 +196,11 @@ impl<D: BlockDevice> FsState<D> {
     /// an orphan so that a crash before the last close cannot leak it.
     pub(crate) fn inode_unlinked(&mut self, ino: u64) -> Result<()> {
         if self.inode(ino)?.open_count > 0 {
-            self.forest.put(&mut self.roots.fs, Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino), Vec::new())?;
+            self.forest.put(
+                &mut self.roots.fs,
+                Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
+                Vec::new(),
+            )?;
             Ok(())
         } else {
             self.destroy_inode(ino)
@@ -162,16 +211,23 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn destroy_inode(&mut self, ino: u64) -> Result<()> {
         let keys = {
             let mut keys = Vec::new();
-            self.forest.scan(&self.roots.fs, Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX), &mut |k, d| {
-                keys.push((*k, d.to_vec()));
-                Ok(ControlFlow::Continue(()))
-            })?;
+            self.forest.scan(
+                &self.roots.fs,
+                Key::new(ino, 0, 0),
+                Key::new(ino, u8::MAX, u64::MAX),
+                &mut |k, d| {
+                    keys.push((*k, d.to_vec()));
+                    Ok(ControlFlow::Continue(()))
+                },
+            )?;
             keys
         };
         for (key, data) in keys {
             if key.item_type == item_type::EXTENT_DATA {
                 if let Some(disk) = decode_item(&key, FileExtent::decode(&data))?.disk_ref() {
-                    self.forest.alloc.add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
+                    self.forest
+                        .alloc
+                        .add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
                 }
             }
             self.forest.delete(&mut self.roots.fs, &key)?;
@@ -186,12 +242,18 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Finishes inodes left as orphans by a crash or an unclean stop.
     pub(crate) fn remove_orphans(&mut self) -> Result<usize> {
-        let orphans = self.forest.collect_range(&self.roots.fs, Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, 0), Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, u64::MAX))?;
+        let orphans = self.forest.collect_range(
+            &self.roots.fs,
+            Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, 0),
+            Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, u64::MAX),
+        )?;
         for (key, _) in &orphans {
             let ino = key.offset;
             let nlink = self.inode(ino)?.item.nlink;
             if nlink != 0 {
-                return Err(Error::corrupt(Corruption::general(format!("orphan item names inode {ino}, which still has {nlink} links"))));
+                return Err(Error::corrupt(Corruption::general(format!(
+                    "orphan item names inode {ino}, which still has {nlink} links"
+                ))));
             }
             self.destroy_inode(ino)?;
             self.forest.delete(&mut self.roots.fs, key)?;
@@ -205,6 +267,11 @@ impl<D: BlockDevice> FsState<D> {
             return;
         }
         let delayed = &self.delayed;
-        self.inodes.retain(|ino, inode| inode.open_count > 0 || !inode.pages.is_empty() || delayed.is_inode_dirty(*ino) || delayed.has_pending_dir(*ino));
+        self.inodes.retain(|ino, inode| {
+            inode.open_count > 0
+                || !inode.pages.is_empty()
+                || delayed.is_inode_dirty(*ino)
+                || delayed.has_pending_dir(*ino)
+        });
     }
 }

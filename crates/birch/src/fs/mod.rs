@@ -66,7 +66,9 @@ impl<D: BlockDevice> Shared<D> {
         let prepared = {
             let mut state = self.state.lock().expect("filesystem state lock poisoned");
             if let Some(why) = &state.failed {
-                return Err(Error::Io(std::io::Error::other(format!("filesystem is read-only after an earlier failure: {why}"))));
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "filesystem is read-only after an earlier failure: {why}"
+                ))));
             }
             match state.prepare_commit() {
                 Ok(Some(p)) => p,
@@ -90,7 +92,6 @@ impl<D: BlockDevice> Shared<D> {
             }
         }
     }
-
 }
 
 /// A mounted birch filesystem.
@@ -108,19 +109,37 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Opens the filesystem on `dev`, recovering to its last durable state.
     pub fn open(dev: D, options: MountOptions) -> Result<Self> {
         let dev = Arc::new(dev);
-        let (state, store) = mount::open(dev, options.clone())?;
-        let shared = Arc::new(Shared { state: Mutex::new(state), commit_lock: Mutex::new(()), store, worker_stop: Mutex::new(false), worker_wake: Condvar::new() });
-        let mut fs = Filesystem { shared, worker: None };
+        let state = mount::open(dev, options.clone())?;
+        let store = state.forest.store().clone();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            commit_lock: Mutex::new(()),
+            store,
+            worker_stop: Mutex::new(false),
+            worker_wake: Condvar::new(),
+        });
+        let mut fs = Filesystem {
+            shared,
+            worker: None,
+        };
         fs.cleanup_orphans()?;
         if options.commit_interval.is_some() {
             let shared = fs.shared.clone();
-            fs.worker = Some(std::thread::Builder::new().name("birch-commit".into()).spawn(move || background_worker(shared)).map_err(Error::Io)?);
+            fs.worker = Some(
+                std::thread::Builder::new()
+                    .name("birch-commit".into())
+                    .spawn(move || background_worker(shared))
+                    .map_err(Error::Io)?,
+            );
         }
         Ok(fs)
     }
 
     fn lock(&self) -> MutexGuard<'_, FsState<D>> {
-        self.shared.state.lock().expect("filesystem state lock poisoned")
+        self.shared
+            .state
+            .lock()
+            .expect("filesystem state lock poisoned")
     }
 
     /// Runs a read-only operation.
@@ -128,20 +147,38 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         f(&mut self.lock())
     }
 
-    /// Runs an operation that changes the filesystem.
-    fn change<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
-        let (result, over_limit) = {
-            let mut state = self.lock();
-            if state.failed.is_some() {
-                return Err(Error::ReadOnly);
+    /// Runs an operation that changes the filesystem. An operation refused
+    /// for lack of space is retried once after a commit (which releases the
+    /// space pinned by earlier frees). An I/O error or corruption met while
+    /// changing the trees leaves the filesystem read-only: what is in memory
+    /// may be half-changed and must never be committed.
+    fn change<T>(&self, f: impl Fn(&mut FsState<D>) -> Result<T>) -> Result<T> {
+        let mut retried = false;
+        loop {
+            let (result, over_limit) = {
+                let mut state = self.lock();
+                if state.failed.is_some() {
+                    return Err(Error::ReadOnly);
+                }
+                let result = f(&mut state);
+                if let Err(e @ (Error::Io(_) | Error::Corrupt(_))) = &result {
+                    state.failed = Some(e.to_string());
+                }
+                (
+                    result,
+                    state.dirty_page_bytes > state.options.dirty_limit_bytes,
+                )
+            };
+            if matches!(result, Err(Error::NoSpace)) && !retried {
+                retried = true;
+                self.commit()?;
+                continue;
             }
-            let result = f(&mut state);
-            (result, state.dirty_page_bytes > state.options.dirty_limit_bytes)
-        };
-        if over_limit {
-            self.commit()?;
+            if over_limit {
+                self.commit()?;
+            }
+            return result;
         }
-        result
     }
 
     // ----- namespace -----
@@ -164,7 +201,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Creates a regular file, device node, fifo or socket (per `mode`'s
     /// file type bits).
-    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Attr> {
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u64,
+    ) -> Result<Attr> {
         self.change(|s| s.create_node(parent, name, mode, uid, gid, rdev))
     }
 
@@ -177,7 +222,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change(|s| s.create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0))
     }
 
-    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         self.change(|s| s.symlink(parent, name, target, uid, gid))
     }
 
@@ -197,7 +249,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change(|s| s.rmdir(parent, name))
     }
 
-    pub fn rename(&self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.change(|s| s.rename(parent, name, new_parent, new_name, flags))
     }
 
@@ -224,6 +283,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| s.release_inode(ino))
     }
 
+    /// Drops `count` holds taken with [`open_inode`](Self::open_inode)
+    /// (FUSE's forget: the kernel's lookup count).
+    pub fn forget(&self, ino: u64, count: u64) -> Result<()> {
+        self.read(|s| {
+            for _ in 0..count {
+                s.release_inode(ino)?;
+            }
+            Ok(())
+        })
+    }
+
     // ----- data -----
 
     pub fn read_file(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
@@ -234,8 +304,25 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change(|s| s.write_file(ino, offset, data))
     }
 
+    /// Preallocates (reads as zeros until written) or punches a hole.
+    pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        self.change(|s| s.fallocate(ino, offset, len, mode))
+    }
+
+    /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that
+    /// holds data (or is a hole; the end of file counts as a hole).
+    pub fn seek(&self, ino: u64, offset: u64, whence: SeekWhence) -> Result<u64> {
+        self.read(|s| s.seek(ino, offset, whence))
+    }
+
     pub fn truncate(&self, ino: u64, size: u64) -> Result<Attr> {
-        self.setattr(ino, &SetAttr { size: Some(size), ..Default::default() })
+        self.setattr(
+            ino,
+            &SetAttr {
+                size: Some(size),
+                ..Default::default()
+            },
+        )
     }
 
     // ----- xattrs -----
@@ -301,7 +388,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     fn stop_worker(&mut self) {
         if let Some(worker) = self.worker.take() {
-            *self.shared.worker_stop.lock().expect("worker lock poisoned") = true;
+            *self
+                .shared
+                .worker_stop
+                .lock()
+                .expect("worker lock poisoned") = true;
             self.shared.worker_wake.notify_all();
             let _ = worker.join();
         }
@@ -328,13 +419,22 @@ impl<D: BlockDevice + 'static> Drop for Filesystem<D> {
 /// Commits every `commit_interval` while there are changes, and flushes
 /// delayed items early when too many accumulate.
 fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>) {
-    let interval = shared.state.lock().expect("state lock").options.commit_interval.expect("worker runs only with an interval");
+    let interval = shared
+        .state
+        .lock()
+        .expect("state lock")
+        .options
+        .commit_interval
+        .expect("worker runs only with an interval");
     let tick = interval.min(std::time::Duration::from_millis(500));
     let mut last_commit = Instant::now();
     loop {
         {
             let stop = shared.worker_stop.lock().expect("worker lock poisoned");
-            let (stop, _) = shared.worker_wake.wait_timeout(stop, tick).expect("worker lock poisoned");
+            let (stop, _) = shared
+                .worker_wake
+                .wait_timeout(stop, tick)
+                .expect("worker lock poisoned");
             if *stop {
                 break;
             }
@@ -365,7 +465,8 @@ impl<D: BlockDevice> FsState<D> {
         if self.forest.dirty_node_count() == 0 && !self.forest.alloc.has_delayed_refs() {
             return Ok(None);
         }
-        let prepared = commit::seal_transaction(&mut self.forest, &mut self.roots, &self.superblock)?;
+        let prepared =
+            commit::seal_transaction(&mut self.forest, &mut self.roots, &self.superblock)?;
         Ok(Some(prepared))
     }
 

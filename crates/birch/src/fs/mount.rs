@@ -8,7 +8,8 @@ use crate::btree::{Forest, NodeExpectation, NodeStore, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    encode_inode_refs, item_type, tree_id, ExtentItem, InodeItem, InodeRefEntry, Key, RootItem, Superblock, FIRST_ALLOCATABLE_BYTE, FIRST_FREE_INO, MIN_DEVICE_BYTES, NODE_SIZE,
+    encode_inode_refs, item_type, tree_id, ExtentItem, InodeItem, InodeRefEntry, Key, RootItem,
+    Superblock, FIRST_ALLOCATABLE_BYTE, FIRST_FREE_INO, MIN_DEVICE_BYTES, NODE_SIZE,
     ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::{BTreeSet, HashMap};
@@ -17,8 +18,14 @@ use std::sync::Arc;
 
 fn random_fsid() -> [u8; 16] {
     let mut fsid = [0u8; 16];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut fsid)).is_err() {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut fsid))
+        .is_err()
+    {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
         fsid[..16].copy_from_slice(&nanos.to_le_bytes());
         fsid[0] ^= std::process::id() as u8;
     }
@@ -28,7 +35,9 @@ fn random_fsid() -> [u8; 16] {
 pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()> {
     let total_bytes = dev.size_bytes() / SECTOR_SIZE * SECTOR_SIZE;
     if total_bytes < MIN_DEVICE_BYTES {
-        return Err(Error::InvalidArgument("device is smaller than the 16 MiB minimum"));
+        return Err(Error::InvalidArgument(
+            "device is smaller than the 16 MiB minimum",
+        ));
     }
     let fsid = options.fsid.unwrap_or_else(random_fsid);
     let mut free = FreeSpace::default();
@@ -36,7 +45,11 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
     let store = Arc::new(NodeStore::new(dev, fsid, 64));
     let transid = 1;
     let mut forest = Forest::new(store, Allocator::new(free, 0, total_bytes), transid);
-    let mut roots = Roots { root: forest.create_tree(tree_id::ROOT)?, extent: forest.create_tree(tree_id::EXTENT)?, fs: forest.create_tree(tree_id::FS)? };
+    let mut roots = Roots {
+        root: forest.create_tree(tree_id::ROOT)?,
+        extent: forest.create_tree(tree_id::EXTENT)?,
+        fs: forest.create_tree(tree_id::FS)?,
+    };
     let now = crate::format::Timespec::now();
     let root_dir = InodeItem {
         generation: transid,
@@ -49,44 +62,98 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         otime: now,
         ..Default::default()
     };
-    forest.insert(&mut roots.fs, Key::new(ROOT_DIR_INO, item_type::INODE_ITEM, 0), root_dir.encode())?;
-    forest.insert(&mut roots.fs, Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO), encode_inode_refs(&[InodeRefEntry { index: 0, name: b"..".to_vec() }]))?;
-    let template = Superblock { fsid, generation: 0, root_tree_bytenr: 0, root_tree_level: 0, total_bytes, bytes_used: 0, log_root_bytenr: 0, log_root_level: 0, log_generation: 0 };
+    forest.insert(
+        &mut roots.fs,
+        Key::new(ROOT_DIR_INO, item_type::INODE_ITEM, 0),
+        root_dir.encode(),
+    )?;
+    forest.insert(
+        &mut roots.fs,
+        Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO),
+        encode_inode_refs(&[InodeRefEntry {
+            index: 0,
+            name: b"..".to_vec(),
+        }]),
+    )?;
+    let template = Superblock {
+        fsid,
+        generation: 0,
+        root_tree_bytenr: 0,
+        root_tree_level: 0,
+        total_bytes,
+        bytes_used: 0,
+        log_root_bytenr: 0,
+        log_root_level: 0,
+        log_generation: 0,
+    };
     let prepared = commit::seal_transaction(&mut forest, &mut roots, &template)?;
     commit::write_commit(dev, &prepared)?;
     Ok(())
 }
 
-pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result<(FsState<D>, Arc<NodeStore<Arc<D>>>)> {
+pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result<FsState<D>> {
     let superblock = commit::read_superblock(dev.as_ref())?;
     if superblock.log_root_bytenr != 0 {
-        return Err(Error::corrupt(Corruption::general("superblock points at a log tree, and log replay is not supported by this version")));
+        return Err(Error::corrupt(Corruption::general(
+            "superblock points at a log tree, and log replay is not supported by this version",
+        )));
     }
     let store = Arc::new(NodeStore::new(dev, superblock.fsid, options.cache_nodes));
-    let root = TreeRoot { id: tree_id::ROOT, bytenr: superblock.root_tree_bytenr, level: superblock.root_tree_level, generation: superblock.generation };
+    let root = TreeRoot {
+        id: tree_id::ROOT,
+        bytenr: superblock.root_tree_bytenr,
+        level: superblock.root_tree_level,
+        generation: superblock.generation,
+    };
     // The allocator is rebuilt below; reads need none yet.
-    let mut forest = Forest::new(store.clone(), Allocator::new(FreeSpace::default(), 0, superblock.total_bytes), superblock.generation + 1);
+    let mut forest = Forest::new(
+        store.clone(),
+        Allocator::new(FreeSpace::default(), 0, superblock.total_bytes),
+        superblock.generation + 1,
+    );
     let load_root = |forest: &Forest<Arc<D>>, id: u64| -> Result<TreeRoot> {
         let key = Key::new(id, item_type::ROOT_ITEM, 0);
-        let data = forest.get(&root, &key)?.ok_or_else(|| Error::corrupt(Corruption::general(format!("root tree has no root item for tree {}", crate::print::tree_name(id)))))?;
-        let item = RootItem::decode(&data).map_err(|e| Error::corrupt(Corruption::general(format!("root item {key}: {e}"))))?;
-        Ok(TreeRoot { id, bytenr: item.bytenr, level: item.level, generation: item.generation })
+        let data = forest.get(&root, &key)?.ok_or_else(|| {
+            Error::corrupt(Corruption::general(format!(
+                "root tree has no root item for tree {}",
+                crate::print::tree_name(id)
+            )))
+        })?;
+        let item = RootItem::decode(&data)
+            .map_err(|e| Error::corrupt(Corruption::general(format!("root item {key}: {e}"))))?;
+        Ok(TreeRoot {
+            id,
+            bytenr: item.bytenr,
+            level: item.level,
+            generation: item.generation,
+        })
     };
     let extent = load_root(&forest, tree_id::EXTENT)?;
     let fs = load_root(&forest, tree_id::FS)?;
     // Validate the roots now so a damaged image fails at open, naming the block.
     for r in [root, extent, fs] {
-        forest.node(r.bytenr, NodeExpectation { tree: r.id, level: r.level, generation: r.generation })?;
+        forest.node(
+            r.bytenr,
+            NodeExpectation {
+                tree: r.id,
+                level: r.level,
+                generation: r.generation,
+            },
+        )?;
     }
     let (free, bytes_used) = free_space_from_extent_tree(&forest, &extent, superblock.total_bytes)?;
     if bytes_used != superblock.bytes_used {
-        return Err(Error::corrupt(Corruption::general(format!("extent tree records {bytes_used} bytes in use, superblock says {}", superblock.bytes_used))));
+        return Err(Error::corrupt(Corruption::general(format!(
+            "extent tree records {bytes_used} bytes in use, superblock says {}",
+            superblock.bytes_used
+        ))));
     }
     forest.alloc = Allocator::new(free, bytes_used, superblock.total_bytes);
-    let next_ino = match forest.last_at_or_before(&fs, &Key::new(ORPHAN_OBJECTID - 1, u8::MAX, u64::MAX))? {
-        Some((k, _)) => (k.objectid + 1).max(FIRST_FREE_INO),
-        None => FIRST_FREE_INO,
-    };
+    let next_ino =
+        match forest.last_at_or_before(&fs, &Key::new(ORPHAN_OBJECTID - 1, u8::MAX, u64::MAX))? {
+            Some((k, _)) => (k.objectid + 1).max(FIRST_FREE_INO),
+            None => FIRST_FREE_INO,
+        };
     let state = FsState {
         forest,
         roots: Roots { root, extent, fs },
@@ -100,11 +167,15 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         failed: None,
         options,
     };
-    Ok((state, store))
+    Ok(state)
 }
 
 /// Free space is everything the extent tree does not record.
-fn free_space_from_extent_tree<D: BlockDevice>(forest: &Forest<D>, extent: &TreeRoot, total_bytes: u64) -> Result<(FreeSpace, u64)> {
+fn free_space_from_extent_tree<D: BlockDevice>(
+    forest: &Forest<D>,
+    extent: &TreeRoot,
+    total_bytes: u64,
+) -> Result<(FreeSpace, u64)> {
     let mut free = FreeSpace::default();
     let mut cursor = FIRST_ALLOCATABLE_BYTE;
     let mut used = 0u64;
@@ -135,7 +206,12 @@ fn free_space_from_extent_tree<D: BlockDevice>(forest: &Forest<D>, extent: &Tree
         Ok(ControlFlow::Continue(()))
     })?;
     if let Some(reason) = fault {
-        return Err(Error::corrupt(Corruption { tree: Some(tree_id::EXTENT), block: None, slot: None, reason }));
+        return Err(Error::corrupt(Corruption {
+            tree: Some(tree_id::EXTENT),
+            block: None,
+            slot: None,
+            reason,
+        }));
     }
     if cursor < total_bytes {
         free.add(cursor, total_bytes - cursor);

@@ -11,7 +11,8 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
 use crate::format::{
-    decode_dir_items, decode_inode_refs, encode_dir_items, encode_inode_refs, item_type, name_hash, DirEntry, FileExtent, FileType, InodeRefEntry, Key, Timespec, FIRST_DIR_INDEX, NAME_MAX,
+    decode_dir_items, decode_inode_refs, encode_dir_items, encode_inode_refs, item_type, name_hash,
+    DirEntry, FileExtent, FileType, InodeRefEntry, Key, Timespec, FIRST_DIR_INDEX, NAME_MAX,
     ROOT_DIR_INO, SYMLINK_MAX,
 };
 use std::ops::ControlFlow;
@@ -55,8 +56,12 @@ impl<D: BlockDevice> FsState<D> {
         self.require_dir(dir)?;
         validate_name(name)?;
         let key = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
-        let Some(data) = self.forest.get(&self.roots.fs, &key)? else { return Ok(None) };
-        Ok(decode_item(&key, decode_dir_items(&data))?.into_iter().find(|e| e.name == name))
+        let Some(data) = self.forest.get(&self.roots.fs, &key)? else {
+            return Ok(None);
+        };
+        Ok(decode_item(&key, decode_dir_items(&data))?
+            .into_iter()
+            .find(|e| e.name == name))
     }
 
     pub(crate) fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Attr> {
@@ -78,11 +83,20 @@ impl<D: BlockDevice> FsState<D> {
             return Ok(ROOT_DIR_INO);
         }
         let mut parent = None;
-        self.forest.scan(&self.roots.fs, Key::new(dir, item_type::INODE_REF, 0), Key::new(dir, item_type::INODE_REF, u64::MAX), &mut |k, _| {
-            parent = Some(k.offset);
-            Ok(ControlFlow::Break(()))
-        })?;
-        parent.ok_or_else(|| Error::corrupt(crate::Corruption::general(format!("directory {dir} has no parent reference"))))
+        self.forest.scan(
+            &self.roots.fs,
+            Key::new(dir, item_type::INODE_REF, 0),
+            Key::new(dir, item_type::INODE_REF, u64::MAX),
+            &mut |k, _| {
+                parent = Some(k.offset);
+                Ok(ControlFlow::Break(()))
+            },
+        )?;
+        parent.ok_or_else(|| {
+            Error::corrupt(crate::Corruption::general(format!(
+                "directory {dir} has no parent reference"
+            )))
+        })
     }
 
     fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
@@ -90,12 +104,21 @@ impl<D: BlockDevice> FsState<D> {
             self.inode(dir)?.next_index = Some(next + 1);
             return Ok(next);
         }
-        let last = self.forest.last_at_or_before(&self.roots.fs, &Key::new(dir, item_type::DIR_INDEX, u64::MAX))?;
+        let last = self.forest.last_at_or_before(
+            &self.roots.fs,
+            &Key::new(dir, item_type::DIR_INDEX, u64::MAX),
+        )?;
         let mut next = match last {
-            Some((k, _)) if k.objectid == dir && k.item_type == item_type::DIR_INDEX => k.offset + 1,
+            Some((k, _)) if k.objectid == dir && k.item_type == item_type::DIR_INDEX => {
+                k.offset + 1
+            }
             _ => FIRST_DIR_INDEX,
         };
-        if let Some(pending) = self.delayed.dir(dir).and_then(|d| d.insertions.keys().next_back()) {
+        if let Some(pending) = self
+            .delayed
+            .dir(dir)
+            .and_then(|d| d.insertions.keys().next_back())
+        {
             next = next.max(pending + 1);
         }
         self.inode(dir)?.next_index = Some(next + 1);
@@ -110,14 +133,21 @@ impl<D: BlockDevice> FsState<D> {
             None => Vec::new(),
         };
         let index = self.next_dir_index(parent)?;
-        refs.push(InodeRefEntry { index, name: name.to_vec() });
+        refs.push(InodeRefEntry {
+            index,
+            name: name.to_vec(),
+        });
         let refs = encode_inode_refs(&refs);
         let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
         let mut entries = match self.forest.get(&self.roots.fs, &dir_key)? {
             Some(data) => decode_item(&dir_key, decode_dir_items(&data))?,
             None => Vec::new(),
         };
-        let entry = DirEntry { ino, file_type, name: name.to_vec() };
+        let entry = DirEntry {
+            ino,
+            file_type,
+            name: name.to_vec(),
+        };
         entries.push(entry.clone());
         let entries = encode_dir_items(&entries);
         if refs.len() > MAX_ITEM_DATA || entries.len() > MAX_ITEM_DATA {
@@ -138,24 +168,40 @@ impl<D: BlockDevice> FsState<D> {
     /// Removes the name `name` of `ino` from `parent`.
     fn remove_name(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
         let ref_key = Key::new(ino, item_type::INODE_REF, parent);
-        let missing = || Error::corrupt(crate::Corruption::general(format!("name {:?} of inode {ino} in {parent}: no matching inode ref", String::from_utf8_lossy(name))));
-        let data = self.forest.get(&self.roots.fs, &ref_key)?.ok_or_else(missing)?;
+        let missing = || {
+            Error::corrupt(crate::Corruption::general(format!(
+                "name {:?} of inode {ino} in {parent}: no matching inode ref",
+                String::from_utf8_lossy(name)
+            )))
+        };
+        let data = self
+            .forest
+            .get(&self.roots.fs, &ref_key)?
+            .ok_or_else(missing)?;
         let mut refs = decode_item(&ref_key, decode_inode_refs(&data))?;
-        let pos = refs.iter().position(|r| r.name == name).ok_or_else(missing)?;
+        let pos = refs
+            .iter()
+            .position(|r| r.name == name)
+            .ok_or_else(missing)?;
         let index = refs.remove(pos).index;
         if refs.is_empty() {
             self.forest.delete(&mut self.roots.fs, &ref_key)?;
         } else {
-            self.forest.put(&mut self.roots.fs, ref_key, encode_inode_refs(&refs))?;
+            self.forest
+                .put(&mut self.roots.fs, ref_key, encode_inode_refs(&refs))?;
         }
         let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
-        let data = self.forest.get(&self.roots.fs, &dir_key)?.ok_or_else(missing)?;
+        let data = self
+            .forest
+            .get(&self.roots.fs, &dir_key)?
+            .ok_or_else(missing)?;
         let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
         entries.retain(|e| e.name != name);
         if entries.is_empty() {
             self.forest.delete(&mut self.roots.fs, &dir_key)?;
         } else {
-            self.forest.put(&mut self.roots.fs, dir_key, encode_dir_items(&entries))?;
+            self.forest
+                .put(&mut self.roots.fs, dir_key, encode_dir_items(&entries))?;
         }
         self.delayed.delete_index(parent, index);
         let now = Timespec::now();
@@ -166,9 +212,19 @@ impl<D: BlockDevice> FsState<D> {
         })
     }
 
-    pub(crate) fn create_node(&mut self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Attr> {
+    pub(crate) fn create_node(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u64,
+    ) -> Result<Attr> {
         validate_new_name(name)?;
-        let file_type = FileType::from_mode(mode).ok_or(Error::InvalidArgument("mode has no file type"))?;
+        self.ensure_space(0)?;
+        let file_type =
+            FileType::from_mode(mode).ok_or(Error::InvalidArgument("mode has no file type"))?;
         if self.find_entry(parent, name)?.is_some() {
             return Err(Error::Exists);
         }
@@ -184,7 +240,14 @@ impl<D: BlockDevice> FsState<D> {
         self.getattr(ino)
     }
 
-    pub(crate) fn symlink(&mut self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+    pub(crate) fn symlink(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         if target.is_empty() {
             return Err(Error::NotFound);
         }
@@ -193,7 +256,14 @@ impl<D: BlockDevice> FsState<D> {
         }
         let attr = self.create_node(parent, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
         let ino = attr.ino;
-        self.forest.insert(&mut self.roots.fs, Key::new(ino, item_type::EXTENT_DATA, 0), FileExtent::Inline { data: target.to_vec() }.encode())?;
+        self.forest.insert(
+            &mut self.roots.fs,
+            Key::new(ino, item_type::EXTENT_DATA, 0),
+            FileExtent::Inline {
+                data: target.to_vec(),
+            }
+            .encode(),
+        )?;
         self.update_inode(ino, |i| {
             i.size = target.len() as u64;
             i.nbytes = target.len() as u64;
@@ -206,10 +276,16 @@ impl<D: BlockDevice> FsState<D> {
             return Err(Error::InvalidArgument("not a symlink"));
         }
         let key = Key::new(ino, item_type::EXTENT_DATA, 0);
-        let data = self.forest.get(&self.roots.fs, &key)?.ok_or_else(|| Error::corrupt(crate::Corruption::general(format!("symlink {ino} has no target item"))))?;
+        let data = self.forest.get(&self.roots.fs, &key)?.ok_or_else(|| {
+            Error::corrupt(crate::Corruption::general(format!(
+                "symlink {ino} has no target item"
+            )))
+        })?;
         match decode_item(&key, FileExtent::decode(&data))? {
             FileExtent::Inline { data } => Ok(data),
-            _ => Err(Error::corrupt(crate::Corruption::general(format!("symlink {ino} target is not inline")))),
+            _ => Err(Error::corrupt(crate::Corruption::general(format!(
+                "symlink {ino} target is not inline"
+            )))),
         }
     }
 
@@ -225,6 +301,7 @@ impl<D: BlockDevice> FsState<D> {
         if self.find_entry(new_parent, new_name)?.is_some() {
             return Err(Error::Exists);
         }
+        self.ensure_space(0)?;
         self.add_name(new_parent, new_name, ino, item.file_type())?;
         let now = Timespec::now();
         self.update_inode(ino, |i| {
@@ -259,19 +336,28 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     pub(crate) fn is_dir_empty(&mut self, dir: u64) -> Result<bool> {
-        if self.delayed.dir(dir).is_some_and(|d| !d.insertions.is_empty()) {
+        if self
+            .delayed
+            .dir(dir)
+            .is_some_and(|d| !d.insertions.is_empty())
+        {
             return Ok(false);
         }
         let empty_batch = DelayedDir::default();
         let deletions = &self.delayed.dir(dir).unwrap_or(&empty_batch).deletions;
         let mut empty = true;
-        self.forest.scan(&self.roots.fs, Key::new(dir, item_type::DIR_INDEX, 0), Key::new(dir, item_type::DIR_INDEX, u64::MAX), &mut |k, _| {
-            if deletions.contains(&k.offset) {
-                return Ok(ControlFlow::Continue(()));
-            }
-            empty = false;
-            Ok(ControlFlow::Break(()))
-        })?;
+        self.forest.scan(
+            &self.roots.fs,
+            Key::new(dir, item_type::DIR_INDEX, 0),
+            Key::new(dir, item_type::DIR_INDEX, u64::MAX),
+            &mut |k, _| {
+                if deletions.contains(&k.offset) {
+                    return Ok(ControlFlow::Continue(()));
+                }
+                empty = false;
+                Ok(ControlFlow::Break(()))
+            },
+        )?;
         Ok(empty)
     }
 
@@ -306,19 +392,37 @@ impl<D: BlockDevice> FsState<D> {
             }
             cur = self.dir_parent(cur)?;
         }
-        Err(Error::corrupt(crate::Corruption::general(format!("directory {dir}: parent chain does not reach the root"))))
+        Err(Error::corrupt(crate::Corruption::general(format!(
+            "directory {dir}: parent chain does not reach the root"
+        ))))
     }
 
-    pub(crate) fn rename(&mut self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+    pub(crate) fn rename(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         if flags.exchange && flags.no_replace {
-            return Err(Error::InvalidArgument("RENAME_EXCHANGE with RENAME_NOREPLACE"));
+            return Err(Error::InvalidArgument(
+                "RENAME_EXCHANGE with RENAME_NOREPLACE",
+            ));
         }
         if name == b"." || name == b".." {
             return Err(Error::InvalidArgument("rename of \".\" or \"..\""));
         }
-        validate_new_name(new_name).map_err(|e| if matches!(e, Error::Exists) { Error::InvalidArgument("rename onto \".\" or \"..\"") } else { e })?;
+        validate_new_name(new_name).map_err(|e| {
+            if matches!(e, Error::Exists) {
+                Error::InvalidArgument("rename onto \".\" or \"..\"")
+            } else {
+                e
+            }
+        })?;
         let source = self.find_entry(parent, name)?.ok_or(Error::NotFound)?;
         let target = self.find_entry(new_parent, new_name)?;
+        self.ensure_space(0)?;
         let now = Timespec::now();
         if flags.exchange {
             let target = target.ok_or(Error::NotFound)?;
@@ -327,7 +431,9 @@ impl<D: BlockDevice> FsState<D> {
             }
             for (moving, into) in [(&source, new_parent), (&target, parent)] {
                 if moving.file_type == FileType::Directory && self.is_within(into, moving.ino)? {
-                    return Err(Error::InvalidArgument("directory moved into its own subtree"));
+                    return Err(Error::InvalidArgument(
+                        "directory moved into its own subtree",
+                    ));
                 }
             }
             self.remove_name(parent, name, source.ino)?;
@@ -338,7 +444,9 @@ impl<D: BlockDevice> FsState<D> {
                 let delta = |e: &DirEntry| i64::from(e.file_type == FileType::Directory);
                 let shift = delta(&source) - delta(&target);
                 self.update_inode(parent, |p| p.nlink = (i64::from(p.nlink) - shift) as u32)?;
-                self.update_inode(new_parent, |p| p.nlink = (i64::from(p.nlink) + shift) as u32)?;
+                self.update_inode(new_parent, |p| {
+                    p.nlink = (i64::from(p.nlink) + shift) as u32
+                })?;
             }
             for ino in [source.ino, target.ino] {
                 self.update_inode(ino, |i| i.ctime = now)?;
@@ -347,7 +455,9 @@ impl<D: BlockDevice> FsState<D> {
         }
         let source_is_dir = source.file_type == FileType::Directory;
         if source_is_dir && self.is_within(new_parent, source.ino)? {
-            return Err(Error::InvalidArgument("directory moved into its own subtree"));
+            return Err(Error::InvalidArgument(
+                "directory moved into its own subtree",
+            ));
         }
         if let Some(target) = &target {
             if flags.no_replace {
@@ -379,41 +489,60 @@ impl<D: BlockDevice> FsState<D> {
         self.update_inode(source.ino, |i| i.ctime = now)
     }
 
-    pub(crate) fn readdir(&mut self, dir: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
+    pub(crate) fn readdir(
+        &mut self,
+        dir: u64,
+        offset: u64,
+        limit: usize,
+    ) -> Result<Vec<DirListEntry>> {
         self.require_dir(dir)?;
         let start = offset.max(FIRST_DIR_INDEX);
         let empty = DelayedDir::default();
         let pending = self.delayed.dir(dir).unwrap_or(&empty);
         let mut inserts = pending.insertions.range(start..).peekable();
         let mut out: Vec<DirListEntry> = Vec::new();
-        let listed = |index: u64, e: &DirEntry| DirListEntry { ino: e.ino, next_offset: index + 1, file_type: e.file_type, name: e.name.clone() };
+        let listed = |index: u64, e: &DirEntry| DirListEntry {
+            ino: e.ino,
+            next_offset: index + 1,
+            file_type: e.file_type,
+            name: e.name.clone(),
+        };
         let mut err = None;
-        self.forest.scan(&self.roots.fs, Key::new(dir, item_type::DIR_INDEX, start), Key::new(dir, item_type::DIR_INDEX, u64::MAX), &mut |k, data| {
-            while let Some((&index, entry)) = inserts.next_if(|(&index, _)| index < k.offset) {
+        self.forest.scan(
+            &self.roots.fs,
+            Key::new(dir, item_type::DIR_INDEX, start),
+            Key::new(dir, item_type::DIR_INDEX, u64::MAX),
+            &mut |k, data| {
+                while let Some((&index, entry)) = inserts.next_if(|(&index, _)| index < k.offset) {
+                    if out.len() >= limit {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                    out.push(listed(index, entry));
+                }
                 if out.len() >= limit {
                     return Ok(ControlFlow::Break(()));
                 }
-                out.push(listed(index, entry));
-            }
-            if out.len() >= limit {
-                return Ok(ControlFlow::Break(()));
-            }
-            if pending.deletions.contains(&k.offset) {
-                return Ok(ControlFlow::Continue(()));
-            }
-            match DirEntry::decode(data) {
-                Ok(e) => out.push(listed(k.offset, &e)),
-                Err(e) => {
-                    err = Some(decode_item::<()>(k, Err(e)).unwrap_err());
-                    return Ok(ControlFlow::Break(()));
+                if pending.deletions.contains(&k.offset) {
+                    return Ok(ControlFlow::Continue(()));
                 }
-            }
-            Ok(ControlFlow::Continue(()))
-        })?;
+                match DirEntry::decode(data) {
+                    Ok(e) => out.push(listed(k.offset, &e)),
+                    Err(e) => {
+                        err = Some(decode_item::<()>(k, Err(e)).unwrap_err());
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
         if let Some(e) = err {
             return Err(e);
         }
-        out.extend(inserts.take(limit.saturating_sub(out.len())).map(|(&index, entry)| listed(index, entry)));
+        out.extend(
+            inserts
+                .take(limit.saturating_sub(out.len()))
+                .map(|(&index, entry)| listed(index, entry)),
+        );
         out.truncate(limit);
         Ok(out)
     }

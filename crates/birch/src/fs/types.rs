@@ -145,7 +145,10 @@ impl Default for MountOptions {
 impl MountOptions {
     /// No background worker: every commit is caused by an API call.
     pub fn deterministic() -> Self {
-        MountOptions { commit_interval: None, ..Default::default() }
+        MountOptions {
+            commit_interval: None,
+            ..Default::default()
+        }
     }
 }
 
@@ -158,4 +161,22 @@ pub struct FsStats {
     pub data_bytes_written: u64,
     pub nodes_written: u64,
     pub fsyncs: u64,
+}
+
+/// `fallocate` modes birch implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallocateMode {
+    /// Mode 0: reserve space and grow the file to cover the range.
+    Allocate,
+    /// FALLOC_FL_KEEP_SIZE: reserve space, leave the size alone.
+    AllocateKeepSize,
+    /// FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE: drop the range's data.
+    PunchHole,
+}
+
+/// `lseek` whence values that look at the file's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeekWhence {
+    Data,
+    Hole,
 }

@@ -6,7 +6,9 @@ use super::{FsState, XattrSetMode};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
-use crate::format::{decode_xattrs, encode_xattrs, item_type, name_hash, Key, Timespec, Xattr, NAME_MAX};
+use crate::format::{
+    decode_xattrs, encode_xattrs, item_type, name_hash, Key, Timespec, Xattr, NAME_MAX,
+};
 use std::ops::ControlFlow;
 
 fn validate_xattr_name(name: &[u8]) -> Result<()> {
@@ -36,10 +38,20 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn getxattr(&mut self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         validate_xattr_name(name)?;
         let (_, bucket) = self.xattr_bucket(ino, name)?;
-        bucket.into_iter().find(|x| x.name == name).map(|x| x.value).ok_or(Error::NoData)
+        bucket
+            .into_iter()
+            .find(|x| x.name == name)
+            .map(|x| x.value)
+            .ok_or(Error::NoData)
     }
 
-    pub(crate) fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
+    pub(crate) fn setxattr(
+        &mut self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrSetMode,
+    ) -> Result<()> {
         validate_xattr_name(name)?;
         let (key, mut bucket) = self.xattr_bucket(ino, name)?;
         let existing = bucket.iter().position(|x| x.name == name);
@@ -50,8 +62,12 @@ impl<D: BlockDevice> FsState<D> {
         }
         match existing {
             Some(i) => bucket[i].value = value.to_vec(),
-            None => bucket.push(Xattr { name: name.to_vec(), value: value.to_vec() }),
+            None => bucket.push(Xattr {
+                name: name.to_vec(),
+                value: value.to_vec(),
+            }),
         }
+        self.ensure_space(0)?;
         let encoded = encode_xattrs(&bucket);
         if encoded.len() > MAX_ITEM_DATA {
             return Err(Error::NoSpace);
@@ -65,16 +81,21 @@ impl<D: BlockDevice> FsState<D> {
         self.inode(ino)?;
         let mut names = Vec::new();
         let mut err = None;
-        self.forest.scan(&self.roots.fs, Key::new(ino, item_type::XATTR_ITEM, 0), Key::new(ino, item_type::XATTR_ITEM, u64::MAX), &mut |k, d| {
-            match decode_item(k, decode_xattrs(d)) {
-                Ok(xs) => names.extend(xs.into_iter().map(|x| x.name)),
-                Err(e) => {
-                    err = Some(e);
-                    return Ok(ControlFlow::Break(()));
+        self.forest.scan(
+            &self.roots.fs,
+            Key::new(ino, item_type::XATTR_ITEM, 0),
+            Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
+            &mut |k, d| {
+                match decode_item(k, decode_xattrs(d)) {
+                    Ok(xs) => names.extend(xs.into_iter().map(|x| x.name)),
+                    Err(e) => {
+                        err = Some(e);
+                        return Ok(ControlFlow::Break(()));
+                    }
                 }
-            }
-            Ok(ControlFlow::Continue(()))
-        })?;
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
         match err {
             Some(e) => Err(e),
             None => Ok(names),
@@ -92,7 +113,8 @@ impl<D: BlockDevice> FsState<D> {
         if bucket.is_empty() {
             self.forest.delete(&mut self.roots.fs, &key)?;
         } else {
-            self.forest.put(&mut self.roots.fs, key, encode_xattrs(&bucket))?;
+            self.forest
+                .put(&mut self.roots.fs, key, encode_xattrs(&bucket))?;
         }
         let now = Timespec::now();
         self.update_inode(ino, |i| i.ctime = now)

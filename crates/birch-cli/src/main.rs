@@ -1,0 +1,492 @@
+//! `birch`: make, check and print birch filesystems.
+//!
+//! ```text
+//! birch mkfs IMAGE [--size SIZE] [--force]
+//! birch check IMAGE                 exit 0 clean, 1 faults, 2 cannot read
+//! birch dump IMAGE [super | tree [ID|NAME] | block BYTENR]
+//! ```
+//! Every failure is one line on stderr naming the image and what is wrong;
+//! bad arguments get clap's usage error (exit 2).
+
+use birch::check::{
+    check_device, newest_valid_copy, read_superblock_copies, tree_roots, SuperblockCopy,
+    TreeRootRef,
+};
+use birch::device::{BlockDevice, FileDevice};
+use birch::format::{Superblock, MIN_DEVICE_BYTES, SECTOR_SIZE};
+use birch::print;
+use clap::{Args, Parser, Subcommand};
+use std::io::{self, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Size of a new image file when --size is not given.
+const DEFAULT_IMAGE_BYTES: u64 = 1 << 30;
+
+#[derive(Parser)]
+#[command(
+    name = "birch",
+    version,
+    about = "birch: a copy-on-write B-tree filesystem in user space"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create an empty filesystem on an image file (created if missing) or block device
+    Mkfs(MkfsArgs),
+    /// Verify every invariant of every tree, read-only (exit 0 clean, 1 faults, 2 cannot read)
+    Check(CheckArgs),
+    /// Print the superblock, trees or one block (default: superblock and every tree)
+    Dump(DumpArgs),
+    // Added by later issues (no stubs until then):
+    // /// Serve the filesystem through FUSE
+    // Mount(MountArgs),
+    // /// Print a filesystem's counters
+    // Stats(StatsArgs),
+    // /// Rebuild an image at a chosen crash point of a recorded write log
+    // Replay(ReplayArgs),
+}
+
+/// The IMAGE argument, the same in every subcommand.
+#[derive(Args)]
+struct ImageArg {
+    /// Image file or block device
+    #[arg(value_name = "IMAGE")]
+    image: PathBuf,
+}
+
+#[derive(Args)]
+struct MkfsArgs {
+    #[command(flatten)]
+    image: ImageArg,
+    /// Size of a new image file: bytes, or with a K/M/G/T suffix (binary units: 1G = 1 GiB) [default: 1G].
+    /// An existing file or block device keeps its own size.
+    #[arg(long, short = 's', value_name = "SIZE", value_parser = parse_size)]
+    size: Option<u64>,
+    /// Overwrite an existing birch filesystem
+    #[arg(long, short = 'f')]
+    force: bool,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    image: ImageArg,
+}
+
+#[derive(Args)]
+struct DumpArgs {
+    #[command(flatten)]
+    image: ImageArg,
+    #[command(subcommand)]
+    what: Option<DumpWhat>,
+}
+
+#[derive(Subcommand)]
+enum DumpWhat {
+    /// Both superblock copies
+    Super,
+    /// One tree by id or name (root, extent, fs, log-root, log), or every tree
+    Tree {
+        #[arg(value_name = "ID|NAME", value_parser = parse_tree)]
+        tree: Option<u64>,
+    },
+    /// One block, decoded (its raw header when it does not decode)
+    Block {
+        #[arg(value_name = "BYTENR", value_parser = parse_bytenr)]
+        bytenr: u64,
+    },
+}
+
+/// A failure: the message (one line) and the exit code.
+struct Failure {
+    message: String,
+    code: u8,
+}
+
+impl Failure {
+    fn new(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            code: 1,
+        }
+    }
+    /// The image cannot be read at all (exit 2).
+    fn unreadable(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            code: 2,
+        }
+    }
+}
+
+/// Output errors: a closed pipe (`birch dump | head`) ends quietly.
+fn output(e: io::Error) -> Failure {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        Failure {
+            message: String::new(),
+            code: 0,
+        }
+    } else {
+        Failure::new(format!("cannot write output: {e}"))
+    }
+}
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "birch: internal error (a bug in birch): {}{at}",
+            msg.replace('\n', " ")
+        );
+    }));
+    let cli = Cli::parse();
+    let (name, result) = match cli.command {
+        Command::Mkfs(args) => ("mkfs", mkfs(&args)),
+        Command::Check(args) => ("check", check(&args)),
+        Command::Dump(args) => ("dump", dump(&args)),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            if !f.message.is_empty() {
+                eprintln!("birch {name}: {}", f.message.replace('\n', " "));
+            }
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// `1G`, `512M`, `64MiB`, `4096`, `16k`: binary units.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    if num.is_empty() {
+        return Err(format!(
+            "'{s}' is not a size (examples: 1G, 512M, 67108864)"
+        ));
+    }
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is too large"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
+    };
+    let bytes = n
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))?;
+    if bytes < MIN_DEVICE_BYTES {
+        return Err(format!(
+            "{bytes} bytes is below the {} MiB minimum",
+            MIN_DEVICE_BYTES >> 20
+        ));
+    }
+    if !bytes.is_multiple_of(SECTOR_SIZE) {
+        return Err(format!(
+            "{bytes} bytes is not a multiple of the {SECTOR_SIZE}-byte sector"
+        ));
+    }
+    Ok(bytes)
+}
+
+fn parse_tree(s: &str) -> Result<u64, String> {
+    print::parse_tree_name(s).ok_or_else(|| {
+        format!("'{s}' is not a tree (use root, extent, fs, log-root, log or a tree id)")
+    })
+}
+
+fn parse_bytenr(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    v.map_err(|_| format!("'{s}' is not a block number (decimal or 0x hex)"))
+}
+
+fn show(path: &Path) -> String {
+    path.display().to_string()
+}
+
+// ----- mkfs -----
+
+fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
+    let path = &args.image.image;
+    let p = show(path);
+    let created = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => return Err(Failure::new(format!("{p}: is a directory"))),
+        Ok(meta) if meta.file_type().is_block_device() => {
+            if args.size.is_some() {
+                return Err(Failure::new(format!(
+                    "{p}: --size does not apply to a block device (it keeps its own size)"
+                )));
+            }
+            false
+        }
+        Ok(meta) if meta.len() == 0 => {
+            // An empty file (e.g. just touched): give it the size asked for.
+            let size = args.size.unwrap_or(DEFAULT_IMAGE_BYTES);
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| Failure::new(format!("{p}: cannot open: {e}")))?;
+            f.set_len(size).map_err(|e| {
+                Failure::new(format!("{p}: cannot size the image to {size} bytes: {e}"))
+            })?;
+            false
+        }
+        Ok(meta) => {
+            if let Some(size) = args.size {
+                if size != meta.len() {
+                    return Err(Failure::new(format!("{p} exists with {} bytes; --size {size} would change it (delete the file or leave out --size)", meta.len())));
+                }
+            }
+            false
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let size = args.size.unwrap_or(DEFAULT_IMAGE_BYTES);
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(|e| Failure::new(format!("{p}: cannot create: {e}")))?;
+            if let Err(e) = f.set_len(size) {
+                let _ = std::fs::remove_file(path);
+                return Err(Failure::new(format!(
+                    "{p}: cannot size the image to {size} bytes: {e}"
+                )));
+            }
+            true
+        }
+        Err(e) => return Err(Failure::new(format!("{p}: {e}"))),
+    };
+    let cleanup = |f: Failure| {
+        if created {
+            let _ = std::fs::remove_file(path);
+        }
+        f
+    };
+    let dev = FileDevice::open(path, false)
+        .map_err(|e| cleanup(Failure::new(format!("{p}: cannot open read-write: {e}"))))?;
+    if !args.force {
+        let copies = read_superblock_copies(&dev);
+        if let Some(found) = newest_valid_copy(&copies) {
+            let sb = found.superblock.as_ref().expect("valid copy");
+            return Err(Failure::new(format!(
+                "{p} already holds a birch filesystem (superblock at {}: fsid {}, generation {}, {} bytes); use --force to overwrite it",
+                found.bytenr,
+                print::fsid(&sb.fsid),
+                sb.generation,
+                sb.total_bytes
+            )));
+        }
+    }
+    birch::fs::Filesystem::<FileDevice>::mkfs(&dev, &birch::fs::MkfsOptions::default())
+        .map_err(|e| cleanup(Failure::new(format!("{p}: {e}"))))?;
+    let copies = read_superblock_copies(&dev);
+    let sb = newest_valid_copy(&copies)
+        .and_then(|c| c.superblock.as_ref().ok())
+        .ok_or_else(|| Failure::new(format!("{p}: mkfs wrote no readable superblock")))?;
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "formatted {p}: {} bytes, fsid {}",
+        sb.total_bytes,
+        print::fsid(&sb.fsid)
+    )
+    .map_err(output)?;
+    Ok(0)
+}
+
+// ----- check -----
+
+fn open_read_only(path: &Path) -> Result<FileDevice, Failure> {
+    if path.is_dir() {
+        return Err(Failure::unreadable(format!(
+            "{}: is a directory",
+            show(path)
+        )));
+    }
+    FileDevice::open_read_only(path)
+        .map_err(|e| Failure::unreadable(format!("{}: cannot open: {e}", show(path))))
+}
+
+fn check(args: &CheckArgs) -> Result<u8, Failure> {
+    let path = &args.image.image;
+    let dev = open_read_only(path)?;
+    let report = check_device(&dev);
+    if let Some(why) = report.unreadable_reason() {
+        return Err(Failure::unreadable(format!("{}: {why}", show(path))));
+    }
+    let mut out = io::stdout().lock();
+    writeln!(out, "checking {}", show(path)).map_err(output)?;
+    write!(out, "{report}").map_err(output)?;
+    Ok(if report.is_clean() { 0 } else { 1 })
+}
+
+// ----- dump -----
+
+fn current_superblock(path: &Path, copies: &[SuperblockCopy]) -> Result<Superblock, Failure> {
+    match newest_valid_copy(copies) {
+        Some(c) => Ok(c.superblock.clone().expect("valid copy")),
+        None => {
+            let why: Vec<String> = copies
+                .iter()
+                .map(|c| {
+                    format!(
+                        "copy at {}: {}",
+                        c.bytenr,
+                        c.superblock.as_ref().err().cloned().unwrap_or_default()
+                    )
+                })
+                .collect();
+            Err(Failure::unreadable(format!(
+                "{}: no valid superblock: {}",
+                show(path),
+                why.join("; ")
+            )))
+        }
+    }
+}
+
+fn dump_super(out: &mut dyn Write, copies: &[SuperblockCopy]) -> io::Result<()> {
+    let current = newest_valid_copy(copies).map(|c| c.bytenr);
+    for c in copies {
+        match &c.superblock {
+            Ok(sb) => {
+                let text = print::superblock(sb, c.bytenr);
+                let mut lines = text.lines();
+                if let Some(first) = lines.next() {
+                    writeln!(
+                        out,
+                        "{first}{}",
+                        if Some(c.bytenr) == current {
+                            " (current)"
+                        } else {
+                            ""
+                        }
+                    )?;
+                }
+                for l in lines {
+                    writeln!(out, "{l}")?;
+                }
+            }
+            Err(why) => writeln!(out, "superblock at {}: invalid: {why}", c.bytenr)?,
+        }
+    }
+    Ok(())
+}
+
+fn dump_trees<D: BlockDevice + ?Sized>(
+    out: &mut dyn Write,
+    dev: &D,
+    sb: &Superblock,
+    only: Option<u64>,
+) -> Result<(), Failure> {
+    let (roots, problems) = tree_roots(dev, sb);
+    for p in &problems {
+        writeln!(out, "warning: {p}").map_err(output)?;
+    }
+    let chosen: Vec<&TreeRootRef> = roots
+        .iter()
+        .filter(|r| only.is_none_or(|id| r.tree == id))
+        .collect();
+    if chosen.is_empty() {
+        let id = only.unwrap_or_default();
+        let known: Vec<String> = roots.iter().map(|r| print::tree_name(r.tree)).collect();
+        return Err(Failure::new(format!(
+            "no tree {} in this filesystem (it has {})",
+            print::tree_name(id),
+            known.join(", ")
+        )));
+    }
+    for r in chosen {
+        if let Some(sub) = r.subvolume {
+            writeln!(out, "log of {}:", print::tree_name(sub)).map_err(output)?;
+        }
+        print::tree(out, dev, &sb.fsid, r.tree, r.bytenr, r.level, r.generation).map_err(output)?;
+    }
+    Ok(())
+}
+
+fn dump(args: &DumpArgs) -> Result<u8, Failure> {
+    let path = &args.image.image;
+    let dev = open_read_only(path)?;
+    let copies = read_superblock_copies(&dev);
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    match &args.what {
+        None => {
+            let sb = current_superblock(path, &copies)?;
+            dump_super(&mut out, &copies).map_err(output)?;
+            dump_trees(&mut out, &dev, &sb, None)?;
+        }
+        Some(DumpWhat::Super) => {
+            if newest_valid_copy(&copies).is_none() {
+                current_superblock(path, &copies)?;
+            }
+            dump_super(&mut out, &copies).map_err(output)?;
+        }
+        Some(DumpWhat::Tree { tree }) => {
+            let sb = current_superblock(path, &copies)?;
+            dump_trees(&mut out, &dev, &sb, *tree)?;
+        }
+        Some(DumpWhat::Block { bytenr }) => {
+            // Without a valid superblock there is no fsid to validate
+            // against: the block still prints its raw header.
+            let fsid = newest_valid_copy(&copies)
+                .and_then(|c| c.superblock.as_ref().ok())
+                .map(|sb| sb.fsid)
+                .unwrap_or_default();
+            print::block(&mut out, &dev, &fsid, *bytenr).map_err(output)?;
+        }
+    }
+    out.flush().map_err(output)?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units() {
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("16777216"), Ok(16 << 20));
+        assert_eq!(parse_size("2t"), Ok(2 << 40));
+        for bad in [
+            "",
+            "G",
+            "1.5G",
+            "12Q",
+            "1M",
+            "99999999999999999999",
+            "16777217",
+            "99999999T",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_bytenr("0x100000"), Ok(1 << 20));
+        assert!(parse_bytenr("-1").is_err());
+    }
+}

@@ -1,0 +1,265 @@
+//! The `birch` binary end to end: exit codes, one-line errors, output.
+
+use birch::check::{newest_valid_copy, read_superblock_copies, tree_roots};
+use birch::device::FileDevice;
+use birch::format::tree_id;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn birch(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_birch"))
+        .args(args)
+        .output()
+        .expect("run birch")
+}
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "birch-cli-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit code `code`, and stderr exactly one line (no panic, no backtrace).
+fn assert_one_line_error(o: &Output, code: i32, contains: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {err}",
+        stdout(o)
+    );
+    assert_eq!(err.lines().count(), 1, "not one line: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    for c in contains {
+        assert!(err.contains(c), "stderr lacks '{c}': {err}");
+    }
+}
+
+fn mkfs(img: &str, size: &str) {
+    let o = birch(&["mkfs", img, "--size", size]);
+    assert!(o.status.success(), "mkfs failed: {}", stderr(&o));
+}
+
+fn fs_root_block(img: &str) -> u64 {
+    let dev = FileDevice::open_read_only(Path::new(img)).unwrap();
+    let copies = read_superblock_copies(&dev);
+    let sb = newest_valid_copy(&copies)
+        .unwrap()
+        .superblock
+        .clone()
+        .unwrap();
+    let (roots, problems) = tree_roots(&dev, &sb);
+    assert!(problems.is_empty(), "{problems:?}");
+    roots.iter().find(|r| r.tree == tree_id::FS).unwrap().bytenr
+}
+
+#[test]
+fn mkfs_creates_a_sized_image_that_checks_clean() {
+    let s = Scratch::new();
+    let img = s.path("a.img");
+    let o = birch(&["mkfs", &img, "--size", "32M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("formatted"), "{}", stdout(&o));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 32 << 20);
+    let o = birch(&["check", &img]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("result: clean"), "{}", stdout(&o));
+}
+
+#[test]
+fn mkfs_default_size_is_one_gib() {
+    let s = Scratch::new();
+    let img = s.path("big.img");
+    let o = birch(&["mkfs", &img]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 1 << 30);
+}
+
+#[test]
+fn mkfs_refuses_to_overwrite_without_force() {
+    let s = Scratch::new();
+    let img = s.path("a.img");
+    mkfs(&img, "16M");
+    let o = birch(&["mkfs", &img]);
+    assert_one_line_error(
+        &o,
+        1,
+        &["already holds a birch filesystem", "--force", "65536"],
+    );
+    let o = birch(&["mkfs", &img, "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // One copy damaged is still a filesystem.
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[65536 + 8] ^= 0xff;
+    std::fs::write(&img, &bytes).unwrap();
+    let o = birch(&["mkfs", &img]);
+    assert_one_line_error(&o, 1, &["already holds a birch filesystem", "262144"]);
+}
+
+#[test]
+fn mkfs_uses_an_existing_file_size_and_rejects_a_conflicting_one() {
+    let s = Scratch::new();
+    let img = s.path("plain.img");
+    std::fs::write(&img, vec![0u8; 20 << 20]).unwrap();
+    let o = birch(&["mkfs", &img]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 20 << 20);
+    let o = birch(&["mkfs", &img, "--force", "--size", "64M"]);
+    assert_one_line_error(&o, 1, &["exists with 20971520 bytes"]);
+    // An empty (touched) file is sized.
+    let empty = s.path("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let o = birch(&["mkfs", &empty, "-s", "16M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 16 << 20);
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    for args in [
+        vec!["mkfs", "x.img", "--size", "12Q"],
+        vec!["mkfs", "x.img", "--size", "1M"],
+        vec!["mkfs"],
+        vec!["dump", "x.img", "tree", "bogus"],
+        vec!["dump", "x.img", "block", "nope"],
+        vec!["frobnicate"],
+    ] {
+        let o = birch(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("error:") && !stderr(&o).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
+fn check_exit_codes() {
+    let s = Scratch::new();
+    // Cannot read at all: 2, one line naming the path.
+    let missing = s.path("missing.img");
+    assert_one_line_error(&birch(&["check", &missing]), 2, &[&missing, "cannot open"]);
+    let garbage = s.path("garbage.img");
+    std::fs::write(&garbage, vec![0x5au8; 1 << 20]).unwrap();
+    assert_one_line_error(
+        &birch(&["check", &garbage]),
+        2,
+        &[&garbage, "no birch magic"],
+    );
+    let short = s.path("short.img");
+    std::fs::write(&short, b"tiny").unwrap();
+    assert_one_line_error(&birch(&["check", &short]), 2, &[&short, "device ends"]);
+
+    // Faults: 1, with the report on stdout.
+    let img = s.path("a.img");
+    mkfs(&img, "16M");
+    let root = fs_root_block(&img);
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[root as usize + 3000] ^= 1;
+    std::fs::write(&img, &bytes).unwrap();
+    let o = birch(&["check", &img]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(&format!("corrupt node: tree=fs(5) block={root}"))
+            && out.contains("checksum mismatch"),
+        "{out}"
+    );
+
+    // Truncated: the superblocks survive, the trees do not.
+    let trunc = s.path("trunc.img");
+    std::fs::write(&trunc, &bytes[..600 * 1024]).unwrap();
+    let o = birch(&["check", &trunc]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("truncated"), "{}", stdout(&o));
+}
+
+#[test]
+fn dump_prints_super_trees_and_blocks() {
+    let s = Scratch::new();
+    let img = s.path("a.img");
+    mkfs(&img, "16M");
+    let o = birch(&["dump", &img]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for want in [
+        "superblock at 65536 (current)",
+        "superblock at 262144",
+        "tree root(1)",
+        "tree extent(2)",
+        "tree fs(5)",
+        "key (256 INODE_ITEM 0)",
+        "mode 40755",
+        "inode ref index 0 namelen 2 name: ..",
+    ] {
+        assert!(out.contains(want), "dump lacks '{want}':\n{out}");
+    }
+    let o = birch(&["dump", &img, "super"]);
+    assert!(
+        stdout(&o).contains("generation 1") && !stdout(&o).contains("tree "),
+        "{}",
+        stdout(&o)
+    );
+    for name in ["fs", "5", "fs(5)"] {
+        let o = birch(&["dump", &img, "tree", name]);
+        let out = stdout(&o);
+        assert!(
+            o.status.success() && out.starts_with("tree fs(5)") && !out.contains("tree extent"),
+            "{name}: {out}"
+        );
+    }
+    let root = fs_root_block(&img);
+    for arg in [root.to_string(), format!("{root:#x}")] {
+        let o = birch(&["dump", &img, "block", &arg]);
+        assert!(
+            o.status.success() && stdout(&o).starts_with(&format!("leaf {root} ")),
+            "{}",
+            stdout(&o)
+        );
+    }
+    // A block that is not a node: the reason and its raw header.
+    let o = birch(&["dump", &img, "block", "8388608"]);
+    assert!(
+        o.status.success()
+            && stdout(&o).contains("block 8388608")
+            && stdout(&o).contains("raw header"),
+        "{}",
+        stdout(&o)
+    );
+    // A tree the filesystem does not have, and an unreadable image.
+    assert_one_line_error(&birch(&["dump", &img, "tree", "log"]), 1, &["no tree log"]);
+    let missing = s.path("missing.img");
+    assert_one_line_error(&birch(&["dump", &missing]), 2, &[&missing]);
+}

@@ -1,0 +1,265 @@
+//! Pass `extent-refs`: the extent tree against what references it.
+
+use super::{Checker, ExtentKind, FileExtentKind, Loc, PassStatus};
+use crate::format::{item_type, tree_id, Key, FIRST_ALLOCATABLE_BYTE, NODE_SIZE, SECTOR_SIZE};
+use crate::print::tree_name;
+use std::collections::HashMap;
+
+pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
+    let Some(sb) = c.sb.clone() else {
+        return PassStatus::Skipped("no valid superblock".into());
+    };
+    if !c.tree_readable(tree_id::EXTENT) {
+        return PassStatus::Skipped("the extent tree could not be read".into());
+    }
+    let total = sb.total_bytes;
+    let mut extents = std::mem::take(&mut c.extents);
+    extents.sort_by_key(|e| (e.bytenr, e.len));
+
+    // Shape of each extent, overlaps, bytes used, free space.
+    let mut used: u64 = 0;
+    let mut covered: u64 = 0;
+    let mut cover_end = FIRST_ALLOCATABLE_BYTE;
+    let mut prev: Option<(u64, u64)> = None; // (end, bytenr) of the furthest-reaching extent so far
+    for e in &extents {
+        let end = e.bytenr.checked_add(e.len);
+        if e.len == 0 {
+            c.fault_at(&e.loc, "extent of length 0");
+        }
+        if !e.bytenr.is_multiple_of(SECTOR_SIZE) || !e.len.is_multiple_of(SECTOR_SIZE) {
+            c.fault_at(
+                &e.loc,
+                format!(
+                    "extent {}+{} is not {SECTOR_SIZE}-byte aligned",
+                    e.bytenr, e.len
+                ),
+            );
+        }
+        if e.bytenr < FIRST_ALLOCATABLE_BYTE || end.is_none_or(|end| end > total) {
+            c.fault_at(&e.loc, format!("extent {}+{} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})", e.bytenr, e.len));
+        }
+        let end = end.unwrap_or(u64::MAX);
+        if let Some((prev_end, prev_start)) = prev {
+            if e.bytenr < prev_end {
+                c.fault_at(&e.loc, format!("extent {}+{} overlaps the extent at {prev_start} (which ends at {prev_end})", e.bytenr, e.len));
+            }
+        }
+        if prev.is_none_or(|(p, _)| end > p) {
+            prev = Some((end, e.bytenr));
+        }
+        used = used.saturating_add(e.len);
+        let (s, t) = (e.bytenr.max(cover_end), end.min(total));
+        if t > s {
+            covered += t - s;
+            cover_end = t;
+        }
+    }
+    let allocatable = total.saturating_sub(FIRST_ALLOCATABLE_BYTE);
+    c.report.summary.bytes_used_counted = used;
+    c.report.summary.free_bytes = allocatable.saturating_sub(covered);
+    if used != sb.bytes_used {
+        c.fault_tree(
+            Some(tree_id::EXTENT),
+            format!(
+                "superblock bytes_used {} but the extent items cover {used} bytes",
+                sb.bytes_used
+            ),
+        );
+    }
+
+    // Metadata: one item per node of the root, extent, fs (and other
+    // non-log) trees, and none for anything else.
+    let mut metadata: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in extents.iter().enumerate() {
+        if matches!(e.kind, ExtentKind::Metadata { .. }) {
+            metadata.insert(e.bytenr, i);
+        }
+    }
+    let mut matched = vec![false; extents.len()];
+    let mut nodes: Vec<(u64, super::NodeRec)> = c.nodes.iter().map(|(&b, n)| (b, *n)).collect();
+    nodes.sort_unstable_by_key(|&(b, _)| b);
+    let all_trees_read = c.tree_readable(tree_id::ROOT) && c.tree_readable(tree_id::FS);
+    for &(bytenr, node) in &nodes {
+        if Checker::is_log_tree(node.tree) {
+            continue;
+        }
+        let Some(&i) = metadata.get(&bytenr) else {
+            let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(node.level));
+            c.fault_key(
+                tree_id::EXTENT,
+                key,
+                format!(
+                    "node {bytenr} of tree {} (level {}) has no metadata item",
+                    tree_name(node.tree),
+                    node.level
+                ),
+            );
+            continue;
+        };
+        matched[i] = true;
+        let e = &extents[i];
+        if let ExtentKind::Metadata { level } = e.kind {
+            if level != u64::from(node.level) {
+                c.fault_at(
+                    &e.loc,
+                    format!(
+                        "metadata item says level {level} but node {bytenr} is level {}",
+                        node.level
+                    ),
+                );
+            }
+        }
+        if let Some(item) = e.item {
+            if item.owner != node.tree {
+                c.fault_at(
+                    &e.loc,
+                    format!(
+                        "metadata item owner {} but node {bytenr} belongs to tree {}",
+                        tree_name(item.owner),
+                        tree_name(node.tree)
+                    ),
+                );
+            }
+            if item.refs != 1 {
+                c.fault_at(
+                    &e.loc,
+                    format!(
+                        "metadata item refs {} (tree nodes have exactly 1)",
+                        item.refs
+                    ),
+                );
+            }
+        }
+    }
+    if all_trees_read {
+        for (i, e) in extents.iter().enumerate() {
+            if matches!(e.kind, ExtentKind::Metadata { .. }) && !matched[i] {
+                let what = match c.nodes.get(&e.bytenr) {
+                    Some(n) => format!(
+                        "block {} is a node of {}, which is not tracked in the extent tree",
+                        e.bytenr,
+                        tree_name(n.tree)
+                    ),
+                    None => format!(
+                        "no tree reaches block {} (leaked metadata extent)",
+                        e.bytenr
+                    ),
+                };
+                c.fault_at(&e.loc, what);
+            }
+        }
+    }
+
+    // Data: refs == number of file extent items pointing into the extent.
+    if c.tree_readable(tree_id::FS) {
+        let mut data: HashMap<u64, usize> = HashMap::new();
+        for (i, e) in extents.iter().enumerate() {
+            if e.kind == ExtentKind::Data {
+                data.insert(e.bytenr, i);
+            }
+        }
+        let mut counted: HashMap<usize, (u64, Vec<u64>)> = HashMap::new();
+        let mut bad: Vec<(Loc, String)> = Vec::new();
+        for fe in &c.fs.file_extents {
+            let d = match fe.kind {
+                FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d,
+                FileExtentKind::Inline { .. } => continue,
+            };
+            match data.get(&d.disk_bytenr) {
+                None => bad.push((
+                    fe.loc,
+                    format!(
+                        "file extent points to disk extent {}+{}, which has no extent item",
+                        d.disk_bytenr, d.disk_num_bytes
+                    ),
+                )),
+                Some(&i) if extents[i].len != d.disk_num_bytes => bad.push((
+                    fe.loc,
+                    format!(
+                        "file extent says disk extent {} is {} bytes but its extent item says {}",
+                        d.disk_bytenr, d.disk_num_bytes, extents[i].len
+                    ),
+                )),
+                Some(&i) => {
+                    let entry = counted.entry(i).or_default();
+                    entry.0 += 1;
+                    if !entry.1.contains(&fe.ino) {
+                        entry.1.push(fe.ino);
+                    }
+                }
+            }
+        }
+        for (loc, reason) in bad {
+            c.fault_at(&loc, reason);
+        }
+        for (i, e) in extents.iter().enumerate() {
+            if e.kind != ExtentKind::Data {
+                continue;
+            }
+            let (refs, inos) = counted.get(&i).cloned().unwrap_or_default();
+            if refs == 0 {
+                c.fault_at(
+                    &e.loc,
+                    format!(
+                        "no file extent points to data extent {}+{} (leaked extent)",
+                        e.bytenr, e.len
+                    ),
+                );
+                continue;
+            }
+            if let Some(item) = e.item {
+                if item.refs != refs {
+                    c.fault_at(
+                        &e.loc,
+                        format!(
+                            "extent item refs {} but {refs} file extent item{} point to it",
+                            item.refs,
+                            if refs == 1 { "" } else { "s" }
+                        ),
+                    );
+                }
+                if !inos.contains(&item.owner) {
+                    c.warn_at(
+                        &e.loc,
+                        format!(
+                            "extent item owner is inode {} but it is referenced by inode {}",
+                            item.owner, inos[0]
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    // Log tree nodes live outside every extent.
+    for &(bytenr, node) in &nodes {
+        if !Checker::is_log_tree(node.tree) {
+            continue;
+        }
+        let end = bytenr.saturating_add(NODE_SIZE as u64);
+        // The last extent starting before `end`, and any earlier one that
+        // reaches past `bytenr`: extents do not overlap (or were reported),
+        // so checking the nearest one and its predecessor suffices.
+        let idx = extents.partition_point(|e| e.bytenr < end);
+        for e in extents[..idx].iter().rev().take(2) {
+            if e.bytenr.saturating_add(e.len) > bytenr {
+                c.fault_block(
+                    Some(node.tree),
+                    bytenr,
+                    None,
+                    format!(
+                        "log tree node overlaps the extent {}+{} recorded at {} slot {}",
+                        e.bytenr, e.len, e.loc.block, e.loc.slot
+                    ),
+                );
+                break;
+            }
+        }
+        if bytenr < FIRST_ALLOCATABLE_BYTE || end > total {
+            c.fault_block(Some(node.tree), bytenr, None, format!("log tree node lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})"));
+        }
+    }
+    // The nodes count as bytes only via the extent tree; keep it for later.
+    c.extents = extents;
+    PassStatus::Ran
+}

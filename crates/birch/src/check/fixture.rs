@@ -1,0 +1,707 @@
+//! Hand-built images for tests of the checker (and of anything else that
+//! wants a small, exactly known, valid filesystem without running the
+//! engine). [`FsBuilder`] keeps the namespace consistent (names, indexes,
+//! link counts, sizes, extent references); [`Fixture`] then lets a test
+//! damage the image in one precise way.
+//!
+//! Test support, not part of the engine: panics on misuse.
+
+use crate::device::MemoryDevice;
+use crate::format::node::BODY_SIZE;
+use crate::format::node::{LEAF_ITEM_HEADER_SIZE, MAX_KEY_PTRS};
+use crate::format::{
+    decode_dir_items, decode_inode_refs, decode_xattrs, encode_dir_items, encode_inode_refs,
+    encode_xattrs, item_type, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, FileType,
+    InodeItem, InodeRefEntry, Key, KeyPtr, LeafItem, Node, NodeBody, RootItem, Superblock,
+    Timespec, Xattr, FIRST_ALLOCATABLE_BYTE, FIRST_DIR_INDEX, FIRST_FREE_INO, NODE_SIZE,
+    ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE, SUPERBLOCK_OFFSETS,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+
+/// Builds a consistent filesystem, item by item.
+#[derive(Debug, Clone)]
+pub struct FsBuilder {
+    pub total_bytes: u64,
+    pub generation: u64,
+    pub fsid: [u8; 16],
+    /// Most items per leaf (small values force deep trees).
+    pub leaf_items_max: usize,
+    /// Most pointers per internal node.
+    pub ptrs_max: usize,
+    inodes: BTreeMap<u64, InodeItem>,
+    items: BTreeMap<Key, Vec<u8>>,
+    next_ino: u64,
+    next_index: HashMap<u64, u64>,
+    /// (bytenr, len, owner)
+    data_extents: Vec<(u64, u64, u64)>,
+    next_data: u64,
+}
+
+fn time() -> Timespec {
+    Timespec {
+        sec: 1_700_000_000,
+        nsec: 0,
+    }
+}
+
+impl FsBuilder {
+    /// An empty filesystem (a root directory) on a device of `total_bytes`.
+    /// Tree nodes are laid out from FIRST_ALLOCATABLE_BYTE, data extents
+    /// from the middle of the device.
+    pub fn new(total_bytes: u64) -> FsBuilder {
+        assert!(
+            total_bytes >= 4 * FIRST_ALLOCATABLE_BYTE && total_bytes.is_multiple_of(SECTOR_SIZE)
+        );
+        let mut b = FsBuilder {
+            total_bytes,
+            generation: 5,
+            fsid: *b"birch-fixture-01",
+            leaf_items_max: usize::MAX,
+            ptrs_max: MAX_KEY_PTRS,
+            inodes: BTreeMap::new(),
+            items: BTreeMap::new(),
+            next_ino: FIRST_FREE_INO,
+            next_index: HashMap::new(),
+            data_extents: Vec::new(),
+            next_data: (total_bytes / 2) / SECTOR_SIZE * SECTOR_SIZE,
+        };
+        b.inodes
+            .insert(ROOT_DIR_INO, b.inode_item(libc::S_IFDIR | 0o755, 2));
+        b.items.insert(
+            Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO),
+            encode_inode_refs(&[InodeRefEntry {
+                index: 0,
+                name: b"..".to_vec(),
+            }]),
+        );
+        b
+    }
+
+    fn inode_item(&self, mode: u32, nlink: u32) -> InodeItem {
+        InodeItem {
+            generation: 1,
+            transid: self.generation,
+            nlink,
+            mode,
+            atime: time(),
+            mtime: time(),
+            ctime: time(),
+            otime: time(),
+            ..Default::default()
+        }
+    }
+
+    fn new_inode(&mut self, mode: u32, nlink: u32) -> u64 {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        let item = self.inode_item(mode, nlink);
+        self.inodes.insert(ino, item);
+        ino
+    }
+
+    pub fn inode_mut(&mut self, ino: u64) -> &mut InodeItem {
+        self.inodes.get_mut(&ino).expect("no such inode")
+    }
+
+    /// Raw access to non-inode items (for building deliberately wrong images).
+    pub fn items_mut(&mut self) -> &mut BTreeMap<Key, Vec<u8>> {
+        &mut self.items
+    }
+
+    /// Removes an inode item (its other items stay).
+    pub fn remove_inode(&mut self, ino: u64) -> Option<InodeItem> {
+        self.inodes.remove(&ino)
+    }
+
+    /// Gives `ino` the name `name` in directory `parent`, with every item
+    /// and count a name implies.
+    pub fn add_name(&mut self, parent: u64, ino: u64, name: &[u8]) {
+        let file_type = self.inodes[&ino].file_type();
+        let index = self.next_index.entry(parent).or_insert(FIRST_DIR_INDEX);
+        let this_index = *index;
+        *index += 1;
+        let entry = DirEntry {
+            ino,
+            file_type,
+            name: name.to_vec(),
+        };
+        let dkey = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
+        let mut entries = self
+            .items
+            .get(&dkey)
+            .map(|d| decode_dir_items(d).expect("fixture dir item"))
+            .unwrap_or_default();
+        entries.push(entry.clone());
+        self.items.insert(dkey, encode_dir_items(&entries));
+        self.items.insert(
+            Key::new(parent, item_type::DIR_INDEX, this_index),
+            entry.encode(),
+        );
+        let rkey = Key::new(ino, item_type::INODE_REF, parent);
+        let mut refs = self
+            .items
+            .get(&rkey)
+            .map(|d| decode_inode_refs(d).expect("fixture inode ref"))
+            .unwrap_or_default();
+        refs.push(InodeRefEntry {
+            index: this_index,
+            name: name.to_vec(),
+        });
+        self.items.insert(rkey, encode_inode_refs(&refs));
+        let p = self.inodes.get_mut(&parent).expect("no such parent");
+        p.size += name.len() as u64;
+        if file_type == FileType::Directory {
+            p.nlink += 1;
+        } else {
+            self.inodes.get_mut(&ino).expect("inode").nlink += 1;
+        }
+    }
+
+    pub fn mkdir(&mut self, parent: u64, name: &[u8]) -> u64 {
+        let ino = self.new_inode(libc::S_IFDIR | 0o755, 2);
+        self.add_name(parent, ino, name);
+        ino
+    }
+
+    pub fn create(&mut self, parent: u64, name: &[u8]) -> u64 {
+        let ino = self.new_inode(libc::S_IFREG | 0o644, 0);
+        self.add_name(parent, ino, name);
+        ino
+    }
+
+    pub fn mknod(&mut self, parent: u64, name: &[u8], mode: u32) -> u64 {
+        let ino = self.new_inode(mode, 0);
+        self.add_name(parent, ino, name);
+        ino
+    }
+
+    pub fn symlink(&mut self, parent: u64, name: &[u8], target: &[u8]) -> u64 {
+        let ino = self.new_inode(libc::S_IFLNK | 0o777, 0);
+        self.add_name(parent, ino, name);
+        self.write_inline(ino, target);
+        ino
+    }
+
+    pub fn link(&mut self, ino: u64, parent: u64, name: &[u8]) {
+        self.add_name(parent, ino, name);
+    }
+
+    /// An inode with no name and an orphan item (unlinked while open).
+    pub fn orphan(&mut self, mode: u32) -> u64 {
+        let ino = self.new_inode(mode, 0);
+        self.items.insert(
+            Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
+            Vec::new(),
+        );
+        ino
+    }
+
+    pub fn write_inline(&mut self, ino: u64, data: &[u8]) {
+        self.items.insert(
+            Key::new(ino, item_type::EXTENT_DATA, 0),
+            FileExtent::Inline {
+                data: data.to_vec(),
+            }
+            .encode(),
+        );
+        let i = self.inode_mut(ino);
+        i.size = data.len() as u64;
+        i.nbytes += data.len() as u64;
+    }
+
+    fn alloc_data(&mut self, len: u64, owner: u64) -> u64 {
+        assert!(len > 0 && len.is_multiple_of(SECTOR_SIZE));
+        let bytenr = self.next_data;
+        self.next_data += len;
+        assert!(
+            self.next_data <= self.total_bytes,
+            "fixture data does not fit"
+        );
+        self.data_extents.push((bytenr, len, owner));
+        bytenr
+    }
+
+    fn put_extent(&mut self, ino: u64, file_offset: u64, extent: FileExtent) {
+        let len = extent.len();
+        let prealloc = matches!(extent, FileExtent::Prealloc { .. });
+        self.items.insert(
+            Key::new(ino, item_type::EXTENT_DATA, file_offset),
+            extent.encode(),
+        );
+        let i = self.inode_mut(ino);
+        i.nbytes += len;
+        if !prealloc {
+            i.size = i.size.max(file_offset + len);
+        }
+    }
+
+    /// A regular extent of `len` bytes at `file_offset`, in a new disk extent.
+    pub fn write_extent(&mut self, ino: u64, file_offset: u64, len: u64) -> u64 {
+        let disk = self.alloc_data(len, ino);
+        self.put_extent(
+            ino,
+            file_offset,
+            FileExtent::Regular {
+                disk_bytenr: disk,
+                disk_num_bytes: len,
+                offset: 0,
+                num_bytes: len,
+            },
+        );
+        disk
+    }
+
+    /// One disk extent of `len` bytes referenced by two file extent items
+    /// (as after a split at `split`).
+    pub fn write_split_extent(&mut self, ino: u64, file_offset: u64, len: u64, split: u64) -> u64 {
+        assert!(split > 0 && split < len && split.is_multiple_of(SECTOR_SIZE));
+        let disk = self.alloc_data(len, ino);
+        self.put_extent(
+            ino,
+            file_offset,
+            FileExtent::Regular {
+                disk_bytenr: disk,
+                disk_num_bytes: len,
+                offset: 0,
+                num_bytes: split,
+            },
+        );
+        self.put_extent(
+            ino,
+            file_offset + split,
+            FileExtent::Regular {
+                disk_bytenr: disk,
+                disk_num_bytes: len,
+                offset: split,
+                num_bytes: len - split,
+            },
+        );
+        disk
+    }
+
+    /// A preallocated extent (size unchanged).
+    pub fn prealloc(&mut self, ino: u64, file_offset: u64, len: u64) -> u64 {
+        let disk = self.alloc_data(len, ino);
+        self.put_extent(
+            ino,
+            file_offset,
+            FileExtent::Prealloc {
+                disk_bytenr: disk,
+                disk_num_bytes: len,
+                offset: 0,
+                num_bytes: len,
+            },
+        );
+        disk
+    }
+
+    /// A data extent item that no file extent references.
+    pub fn leak_data_extent(&mut self, len: u64) -> u64 {
+        self.alloc_data(len, ROOT_DIR_INO)
+    }
+
+    pub fn xattr(&mut self, ino: u64, name: &[u8], value: &[u8]) {
+        let key = Key::new(ino, item_type::XATTR_ITEM, name_hash(name));
+        let mut xs = self
+            .items
+            .get(&key)
+            .map(|d| decode_xattrs(d).expect("fixture xattr"))
+            .unwrap_or_default();
+        xs.push(Xattr {
+            name: name.to_vec(),
+            value: value.to_vec(),
+        });
+        self.items.insert(key, encode_xattrs(&xs));
+    }
+
+    /// Lays out the trees and writes the image.
+    pub fn build(&self) -> Fixture {
+        let gen = self.generation;
+        let mut fs_items: BTreeMap<Key, Vec<u8>> = self.items.clone();
+        for (&ino, inode) in &self.inodes {
+            fs_items.insert(Key::new(ino, item_type::INODE_ITEM, 0), inode.encode());
+        }
+        let fs_items: Vec<(Key, Vec<u8>)> = fs_items.into_iter().collect();
+        let mut refs: HashMap<u64, u64> = HashMap::new();
+        for (key, data) in &fs_items {
+            if key.item_type == item_type::EXTENT_DATA {
+                if let Some(d) = FileExtent::decode(data).ok().and_then(|e| e.disk_ref()) {
+                    *refs.entry(d.disk_bytenr).or_default() += 1;
+                }
+            }
+        }
+
+        let sizes =
+            |items: &[(Key, Vec<u8>)]| items.iter().map(|(_, d)| d.len()).collect::<Vec<_>>();
+        let fs_shape = shape(&sizes(&fs_items), self.leaf_items_max, self.ptrs_max);
+        let root_items_len = 2;
+        let root_shape = shape(
+            &vec![17; root_items_len],
+            self.leaf_items_max,
+            self.ptrs_max,
+        );
+        let count = |s: &Vec<Vec<Range<usize>>>| s.iter().map(Vec::len).sum::<usize>();
+        let mut ext_nodes = 1;
+        let ext_shape = loop {
+            let n_items =
+                count(&fs_shape) + count(&root_shape) + ext_nodes + self.data_extents.len();
+            let s = shape(&vec![24; n_items], self.leaf_items_max, self.ptrs_max);
+            if count(&s) == ext_nodes {
+                break s;
+            }
+            ext_nodes = count(&s);
+        };
+
+        // Block numbers: root tree, extent tree, fs tree, leaves first.
+        let mut cursor = FIRST_ALLOCATABLE_BYTE;
+        let mut assign = |s: &Vec<Vec<Range<usize>>>| -> Vec<Vec<u64>> {
+            s.iter()
+                .map(|level| {
+                    level
+                        .iter()
+                        .map(|_| {
+                            let b = cursor;
+                            cursor += NODE_SIZE as u64;
+                            b
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let root_blocks = assign(&root_shape);
+        let ext_blocks = assign(&ext_shape);
+        let fs_blocks = assign(&fs_shape);
+        assert!(
+            cursor <= self.total_bytes / 2,
+            "fixture metadata does not fit below the data"
+        );
+
+        let mut ext_items: BTreeMap<Key, Vec<u8>> = BTreeMap::new();
+        for (tree, blocks) in [
+            (tree_id::ROOT, &root_blocks),
+            (tree_id::EXTENT, &ext_blocks),
+            (tree_id::FS, &fs_blocks),
+        ] {
+            for (level, bs) in blocks.iter().enumerate() {
+                for &b in bs {
+                    ext_items.insert(
+                        Key::new(b, item_type::METADATA_ITEM, level as u64),
+                        ExtentItem {
+                            refs: 1,
+                            generation: gen,
+                            owner: tree,
+                        }
+                        .encode(),
+                    );
+                }
+            }
+        }
+        for &(b, len, owner) in &self.data_extents {
+            let r = refs.get(&b).copied().unwrap_or(1);
+            ext_items.insert(
+                Key::new(b, item_type::EXTENT_ITEM, len),
+                ExtentItem {
+                    refs: r,
+                    generation: gen,
+                    owner,
+                }
+                .encode(),
+            );
+        }
+        let ext_items: Vec<(Key, Vec<u8>)> = ext_items.into_iter().collect();
+        assert_eq!(
+            ext_items.len(),
+            count(&fs_shape) + count(&root_shape) + count(&ext_shape) + self.data_extents.len()
+        );
+
+        let root_of = |blocks: &Vec<Vec<u64>>| {
+            (
+                *blocks.last().expect("levels").first().expect("root"),
+                (blocks.len() - 1) as u8,
+            )
+        };
+        let (ext_root, ext_level) = root_of(&ext_blocks);
+        let (fs_root, fs_level) = root_of(&fs_blocks);
+        let root_items = vec![
+            (
+                Key::new(tree_id::EXTENT, item_type::ROOT_ITEM, 0),
+                RootItem {
+                    bytenr: ext_root,
+                    generation: gen,
+                    level: ext_level,
+                }
+                .encode(),
+            ),
+            (
+                Key::new(tree_id::FS, item_type::ROOT_ITEM, 0),
+                RootItem {
+                    bytenr: fs_root,
+                    generation: gen,
+                    level: fs_level,
+                }
+                .encode(),
+            ),
+        ];
+        assert_eq!(root_items.len(), root_items_len);
+
+        let mut nodes = Vec::new();
+        nodes.extend(materialize(
+            tree_id::ROOT,
+            gen,
+            &root_items,
+            &root_shape,
+            &root_blocks,
+        ));
+        nodes.extend(materialize(
+            tree_id::EXTENT,
+            gen,
+            &ext_items,
+            &ext_shape,
+            &ext_blocks,
+        ));
+        nodes.extend(materialize(
+            tree_id::FS,
+            gen,
+            &fs_items,
+            &fs_shape,
+            &fs_blocks,
+        ));
+
+        let (root_root, root_level) = root_of(&root_blocks);
+        let bytes_used = nodes.len() as u64 * NODE_SIZE as u64
+            + self.data_extents.iter().map(|&(_, l, _)| l).sum::<u64>();
+        let superblock = Superblock {
+            fsid: self.fsid,
+            generation: gen,
+            root_tree_bytenr: root_root,
+            root_tree_level: root_level,
+            total_bytes: self.total_bytes,
+            bytes_used,
+            log_root_bytenr: 0,
+            log_root_level: 0,
+            log_generation: 0,
+        };
+        let mut fx = Fixture {
+            image: vec![0; self.total_bytes as usize],
+            superblock: superblock.clone(),
+            nodes: Vec::new(),
+        };
+        for n in &nodes {
+            fx.write_node(n);
+            fx.nodes.push(FixtureNode {
+                tree: n.owner,
+                bytenr: n.bytenr,
+                level: n.level,
+            });
+        }
+        fx.write_superblock(&superblock);
+        fx
+    }
+}
+
+/// Packs items (by payload size) into leaves and leaves into internal
+/// levels: `levels[0]` are leaves as item ranges, `levels[k]` ranges of
+/// level k-1 nodes; the last level holds the root alone.
+fn shape(sizes: &[usize], leaf_items_max: usize, ptrs_max: usize) -> Vec<Vec<Range<usize>>> {
+    let mut leaves = Vec::new();
+    let mut start = 0;
+    let mut used = 0;
+    for (i, size) in sizes.iter().enumerate() {
+        let need = LEAF_ITEM_HEADER_SIZE + size;
+        assert!(need <= BODY_SIZE, "fixture item too large");
+        if i > start && (used + need > BODY_SIZE || i - start >= leaf_items_max) {
+            leaves.push(start..i);
+            start = i;
+            used = 0;
+        }
+        used += need;
+    }
+    leaves.push(start..sizes.len());
+    let ptrs_max = ptrs_max.clamp(2, MAX_KEY_PTRS);
+    let mut levels = vec![leaves];
+    while levels.last().expect("levels").len() > 1 {
+        let below = levels.last().expect("levels").len();
+        let level = (0..below)
+            .step_by(ptrs_max)
+            .map(|s| s..(s + ptrs_max).min(below))
+            .collect();
+        levels.push(level);
+    }
+    levels
+}
+
+fn materialize(
+    tree: u64,
+    gen: u64,
+    items: &[(Key, Vec<u8>)],
+    shape: &[Vec<Range<usize>>],
+    blocks: &[Vec<u64>],
+) -> Vec<Node> {
+    let mut out = Vec::new();
+    let mut first_keys: Vec<Key> = Vec::new();
+    for (i, r) in shape[0].iter().enumerate() {
+        let leaf_items: Vec<LeafItem> = items[r.clone()]
+            .iter()
+            .map(|(k, d)| LeafItem {
+                key: *k,
+                data: d.clone(),
+            })
+            .collect();
+        first_keys.push(leaf_items.first().map(|i| i.key).unwrap_or_default());
+        out.push(Node {
+            bytenr: blocks[0][i],
+            generation: gen,
+            owner: tree,
+            level: 0,
+            body: NodeBody::Leaf(leaf_items),
+        });
+    }
+    for level in 1..shape.len() {
+        let mut next_keys = Vec::new();
+        for (i, r) in shape[level].iter().enumerate() {
+            let ptrs: Vec<KeyPtr> = r
+                .clone()
+                .map(|c| KeyPtr {
+                    key: first_keys[c],
+                    blockptr: blocks[level - 1][c],
+                    generation: gen,
+                })
+                .collect();
+            next_keys.push(ptrs[0].key);
+            out.push(Node {
+                bytenr: blocks[level][i],
+                generation: gen,
+                owner: tree,
+                level: level as u8,
+                body: NodeBody::Internal(ptrs),
+            });
+        }
+        first_keys = next_keys;
+    }
+    out
+}
+
+/// A node of a fixture image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixtureNode {
+    pub tree: u64,
+    pub bytenr: u64,
+    pub level: u8,
+}
+
+/// A built image and where its nodes are.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    pub image: Vec<u8>,
+    pub superblock: Superblock,
+    pub nodes: Vec<FixtureNode>,
+}
+
+impl Fixture {
+    pub fn device(&self) -> MemoryDevice {
+        MemoryDevice::from_bytes(self.image.clone())
+    }
+
+    pub fn fsid(&self) -> [u8; 16] {
+        self.superblock.fsid
+    }
+
+    /// Decodes the (valid) node at `bytenr`.
+    pub fn node(&self, bytenr: u64) -> Node {
+        let b = bytenr as usize;
+        Node::decode(&self.image[b..b + NODE_SIZE], bytenr, &self.superblock.fsid)
+            .expect("fixture node")
+    }
+
+    /// Encodes `node` (with a valid checksum) at its bytenr.
+    pub fn write_node(&mut self, node: &Node) {
+        let bytes = node.encode(&self.superblock.fsid);
+        let b = node.bytenr as usize;
+        self.image[b..b + NODE_SIZE].copy_from_slice(&bytes);
+    }
+
+    /// Decodes, changes and re-encodes (re-checksums) the node at `bytenr`.
+    pub fn modify_node(&mut self, bytenr: u64, f: impl FnOnce(&mut Node)) {
+        let mut n = self.node(bytenr);
+        f(&mut n);
+        self.write_node(&n);
+    }
+
+    /// Writes both superblock copies.
+    pub fn write_superblock(&mut self, sb: &Superblock) {
+        for off in SUPERBLOCK_OFFSETS {
+            let bytes = sb.encode(off);
+            self.image[off as usize..off as usize + bytes.len()].copy_from_slice(&bytes);
+        }
+        self.superblock = sb.clone();
+    }
+
+    /// The root block of a tree.
+    pub fn root_of(&self, tree: u64) -> FixtureNode {
+        *self
+            .nodes
+            .iter()
+            .filter(|n| n.tree == tree)
+            .max_by_key(|n| n.level)
+            .expect("no such tree")
+    }
+
+    /// (block, slot) of the item with `key` in `tree`.
+    pub fn find_item(&self, tree: u64, key: Key) -> Option<(u64, usize)> {
+        for n in self.nodes.iter().filter(|n| n.tree == tree && n.level == 0) {
+            let node = self.node(n.bytenr);
+            if let NodeBody::Leaf(items) = &node.body {
+                if let Some(slot) = items.iter().position(|i| i.key == key) {
+                    return Some((n.bytenr, slot));
+                }
+            }
+        }
+        None
+    }
+
+    /// Changes the payload of one item in place (re-checksummed); returns
+    /// where it is.
+    pub fn modify_item(
+        &mut self,
+        tree: u64,
+        key: Key,
+        f: impl FnOnce(&mut Vec<u8>),
+    ) -> (u64, usize) {
+        let (block, slot) = self
+            .find_item(tree, key)
+            .unwrap_or_else(|| panic!("no item {key} in tree {tree}"));
+        self.modify_node(block, |n| {
+            if let NodeBody::Leaf(items) = &mut n.body {
+                f(&mut items[slot].data);
+            }
+        });
+        (block, slot)
+    }
+}
+
+/// A small filesystem with one of everything (16 MiB device):
+///
+/// ```text
+/// 256 /            dir    names a, d, l
+/// 257 /a, /d/a2    file   8 KiB + 4 KiB from one split disk extent, xattr
+/// 258 /d           dir    names b, a2
+/// 259 /d/b         file   inline "hello"
+/// 260 /l           symlink -> "a"
+/// 261 (orphan)     file   a preallocated 4 KiB extent, nlink 0
+/// ```
+pub fn sample() -> FsBuilder {
+    let mut b = FsBuilder::new(16 << 20);
+    let a = b.create(ROOT_DIR_INO, b"a");
+    let d = b.mkdir(ROOT_DIR_INO, b"d");
+    b.write_split_extent(a, 0, 12288, 8192);
+    b.inode_mut(a).size = 10000;
+    b.xattr(a, b"user.note", b"value");
+    let f = b.create(d, b"b");
+    b.write_inline(f, b"hello");
+    b.symlink(ROOT_DIR_INO, b"l", b"a");
+    b.link(a, d, b"a2");
+    let o = b.orphan(libc::S_IFREG | 0o600);
+    b.prealloc(o, 0, 4096);
+    b
+}

@@ -1,0 +1,699 @@
+//! `birch check`: verifies every invariant of every tree of an image.
+//!
+//! The check is a table of passes ([`PASSES`]) run in order over one shared
+//! state, in the style of bcachefs's recovery passes. Each pass has a stable
+//! id that names every fault it reports; docs/CHECK.md lists them and what
+//! each fault means.
+//!
+//! ```text
+//! superblock      pick the newest valid copy; sizes
+//! tree-structure  walk every tree once (each node read once): checksum,
+//!                 header, owner/level/generation, key order and parent
+//!                 keys, no block reached twice; decode every leaf item
+//!                 into compact records (decode faults name `items`)
+//! items           per-item rules on the records (key offsets, generations)
+//! extent-refs     extent tree <-> nodes and file extents; overlaps, range,
+//!                 bytes_used, free space, log nodes outside extents
+//! namespace       root dir, INODE_REF <-> DIR_ITEM <-> DIR_INDEX, hashes,
+//!                 reachability, orphans, directory size
+//! nlink           link counts, orphan items for unlinked inodes
+//! file-extents    per-file extent layout, inline rules, nbytes
+//! ```
+//!
+//! The check never writes and never panics: a device it cannot make sense
+//! of yields faults. Work is bounded: every node is read at most once per
+//! pointer to it (nodes already reached are never descended into again), and
+//! levels strictly decrease down a tree, so a cyclic or hostile image
+//! terminates.
+
+mod extents;
+mod files;
+#[doc(hidden)]
+pub mod fixture;
+mod namespace;
+mod roots;
+mod superblock;
+mod walk;
+
+pub use roots::{tree_roots, TreeRootRef};
+pub use superblock::{newest_valid_copy, read_superblock_copies, SuperblockCopy};
+
+use crate::device::BlockDevice;
+use crate::error::Corruption;
+use crate::format::{tree_id, Key, Superblock};
+use crate::print::tree_name;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io;
+
+/// One pass of the check.
+pub struct Pass {
+    /// Stable id, printed in every fault the pass reports.
+    pub id: &'static str,
+    pub description: &'static str,
+    run: fn(&mut Checker<'_>) -> PassStatus,
+}
+
+/// The passes, in the order they run.
+pub const PASSES: &[Pass] = &[
+    Pass { id: "superblock", description: "superblock copies: magic, checksum, location; picks the newest valid copy; sizes fit the device", run: superblock::run },
+    Pass {
+        id: "tree-structure",
+        description: "every node of every tree: checksum, header, owner, level, generation, key order within and across nodes, parent keys, no empty non-root node, no block reached twice, no overlapping nodes; root items",
+        run: walk::run,
+    },
+    Pass { id: "items", description: "every item decodes for its type, is a type its tree may hold, and has valid key offsets and generations", run: walk::run_items },
+    Pass {
+        id: "extent-refs",
+        description: "extent tree: one metadata item per tree node, data refs equal the file extents pointing in, no overlap, in range and aligned, bytes_used, free space; log nodes outside extents",
+        run: extents::run,
+    },
+    Pass {
+        id: "namespace",
+        description: "root directory; INODE_REF, DIR_ITEM and DIR_INDEX agree; name hashes; every inode reachable; items name existing inodes; orphan items; directory sizes",
+        run: namespace::run_namespace,
+    },
+    Pass { id: "nlink", description: "link counts; directories have one name; unlinked inodes have orphan items", run: namespace::run_nlink },
+    Pass { id: "file-extents", description: "file extents: aligned, ordered, no overlap, inline rules, symlinks, below i_size, nbytes", run: files::run },
+];
+
+/// Pass ids, for callers that filter faults.
+pub mod pass_id {
+    pub const SUPERBLOCK: &str = "superblock";
+    pub const TREE_STRUCTURE: &str = "tree-structure";
+    pub const ITEMS: &str = "items";
+    pub const EXTENT_REFS: &str = "extent-refs";
+    pub const NAMESPACE: &str = "namespace";
+    pub const NLINK: &str = "nlink";
+    pub const FILE_EXTENTS: &str = "file-extents";
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PassStatus {
+    Ran,
+    /// Not run, and why (e.g. the tree it reads could not be read at all).
+    Skipped(String),
+}
+
+/// One problem found: where (tree, block, slot, key, each when known) and
+/// why. Prints in the project's one report format, prefixed by the pass:
+/// `[nlink] corrupt node: tree=fs(5) block=1064960 slot=4: key (257 INODE_ITEM 0): nlink 2 but 1 name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub pass: &'static str,
+    pub tree: Option<u64>,
+    pub block: Option<u64>,
+    pub slot: Option<usize>,
+    pub key: Option<Key>,
+    pub reason: String,
+}
+
+impl Fault {
+    /// The fault as a [`Corruption`] (the key, when known, leads the reason).
+    pub fn corruption(&self) -> Corruption {
+        let reason = match self.key {
+            Some(key) => format!("key {key}: {}", self.reason),
+            None => self.reason.clone(),
+        };
+        Corruption {
+            tree: self.tree,
+            block: self.block,
+            slot: self.slot,
+            reason,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.corruption();
+        if c.tree.is_none() && c.block.is_none() && c.slot.is_none() {
+            // Nothing to locate: `corrupt: reason`.
+            write!(f, "[{}] corrupt: {}", self.pass, c.reason)
+        } else {
+            write!(f, "[{}] {c}", self.pass)
+        }
+    }
+}
+
+/// Per-tree counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TreeSummary {
+    pub id: u64,
+    /// For log trees: the subvolume logged.
+    pub subvolume: Option<u64>,
+    pub root: u64,
+    pub level: u8,
+    pub nodes: u64,
+    pub leaves: u64,
+    pub items: u64,
+}
+
+/// What the check saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub device_bytes: u64,
+    /// The superblock copy used (None: no valid copy).
+    pub superblock_copy: Option<u64>,
+    pub fsid: [u8; 16],
+    pub generation: u64,
+    pub total_bytes: u64,
+    /// bytes_used as the superblock records it.
+    pub bytes_used_recorded: u64,
+    /// Bytes the extent items cover.
+    pub bytes_used_counted: u64,
+    /// Bytes of [FIRST_ALLOCATABLE_BYTE, total_bytes) no extent item covers.
+    pub free_bytes: u64,
+    pub trees: Vec<TreeSummary>,
+    pub inodes: u64,
+    pub directories: u64,
+    pub regular_files: u64,
+    pub symlinks: u64,
+    pub special_files: u64,
+    pub names: u64,
+    pub xattrs: u64,
+    pub orphans: u64,
+    pub metadata_extents: u64,
+    pub data_extents: u64,
+    pub data_extent_bytes: u64,
+    pub file_extent_items: u64,
+    /// Nodes of log trees (outside the extent tree).
+    pub log_nodes: u64,
+}
+
+/// The result of [`check_device`].
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    pub faults: Vec<Fault>,
+    pub warnings: Vec<Fault>,
+    /// Faults found but not stored, past [`MAX_STORED_FAULTS`].
+    pub faults_not_stored: u64,
+    pub passes: Vec<(&'static str, PassStatus)>,
+    pub summary: Summary,
+}
+
+/// Cap on stored faults (a hostile image could otherwise produce millions).
+pub const MAX_STORED_FAULTS: usize = 100_000;
+
+impl CheckReport {
+    /// No faults (warnings allowed).
+    pub fn is_clean(&self) -> bool {
+        self.faults.is_empty() && self.faults_not_stored == 0
+    }
+
+    /// A valid superblock was found (the device holds a birch filesystem,
+    /// however damaged).
+    pub fn found_filesystem(&self) -> bool {
+        self.summary.superblock_copy.is_some()
+    }
+
+    pub fn fault_count(&self) -> u64 {
+        self.faults.len() as u64 + self.faults_not_stored
+    }
+
+    pub fn faults_of<'a>(&'a self, pass: &'a str) -> impl Iterator<Item = &'a Fault> + 'a {
+        self.faults.iter().filter(move |f| f.pass == pass)
+    }
+
+    /// One line naming why nothing could be checked, when no superblock
+    /// copy is valid.
+    pub fn unreadable_reason(&self) -> Option<String> {
+        if self.found_filesystem() {
+            return None;
+        }
+        let reasons: Vec<String> = self
+            .faults_of(pass_id::SUPERBLOCK)
+            .map(|f| f.reason.clone())
+            .collect();
+        Some(if reasons.is_empty() {
+            "no valid superblock".to_string()
+        } else {
+            reasons.join("; ")
+        })
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.summary;
+        match s.superblock_copy {
+            Some(copy) => writeln!(
+                f,
+                "filesystem {} generation {} (superblock copy at {copy})",
+                crate::print::fsid(&s.fsid),
+                s.generation
+            )?,
+            None => writeln!(f, "no valid superblock")?,
+        }
+        writeln!(
+            f,
+            "device {} bytes, filesystem {} bytes",
+            s.device_bytes, s.total_bytes
+        )?;
+        if !s.trees.is_empty() {
+            writeln!(f, "trees:")?;
+            for t in &s.trees {
+                let name = match t.subvolume {
+                    Some(sub) => format!("{} of {}", tree_name(t.id), tree_name(sub)),
+                    None => tree_name(t.id),
+                };
+                writeln!(
+                    f,
+                    "  {name:<16} root {:<12} level {} nodes {} leaves {} items {}",
+                    t.root, t.level, t.nodes, t.leaves, t.items
+                )?;
+            }
+        }
+        if s.superblock_copy.is_some() {
+            writeln!(
+                f,
+                "inodes {}: {} directories, {} regular files, {} symlinks, {} special; {} names, {} xattrs, {} orphans",
+                s.inodes, s.directories, s.regular_files, s.symlinks, s.special_files, s.names, s.xattrs, s.orphans
+            )?;
+            writeln!(
+                f,
+                "extents: {} tree nodes ({} bytes), {} data extents ({} bytes) behind {} file extent items",
+                s.metadata_extents,
+                s.metadata_extents.saturating_mul(crate::format::NODE_SIZE as u64),
+                s.data_extents,
+                s.data_extent_bytes,
+                s.file_extent_items
+            )?;
+            if s.log_nodes > 0 {
+                writeln!(f, "log trees: {} nodes", s.log_nodes)?;
+            }
+            writeln!(
+                f,
+                "space: used {} bytes (superblock records {}), free {} bytes",
+                s.bytes_used_counted, s.bytes_used_recorded, s.free_bytes
+            )?;
+        }
+        writeln!(f, "passes:")?;
+        for (id, status) in &self.passes {
+            let n = self.faults_of(id).count();
+            match status {
+                PassStatus::Ran if n == 0 => writeln!(f, "  {id:<15} ok")?,
+                PassStatus::Ran => {
+                    writeln!(f, "  {id:<15} {n} fault{}", if n == 1 { "" } else { "s" })?
+                }
+                PassStatus::Skipped(why) => writeln!(f, "  {id:<15} skipped: {why}")?,
+            }
+        }
+        if !self.warnings.is_empty() {
+            writeln!(f, "warnings:")?;
+            for w in &self.warnings {
+                writeln!(f, "  {w}")?;
+            }
+        }
+        if !self.faults.is_empty() {
+            writeln!(f, "faults:")?;
+            for fault in &self.faults {
+                writeln!(f, "  {fault}")?;
+            }
+        }
+        if self.faults_not_stored > 0 {
+            writeln!(
+                f,
+                "  ... and {} more faults not shown",
+                self.faults_not_stored
+            )?;
+        }
+        if self.is_clean() {
+            writeln!(f, "result: clean")
+        } else {
+            writeln!(
+                f,
+                "result: {} fault{}",
+                self.fault_count(),
+                if self.fault_count() == 1 { "" } else { "s" }
+            )
+        }
+    }
+}
+
+/// Checks the filesystem on `dev` without writing to it.
+pub fn check_device<D: BlockDevice + ?Sized>(dev: &D) -> CheckReport {
+    let reader = ReadOnly(dev);
+    let mut c = Checker::new(&reader);
+    for pass in PASSES {
+        c.current = pass.id;
+        let status = (pass.run)(&mut c);
+        c.report.passes.push((pass.id, status));
+    }
+    c.report
+}
+
+/// A read-only view of the device: the check can never write.
+struct ReadOnly<'a, D: ?Sized>(&'a D);
+
+impl<D: BlockDevice + ?Sized> BlockDevice for ReadOnly<'_, D> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "birch check never writes",
+        ))
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+}
+
+// ----- shared state of the passes -----
+
+/// Where an item lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Loc {
+    pub tree: u64,
+    pub block: u64,
+    pub slot: u32,
+    pub key: Key,
+}
+
+/// A node reached by the walk.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeRec {
+    pub tree: u64,
+    pub level: u8,
+    #[allow(dead_code)]
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExtentKind {
+    Data,
+    Metadata { level: u64 },
+}
+
+/// One extent tree item.
+#[derive(Debug, Clone)]
+pub(crate) struct ExtentRec {
+    pub bytenr: u64,
+    pub len: u64,
+    pub kind: ExtentKind,
+    /// None when the payload did not decode (reported by `items`).
+    pub item: Option<crate::format::ExtentItem>,
+    pub loc: Loc,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct InodeRec {
+    pub item: crate::format::InodeItem,
+    pub loc: Loc,
+}
+
+/// One name from an INODE_REF item.
+#[derive(Debug, Clone)]
+pub(crate) struct RefRec {
+    pub ino: u64,
+    pub parent: u64,
+    pub index: u64,
+    pub name: Vec<u8>,
+    pub loc: Loc,
+}
+
+/// One entry of a DIR_ITEM or a DIR_INDEX item.
+#[derive(Debug, Clone)]
+pub(crate) struct EntryRec {
+    pub ino: u64,
+    pub file_type: crate::format::FileType,
+    pub name: Vec<u8>,
+    pub loc: Loc,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FileExtentKind {
+    Inline { len: u64 },
+    Regular(crate::format::DiskRef),
+    Prealloc(crate::format::DiskRef),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct FileExtentRec {
+    pub ino: u64,
+    pub file_offset: u64,
+    pub kind: FileExtentKind,
+    pub loc: Loc,
+}
+
+/// The fs tree's items, decoded into what the semantic passes need.
+#[derive(Debug, Default)]
+pub(crate) struct FsRecords {
+    pub inodes: BTreeMap<u64, InodeRec>,
+    pub refs: Vec<RefRec>,
+    /// (dir, name) -> entry
+    pub dir_items: HashMap<(u64, Vec<u8>), EntryRec>,
+    /// (dir, index) -> entry
+    pub dir_index: BTreeMap<(u64, u64), EntryRec>,
+    pub file_extents: Vec<FileExtentRec>,
+    /// (ino named by the orphan item, where)
+    pub orphans: Vec<(u64, Loc)>,
+    /// Every objectid that has items (but ORPHAN_OBJECTID), with its first item.
+    pub objectids: BTreeMap<u64, Loc>,
+}
+
+/// What the passes share.
+pub(crate) struct Checker<'a> {
+    dev: &'a dyn BlockDevice,
+    report: CheckReport,
+    current: &'static str,
+    sb: Option<Superblock>,
+    /// Trees whose root node could be read.
+    readable: HashMap<u64, bool>,
+    /// Every node reached, by bytenr (log trees included).
+    nodes: HashMap<u64, NodeRec>,
+    /// `(tree id) -> (root item, where)` from the root tree.
+    roots: BTreeMap<u64, (crate::format::RootItem, Loc)>,
+    /// `(subvolume) -> (root item, where)` from the log root tree.
+    log_roots: BTreeMap<u64, (crate::format::RootItem, Loc)>,
+    extents: Vec<ExtentRec>,
+    fs: FsRecords,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Severity {
+    Fault,
+    Warning,
+}
+
+impl<'a> Checker<'a> {
+    fn new(dev: &'a dyn BlockDevice) -> Self {
+        let mut report = CheckReport::default();
+        report.summary.device_bytes = dev.size_bytes();
+        Checker {
+            dev,
+            report,
+            current: "",
+            sb: None,
+            readable: HashMap::new(),
+            nodes: HashMap::new(),
+            roots: BTreeMap::new(),
+            log_roots: BTreeMap::new(),
+            extents: Vec::new(),
+            fs: FsRecords::default(),
+        }
+    }
+
+    fn push(&mut self, severity: Severity, fault: Fault) {
+        match severity {
+            Severity::Warning => {
+                if self.report.warnings.len() < MAX_STORED_FAULTS {
+                    self.report.warnings.push(fault);
+                }
+            }
+            Severity::Fault => {
+                if self.report.faults.len() < MAX_STORED_FAULTS {
+                    self.report.faults.push(fault);
+                } else {
+                    self.report.faults_not_stored += 1;
+                }
+            }
+        }
+    }
+
+    /// A fault of the running pass about the item at `loc`.
+    fn fault_at(&mut self, loc: &Loc, reason: impl Into<String>) {
+        let pass = self.current;
+        self.fault_at_as(pass, loc, reason);
+    }
+
+    fn fault_at_as(&mut self, pass: &'static str, loc: &Loc, reason: impl Into<String>) {
+        self.push(
+            Severity::Fault,
+            Fault {
+                pass,
+                tree: Some(loc.tree),
+                block: Some(loc.block),
+                slot: Some(loc.slot as usize),
+                key: Some(loc.key),
+                reason: reason.into(),
+            },
+        );
+    }
+
+    fn warn_at(&mut self, loc: &Loc, reason: impl Into<String>) {
+        let pass = self.current;
+        self.push(
+            Severity::Warning,
+            Fault {
+                pass,
+                tree: Some(loc.tree),
+                block: Some(loc.block),
+                slot: Some(loc.slot as usize),
+                key: Some(loc.key),
+                reason: reason.into(),
+            },
+        );
+    }
+
+    /// A fault about an item that should exist but does not.
+    fn fault_key(&mut self, tree: u64, key: Key, reason: impl Into<String>) {
+        let pass = self.current;
+        self.push(
+            Severity::Fault,
+            Fault {
+                pass,
+                tree: Some(tree),
+                block: None,
+                slot: None,
+                key: Some(key),
+                reason: reason.into(),
+            },
+        );
+    }
+
+    fn fault_block(
+        &mut self,
+        tree: Option<u64>,
+        block: u64,
+        slot: Option<usize>,
+        reason: impl Into<String>,
+    ) {
+        let pass = self.current;
+        self.push(
+            Severity::Fault,
+            Fault {
+                pass,
+                tree,
+                block: Some(block),
+                slot,
+                key: None,
+                reason: reason.into(),
+            },
+        );
+    }
+
+    fn fault_tree(&mut self, tree: Option<u64>, reason: impl Into<String>) {
+        let pass = self.current;
+        self.push(
+            Severity::Fault,
+            Fault {
+                pass,
+                tree,
+                block: None,
+                slot: None,
+                key: None,
+                reason: reason.into(),
+            },
+        );
+    }
+
+    fn warn_tree(&mut self, tree: Option<u64>, reason: impl Into<String>) {
+        let pass = self.current;
+        self.push(
+            Severity::Warning,
+            Fault {
+                pass,
+                tree,
+                block: None,
+                slot: None,
+                key: None,
+                reason: reason.into(),
+            },
+        );
+    }
+
+    /// A corruption error from the node reader, as a fault of the running pass.
+    fn fault_corruption(&mut self, c: Corruption, context: Option<String>) {
+        let mut reason = c.reason;
+        if let Some(slot) = c.slot {
+            // NodeError messages repeat the slot the location already names.
+            if let Some(rest) = reason.strip_prefix(&format!("slot={slot}: ")) {
+                reason = rest.to_string();
+            }
+        }
+        if let Some(context) = context {
+            reason = format!("{reason} ({context})");
+        }
+        let pass = self.current;
+        self.push(
+            Severity::Fault,
+            Fault {
+                pass,
+                tree: c.tree,
+                block: c.block,
+                slot: c.slot,
+                key: None,
+                reason,
+            },
+        );
+    }
+
+    fn tree_readable(&self, tree: u64) -> bool {
+        self.readable.get(&tree).copied().unwrap_or(false)
+    }
+
+    fn is_log_tree(tree: u64) -> bool {
+        tree == tree_id::LOG || tree == tree_id::LOG_ROOT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+
+    #[test]
+    fn zeroed_and_tiny_devices_give_faults_not_panics() {
+        for size in [0u64, 1, 4096, 65536 + 100, 300 * 1024, 2 << 20] {
+            let report = check_device(&MemoryDevice::new(size));
+            assert!(!report.is_clean(), "size {size}");
+            assert!(!report.found_filesystem());
+            assert!(report.unreadable_reason().is_some());
+            let _ = report.to_string();
+        }
+    }
+
+    #[test]
+    fn sample_fixture_is_clean() {
+        let fx = fixture::sample().build();
+        let report = check_device(&fx.device());
+        assert!(report.is_clean(), "{report}");
+        assert!(report.warnings.is_empty(), "{report}");
+        assert_eq!(report.summary.inodes, 6);
+    }
+
+    #[test]
+    fn deep_fixture_is_clean() {
+        let mut b = fixture::sample();
+        b.leaf_items_max = 3;
+        b.ptrs_max = 3;
+        let fx = b.build();
+        let report = check_device(&fx.device());
+        assert!(report.is_clean(), "{report}");
+        assert!(
+            report
+                .summary
+                .trees
+                .iter()
+                .any(|t| t.id == tree_id::FS && t.level >= 2),
+            "{report}"
+        );
+    }
+}

@@ -1,0 +1,408 @@
+//! Passes `namespace` and `nlink`: names, reachability, link counts.
+
+use super::{Checker, Loc, PassStatus};
+use crate::format::{item_type, name_hash, tree_id, FileType, Key, ORPHAN_OBJECTID, ROOT_DIR_INO};
+use crate::print::{file_type_name, name};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+fn fs_ready(c: &Checker<'_>) -> Option<PassStatus> {
+    if c.sb.is_none() {
+        return Some(PassStatus::Skipped("no valid superblock".into()));
+    }
+    if !c.tree_readable(tree_id::FS) {
+        return Some(PassStatus::Skipped("the fs tree could not be read".into()));
+    }
+    None
+}
+
+/// Is this ref the root directory's name for itself?
+fn is_root_self_ref(ino: u64, parent: u64) -> bool {
+    ino == ROOT_DIR_INO && parent == ROOT_DIR_INO
+}
+
+pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
+    if let Some(skip) = fs_ready(c) {
+        return skip;
+    }
+    let fs = std::mem::take(&mut c.fs);
+    let ftype = |ino: u64| {
+        fs.inodes
+            .get(&ino)
+            .and_then(|r| FileType::from_mode(r.item.mode))
+    };
+
+    // Summary counts.
+    {
+        let s = &mut c.report.summary;
+        s.inodes = fs.inodes.len() as u64;
+        for r in fs.inodes.values() {
+            match FileType::from_mode(r.item.mode) {
+                Some(FileType::Directory) => s.directories += 1,
+                Some(FileType::Regular) => s.regular_files += 1,
+                Some(FileType::Symlink) => s.symlinks += 1,
+                _ => s.special_files += 1,
+            }
+        }
+        s.names = fs
+            .refs
+            .iter()
+            .filter(|r| !is_root_self_ref(r.ino, r.parent))
+            .count() as u64;
+    }
+
+    // The root directory.
+    match fs.inodes.get(&ROOT_DIR_INO) {
+        None => c.fault_key(
+            tree_id::FS,
+            Key::new(ROOT_DIR_INO, item_type::INODE_ITEM, 0),
+            "the root directory inode is missing",
+        ),
+        Some(r) if ftype(ROOT_DIR_INO) != Some(FileType::Directory) => {
+            let loc = r.loc;
+            c.fault_at(
+                &loc,
+                format!(
+                    "the root directory is a {}, not a directory",
+                    ftype(ROOT_DIR_INO).map_or("?", file_type_name)
+                ),
+            );
+        }
+        Some(_) => {}
+    }
+    let root_refs: Vec<_> = fs.refs.iter().filter(|r| r.ino == ROOT_DIR_INO).collect();
+    let self_ref_ok = root_refs.len() == 1
+        && root_refs[0].parent == ROOT_DIR_INO
+        && root_refs[0].index == 0
+        && root_refs[0].name == b"..";
+    if !self_ref_ok {
+        if root_refs.is_empty() {
+            c.fault_key(
+                tree_id::FS,
+                Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO),
+                "the root directory has no INODE_REF (index 0 name \"..\")",
+            );
+        }
+        for r in root_refs {
+            let loc = r.loc;
+            c.fault_at(&loc, format!("the root directory's only name must be index 0 \"..\" in itself, found index {} \"{}\" in {}", r.index, name(&r.name), r.parent));
+        }
+    }
+
+    // INODE_REF -> DIR_ITEM and DIR_INDEX.
+    let mut by_name: HashMap<(u64, u64, &[u8]), u64> = HashMap::new(); // (ino, parent, name) -> index
+    for r in &fs.refs {
+        if r.ino == ROOT_DIR_INO {
+            continue;
+        }
+        if by_name
+            .insert((r.ino, r.parent, &r.name), r.index)
+            .is_some()
+        {
+            let loc = r.loc;
+            c.fault_at(&loc, format!("name \"{}\" listed twice", name(&r.name)));
+            continue;
+        }
+        if r.parent == r.ino {
+            let loc = r.loc;
+            c.fault_at(
+                &loc,
+                format!(
+                    "inode {} is named \"{}\" inside itself",
+                    r.ino,
+                    name(&r.name)
+                ),
+            );
+            continue;
+        }
+        match ftype(r.parent) {
+            Some(FileType::Directory) => {}
+            Some(t) => {
+                let loc = r.loc;
+                c.fault_at(
+                    &loc,
+                    format!(
+                        "parent {} of name \"{}\" is a {}, not a directory",
+                        r.parent,
+                        name(&r.name),
+                        file_type_name(t)
+                    ),
+                );
+                continue;
+            }
+            None => {
+                let loc = r.loc;
+                c.fault_at(
+                    &loc,
+                    format!(
+                        "parent directory {} of name \"{}\" does not exist",
+                        r.parent,
+                        name(&r.name)
+                    ),
+                );
+                continue;
+            }
+        }
+        let want_type = ftype(r.ino);
+        let where_ref = format!(
+            "named by INODE_REF ({} INODE_REF {}) in block {} slot {}",
+            r.ino, r.parent, r.loc.block, r.loc.slot
+        );
+        let item_key = Key::new(r.parent, item_type::DIR_ITEM, name_hash(&r.name));
+        match fs.dir_items.get(&(r.parent, r.name.clone())) {
+            None => c.fault_key(
+                tree_id::FS,
+                item_key,
+                format!(
+                    "missing DIR_ITEM for \"{}\" -> inode {} ({where_ref})",
+                    name(&r.name),
+                    r.ino
+                ),
+            ),
+            Some(d) => {
+                if d.ino != r.ino {
+                    let loc = d.loc;
+                    c.fault_at(&loc, format!("DIR_ITEM \"{}\" names inode {} but inode {} holds that name ({where_ref})", name(&d.name), d.ino, r.ino));
+                } else if want_type.is_some_and(|t| t != d.file_type) {
+                    let loc = d.loc;
+                    c.fault_at(
+                        &loc,
+                        format!(
+                            "DIR_ITEM \"{}\" says type {} but inode {} is a {}",
+                            name(&d.name),
+                            file_type_name(d.file_type),
+                            r.ino,
+                            want_type.map_or("?", file_type_name)
+                        ),
+                    );
+                }
+            }
+        }
+        let index_key = Key::new(r.parent, item_type::DIR_INDEX, r.index);
+        match fs.dir_index.get(&(r.parent, r.index)) {
+            None => c.fault_key(
+                tree_id::FS,
+                index_key,
+                format!(
+                    "missing DIR_INDEX for \"{}\" -> inode {} ({where_ref})",
+                    name(&r.name),
+                    r.ino
+                ),
+            ),
+            Some(d) => {
+                if d.ino != r.ino || d.name != r.name {
+                    let loc = d.loc;
+                    c.fault_at(&loc, format!("DIR_INDEX names \"{}\" -> inode {} but the INODE_REF says \"{}\" -> inode {} ({where_ref})", name(&d.name), d.ino, name(&r.name), r.ino));
+                } else if want_type.is_some_and(|t| t != d.file_type) {
+                    let loc = d.loc;
+                    c.fault_at(
+                        &loc,
+                        format!(
+                            "DIR_INDEX \"{}\" says type {} but inode {} is a {}",
+                            name(&d.name),
+                            file_type_name(d.file_type),
+                            r.ino,
+                            want_type.map_or("?", file_type_name)
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    // DIR_ITEM / DIR_INDEX -> INODE_REF.
+    let mut entry_faults: Vec<(Loc, String)> = Vec::new();
+    for ((parent, _), d) in &fs.dir_items {
+        if d.ino == ROOT_DIR_INO || !by_name.contains_key(&(d.ino, *parent, &d.name[..])) {
+            entry_faults.push((
+                d.loc,
+                format!(
+                    "DIR_ITEM \"{}\" -> inode {} has no matching INODE_REF ({} INODE_REF {parent})",
+                    name(&d.name),
+                    d.ino,
+                    d.ino
+                ),
+            ));
+        }
+        if !fs.inodes.contains_key(&d.ino) {
+            entry_faults.push((
+                d.loc,
+                format!(
+                    "DIR_ITEM \"{}\" names inode {}, which does not exist",
+                    name(&d.name),
+                    d.ino
+                ),
+            ));
+        }
+    }
+    for ((parent, index), d) in &fs.dir_index {
+        match by_name.get(&(d.ino, *parent, &d.name[..])) {
+            Some(i) if i == index => {}
+            Some(i) => entry_faults.push((d.loc, format!("DIR_INDEX \"{}\" -> inode {} but the INODE_REF gives index {i}", name(&d.name), d.ino))),
+            None => entry_faults.push((d.loc, format!("DIR_INDEX \"{}\" -> inode {} has no matching INODE_REF ({} INODE_REF {parent})", name(&d.name), d.ino, d.ino))),
+        }
+        if !fs.inodes.contains_key(&d.ino) {
+            entry_faults.push((
+                d.loc,
+                format!(
+                    "DIR_INDEX \"{}\" names inode {}, which does not exist",
+                    name(&d.name),
+                    d.ino
+                ),
+            ));
+        }
+    }
+    entry_faults.sort_by_key(|(loc, _)| (loc.key, loc.block, loc.slot));
+    for (loc, reason) in entry_faults {
+        c.fault_at(&loc, reason);
+    }
+
+    // Directory sizes: the byte lengths of the names it holds (every name
+    // any of INODE_REF, DIR_ITEM, DIR_INDEX gives it, counted once).
+    let mut names: HashSet<(u64, &[u8])> = HashSet::new();
+    for r in fs
+        .refs
+        .iter()
+        .filter(|r| !is_root_self_ref(r.ino, r.parent))
+    {
+        names.insert((r.parent, &r.name));
+    }
+    for (parent, n) in fs.dir_items.keys() {
+        names.insert((*parent, n));
+    }
+    for ((parent, _), d) in &fs.dir_index {
+        names.insert((*parent, &d.name));
+    }
+    let mut dir_bytes: HashMap<u64, u64> = HashMap::new();
+    for (parent, n) in names {
+        *dir_bytes.entry(parent).or_default() += n.len() as u64;
+    }
+    for (&ino, r) in &fs.inodes {
+        if FileType::from_mode(r.item.mode) == Some(FileType::Directory) {
+            let want = dir_bytes.get(&ino).copied().unwrap_or(0);
+            if r.item.size != want {
+                let loc = r.loc;
+                c.fault_at(
+                    &loc,
+                    format!(
+                        "directory size {} but its names total {want} bytes",
+                        r.item.size
+                    ),
+                );
+            }
+        }
+    }
+
+    // Reachability from the root directory, along INODE_REFs.
+    let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
+    for r in fs
+        .refs
+        .iter()
+        .filter(|r| !is_root_self_ref(r.ino, r.parent))
+    {
+        children.entry(r.parent).or_default().push(r.ino);
+    }
+    let mut reached: HashSet<u64> = HashSet::new();
+    let mut queue = VecDeque::new();
+    if fs.inodes.contains_key(&ROOT_DIR_INO) {
+        reached.insert(ROOT_DIR_INO);
+        queue.push_back(ROOT_DIR_INO);
+    }
+    while let Some(dir) = queue.pop_front() {
+        if ftype(dir) != Some(FileType::Directory) {
+            continue;
+        }
+        for &child in children.get(&dir).map(Vec::as_slice).unwrap_or(&[]) {
+            if reached.insert(child) {
+                queue.push_back(child);
+            }
+        }
+    }
+    let orphaned: HashSet<u64> = fs.orphans.iter().map(|&(ino, _)| ino).collect();
+    for (&ino, r) in &fs.inodes {
+        if !reached.contains(&ino) && r.item.nlink > 0 && !orphaned.contains(&ino) {
+            let loc = r.loc;
+            c.fault_at(
+                &loc,
+                format!("inode {ino} is not reachable from the root directory"),
+            );
+        }
+    }
+
+    // Every item names an existing inode; orphan items too.
+    for (&objectid, loc) in &fs.objectids {
+        if objectid != ORPHAN_OBJECTID && !fs.inodes.contains_key(&objectid) {
+            c.fault_at(
+                loc,
+                format!("items of inode {objectid}, which has no INODE_ITEM"),
+            );
+        }
+    }
+    for (ino, loc) in &fs.orphans {
+        if !fs.inodes.contains_key(ino) {
+            c.fault_at(
+                loc,
+                format!("orphan item for inode {ino}, which does not exist"),
+            );
+        }
+    }
+    c.fs = fs;
+    PassStatus::Ran
+}
+
+pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
+    if let Some(skip) = fs_ready(c) {
+        return skip;
+    }
+    let fs = std::mem::take(&mut c.fs);
+    let mut names: HashMap<u64, u64> = HashMap::new();
+    let mut subdirs: HashMap<u64, u64> = HashMap::new();
+    for r in fs
+        .refs
+        .iter()
+        .filter(|r| !is_root_self_ref(r.ino, r.parent))
+    {
+        *names.entry(r.ino).or_default() += 1;
+        if fs
+            .inodes
+            .get(&r.ino)
+            .and_then(|i| FileType::from_mode(i.item.mode))
+            == Some(FileType::Directory)
+        {
+            *subdirs.entry(r.parent).or_default() += 1;
+        }
+    }
+    let orphaned: HashSet<u64> = fs.orphans.iter().map(|&(ino, _)| ino).collect();
+    for (&ino, r) in &fs.inodes {
+        let n = names.get(&ino).copied().unwrap_or(0);
+        let nlink = u64::from(r.item.nlink);
+        let loc = r.loc;
+        let is_dir = FileType::from_mode(r.item.mode) == Some(FileType::Directory);
+        if is_dir {
+            if ino != ROOT_DIR_INO && n > 1 {
+                c.fault_at(
+                    &loc,
+                    format!("directory has {n} names (a directory has exactly one)"),
+                );
+            }
+            let subs = subdirs.get(&ino).copied().unwrap_or(0);
+            let has_name = n > 0 || ino == ROOT_DIR_INO;
+            let want = if has_name { 2 + subs } else { 0 };
+            if nlink != want {
+                c.fault_at(&loc, format!("directory nlink {nlink} but it has {} and {subs} subdirector{} (expected {want})", if has_name { "a name" } else { "no name" }, if subs == 1 { "y" } else { "ies" }));
+            }
+        } else if nlink != n {
+            c.fault_at(
+                &loc,
+                format!(
+                    "nlink {nlink} but the inode has {n} name{}",
+                    if n == 1 { "" } else { "s" }
+                ),
+            );
+        }
+        if nlink == 0 && !orphaned.contains(&ino) {
+            c.fault_at(&loc, "inode with nlink 0 has no orphan item");
+        }
+    }
+    c.fs = fs;
+    PassStatus::Ran
+}

@@ -1,0 +1,126 @@
+//! Finding every tree's root from a superblock, for `birch dump` (the
+//! check itself finds them while walking, see `walk.rs`).
+
+use crate::btree::{read_node_uncached, NodeExpectation};
+use crate::device::BlockDevice;
+use crate::format::{item_type, tree_id, NodeBody, RootItem, Superblock};
+use std::collections::HashSet;
+
+/// Where one tree's root is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeRootRef {
+    pub tree: u64,
+    /// For a log tree: the subvolume it logs.
+    pub subvolume: Option<u64>,
+    pub bytenr: u64,
+    pub level: u8,
+    /// What the pointer promises (None: not known, e.g. the log root).
+    pub generation: Option<u64>,
+}
+
+/// Every tree the superblock leads to: the root tree, the trees its root
+/// items name, the log root tree and the log trees it names. Problems
+/// reading the root trees are returned as messages, never a panic.
+pub fn tree_roots<D: BlockDevice + ?Sized>(
+    dev: &D,
+    sb: &Superblock,
+) -> (Vec<TreeRootRef>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    let root = TreeRootRef {
+        tree: tree_id::ROOT,
+        subvolume: None,
+        bytenr: sb.root_tree_bytenr,
+        level: sb.root_tree_level,
+        generation: Some(sb.generation),
+    };
+    out.push(root);
+    for (key, item) in root_items(dev, &sb.fsid, root, &mut problems) {
+        if key.0 != tree_id::ROOT {
+            out.push(TreeRootRef {
+                tree: key.0,
+                subvolume: None,
+                bytenr: item.bytenr,
+                level: item.level,
+                generation: Some(item.generation),
+            });
+        }
+    }
+    if sb.log_root_bytenr != 0 {
+        let log_root = TreeRootRef {
+            tree: tree_id::LOG_ROOT,
+            subvolume: None,
+            bytenr: sb.log_root_bytenr,
+            level: sb.log_root_level,
+            generation: None,
+        };
+        out.push(log_root);
+        for (key, item) in root_items(dev, &sb.fsid, log_root, &mut problems) {
+            out.push(TreeRootRef {
+                tree: key.0,
+                subvolume: Some(key.1),
+                bytenr: item.bytenr,
+                level: item.level,
+                generation: Some(item.generation),
+            });
+        }
+    }
+    (out, problems)
+}
+
+/// The decodable ROOT_ITEMs of a root tree, as ((objectid, offset), item).
+fn root_items<D: BlockDevice + ?Sized>(
+    dev: &D,
+    fsid: &[u8; 16],
+    root: TreeRootRef,
+    problems: &mut Vec<String>,
+) -> Vec<((u64, u64), RootItem)> {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![(root.bytenr, root.level, root.generation)];
+    while let Some((bytenr, level, generation)) = stack.pop() {
+        if !seen.insert(bytenr) {
+            continue;
+        }
+        let expect = generation.map(|generation| NodeExpectation {
+            tree: root.tree,
+            level,
+            generation,
+        });
+        let node = match read_node_uncached(dev, fsid, bytenr, expect) {
+            Ok(n) if n.owner == root.tree && n.level == level => n,
+            Ok(n) => {
+                problems.push(format!(
+                    "block {bytenr}: owner {} level {} but expected {} level {level}",
+                    crate::print::tree_name(n.owner),
+                    n.level,
+                    crate::print::tree_name(root.tree)
+                ));
+                continue;
+            }
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        match &node.body {
+            NodeBody::Leaf(items) => {
+                for i in items
+                    .iter()
+                    .filter(|i| i.key.item_type == item_type::ROOT_ITEM)
+                {
+                    match RootItem::decode(&i.data) {
+                        Ok(r) => out.push(((i.key.objectid, i.key.offset), r)),
+                        Err(e) => problems.push(format!("root item {}: {e}", i.key)),
+                    }
+                }
+            }
+            NodeBody::Internal(ptrs) => {
+                for p in ptrs.iter().rev() {
+                    stack.push((p.blockptr, level.saturating_sub(1), Some(p.generation)));
+                }
+            }
+        }
+    }
+    out
+}

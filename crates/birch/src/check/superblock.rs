@@ -1,0 +1,129 @@
+//! Pass `superblock`: both copies, the current one, sizes.
+
+use super::{Checker, PassStatus};
+use crate::device::BlockDevice;
+use crate::format::{
+    Superblock, FIRST_ALLOCATABLE_BYTE, NODE_SIZE, SECTOR_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+};
+
+/// One superblock copy as read from the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuperblockCopy {
+    /// Where the copy lives (one of SUPERBLOCK_OFFSETS).
+    pub bytenr: u64,
+    /// The decoded copy, or why it is not valid.
+    pub superblock: Result<Superblock, String>,
+}
+
+/// Reads every superblock copy; never fails (a copy that cannot be read is
+/// an `Err` naming why).
+pub fn read_superblock_copies<D: BlockDevice + ?Sized>(dev: &D) -> Vec<SuperblockCopy> {
+    SUPERBLOCK_OFFSETS
+        .iter()
+        .map(|&bytenr| {
+            let size = dev.size_bytes();
+            let superblock = if bytenr.saturating_add(SUPERBLOCK_SIZE as u64) > size {
+                Err(format!("device ends at {size} bytes, before this copy"))
+            } else {
+                let mut buf = vec![0u8; SUPERBLOCK_SIZE];
+                match dev.read_at(&mut buf, bytenr) {
+                    Ok(()) => Superblock::decode(&buf, bytenr).map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("read error: {e}")),
+                }
+            };
+            SuperblockCopy { bytenr, superblock }
+        })
+        .collect()
+}
+
+/// The valid copy with the highest generation (the first on a tie).
+pub fn newest_valid_copy(copies: &[SuperblockCopy]) -> Option<&SuperblockCopy> {
+    let mut best: Option<&SuperblockCopy> = None;
+    for c in copies {
+        if let Ok(sb) = &c.superblock {
+            if best
+                .and_then(|b| b.superblock.as_ref().ok())
+                .is_none_or(|b| sb.generation > b.generation)
+            {
+                best = Some(c);
+            }
+        }
+    }
+    best
+}
+
+pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
+    let copies = read_superblock_copies(c.dev);
+    let Some(current) = newest_valid_copy(&copies).cloned() else {
+        for copy in &copies {
+            let why = copy.superblock.as_ref().err().cloned().unwrap_or_default();
+            c.fault_tree(None, format!("superblock copy at {}: {why}", copy.bytenr));
+        }
+        return PassStatus::Ran;
+    };
+    let sb = current
+        .superblock
+        .clone()
+        .expect("newest_valid_copy returns a valid copy");
+    for copy in &copies {
+        if copy.bytenr == current.bytenr {
+            continue;
+        }
+        match &copy.superblock {
+            Err(why) => c.warn_tree(None, format!("superblock copy at {}: {why} (using the copy at {}, generation {})", copy.bytenr, current.bytenr, sb.generation)),
+            Ok(other) if other.fsid != sb.fsid => c.warn_tree(
+                None,
+                format!("superblock copy at {} belongs to another filesystem (fsid {}; using the copy at {})", copy.bytenr, crate::print::fsid(&other.fsid), current.bytenr),
+            ),
+            Ok(other) if other.generation < sb.generation => {
+                c.warn_tree(None, format!("superblock copy at {} is stale: generation {} (using the copy at {}, generation {})", copy.bytenr, other.generation, current.bytenr, sb.generation))
+            }
+            Ok(other) if *other != sb => c.fault_tree(None, format!("superblock copies at {} and {} have the same generation {} but differ", current.bytenr, copy.bytenr, sb.generation)),
+            Ok(_) => {}
+        }
+    }
+
+    let dev_size = c.dev.size_bytes();
+    if sb.total_bytes > dev_size {
+        c.fault_tree(None, format!("superblock says the filesystem is {} bytes but the device has only {dev_size} (truncated image?)", sb.total_bytes));
+    }
+    if !sb.total_bytes.is_multiple_of(SECTOR_SIZE)
+        || sb.total_bytes < FIRST_ALLOCATABLE_BYTE + NODE_SIZE as u64
+    {
+        c.fault_tree(
+            None,
+            format!(
+                "superblock total_bytes {} is not a sector multiple of at least {}",
+                sb.total_bytes,
+                FIRST_ALLOCATABLE_BYTE + NODE_SIZE as u64
+            ),
+        );
+    }
+    if sb.bytes_used > sb.total_bytes {
+        c.fault_tree(
+            None,
+            format!(
+                "superblock bytes_used {} exceeds total_bytes {}",
+                sb.bytes_used, sb.total_bytes
+            ),
+        );
+    }
+    if sb.log_root_bytenr == 0 && (sb.log_root_level != 0 || sb.log_generation != 0) {
+        c.warn_tree(
+            None,
+            format!(
+                "no log root but log_root_level {} / log_generation {} are set",
+                sb.log_root_level, sb.log_generation
+            ),
+        );
+    }
+
+    let s = &mut c.report.summary;
+    s.superblock_copy = Some(current.bytenr);
+    s.fsid = sb.fsid;
+    s.generation = sb.generation;
+    s.total_bytes = sb.total_bytes;
+    s.bytes_used_recorded = sb.bytes_used;
+    c.sb = Some(sb);
+    PassStatus::Ran
+}

@@ -1,0 +1,569 @@
+//! Human-readable printers for trees, nodes and items, shared by `birch
+//! dump` and by error messages (`birch check` quotes the same one-liners).
+//!
+//! Small printers return a `String`; the whole-tree and whole-block dumps
+//! stream into an [`std::io::Write`] because a large tree prints megabytes.
+//! Nothing here panics on damaged input: an item that does not decode prints
+//! as `undecodable: <reason>` followed by a hex preview.
+
+use crate::btree::{read_node_uncached, NodeExpectation};
+use crate::device::BlockDevice;
+use crate::format::node::{BODY_SIZE, HEADER_SIZE, LEAF_ITEM_HEADER_SIZE};
+use crate::format::{
+    decode_dir_items, decode_inode_refs, decode_xattrs, item_type, tree_id, DirEntry, ExtentItem,
+    FileExtent, FileType, InodeItem, Key, KeyPtr, Node, NodeBody, RootItem, Superblock, Timespec,
+    NODE_MAGIC, NODE_SIZE,
+};
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::io;
+
+/// The name of a tree id as reports print it: `fs(5)`, `extent(2)`.
+pub fn tree_name(id: u64) -> String {
+    let name = match id {
+        tree_id::ROOT => "root",
+        tree_id::EXTENT => "extent",
+        tree_id::FS => "fs",
+        tree_id::LOG => "log",
+        tree_id::LOG_ROOT => "log-root",
+        _ => return id.to_string(),
+    };
+    format!("{name}({id})")
+}
+
+/// Parses a tree name as [`tree_name`] prints it (`fs`, `fs(5)`, `5`,
+/// `log-root`), for command lines.
+pub fn parse_tree_name(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let base = s.split('(').next().unwrap_or(s);
+    let id = match base.to_ascii_lowercase().as_str() {
+        "root" => tree_id::ROOT,
+        "extent" => tree_id::EXTENT,
+        "fs" => tree_id::FS,
+        "log" => tree_id::LOG,
+        "log-root" | "log_root" | "logroot" => tree_id::LOG_ROOT,
+        other => other.parse().ok()?,
+    };
+    if let Some(rest) = s.strip_prefix(base) {
+        if !rest.is_empty() && rest != format!("({id})") {
+            return None;
+        }
+    }
+    Some(id)
+}
+
+/// A file or xattr name as printed: printable ASCII as is, everything else
+/// (and `\` and `"`) escaped, so a name never breaks a report line.
+pub fn name(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'"' => out.push_str("\\\""),
+            0x20..=0x7e => out.push(b as char),
+            _ => {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    out
+}
+
+/// Up to `max` bytes of `data` as an escaped string, with `...` when cut.
+pub fn preview(data: &[u8], max: usize) -> String {
+    let cut = data.len() > max;
+    let mut s = name(&data[..data.len().min(max)]);
+    if cut {
+        s.push_str("...");
+    }
+    s
+}
+
+/// Up to `max` bytes as hex.
+pub fn hex(data: &[u8], max: usize) -> String {
+    let mut s = String::with_capacity(data.len().min(max) * 2 + 3);
+    for b in &data[..data.len().min(max)] {
+        let _ = write!(s, "{b:02x}");
+    }
+    if data.len() > max {
+        s.push_str("...");
+    }
+    s
+}
+
+pub fn file_type_name(t: FileType) -> &'static str {
+    match t {
+        FileType::Regular => "FILE",
+        FileType::Directory => "DIR",
+        FileType::CharDevice => "CHR",
+        FileType::BlockDevice => "BLK",
+        FileType::Fifo => "FIFO",
+        FileType::Socket => "SOCK",
+        FileType::Symlink => "SYMLINK",
+    }
+}
+
+/// A filesystem id in UUID notation.
+pub fn fsid(id: &[u8; 16]) -> String {
+    let h = hex(id, 16);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+pub fn timespec(t: &Timespec) -> String {
+    format!("{}.{:09}", t.sec, t.nsec)
+}
+
+/// The superblock copy at `copy_bytenr`, one field per line.
+pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "superblock at {copy_bytenr}");
+    let _ = writeln!(s, "\tmagic BIRCHFS1");
+    let _ = writeln!(s, "\tfsid {}", fsid(&sb.fsid));
+    let _ = writeln!(s, "\tgeneration {}", sb.generation);
+    let _ = writeln!(
+        s,
+        "\troot_tree_bytenr {} level {}",
+        sb.root_tree_bytenr, sb.root_tree_level
+    );
+    let _ = writeln!(s, "\ttotal_bytes {}", sb.total_bytes);
+    let _ = writeln!(s, "\tbytes_used {}", sb.bytes_used);
+    let _ = writeln!(
+        s,
+        "\tsector_size {} node_size {}",
+        crate::format::SECTOR_SIZE,
+        NODE_SIZE
+    );
+    let _ = writeln!(
+        s,
+        "\tlog_root_bytenr {} level {} log_generation {}",
+        sb.log_root_bytenr, sb.log_root_level, sb.log_generation
+    );
+    s
+}
+
+/// `leaf 1048576 items 5 free 16000 generation 7 owner fs(5)` (or `node`
+/// for an internal node, with its level).
+pub fn node_header(node: &Node) -> String {
+    let free = BODY_SIZE.saturating_sub(node.used_bytes());
+    let kind = if node.is_leaf() {
+        "leaf".to_string()
+    } else {
+        format!("node level {}", node.level)
+    };
+    format!(
+        "{kind} {} items {} free {free} generation {} owner {}",
+        node.bytenr,
+        node.nritems(),
+        node.generation,
+        tree_name(node.owner)
+    )
+}
+
+/// One item's payload, decoded by its key type. Multi-entry items (refs,
+/// dir items, xattrs) print one entry per line, joined by `\n\t\t`.
+pub fn item_body(key: &Key, data: &[u8]) -> String {
+    use item_type::*;
+    let undecodable = |e: &dyn std::fmt::Display| {
+        format!(
+            "undecodable: {e} (raw {} bytes: {})",
+            data.len(),
+            hex(data, 32)
+        )
+    };
+    match key.item_type {
+        INODE_ITEM => match InodeItem::decode(data) {
+            Ok(i) => inode(&i),
+            Err(e) => undecodable(&e),
+        },
+        INODE_REF => match decode_inode_refs(data) {
+            Ok(refs) => refs
+                .iter()
+                .map(|r| {
+                    format!(
+                        "inode ref index {} namelen {} name: {}",
+                        r.index,
+                        r.name.len(),
+                        name(&r.name)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n\t\t"),
+            Err(e) => undecodable(&e),
+        },
+        DIR_ITEM => match decode_dir_items(data) {
+            Ok(entries) => entries
+                .iter()
+                .map(dir_entry)
+                .collect::<Vec<_>>()
+                .join("\n\t\t"),
+            Err(e) => undecodable(&e),
+        },
+        DIR_INDEX => match DirEntry::decode(data) {
+            Ok(e) => dir_entry(&e),
+            Err(e) => undecodable(&e),
+        },
+        XATTR_ITEM => match decode_xattrs(data) {
+            Ok(xs) => xs
+                .iter()
+                .map(|x| {
+                    format!(
+                        "xattr namelen {} valuelen {} name: {} value: \"{}\"",
+                        x.name.len(),
+                        x.value.len(),
+                        name(&x.name),
+                        preview(&x.value, 64)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n\t\t"),
+            Err(e) => undecodable(&e),
+        },
+        EXTENT_DATA => match FileExtent::decode(data) {
+            Ok(e) => file_extent(&e),
+            Err(e) => undecodable(&e),
+        },
+        ROOT_ITEM => match RootItem::decode(data) {
+            Ok(r) => format!(
+                "root bytenr {} generation {} level {}",
+                r.bytenr, r.generation, r.level
+            ),
+            Err(e) => undecodable(&e),
+        },
+        EXTENT_ITEM => match ExtentItem::decode(data) {
+            Ok(e) => format!(
+                "extent data refs {} generation {} owner ino {}",
+                e.refs, e.generation, e.owner
+            ),
+            Err(e) => undecodable(&e),
+        },
+        METADATA_ITEM => match ExtentItem::decode(data) {
+            Ok(e) => format!(
+                "extent metadata refs {} generation {} owner {}",
+                e.refs,
+                e.generation,
+                tree_name(e.owner)
+            ),
+            Err(e) => undecodable(&e),
+        },
+        ORPHAN_ITEM if data.is_empty() => format!("orphan inode {}", key.offset),
+        ORPHAN_ITEM => format!(
+            "orphan inode {} (unexpected {} payload bytes: {})",
+            key.offset,
+            data.len(),
+            hex(data, 32)
+        ),
+        DIR_LOG_INDEX => format!("dir log index ({} bytes: {})", data.len(), hex(data, 32)),
+        t => format!(
+            "unknown item type {t} ({} bytes: {})",
+            data.len(),
+            hex(data, 32)
+        ),
+    }
+}
+
+/// `inode generation 3 transid 7 size 10 nbytes 4096 nlink 1 uid 0 gid 0 mode 100644 ...`
+pub fn inode(i: &InodeItem) -> String {
+    format!(
+        "inode generation {} transid {} size {} nbytes {} nlink {} uid {} gid {} mode {:o} rdev {} flags {:#x}\n\t\tatime {} mtime {} ctime {} otime {}",
+        i.generation,
+        i.transid,
+        i.size,
+        i.nbytes,
+        i.nlink,
+        i.uid,
+        i.gid,
+        i.mode,
+        i.rdev,
+        i.flags,
+        timespec(&i.atime),
+        timespec(&i.mtime),
+        timespec(&i.ctime),
+        timespec(&i.otime)
+    )
+}
+
+/// `location ino 257 type FILE namelen 3 name: foo`
+pub fn dir_entry(e: &DirEntry) -> String {
+    format!(
+        "location ino {} type {} namelen {} name: {}",
+        e.ino,
+        file_type_name(e.file_type),
+        e.name.len(),
+        name(&e.name)
+    )
+}
+
+pub fn file_extent(e: &FileExtent) -> String {
+    match e {
+        FileExtent::Inline { data } => format!(
+            "extent inline len {} data \"{}\"",
+            data.len(),
+            preview(data, 64)
+        ),
+        FileExtent::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+        } => {
+            format!("extent regular disk_bytenr {disk_bytenr} disk_num_bytes {disk_num_bytes} offset {offset} num_bytes {num_bytes}")
+        }
+        FileExtent::Prealloc {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+        } => {
+            format!("extent prealloc disk_bytenr {disk_bytenr} disk_num_bytes {disk_num_bytes} offset {offset} num_bytes {num_bytes}")
+        }
+    }
+}
+
+/// `\titem 3 key (257 INODE_ITEM 0) itemoff 16123 itemsize 96\n\t\t<body>`
+pub fn leaf_item(slot: usize, key: &Key, itemoff: usize, data: &[u8]) -> String {
+    format!(
+        "\titem {slot} key {key} itemoff {itemoff} itemsize {}\n\t\t{}",
+        data.len(),
+        item_body(key, data)
+    )
+}
+
+/// `\tkey (256 INODE_ITEM 0) block 1064960 gen 7`
+pub fn key_ptr(slot: usize, p: &KeyPtr) -> String {
+    format!(
+        "\tptr {slot} key {} block {} gen {}",
+        p.key, p.blockptr, p.generation
+    )
+}
+
+/// The `(data_offset, data_size)` of each item as stored in the raw leaf
+/// header area (what `itemoff` prints). Empty when `raw` is not a leaf.
+pub fn raw_leaf_offsets(raw: &[u8]) -> Vec<(usize, usize)> {
+    if raw.len() < NODE_SIZE || raw[36] != 0 {
+        return Vec::new();
+    }
+    let nritems = u32::from_le_bytes([raw[32], raw[33], raw[34], raw[35]]) as usize;
+    let max = BODY_SIZE / LEAF_ITEM_HEADER_SIZE;
+    let mut out = Vec::with_capacity(nritems.min(max));
+    for slot in 0..nritems.min(max) {
+        let at = HEADER_SIZE + slot * LEAF_ITEM_HEADER_SIZE + crate::format::Key::ENCODED_SIZE;
+        let off = u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]) as usize;
+        let size =
+            u32::from_le_bytes([raw[at + 4], raw[at + 5], raw[at + 6], raw[at + 7]]) as usize;
+        out.push((off, size));
+    }
+    out
+}
+
+/// A whole node: header line, then one entry per item or pointer. With the
+/// raw bytes, `itemoff` is what is stored; without, what the encoder would
+/// store.
+pub fn node(node: &Node, raw: Option<&[u8]>) -> String {
+    let mut s = node_header(node);
+    s.push('\n');
+    match &node.body {
+        NodeBody::Leaf(items) => {
+            let stored = raw.map(raw_leaf_offsets).unwrap_or_default();
+            let mut end = BODY_SIZE;
+            for (slot, item) in items.iter().enumerate() {
+                end = end.saturating_sub(item.data.len());
+                let itemoff = stored.get(slot).map_or(end, |&(off, _)| off);
+                s.push_str(&leaf_item(slot, &item.key, itemoff, &item.data));
+                s.push('\n');
+            }
+        }
+        NodeBody::Internal(ptrs) => {
+            for (slot, p) in ptrs.iter().enumerate() {
+                s.push_str(&key_ptr(slot, p));
+                s.push('\n');
+            }
+        }
+    }
+    s
+}
+
+/// The header fields of a raw block, read without validation (for blocks
+/// that fail to decode).
+pub fn raw_node_header(raw: &[u8]) -> String {
+    if raw.len() < HEADER_SIZE {
+        return format!("short block ({} bytes)", raw.len());
+    }
+    let u32_at = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+    let u64_at = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&raw[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let magic = u32_at(4);
+    format!(
+        "raw header: csum {:#010x} magic {:#010x}{} bytenr {} generation {} owner {} nritems {} level {}",
+        u32_at(0),
+        magic,
+        if magic == NODE_MAGIC { " (BNOD)" } else { " (not BNOD)" },
+        u64_at(8),
+        u64_at(16),
+        tree_name(u64_at(24)),
+        u32_at(32),
+        raw[36]
+    )
+}
+
+/// Dumps the block at `bytenr`: decoded when it is a valid node of this
+/// filesystem, otherwise the reason and its raw header.
+pub fn block<D: BlockDevice + ?Sized>(
+    out: &mut dyn io::Write,
+    dev: &D,
+    fsid: &[u8; 16],
+    bytenr: u64,
+) -> io::Result<()> {
+    match read_node_uncached(dev, fsid, bytenr, None) {
+        Ok(n) => {
+            let mut raw = vec![0u8; NODE_SIZE];
+            let raw = dev.read_at(&mut raw, bytenr).ok().map(|_| raw);
+            out.write_all(node(&n, raw.as_deref()).as_bytes())
+        }
+        Err(e) => {
+            writeln!(out, "block {bytenr}: {e}")?;
+            let mut raw = vec![0u8; NODE_SIZE];
+            if bytenr
+                .checked_add(NODE_SIZE as u64)
+                .is_some_and(|end| end <= dev.size_bytes())
+                && dev.read_at(&mut raw, bytenr).is_ok()
+            {
+                writeln!(out, "\t{}", raw_node_header(&raw))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Dumps a whole tree depth-first from its root. Nodes that fail to read
+/// print their error in place; a block reached twice prints once.
+/// `generation` is what the root pointer promises (None: not checked).
+pub fn tree<D: BlockDevice + ?Sized>(
+    out: &mut dyn io::Write,
+    dev: &D,
+    fsid: &[u8; 16],
+    tree: u64,
+    bytenr: u64,
+    level: u8,
+    generation: Option<u64>,
+) -> io::Result<()> {
+    writeln!(out, "tree {} root {bytenr} level {level}", tree_name(tree))?;
+    let mut seen = HashSet::new();
+    // (bytenr, expected level, expected generation)
+    let mut stack = vec![(bytenr, level, generation)];
+    while let Some((bytenr, level, generation)) = stack.pop() {
+        if !seen.insert(bytenr) {
+            writeln!(out, "block {bytenr}: already printed (reached twice)")?;
+            continue;
+        }
+        let expect = generation.map(|generation| NodeExpectation {
+            tree,
+            level,
+            generation,
+        });
+        let n = match read_node_uncached(dev, fsid, bytenr, expect) {
+            Ok(n) => n,
+            Err(e) => {
+                writeln!(out, "{e}")?;
+                continue;
+            }
+        };
+        if expect.is_none() && (n.owner != tree || n.level != level) {
+            writeln!(
+                out,
+                "block {bytenr}: owner {} level {} but expected {} level {level}",
+                tree_name(n.owner),
+                n.level,
+                tree_name(tree)
+            )?;
+            continue;
+        }
+        let mut raw = vec![0u8; NODE_SIZE];
+        let raw = dev.read_at(&mut raw, bytenr).ok().map(|_| raw);
+        out.write_all(node(&n, raw.as_deref()).as_bytes())?;
+        if let NodeBody::Internal(ptrs) = &n.body {
+            if n.level > 0 {
+                for p in ptrs.iter().rev() {
+                    stack.push((p.blockptr, n.level - 1, Some(p.generation)));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::LeafItem;
+
+    #[test]
+    fn tree_names_round_trip() {
+        for id in [
+            tree_id::ROOT,
+            tree_id::EXTENT,
+            tree_id::FS,
+            tree_id::LOG,
+            tree_id::LOG_ROOT,
+            77,
+        ] {
+            assert_eq!(parse_tree_name(&tree_name(id)), Some(id));
+        }
+        assert_eq!(parse_tree_name("fs"), Some(5));
+        assert_eq!(parse_tree_name("fs(2)"), None);
+        assert_eq!(parse_tree_name("nope"), None);
+    }
+
+    #[test]
+    fn items_print_decoded_and_damaged() {
+        let i = InodeItem {
+            mode: libc::S_IFREG | 0o644,
+            nlink: 1,
+            size: 10,
+            nbytes: 4096,
+            generation: 3,
+            transid: 7,
+            ..Default::default()
+        };
+        let s = item_body(&Key::new(257, item_type::INODE_ITEM, 0), &i.encode());
+        assert!(
+            s.starts_with(
+                "inode generation 3 transid 7 size 10 nbytes 4096 nlink 1 uid 0 gid 0 mode 100644"
+            ),
+            "{s}"
+        );
+        let s = item_body(&Key::new(257, item_type::INODE_ITEM, 0), &[1, 2, 3]);
+        assert!(s.starts_with("undecodable: "), "{s}");
+        assert_eq!(name(b"a\"\\\n\xff"), "a\\\"\\\\\\x0a\\xff");
+        let n = Node {
+            bytenr: 1 << 20,
+            generation: 1,
+            owner: 5,
+            level: 0,
+            body: NodeBody::Leaf(vec![LeafItem {
+                key: Key::new(257, 1, 0),
+                data: i.encode(),
+            }]),
+        };
+        let raw = n.encode(&[0; 16]);
+        let printed = node(&n, Some(&raw));
+        assert!(
+            printed.contains(&format!(
+                "item 0 key (257 INODE_ITEM 0) itemoff {} itemsize {}",
+                BODY_SIZE - InodeItem::ENCODED_SIZE,
+                InodeItem::ENCODED_SIZE
+            )),
+            "{printed}"
+        );
+        assert_eq!(printed, node(&n, None));
+    }
+}
