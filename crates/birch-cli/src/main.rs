@@ -1,12 +1,16 @@
-//! `birch`: make, check and print birch filesystems.
+//! `birch`: make, mount, check and print birch filesystems.
 //!
 //! ```text
 //! birch mkfs IMAGE [--size SIZE] [--force]
 //! birch check IMAGE                 exit 0 clean, 1 faults, 2 cannot read
 //! birch dump IMAGE [super | tree [ID|NAME] | block BYTENR]
+//! birch mount IMAGE MOUNTPOINT [-f] [-o OPTIONS]
+//! birch sync MOUNTPOINT
 //! ```
 //! Every failure is one line on stderr naming the image and what is wrong;
 //! bad arguments get clap's usage error (exit 2).
+
+mod mount;
 
 use birch::check::{
     check_device, newest_valid_copy, read_superblock_copies, tree_roots, SuperblockCopy,
@@ -15,7 +19,7 @@ use birch::check::{
 use birch::device::{BlockDevice, FileDevice};
 use birch::format::{Superblock, MIN_DEVICE_BYTES, SECTOR_SIZE};
 use birch::print;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::io::{self, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -43,9 +47,11 @@ enum Command {
     Check(CheckArgs),
     /// Print the superblock, trees or one block (default: superblock and every tree)
     Dump(DumpArgs),
+    /// Serve the filesystem through FUSE (detaches once live unless -f)
+    Mount(mount::MountArgs),
+    /// Commit a mounted birch filesystem now (sync(1) does not reach FUSE)
+    Sync(mount::SyncArgs),
     // Added by later issues (no stubs until then):
-    // /// Serve the filesystem through FUSE
-    // Mount(MountArgs),
     // /// Print a filesystem's counters
     // Stats(StatsArgs),
     // /// Rebuild an image at a chosen crash point of a recorded write log
@@ -154,11 +160,13 @@ fn main() -> ExitCode {
             msg.replace('\n', " ")
         );
     }));
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(mount_helper_args(std::env::args_os().collect()));
     let (name, result) = match cli.command {
         Command::Mkfs(args) => ("mkfs", mkfs(&args)),
         Command::Check(args) => ("check", check(&args)),
         Command::Dump(args) => ("dump", dump(&args)),
+        Command::Mount(args) => ("mount", mount::mount(&args)),
+        Command::Sync(args) => ("sync", mount::sync(&args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -169,6 +177,37 @@ fn main() -> ExitCode {
             ExitCode::from(f.code)
         }
     }
+}
+
+/// Rewrites the calling conventions of mount helpers into `birch mount`:
+/// mount(8) runs `mount.fuse.birch IMAGE DIR [-o OPTS] [-n -s -v]` for
+/// `mount -t fuse.birch` and fstab lines, and fuse3's generic `mount.fuse3`
+/// runs `birch IMAGE DIR [-o OPTS]` for the `fuse.birch` type.
+fn mount_helper_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let program = args
+        .first()
+        .map(Path::new)
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let as_helper = program == "mount.fuse.birch";
+    let first = args
+        .get(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let is_subcommand = Cli::command()
+        .get_subcommands()
+        .any(|c| c.get_name() == first)
+        || first.starts_with('-')
+        || first == "help";
+    if !as_helper && (is_subcommand || !Path::new(&first).exists()) {
+        return args;
+    }
+    // mount(8)'s -n (no mtab), -s (sloppy) and -v (verbose) mean nothing here.
+    args.retain(|a| !matches!(a.to_str(), Some("-n" | "-s" | "-v")));
+    args[0] = "birch".into();
+    args.insert(1, "mount".into());
+    args
 }
 
 /// `1G`, `512M`, `64MiB`, `4096`, `16k`: binary units.

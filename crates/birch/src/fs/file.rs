@@ -159,7 +159,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// relatime: update atime only if it is older than mtime/ctime or a day.
     fn touch_atime(&mut self, ino: u64) -> Result<()> {
-        if self.failed.is_some() {
+        if self.failed.is_some() || self.options.read_only {
             return Ok(());
         }
         let now = Timespec::now();

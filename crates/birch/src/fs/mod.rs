@@ -65,6 +65,9 @@ impl<D: BlockDevice> Shared<D> {
         let _commit = self.commit_lock.lock().expect("commit lock poisoned");
         let prepared = {
             let mut state = self.state.lock().expect("filesystem state lock poisoned");
+            if state.options.read_only {
+                return Ok(());
+            }
             if let Some(why) = &state.failed {
                 return Err(Error::Io(std::io::Error::other(format!(
                     "filesystem is read-only after an earlier failure: {why}"
@@ -98,6 +101,8 @@ impl<D: BlockDevice> Shared<D> {
 pub struct Filesystem<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
     worker: Option<JoinHandle<()>>,
+    /// `close` ran: dropping has nothing left to do.
+    closed: bool,
 }
 
 impl<D: BlockDevice + 'static> Filesystem<D> {
@@ -121,7 +126,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let mut fs = Filesystem {
             shared,
             worker: None,
+            closed: false,
         };
+        if options.read_only {
+            return Ok(fs);
+        }
         fs.cleanup_orphans()?;
         if options.commit_interval.is_some() {
             let shared = fs.shared.clone();
@@ -157,7 +166,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         loop {
             let (result, over_limit) = {
                 let mut state = self.lock();
-                if state.failed.is_some() {
+                if state.failed.is_some() || state.options.read_only {
                     return Err(Error::ReadOnly);
                 }
                 let result = f(&mut state);
@@ -379,10 +388,20 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.shared.commit()
     }
 
-    /// Commits and closes. Dropping a `Filesystem` does the same but can
-    /// only log a failure; `close` reports it.
+    /// Commits and closes. Inodes left without names (orphans kept for
+    /// holders that are now gone) are freed first. Dropping a `Filesystem`
+    /// does the same but can only log a failure; `close` reports it.
     pub fn close(mut self) -> Result<()> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> Result<()> {
+        self.closed = true;
         self.stop_worker();
+        let read_only = self.lock().options.read_only;
+        if !read_only && self.lock().failed.is_none() {
+            self.change(|s| s.remove_orphans())?;
+        }
         self.commit()
     }
 
@@ -409,8 +428,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
 impl<D: BlockDevice + 'static> Drop for Filesystem<D> {
     fn drop(&mut self) {
-        self.stop_worker();
-        if let Err(e) = self.commit() {
+        if self.closed {
+            return;
+        }
+        if let Err(e) = self.shut_down() {
             eprintln!("birch: commit at close failed: {e}");
         }
     }

@@ -129,6 +129,8 @@ pub struct MountOptions {
     /// Delayed dir-index items and inode updates held before the
     /// background worker flushes them into the tree.
     pub delayed_items_limit: usize,
+    /// Refuse every change (EROFS) and never write to the device.
+    pub read_only: bool,
 }
 
 impl Default for MountOptions {
@@ -138,6 +140,7 @@ impl Default for MountOptions {
             cache_nodes: 16 * 1024,
             dirty_limit_bytes: 256 * 1024 * 1024,
             delayed_items_limit: 16 * 1024,
+            read_only: false,
         }
     }
 }

@@ -1,0 +1,354 @@
+//! `birch mount` and `birch sync`.
+//!
+//! `birch mount IMAGE MOUNTPOINT` opens the image (locked against a second
+//! mount), mounts it through FUSE and, unless `-f`, detaches into the
+//! background once the mount is live: the foreground process waits on a
+//! pipe for the daemon's "ready" (or its error) and exits accordingly.
+//! SIGINT, SIGTERM and SIGHUP unmount; any unmount (umount, fusermount3 -u,
+//! a signal) ends the session, and the filesystem is committed and closed
+//! before the daemon exits.
+
+use crate::Failure;
+use birch::device::FileDevice;
+use birch::fs::{Filesystem, MountOptions};
+use birch_fuse::{FuseOptions, BIRCH_IOC_SYNC};
+use clap::Args;
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Args, Clone)]
+pub struct MountArgs {
+    /// Image file or block device
+    #[arg(value_name = "IMAGE")]
+    pub image: PathBuf,
+    /// Directory to mount on
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: PathBuf,
+    /// Stay in the foreground (default: detach once the mount is live)
+    #[arg(long, short = 'f')]
+    pub foreground: bool,
+    /// Comma-separated options: ro, rw, threads=N, commit=SECONDS,
+    /// entry_ttl=SECONDS, attr_ttl=SECONDS, writeback_cache, no_writeback_cache,
+    /// no_open, open, direct_io, allow_other, fsname=NAME; mount(8)'s generic
+    /// options (dev, suid, exec, noatime, ...) are accepted and ignored.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// File descriptor on which a detached daemon reports readiness (internal).
+    #[arg(long, hide = true)]
+    pub ready_fd: Option<i32>,
+}
+
+#[derive(Args)]
+pub struct SyncArgs {
+    /// Where a birch filesystem is mounted
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: PathBuf,
+}
+
+/// Everything `-o` can say.
+struct Settings {
+    fuse: FuseOptions,
+    engine: MountOptions,
+    direct_io: bool,
+}
+
+fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
+    let mut s = Settings {
+        fuse: FuseOptions {
+            fsname: args
+                .image
+                .canonicalize()
+                .unwrap_or_else(|_| args.image.clone())
+                .display()
+                .to_string(),
+            ..Default::default()
+        },
+        engine: MountOptions::default(),
+        direct_io: false,
+    };
+    let seconds = |key: &str, v: &str| {
+        v.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| Failure::new(format!("-o {key}={v}: expected whole seconds")))
+    };
+    for opt in args
+        .options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter(|o| !o.is_empty())
+    {
+        let (key, value) = opt
+            .split_once('=')
+            .map_or((opt, None), |(k, v)| (k, Some(v)));
+        match (key, value) {
+            ("ro", None) => {
+                s.fuse.read_only = true;
+                s.engine.read_only = true;
+            }
+            ("rw", None) => {}
+            ("threads", Some(v)) => {
+                s.fuse.threads = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0 && n <= 256)
+                    .ok_or_else(|| Failure::new(format!("-o threads={v}: expected 1..=256")))?
+            }
+            ("commit", Some(v)) => {
+                s.engine.commit_interval = Some(seconds(key, v)?).filter(|d| !d.is_zero())
+            }
+            ("entry_ttl", Some(v)) => {
+                s.fuse.entry_ttl = seconds(key, v)?;
+                s.fuse.negative_ttl = s.fuse.entry_ttl;
+            }
+            ("attr_ttl", Some(v)) => s.fuse.attr_ttl = seconds(key, v)?,
+            ("writeback_cache", None) => s.fuse.writeback_cache = true,
+            ("no_writeback_cache", None) => s.fuse.writeback_cache = false,
+            ("no_open", None) => s.fuse.no_open = true,
+            ("open", None) => s.fuse.no_open = false,
+            ("direct_io", None) => s.direct_io = true,
+            ("allow_other", None) => s.fuse.allow_other = true,
+            ("fsname", Some(v)) => s.fuse.fsname = v.to_string(),
+            // Generic mount(8) options that the mount helper passes along.
+            (
+                "dev"
+                | "nodev"
+                | "suid"
+                | "nosuid"
+                | "exec"
+                | "noexec"
+                | "atime"
+                | "noatime"
+                | "relatime"
+                | "strictatime"
+                | "auto"
+                | "noauto"
+                | "user"
+                | "nouser"
+                | "users"
+                | "defaults"
+                | "_netdev"
+                | "nofail"
+                | "async"
+                | "default_permissions",
+                None,
+            ) => {}
+            (k, _) if k.starts_with("x-") => {}
+            _ => return Err(Failure::new(format!("unknown mount option '{opt}'"))),
+        }
+    }
+    Ok(s)
+}
+
+/// Takes an exclusive advisory lock on the image so a second `birch mount`
+/// of it fails instead of corrupting it. A daemon that was just unmounted
+/// still holds the lock while it commits and exits, so the lock is awaited
+/// for a while, unless the image is listed as mounted (then it fails now).
+fn lock_image(dev: &FileDevice, image: &Path) -> Result<(), Failure> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        // SAFETY: flock on an fd we own; no memory is passed.
+        if unsafe { libc::flock(dev.file().as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(Failure::new(format!(
+                "{}: cannot lock: {e}",
+                image.display()
+            )));
+        }
+        if is_mounted(image) || std::time::Instant::now() >= deadline {
+            return Err(Failure::new(format!(
+                "{}: already mounted (another birch process holds its lock)",
+                image.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether /proc/self/mountinfo lists `image` as a mount's source.
+fn is_mounted(image: &Path) -> bool {
+    let Ok(canonical) = image.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = canonical.to_string_lossy();
+    // Fields after " - " are: fstype, source, super options.
+    info.lines()
+        .filter_map(|l| l.split_once(" - "))
+        .filter_map(|(_, rest)| rest.split_whitespace().nth(1))
+        .any(|source| source == wanted)
+}
+
+/// Blocks the termination signals in this thread (and every thread it
+/// starts later) and returns a thread that waits for one and unmounts.
+fn unmount_on_signal(mountpoint: PathBuf) {
+    // SAFETY: plain sigset manipulation on a local, then pthread_sigmask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    std::thread::spawn(move || {
+        let mut sig = 0;
+        // SAFETY: `set` is a valid signal set; `sig` receives the number.
+        unsafe { libc::sigwait(&set, &mut sig) };
+        let path = CString::new(mountpoint.as_os_str().as_bytes()).expect("mount point has no NUL");
+        // SAFETY: a valid C string path.
+        if unsafe { libc::umount2(path.as_ptr(), 0) } != 0 {
+            // Busy (a process sits in it): detach, so the session ends now
+            // and the commit below still runs.
+            // SAFETY: as above.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+    });
+}
+
+pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
+    let settings = parse_options(args)?;
+    if !args.mountpoint.is_dir() {
+        return Err(Failure::new(format!(
+            "{}: not a directory",
+            args.mountpoint.display()
+        )));
+    }
+    if !args.foreground {
+        return detach(args);
+    }
+    let mut ready_pipe = args.ready_fd.map(|fd| {
+        // SAFETY: the parent passed us this fd, open for writing, and no
+        // one else in this process owns it.
+        unsafe { File::from_raw_fd(fd) }
+    });
+    let report = |pipe: &mut Option<File>, message: &str| {
+        if let Some(p) = pipe.as_mut() {
+            let _ = p.write_all(message.as_bytes());
+        }
+    };
+    let result = serve(args, settings, &mut || {
+        report(&mut ready_pipe, "ready\n");
+        ready_pipe = None;
+    });
+    if let Err(f) = &result {
+        report(&mut ready_pipe, &f.message);
+    }
+    result
+}
+
+fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Result<u8, Failure> {
+    let image = &args.image;
+    let dev = if settings.engine.read_only {
+        FileDevice::open_read_only(image)
+    } else {
+        FileDevice::open(image, settings.direct_io)
+    }
+    .map_err(|e| Failure::new(format!("{}: cannot open: {e}", image.display())))?;
+    lock_image(&dev, image)?;
+    unmount_on_signal(args.mountpoint.clone());
+    let fs = Filesystem::open(dev, settings.engine)
+        .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
+    let fs = birch_fuse::serve(fs, &args.mountpoint, &settings.fuse, ready).map_err(|e| {
+        Failure::new(format!(
+            "{}: FUSE session failed: {e}",
+            args.mountpoint.display()
+        ))
+    })?;
+    fs.close().map_err(|e| {
+        Failure::new(format!(
+            "{}: commit at unmount failed: {e}",
+            image.display()
+        ))
+    })?;
+    Ok(0)
+}
+
+/// Starts this command again in the foreground as a daemon in its own
+/// session and waits until it reports the mount live (exit 0) or fails.
+fn detach(args: &MountArgs) -> Result<u8, Failure> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 fills `fds`; the read end is close-on-exec, the write
+    // end is inherited by the daemon.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), 0) } != 0 {
+        return Err(Failure::new(format!(
+            "cannot create a pipe: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: both fds were just created and are owned here.
+    let (mut read_end, write_end) =
+        unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    // SAFETY: FD_CLOEXEC on our read end only.
+    unsafe { libc::fcntl(read_end.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::new(format!("cannot find the birch executable: {e}")))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("mount")
+        .arg(&args.image)
+        .arg(&args.mountpoint)
+        .arg("--foreground")
+        .arg("--ready-fd")
+        .arg(write_end.as_raw_fd().to_string());
+    for o in &args.options {
+        cmd.arg("-o").arg(o);
+    }
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from the
+    // terminal's session so the shell's signals do not reach it.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    // The daemon reports through the pipe, never the terminal.
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Failure::new(format!("cannot start the mount daemon: {e}")))?;
+    drop(write_end);
+    let mut message = String::new();
+    let _ = read_end.read_to_string(&mut message);
+    if message.starts_with("ready") {
+        return Ok(0);
+    }
+    let status = child.wait().ok();
+    Err(Failure::new(if message.is_empty() {
+        format!("mount daemon exited ({status:?}) before the mount was live")
+    } else {
+        message
+    }))
+}
+
+pub fn sync(args: &SyncArgs) -> Result<u8, Failure> {
+    let dir = File::open(&args.mountpoint)
+        .map_err(|e| Failure::new(format!("{}: {e}", args.mountpoint.display())))?;
+    // SAFETY: an ioctl without argument data on an fd we own.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), BIRCH_IOC_SYNC as libc::c_ulong) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Failure::new(format!(
+            "{}: {}",
+            args.mountpoint.display(),
+            if e.raw_os_error() == Some(libc::ENOTTY) {
+                "not a birch mount".to_string()
+            } else {
+                e.to_string()
+            }
+        )));
+    }
+    Ok(0)
+}

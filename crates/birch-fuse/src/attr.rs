@@ -1,0 +1,110 @@
+//! Conversions between engine values and FUSE's.
+
+use birch::format::{FileType, Timespec, ROOT_DIR_INO};
+use birch::fs::Attr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// FUSE calls the root directory 1; the engine calls it ROOT_DIR_INO.
+pub fn to_engine_ino(fuse_ino: u64) -> u64 {
+    if fuse_ino == fuser::INodeNo::ROOT.0 {
+        ROOT_DIR_INO
+    } else {
+        fuse_ino
+    }
+}
+
+pub fn to_fuse_ino(engine_ino: u64) -> fuser::INodeNo {
+    fuser::INodeNo(if engine_ino == ROOT_DIR_INO {
+        fuser::INodeNo::ROOT.0
+    } else {
+        engine_ino
+    })
+}
+
+pub fn to_system_time(t: Timespec) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
+            + Duration::from_nanos(u64::from(t.nsec))
+    }
+}
+
+pub fn to_timespec(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Timespec { sec, nsec }
+        }
+    }
+}
+
+pub fn to_fuse_type(t: FileType) -> fuser::FileType {
+    match t {
+        FileType::Regular => fuser::FileType::RegularFile,
+        FileType::Directory => fuser::FileType::Directory,
+        FileType::CharDevice => fuser::FileType::CharDevice,
+        FileType::BlockDevice => fuser::FileType::BlockDevice,
+        FileType::Fifo => fuser::FileType::NamedPipe,
+        FileType::Socket => fuser::FileType::Socket,
+        FileType::Symlink => fuser::FileType::Symlink,
+    }
+}
+
+pub fn to_fuse_attr(a: &Attr) -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: to_fuse_ino(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: to_system_time(a.atime),
+        mtime: to_system_time(a.mtime),
+        ctime: to_system_time(a.ctime),
+        crtime: to_system_time(a.crtime),
+        kind: to_fuse_type(a.file_type),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_including_before_the_epoch() {
+        for t in [
+            Timespec { sec: 0, nsec: 0 },
+            Timespec {
+                sec: 1_700_000_000,
+                nsec: 123,
+            },
+            Timespec {
+                sec: -5,
+                nsec: 250_000_000,
+            },
+        ] {
+            assert_eq!(to_timespec(to_system_time(t)), t);
+        }
+    }
+
+    #[test]
+    fn root_maps_both_ways() {
+        assert_eq!(to_engine_ino(1), ROOT_DIR_INO);
+        assert_eq!(to_fuse_ino(ROOT_DIR_INO).0, 1);
+        assert_eq!(to_engine_ino(300), 300);
+    }
+}

@@ -1,0 +1,33 @@
+//! The FUSE front end: turns kernel requests into calls of the engine's
+//! [`birch::fs::Filesystem`] API. It holds no filesystem state of its own
+//! beyond the mapping of FUSE's root inode number; docs/FUSE.md explains
+//! each kernel option chosen here and what it measured.
+
+mod adapter;
+mod attr;
+
+pub use adapter::{BirchFuse, FuseOptions, BIRCH_IOC_SYNC, XFS_IOC_GOINGDOWN};
+
+use birch::device::BlockDevice;
+use birch::fs::Filesystem;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Mounts `fs` at `mountpoint` and serves it until the filesystem is
+/// unmounted; `ready` runs once the mount is live. Returns the filesystem
+/// (for the caller to close and commit).
+pub fn serve<D: BlockDevice + 'static>(
+    fs: Filesystem<D>,
+    mountpoint: &Path,
+    options: &FuseOptions,
+    ready: impl FnOnce(),
+) -> io::Result<Filesystem<D>> {
+    let fs = Arc::new(fs);
+    let adapter = BirchFuse::new(fs.clone(), options.clone());
+    let session = fuser::Session::new(adapter, mountpoint, &options.session_config())?;
+    ready();
+    session.run()?;
+    Arc::try_unwrap(fs)
+        .map_err(|_| io::Error::other("filesystem still referenced after the FUSE session ended"))
+}
