@@ -109,6 +109,14 @@ impl FreeSpace {
         self.free_bytes -= len;
     }
 
+    /// Whether all of `[start, start+len)` is free.
+    pub fn is_free(&self, start: u64, len: u64) -> bool {
+        self.ranges
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(&s, &l)| s + l >= start + len)
+    }
+
     /// First free run of at least `len` bytes at or after `hint`, wrapping
     /// around once.
     fn find(&self, len: u64, hint: u64) -> Option<u64> {
@@ -142,6 +150,8 @@ pub struct Allocator {
     free: FreeSpace,
     /// Freed in the running transaction.
     pinned: Vec<(u64, u64)>,
+    /// Log nodes a durable log superblock may still reference.
+    log_pinned: Vec<(u64, u64)>,
     delayed_refs: BTreeMap<u64, DelayedRef>,
     /// Next-fit cursors: metadata and data are laid out in separate runs so
     /// data extents stay contiguous.
@@ -158,6 +168,7 @@ impl Allocator {
         Allocator {
             free,
             pinned: Vec::new(),
+            log_pinned: Vec::new(),
             delayed_refs: BTreeMap::new(),
             metadata_cursor: first,
             data_cursor: first + (total_bytes - first) / 4,
@@ -282,14 +293,10 @@ impl Allocator {
             entry.num_bytes, num_bytes,
             "data extent {bytenr} referenced with two lengths"
         );
+        // A count passing through zero mid-transaction (an extent split:
+        // one item removed, two added) is not a release: the commit applies
+        // the net change, and frees a new extent that ended with none.
         entry.ref_delta += delta;
-        if entry.created && entry.ref_delta == 0 && delta < 0 {
-            // Written and dropped within this transaction: nothing on disk
-            // refers to it, but a log may; pin it like any other free.
-            self.delayed_refs.remove(&bytenr);
-            self.bytes_used -= num_bytes;
-            self.pinned.push((bytenr, num_bytes));
-        }
     }
 
     /// Returns an unused, never-referenced data allocation (e.g. writeback
@@ -336,10 +343,65 @@ impl Allocator {
         }
     }
 
-    /// Marks space that the extent tree does not record but something
-    /// durable references (a log tree being replayed) as in use.
-    pub fn reserve_range(&mut self, start: u64, len: u64) {
+    /// Allocates a log tree node. Log nodes live only until the next
+    /// commit and are never recorded in the extent tree.
+    pub fn alloc_log_node(&mut self) -> Result<u64> {
+        let len = NODE_SIZE as u64;
+        let start = self
+            .free
+            .find(len, self.metadata_cursor)
+            .ok_or(Error::NoSpace)?;
         self.free.remove(start, len);
+        self.metadata_cursor = start + len;
+        Ok(start)
+    }
+
+    /// Frees a log node. One that no log sync has written is free at once;
+    /// one a durable superblock may reference waits for the next log sync
+    /// or commit ([`Self::take_log_pinned`]).
+    pub fn free_log_node(&mut self, bytenr: u64, written: bool) {
+        if written {
+            self.log_pinned.push((bytenr, NODE_SIZE as u64));
+        } else {
+            self.free.add(bytenr, NODE_SIZE as u64);
+        }
+    }
+
+    /// Log nodes freed since the last log sync: free once the next log
+    /// superblock (or commit) is durable.
+    pub fn take_log_pinned(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.log_pinned)
+    }
+
+    /// Claims a data extent that a log being replayed references but the
+    /// extent tree does not record: it becomes a new extent of this
+    /// transaction with no references yet.
+    pub fn claim_logged_extent(&mut self, bytenr: u64, len: u64, owner: u64) {
+        self.free.remove(bytenr, len);
+        self.bytes_used += len;
+        let prev = self.delayed_refs.insert(
+            bytenr,
+            DelayedRef {
+                num_bytes: len,
+                kind: ExtentKind::Data { owner },
+                created: true,
+                ref_delta: 0,
+            },
+        );
+        assert!(prev.is_none(), "logged extent {bytenr} claimed twice");
+    }
+
+    /// Takes a block of a log being replayed out of the free map; it is
+    /// released (as a written log node) once the replay's commit is durable.
+    /// Fails if the block is not free: the log would overlap live data.
+    pub fn reserve_log_block(&mut self, start: u64) -> bool {
+        let len = NODE_SIZE as u64;
+        if !self.free.is_free(start, len) {
+            return false;
+        }
+        self.free.remove(start, len);
+        self.log_pinned.push((start, len));
+        true
     }
 }
 

@@ -23,7 +23,7 @@ use crate::alloc::Allocator;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{Key, KeyPtr, LeafItem, Node, NodeBody};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -70,10 +70,19 @@ pub struct TreeStats {
 pub struct Forest<D> {
     store: Arc<NodeStore<D>>,
     dirty: HashMap<u64, Arc<Node>>,
+    /// The members of `dirty` that belong to log trees: they are written
+    /// by log syncs, not by the commit.
+    log_dirty: HashSet<u64>,
     committing: Arc<HashMap<u64, Arc<Node>>>,
+    /// Log nodes sealed by a log sync whose write is in flight.
+    log_writing: Arc<HashMap<u64, Arc<Node>>>,
     pub alloc: Allocator,
     transid: u64,
     pub stats: TreeStats,
+}
+
+fn is_log_tree(tree: u64) -> bool {
+    tree == crate::format::tree_id::LOG || tree == crate::format::tree_id::LOG_ROOT
 }
 
 /// Largest i such that `ptrs[i].key <= key`, or 0.
@@ -94,7 +103,9 @@ impl<D: BlockDevice> Forest<D> {
         Forest {
             store,
             dirty: HashMap::new(),
+            log_dirty: HashSet::new(),
             committing: Arc::new(HashMap::new()),
+            log_writing: Arc::new(HashMap::new()),
             alloc,
             transid,
             stats: TreeStats::default(),
@@ -119,6 +130,7 @@ impl<D: BlockDevice> Forest<D> {
             .dirty
             .get(&bytenr)
             .or_else(|| self.committing.get(&bytenr))
+            .or_else(|| self.log_writing.get(&bytenr))
         {
             if n.owner != expect.tree
                 || n.level != expect.level
@@ -151,7 +163,7 @@ impl<D: BlockDevice> Forest<D> {
             return Ok(bytenr);
         }
         let old = self.node(bytenr, expect)?;
-        let new_bytenr = self.alloc.alloc_node(expect.tree, expect.level)?;
+        let new_bytenr = self.allocate_block(expect.tree, expect.level)?;
         let mut copy = (*old).clone();
         copy.bytenr = new_bytenr;
         copy.generation = self.transid;
@@ -161,14 +173,32 @@ impl<D: BlockDevice> Forest<D> {
         Ok(new_bytenr)
     }
 
+    /// A new block for a node of `tree`: log trees' blocks are not recorded
+    /// in the extent tree.
+    fn allocate_block(&mut self, tree: u64, level: u8) -> Result<u64> {
+        if is_log_tree(tree) {
+            let bytenr = self.alloc.alloc_log_node()?;
+            self.log_dirty.insert(bytenr);
+            Ok(bytenr)
+        } else {
+            self.alloc.alloc_node(tree, level)
+        }
+    }
+
     fn free_block(&mut self, bytenr: u64, tree: u64, level: u8) {
         self.dirty.remove(&bytenr);
         self.store.forget(bytenr);
-        self.alloc.free_node(bytenr, tree, level);
+        if is_log_tree(tree) {
+            // Never written by a log sync: nothing durable can point at it.
+            let written = !self.log_dirty.remove(&bytenr);
+            self.alloc.free_log_node(bytenr, written);
+        } else {
+            self.alloc.free_node(bytenr, tree, level);
+        }
     }
 
     fn new_node(&mut self, tree: u64, level: u8, body: NodeBody) -> Result<u64> {
-        let bytenr = self.alloc.alloc_node(tree, level)?;
+        let bytenr = self.allocate_block(tree, level)?;
         self.dirty.insert(
             bytenr,
             Arc::new(Node {
@@ -213,6 +243,29 @@ impl<D: BlockDevice> Forest<D> {
             self.free_block(bytenr, expect.tree, expect.level);
         }
         Ok(())
+    }
+
+    /// Every node of a tree (for replay to reserve a log's blocks).
+    pub fn tree_blocks(&self, root: &TreeRoot) -> Result<Vec<u64>> {
+        let mut blocks = Vec::new();
+        let mut stack = vec![(root.bytenr, root.expectation())];
+        while let Some((bytenr, expect)) = stack.pop() {
+            let node = self.node(bytenr, expect)?;
+            if let NodeBody::Internal(ptrs) = &node.body {
+                for p in ptrs {
+                    stack.push((
+                        p.blockptr,
+                        NodeExpectation {
+                            tree: expect.tree,
+                            level: expect.level - 1,
+                            generation: p.generation,
+                        },
+                    ));
+                }
+            }
+            blocks.push(bytenr);
+        }
+        Ok(blocks)
     }
 
     // ----- reads -----
@@ -614,6 +667,11 @@ impl<D: BlockDevice> Forest<D> {
     /// Ends the running transaction's changes: hands over its dirty nodes
     /// (to be written) and starts transaction `transid + 1`.
     pub fn begin_commit(&mut self) -> Arc<HashMap<u64, Arc<Node>>> {
+        assert!(
+            self.log_dirty.is_empty(),
+            "commit sealed while {} log nodes are unwritten",
+            self.log_dirty.len()
+        );
         let dirty = Arc::new(std::mem::take(&mut self.dirty));
         self.committing = dirty.clone();
         self.transid += 1;
@@ -624,6 +682,29 @@ impl<D: BlockDevice> Forest<D> {
     pub fn end_commit(&mut self) {
         let written = std::mem::take(&mut self.committing);
         for node in written.values() {
+            self.store.cache_written(node.clone());
+        }
+    }
+
+    /// Hands the log trees' changed nodes to a log sync; later changes copy
+    /// them again, so the log they form stays intact on disk.
+    pub fn seal_log_nodes(&mut self) -> Arc<HashMap<u64, Arc<Node>>> {
+        assert!(
+            self.log_writing.is_empty(),
+            "a log sync was sealed while another is being written"
+        );
+        let nodes: HashMap<u64, Arc<Node>> = self
+            .log_dirty
+            .drain()
+            .map(|b| (b, self.dirty.remove(&b).expect("log dirty node is dirty")))
+            .collect();
+        self.log_writing = Arc::new(nodes);
+        self.log_writing.clone()
+    }
+
+    /// The sealed log nodes are on disk: serve them from the cache.
+    pub fn end_log_write(&mut self) {
+        for node in std::mem::take(&mut self.log_writing).values() {
             self.store.cache_written(node.clone());
         }
     }

@@ -43,7 +43,9 @@ pub fn newest_valid_copy(copies: &[SuperblockCopy]) -> Option<&SuperblockCopy> {
         if let Ok(sb) = &c.superblock {
             if best
                 .and_then(|b| b.superblock.as_ref().ok())
-                .is_none_or(|b| sb.generation > b.generation)
+                .is_none_or(|b| {
+                    (sb.generation, sb.log_generation) > (b.generation, b.log_generation)
+                })
             {
                 best = Some(c);
             }
@@ -78,6 +80,12 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             Ok(other) if other.generation < sb.generation => {
                 c.warn_tree(None, format!("superblock copy at {} is stale: generation {} (using the copy at {}, generation {})", copy.bytenr, other.generation, current.bytenr, sb.generation))
             }
+            // A cut between the two copies of a log sync's superblock: the
+            // other copy points at the previous log (or none).
+            Ok(other) if other.generation == sb.generation && other.log_generation < sb.log_generation && Superblock { log_root_bytenr: sb.log_root_bytenr, log_root_level: sb.log_root_level, log_generation: sb.log_generation, ..other.clone() } == sb => c.warn_tree(
+                None,
+                format!("superblock copy at {} points at an older log (log generation {}; using the copy at {}, log generation {})", copy.bytenr, other.log_generation, current.bytenr, sb.log_generation),
+            ),
             Ok(other) if *other != sb => c.fault_tree(None, format!("superblock copies at {} and {} have the same generation {} but differ", current.bytenr, copy.bytenr, sb.generation)),
             Ok(_) => {}
         }

@@ -17,6 +17,8 @@ pub mod item_type {
     pub const XATTR_ITEM: u8 = 24;
     pub const ORPHAN_ITEM: u8 = 48;
     pub const DIR_LOG_INDEX: u8 = 72;
+    /// Log trees only: this inode's extents in the log are complete.
+    pub const LOG_FULL_EXTENTS: u8 = 75;
     pub const DIR_ITEM: u8 = 84;
     pub const DIR_INDEX: u8 = 96;
     pub const EXTENT_DATA: u8 = 108;
@@ -33,6 +35,7 @@ pub fn item_type_name(t: u8) -> &'static str {
         XATTR_ITEM => "XATTR_ITEM",
         ORPHAN_ITEM => "ORPHAN_ITEM",
         DIR_LOG_INDEX => "DIR_LOG_INDEX",
+        LOG_FULL_EXTENTS => "LOG_FULL_EXTENTS",
         DIR_ITEM => "DIR_ITEM",
         DIR_INDEX => "DIR_INDEX",
         EXTENT_DATA => "EXTENT_DATA",

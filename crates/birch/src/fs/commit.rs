@@ -88,7 +88,10 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         log_generation: 0,
         ..template.clone()
     };
-    let pinned = forest.alloc.take_pinned();
+    let mut pinned = forest.alloc.take_pinned();
+    // The dropped log's written nodes: free once this commit (whose
+    // superblock no longer points at the log) is durable.
+    pinned.extend(forest.alloc.take_log_pinned());
     let nodes = forest.begin_commit();
     Ok(PreparedCommit {
         nodes,
@@ -212,10 +215,20 @@ pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
     dev: &D,
     prepared: &PreparedCommit,
 ) -> Result<u64> {
-    let fsid = prepared.superblock.fsid;
-    let mut nodes: Vec<&Arc<Node>> = prepared.nodes.values().collect();
+    let written = write_nodes(dev, &prepared.nodes, &prepared.superblock.fsid)?;
+    dev.flush()?;
+    write_superblocks(dev, &prepared.superblock)?;
+    Ok(written)
+}
+
+/// Writes nodes to their blocks (adjacent ones in one write), no barrier.
+pub(crate) fn write_nodes<D: BlockDevice + ?Sized>(
+    dev: &D,
+    nodes: &HashMap<u64, Arc<Node>>,
+    fsid: &[u8; 16],
+) -> Result<u64> {
+    let mut nodes: Vec<&Arc<Node>> = nodes.values().collect();
     nodes.sort_by_key(|n| n.bytenr);
-    // Adjacent nodes go out in one write.
     let mut run: Vec<u8> = Vec::new();
     let mut run_start = 0;
     for node in &nodes {
@@ -226,7 +239,7 @@ pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
         if run.is_empty() {
             run_start = node.bytenr;
         }
-        run.extend_from_slice(&node.encode(&fsid));
+        run.extend_from_slice(&node.encode(fsid));
         if run.len() >= 64 * NODE_SIZE {
             dev.write_at(&run, run_start)?;
             run.clear();
@@ -235,8 +248,6 @@ pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
     if !run.is_empty() {
         dev.write_at(&run, run_start)?;
     }
-    dev.flush()?;
-    write_superblocks(dev, &prepared.superblock)?;
     Ok(nodes.len() as u64)
 }
 
@@ -262,7 +273,11 @@ pub fn read_superblock<D: BlockDevice + ?Sized>(dev: &D) -> Result<Superblock> {
         }
         match Superblock::decode(&buf, offset) {
             Ok(sb) => {
-                if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                // Log syncs rewrite the superblock without a new
+                // generation: among equals, the later log wins.
+                if best.as_ref().is_none_or(|b| {
+                    (sb.generation, sb.log_generation) > (b.generation, b.log_generation)
+                }) {
                     best = Some(sb);
                 }
             }

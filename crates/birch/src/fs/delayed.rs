@@ -27,6 +27,12 @@ pub(crate) struct DelayedDir {
 #[derive(Debug, Default)]
 pub(crate) struct DelayedItems {
     dirs: HashMap<u64, DelayedDir>,
+    /// Every dir-index change of the running transaction, per directory,
+    /// kept after a flush applies it to the tree: the tree-log logs a
+    /// directory from this record (seed 003) and never flushes for it.
+    txn_changes: HashMap<u64, DelayedDir>,
+    /// Per directory, the indexes changed since its last log.
+    unlogged: HashMap<u64, BTreeSet<u64>>,
     /// Inodes whose in-memory item is newer than the tree's.
     inodes: BTreeSet<u64>,
     dir_items: usize,
@@ -34,6 +40,12 @@ pub(crate) struct DelayedItems {
 
 impl DelayedItems {
     pub fn insert_index(&mut self, dir: u64, index: u64, entry: DirEntry) {
+        self.txn_changes
+            .entry(dir)
+            .or_default()
+            .insertions
+            .insert(index, entry.clone());
+        self.unlogged.entry(dir).or_default().insert(index);
         let d = self.dirs.entry(dir).or_default();
         let prev = d.insertions.insert(index, entry);
         assert!(prev.is_none(), "dir {dir} index {index} inserted twice");
@@ -41,8 +53,15 @@ impl DelayedItems {
     }
 
     /// Deletes an index: cancels a pending insertion, or records a
-    /// deletion of the tree's item.
-    pub fn delete_index(&mut self, dir: u64, index: u64) {
+    /// deletion of the tree's item. Returns whether the entry was in the
+    /// committed tree (not added in this transaction).
+    pub fn delete_index(&mut self, dir: u64, index: u64) -> bool {
+        let t = self.txn_changes.entry(dir).or_default();
+        let committed = t.insertions.remove(&index).is_none();
+        if committed {
+            t.deletions.insert(index);
+        }
+        self.unlogged.entry(dir).or_default().insert(index);
         let d = self.dirs.entry(dir).or_default();
         if d.insertions.remove(&index).is_some() {
             self.dir_items -= 1;
@@ -56,6 +75,7 @@ impl DelayedItems {
         if d.insertions.is_empty() && d.deletions.is_empty() {
             self.dirs.remove(&dir);
         }
+        committed
     }
 
     pub fn dir(&self, dir: u64) -> Option<&DelayedDir> {
@@ -63,7 +83,32 @@ impl DelayedItems {
     }
 
     /// Drops everything pending for an inode that is being destroyed.
+    /// The running transaction's dir-index changes of `dir`.
+    pub fn txn_changes(&self, dir: u64) -> Option<&DelayedDir> {
+        self.txn_changes.get(&dir)
+    }
+
+    /// A commit made the transaction's changes durable.
+    pub fn clear_txn_changes(&mut self) {
+        self.txn_changes.clear();
+        self.unlogged.clear();
+    }
+
+    /// The indexes of `dir` changed since it was last logged; forgets them.
+    pub fn take_unlogged(&mut self, dir: u64) -> BTreeSet<u64> {
+        self.unlogged.remove(&dir).unwrap_or_default()
+    }
+
+    /// Marks one index of `dir` as reflected in the log.
+    pub fn mark_logged(&mut self, dir: u64, index: u64) {
+        if let Some(set) = self.unlogged.get_mut(&dir) {
+            set.remove(&index);
+        }
+    }
+
     pub fn forget_inode(&mut self, ino: u64) {
+        self.txn_changes.remove(&ino);
+        self.unlogged.remove(&ino);
         if let Some(d) = self.dirs.remove(&ino) {
             self.dir_items -= d.insertions.len() + d.deletions.len();
         }

@@ -232,6 +232,9 @@ impl<D: BlockDevice> FsState<D> {
                 self.put_dirty_page(ino, index, page)?;
             }
             self.drop_extents(ino, keep_pages * PAGE, u64::MAX)?;
+            // Dropped extents are not a written range: the next log must
+            // carry the whole extent list.
+            self.inode(ino)?.log.full_sync = true;
             if self.inode(ino)?.pages.is_empty() {
                 self.dirty_data_inodes.remove(&ino);
             }
@@ -306,7 +309,12 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// Inserts a file extent item and counts its reference on the disk extent.
-    fn insert_file_extent(&mut self, ino: u64, file_offset: u64, extent: FileExtent) -> Result<()> {
+    pub(crate) fn insert_file_extent(
+        &mut self,
+        ino: u64,
+        file_offset: u64,
+        extent: FileExtent,
+    ) -> Result<()> {
         if let Some(d) = extent.disk_ref() {
             self.forest
                 .alloc
@@ -328,10 +336,45 @@ impl<D: BlockDevice> FsState<D> {
         Ok(())
     }
 
+    /// Writes back one inode's dirty pages (fsync).
+    pub(crate) fn writeback_one(&mut self, ino: u64) -> Result<()> {
+        self.dirty_data_inodes.remove(&ino);
+        self.writeback_inode(ino)
+    }
+
+    /// Records that `[start, end)` of the file got new extents, for the
+    /// next fast log.
+    fn note_written_range(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
+        let transid = self.forest.transid();
+        let log = &mut self.inode(ino)?.log;
+        if log.ranges_trans != transid {
+            log.dirty_ranges.clear();
+            log.ranges_trans = transid;
+        }
+        match log.dirty_ranges.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => log.dirty_ranges.push((start, end)),
+        }
+        Ok(())
+    }
+
     fn writeback_inode(&mut self, ino: u64) -> Result<()> {
-        let pages = std::mem::take(&mut self.inode(ino)?.pages);
+        let mut pages = std::mem::take(&mut self.inode(ino)?.pages);
         if pages.is_empty() {
             return Ok(());
+        }
+        // An inline extent is only ever a file's one extent: when other
+        // extents exist or are about to, page 0 goes out as a regular extent.
+        let others_exist = !self.extents_overlapping(ino, PAGE, u64::MAX)?.is_empty()
+            || pages.keys().any(|&p| p > 0);
+        if others_exist && !pages.contains_key(&0) {
+            if let Some((0, FileExtent::Inline { .. })) =
+                self.extents_overlapping(ino, 0, 1)?.first()
+            {
+                let page = self.load_page(ino, 0)?;
+                pages.insert(0, page);
+                self.dirty_page_bytes += PAGE;
+            }
         }
         self.dirty_page_bytes -= pages.len() as u64 * PAGE;
         let size = self.inode(ino)?.item.size;
@@ -339,7 +382,7 @@ impl<D: BlockDevice> FsState<D> {
             pages.keys().all(|&p| p * PAGE < size),
             "dirty page beyond EOF of inode {ino}"
         );
-        if size <= MAX_INLINE_DATA as u64 {
+        if size <= MAX_INLINE_DATA as u64 && !others_exist {
             // The whole file lives in page 0: keep it in the tree.
             let page = &pages[&0];
             self.drop_extents(ino, 0, PAGE)?;
@@ -351,6 +394,7 @@ impl<D: BlockDevice> FsState<D> {
                 }
                 .encode(),
             )?;
+            self.note_written_range(ino, 0, PAGE)?;
             return self.update_inode(ino, |i| i.nbytes += size);
         }
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
@@ -386,6 +430,7 @@ impl<D: BlockDevice> FsState<D> {
                         num_bytes: got,
                     }),
                 )?;
+                self.note_written_range(ino, file_offset, file_offset + got)?;
                 added += got;
                 done += got;
             }
@@ -411,6 +456,12 @@ impl<D: BlockDevice> FsState<D> {
         let size = self.inode(ino)?.item.size;
         if mode == FallocateMode::PunchHole {
             return self.punch_hole(ino, offset, end.min(size));
+        }
+        // Preallocated extents may not sit beside an inline extent: the
+        // inline data goes out as a regular extent at the next writeback.
+        if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
+            let page = self.load_page(ino, 0)?;
+            self.put_dirty_page(ino, 0, page)?;
         }
         // Reserve every hole of the page-aligned range with unwritten
         // (prealloc) extents; data already there stays.
@@ -468,6 +519,7 @@ impl<D: BlockDevice> FsState<D> {
                         num_bytes: got,
                     }),
                 )?;
+                self.note_written_range(ino, at, at + got)?;
                 added += got;
                 at += got;
             }
@@ -490,6 +542,7 @@ impl<D: BlockDevice> FsState<D> {
         if start >= end {
             return Ok(());
         }
+        self.inode(ino)?.log.full_sync = true;
         let first_full = start.div_ceil(PAGE);
         let last_full = end / PAGE;
         for index in [start / PAGE, (end - 1) / PAGE] {

@@ -1,6 +1,7 @@
 //! The in-memory inode cache. The cached `InodeItem` is the truth; the fs
 //! tree's copy is updated by the delayed-inode flush.
 
+use super::tree_log::InodeLog;
 use super::{Attr, FsState, SetAttr, SetTime};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
@@ -21,6 +22,10 @@ pub(crate) struct Inode {
     pub next_index: Option<u64>,
     /// Regular files: dirty pages by page index (SECTOR_SIZE bytes each).
     pub pages: BTreeMap<u64, Box<[u8]>>,
+    /// Counts changes, so an fsync can tell whether anything changed since
+    /// the inode was last logged.
+    pub change_seq: u64,
+    pub log: InodeLog,
 }
 
 /// Turns an item decode failure into a corruption report naming the key.
@@ -55,6 +60,13 @@ impl<D: BlockDevice> FsState<D> {
                     open_count: 0,
                     next_index: None,
                     pages: BTreeMap::new(),
+                    change_seq: 0,
+                    // What was written back or logged before it was evicted
+                    // is no longer known: its next log is a full one.
+                    log: InodeLog {
+                        full_sync: true,
+                        ..Default::default()
+                    },
                 },
             );
         }
@@ -71,6 +83,7 @@ impl<D: BlockDevice> FsState<D> {
         let inode = self.inode(ino)?;
         f(&mut inode.item);
         inode.item.transid = transid;
+        inode.change_seq += 1;
         self.delayed.inode_changed(ino);
         Ok(())
     }
@@ -86,6 +99,8 @@ impl<D: BlockDevice> FsState<D> {
                 open_count: 0,
                 next_index: None,
                 pages: BTreeMap::new(),
+                change_seq: 0,
+                log: InodeLog::default(),
             },
         );
         self.delayed.inode_changed(ino);
@@ -209,6 +224,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Deletes every item of an inode with no names and drops its data.
     pub(crate) fn destroy_inode(&mut self, ino: u64) -> Result<()> {
+        self.forget_logged_inode(ino)?;
         let keys = {
             let mut keys = Vec::new();
             self.forest.scan(

@@ -11,10 +11,13 @@ mod file;
 mod inode;
 mod mount;
 mod namespace;
+mod replay;
+mod tree_log;
 mod types;
 mod xattr;
 
 pub use commit::read_superblock;
+pub use tree_log::{FallbackReason, LogStats};
 pub use types::*;
 
 use crate::btree::{Forest, NodeStore};
@@ -43,57 +46,231 @@ pub(crate) struct FsState<D> {
     /// Inodes that have dirty pages.
     dirty_data_inodes: BTreeSet<u64>,
     stats: FsStats,
+    log: tree_log::LogState,
+    log_stats: LogStats,
     /// Set when a write or flush failed: the filesystem is read-only from
     /// then on, and says why.
     failed: Option<String>,
     options: MountOptions,
 }
 
+/// Where log syncs and commits stand; see docs/TREE-LOG.md "Log sync".
+#[derive(Debug, Default)]
+struct SyncProgress {
+    /// A log sync is being written (at most one at a time).
+    log_writing: bool,
+    /// A commit is sealing: no log sync may start.
+    commit_sealing: bool,
+    /// Every log transaction up to this one is durable.
+    durable_log: u64,
+    /// Log transactions up to this one are part of the commit in flight.
+    commit_covering: Option<u64>,
+    /// Generation of the last durable commit.
+    durable_generation: u64,
+    /// Set when a log sync failed: later fsyncs report it.
+    failed: Option<String>,
+}
+
 struct Shared<D> {
     state: Mutex<FsState<D>>,
     /// Serializes commits; held across a commit's unlocked I/O.
     commit_lock: Mutex<()>,
+    sync: Mutex<SyncProgress>,
+    sync_changed: Condvar,
+    /// Held while writing and flushing a superblock, by commits and log
+    /// syncs alike, so their superblocks reach the disk in order.
+    superblock_lock: Mutex<()>,
     store: Arc<NodeStore<Arc<D>>>,
     worker_stop: Mutex<bool>,
     worker_wake: Condvar,
 }
 
 impl<D: BlockDevice> Shared<D> {
+    fn lock_state(&self) -> MutexGuard<'_, FsState<D>> {
+        self.state.lock().expect("filesystem state lock poisoned")
+    }
+
+    fn lock_sync(&self) -> MutexGuard<'_, SyncProgress> {
+        self.sync.lock().expect("sync progress lock poisoned")
+    }
+
     /// Seals the running transaction, writes it without the state lock, then
-    /// releases what it freed.
+    /// releases what it freed. The log of the running transaction is
+    /// dropped: the commit makes its content durable.
     fn commit(&self) -> Result<()> {
         let _commit = self.commit_lock.lock().expect("commit lock poisoned");
-        let prepared = {
-            let mut state = self.state.lock().expect("filesystem state lock poisoned");
+        {
+            // A log write in flight uses blocks the commit would release.
+            let mut sync = self.lock_sync();
+            while sync.log_writing {
+                sync = self
+                    .sync_changed
+                    .wait(sync)
+                    .expect("sync progress lock poisoned");
+            }
+            sync.commit_sealing = true;
+        }
+        let sealed = (|| {
+            let mut state = self.lock_state();
             if state.options.read_only {
-                return Ok(());
+                return Ok(None);
             }
             if let Some(why) = &state.failed {
                 return Err(Error::Io(std::io::Error::other(format!(
                     "filesystem is read-only after an earlier failure: {why}"
                 ))));
             }
+            let covering = state.log.filling;
             match state.prepare_commit() {
-                Ok(Some(p)) => p,
-                Ok(None) => return Ok(()),
+                Ok(p) => Ok(p.map(|p| (p, covering))),
                 Err(e) => {
                     state.failed = Some(e.to_string());
-                    return Err(e);
+                    Err(e)
+                }
+            }
+        })();
+        {
+            let mut sync = self.lock_sync();
+            sync.commit_sealing = false;
+            if let Ok(Some((_, covering))) = &sealed {
+                sync.commit_covering = Some(*covering);
+            }
+            self.sync_changed.notify_all();
+        }
+        let Some((prepared, covering)) = sealed? else {
+            return Ok(());
+        };
+        let dev = self.store.device().as_ref();
+        let written = commit::write_nodes(dev, &prepared.nodes, &prepared.superblock.fsid)
+            .and_then(|n| {
+                dev.flush()?;
+                let _superblock = self
+                    .superblock_lock
+                    .lock()
+                    .expect("superblock lock poisoned");
+                commit::write_superblocks(dev, &prepared.superblock)?;
+                Ok(n)
+            });
+        let generation = prepared.superblock.generation;
+        let result = {
+            let mut state = self.lock_state();
+            match written {
+                Ok(nodes) => {
+                    state.finish_commit(prepared, nodes);
+                    Ok(())
+                }
+                Err(e) => {
+                    state.failed = Some(e.to_string());
+                    Err(e)
                 }
             }
         };
-        let written = commit::write_commit(self.store.device().as_ref(), &prepared);
-        let mut state = self.state.lock().expect("filesystem state lock poisoned");
-        match written {
-            Ok(nodes) => {
-                state.finish_commit(prepared, nodes);
-                Ok(())
+        let mut sync = self.lock_sync();
+        sync.commit_covering = None;
+        match &result {
+            Ok(()) => {
+                sync.durable_log = sync.durable_log.max(covering);
+                sync.durable_generation = generation;
             }
-            Err(e) => {
-                state.failed = Some(e.to_string());
-                Err(e)
+            Err(e) => sync.failed = Some(e.to_string()),
+        }
+        self.sync_changed.notify_all();
+        result
+    }
+
+    /// Waits until log transaction `id` is durable, writing it (and
+    /// everything logged with it) if no one else is (group commit).
+    fn wait_log(&self, id: u64) -> Result<()> {
+        let mut sync = self.lock_sync();
+        loop {
+            if let Some(why) = &sync.failed {
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "log sync failed earlier: {why}"
+                ))));
+            }
+            if sync.durable_log >= id {
+                return Ok(());
+            }
+            let covered = sync.commit_covering.is_some_and(|c| id <= c);
+            if !covered && !sync.log_writing && !sync.commit_sealing {
+                sync.log_writing = true;
+                drop(sync);
+                let result = self.write_log();
+                sync = self.lock_sync();
+                sync.log_writing = false;
+                match result {
+                    Ok(written) => sync.durable_log = sync.durable_log.max(written),
+                    Err(e) => {
+                        self.lock_state().failed = Some(e.to_string());
+                        sync.failed = Some(e.to_string());
+                    }
+                }
+                self.sync_changed.notify_all();
+                continue;
+            }
+            sync = self
+                .sync_changed
+                .wait(sync)
+                .expect("sync progress lock poisoned");
+        }
+    }
+
+    /// Seals the filling log transaction and writes it: nodes, FLUSH, then
+    /// (once its base commit is durable) the superblock, FLUSH. Returns the
+    /// log transaction now durable.
+    fn write_log(&self) -> Result<u64> {
+        let sealed = {
+            let mut state = self.lock_state();
+            let filling = state.log.filling;
+            match state.seal_log()? {
+                Some(s) => s,
+                // Nothing logged since the last sync: it is all durable.
+                None => return Ok(filling),
+            }
+        };
+        let dev = self.store.device().as_ref();
+        let fsid = *self.store.fsid();
+        commit::write_nodes(dev, &sealed.nodes, &fsid)?;
+        dev.flush()?;
+        // Seed 002: only this write waits for the commit the log is based on.
+        {
+            let mut sync = self.lock_sync();
+            while sync.durable_generation < sealed.base_generation && sync.failed.is_none() {
+                sync = self
+                    .sync_changed
+                    .wait(sync)
+                    .expect("sync progress lock poisoned");
             }
         }
+        let _superblock = self
+            .superblock_lock
+            .lock()
+            .expect("superblock lock poisoned");
+        let superblock = {
+            let state = self.lock_state();
+            // A commit after the base made the log's content durable: a
+            // superblock pointing at this log would roll the disk back.
+            (state.superblock.generation == sealed.base_generation).then(|| Superblock {
+                log_root_bytenr: sealed.root.bytenr,
+                log_root_level: sealed.root.level,
+                log_generation: sealed.id,
+                ..state.superblock.clone()
+            })
+        };
+        if let Some(sb) = &superblock {
+            commit::write_superblocks(dev, sb)?;
+        }
+        let mut state = self.lock_state();
+        state.forest.end_log_write();
+        state.forest.alloc.unpin(sealed.released);
+        match superblock {
+            Some(sb) => {
+                state.superblock = sb;
+                state.log_stats.log_syncs += 1;
+            }
+            None => state.log_stats.log_syncs_superseded += 1,
+        }
+        Ok(sealed.id)
     }
 }
 
@@ -116,9 +293,16 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let dev = Arc::new(dev);
         let state = mount::open(dev, options.clone())?;
         let store = state.forest.store().clone();
+        let sync = SyncProgress {
+            durable_generation: state.superblock.generation,
+            ..Default::default()
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             commit_lock: Mutex::new(()),
+            sync: Mutex::new(sync),
+            sync_changed: Condvar::new(),
+            superblock_lock: Mutex::new(()),
             store,
             worker_stop: Mutex::new(false),
             worker_wake: Condvar::new(),
@@ -128,8 +312,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             worker: None,
             closed: false,
         };
+        let has_log = fs.lock().superblock.log_root_bytenr != 0;
         if options.read_only {
+            if has_log {
+                return Err(Error::corrupt(crate::Corruption::general(
+                    "the filesystem has a log to replay: mount it read-write once",
+                )));
+            }
             return Ok(fs);
+        }
+        if has_log {
+            fs.lock().replay_log()?;
+            fs.commit()?;
         }
         fs.cleanup_orphans()?;
         if options.commit_interval.is_some() {
@@ -367,15 +561,24 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.lock().stats
     }
 
-    /// Makes `ino`'s data and metadata durable. Until the tree-log lands
-    /// this commits the whole transaction.
+    /// Makes `ino`'s data, size and a name (a directory: its entries)
+    /// durable, through the log tree: no transaction commit unless the log
+    /// cannot express what changed (docs/TREE-LOG.md).
     pub fn fsync(&self, ino: u64, _datasync: bool) -> Result<()> {
-        {
-            let mut state = self.lock();
-            state.inode(ino)?;
-            state.stats.fsyncs += 1;
+        let outcome = self.change(|s| {
+            s.stats.fsyncs += 1;
+            s.log_for_fsync(ino)
+        })?;
+        match outcome {
+            tree_log::LogOutcome::Nothing => Ok(()),
+            tree_log::LogOutcome::Logged(id) => self.shared.wait_log(id),
+            tree_log::LogOutcome::NeedCommit => self.commit(),
         }
-        self.commit()
+    }
+
+    /// Counters of the fsync path.
+    pub fn log_stats(&self) -> LogStats {
+        self.lock().log_stats
     }
 
     /// Makes everything durable.
@@ -483,11 +686,15 @@ impl<D: BlockDevice> FsState<D> {
     fn prepare_commit(&mut self) -> Result<Option<commit::PreparedCommit>> {
         self.writeback_all()?;
         self.flush_delayed_items()?;
+        self.drop_log()?;
         if self.forest.dirty_node_count() == 0 && !self.forest.alloc.has_delayed_refs() {
             return Ok(None);
         }
         let prepared =
             commit::seal_transaction(&mut self.forest, &mut self.roots, &self.superblock)?;
+        // The next transaction's log transactions get new numbers: the
+        // commit covers every one up to the current.
+        self.log.filling += 1;
         Ok(Some(prepared))
     }
 

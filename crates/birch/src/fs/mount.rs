@@ -2,6 +2,7 @@
 
 use super::commit::{self, Roots};
 use super::delayed::DelayedItems;
+use super::tree_log::LogState;
 use super::{FsState, FsStats, MkfsOptions, MountOptions};
 use crate::alloc::{Allocator, FreeSpace};
 use crate::btree::{Forest, NodeExpectation, NodeStore, TreeRoot};
@@ -93,11 +94,6 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
 
 pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result<FsState<D>> {
     let superblock = commit::read_superblock(dev.as_ref())?;
-    if superblock.log_root_bytenr != 0 {
-        return Err(Error::corrupt(Corruption::general(
-            "superblock points at a log tree, and log replay is not supported by this version",
-        )));
-    }
     let store = Arc::new(NodeStore::new(dev, superblock.fsid, options.cache_nodes));
     let root = TreeRoot {
         id: tree_id::ROOT,
@@ -164,6 +160,11 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         dirty_page_bytes: 0,
         dirty_data_inodes: BTreeSet::new(),
         stats: FsStats::default(),
+        log: LogState {
+            filling: 1,
+            ..Default::default()
+        },
+        log_stats: Default::default(),
         failed: None,
         options,
     };

@@ -126,7 +126,13 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// Adds the name `name` in `parent` for `ino`; returns its dir index.
-    fn add_name(&mut self, parent: u64, name: &[u8], ino: u64, file_type: FileType) -> Result<u64> {
+    pub(crate) fn add_name(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        ino: u64,
+        file_type: FileType,
+    ) -> Result<u64> {
         let ref_key = Key::new(ino, item_type::INODE_REF, parent);
         let mut refs = match self.forest.get(&self.roots.fs, &ref_key)? {
             Some(data) => decode_item(&ref_key, decode_inode_refs(&data))?,
@@ -162,11 +168,12 @@ impl<D: BlockDevice> FsState<D> {
             p.mtime = now;
             p.ctime = now;
         })?;
+        self.log_names_changed(ino)?;
         Ok(index)
     }
 
     /// Removes the name `name` of `ino` from `parent`.
-    fn remove_name(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+    pub(crate) fn remove_name(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
         let ref_key = Key::new(ino, item_type::INODE_REF, parent);
         let missing = || {
             Error::corrupt(crate::Corruption::general(format!(
@@ -203,13 +210,22 @@ impl<D: BlockDevice> FsState<D> {
             self.forest
                 .put(&mut self.roots.fs, dir_key, encode_dir_items(&entries))?;
         }
-        self.delayed.delete_index(parent, index);
+        let committed = self.delayed.delete_index(parent, index);
         let now = Timespec::now();
         self.update_inode(parent, |p| {
-            p.size -= name.len() as u64;
+            // Saturating: during log replay a directory's item comes from
+            // the log before its entries do (replay recounts it at the end).
+            p.size = p.size.saturating_sub(name.len() as u64);
             p.mtime = now;
             p.ctime = now;
-        })
+        })?;
+        if self.log_entry_removed(parent, index, committed)? {
+            // The logged directory will drop this name at replay: the inode
+            // must take its remaining (or new, for a rename) names along.
+            self.log_exists(ino)
+        } else {
+            self.log_names_changed(ino)
+        }
     }
 
     pub(crate) fn create_node(
@@ -290,16 +306,17 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     pub(crate) fn link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        // The kernel's order: the new name first (EEXIST), then the inode.
         validate_new_name(new_name)?;
+        if self.find_entry(new_parent, new_name)?.is_some() {
+            return Err(Error::Exists);
+        }
         let item = self.inode_item(ino)?;
         if item.file_type() == FileType::Directory {
             return Err(Error::NotPermitted);
         }
         if item.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
-        }
-        if self.find_entry(new_parent, new_name)?.is_some() {
-            return Err(Error::Exists);
         }
         self.ensure_space(0)?;
         self.add_name(new_parent, new_name, ino, item.file_type())?;
@@ -375,6 +392,7 @@ impl<D: BlockDevice> FsState<D> {
         if !self.is_dir_empty(entry.ino)? {
             return Err(Error::NotEmpty);
         }
+        self.note_rmdir(parent, entry.ino)?;
         self.remove_name(parent, name, entry.ino)?;
         self.update_inode(parent, |p| p.nlink -= 1)?;
         self.drop_link(entry.ino)
@@ -413,6 +431,10 @@ impl<D: BlockDevice> FsState<D> {
         if name == b"." || name == b".." {
             return Err(Error::InvalidArgument("rename of \".\" or \"..\""));
         }
+        // Checks in the kernel's order (do_renameat2): the source must
+        // exist, then the new name is looked at, then the flags, then the
+        // ancestry traps, then the types.
+        let source = self.find_entry(parent, name)?.ok_or(Error::NotFound)?;
         validate_new_name(new_name).map_err(|e| {
             if matches!(e, Error::Exists) {
                 Error::InvalidArgument("rename onto \".\" or \"..\"")
@@ -420,21 +442,38 @@ impl<D: BlockDevice> FsState<D> {
                 e
             }
         })?;
-        let source = self.find_entry(parent, name)?.ok_or(Error::NotFound)?;
         let target = self.find_entry(new_parent, new_name)?;
+        match (&target, flags) {
+            (None, RenameFlags { exchange: true, .. }) => return Err(Error::NotFound),
+            (
+                Some(_),
+                RenameFlags {
+                    no_replace: true, ..
+                },
+            ) => return Err(Error::Exists),
+            _ => {}
+        }
+        if source.file_type == FileType::Directory && self.is_within(new_parent, source.ino)? {
+            return Err(Error::InvalidArgument(
+                "directory moved into its own subtree",
+            ));
+        }
+        if let Some(t) = &target {
+            if t.file_type == FileType::Directory && self.is_within(parent, t.ino)? {
+                // The target is an ancestor of the source.
+                return Err(if flags.exchange {
+                    Error::InvalidArgument("directory exchanged with its own ancestor")
+                } else {
+                    Error::NotEmpty
+                });
+            }
+        }
         self.ensure_space(0)?;
         let now = Timespec::now();
         if flags.exchange {
-            let target = target.ok_or(Error::NotFound)?;
+            let target = target.expect("checked above");
             if source.ino == target.ino {
                 return Ok(());
-            }
-            for (moving, into) in [(&source, new_parent), (&target, parent)] {
-                if moving.file_type == FileType::Directory && self.is_within(into, moving.ino)? {
-                    return Err(Error::InvalidArgument(
-                        "directory moved into its own subtree",
-                    ));
-                }
             }
             self.remove_name(parent, name, source.ino)?;
             self.remove_name(new_parent, new_name, target.ino)?;
@@ -454,15 +493,7 @@ impl<D: BlockDevice> FsState<D> {
             return Ok(());
         }
         let source_is_dir = source.file_type == FileType::Directory;
-        if source_is_dir && self.is_within(new_parent, source.ino)? {
-            return Err(Error::InvalidArgument(
-                "directory moved into its own subtree",
-            ));
-        }
         if let Some(target) = &target {
-            if flags.no_replace {
-                return Err(Error::Exists);
-            }
             if target.ino == source.ino {
                 // Two names of one inode: POSIX says do nothing.
                 return Ok(());
@@ -473,6 +504,9 @@ impl<D: BlockDevice> FsState<D> {
                 (false, true) => return Err(Error::IsDir),
                 (true, true) if !self.is_dir_empty(target.ino)? => return Err(Error::NotEmpty),
                 _ => {}
+            }
+            if target_is_dir {
+                self.note_rmdir(new_parent, target.ino)?;
             }
             self.remove_name(new_parent, new_name, target.ino)?;
             if target_is_dir {

@@ -1,0 +1,563 @@
+//! The tree-log: fsync by logging one inode (or directory) into a
+//! per-subvolume log tree instead of committing. docs/TREE-LOG.md is the
+//! design; this file is the logging half (replay is in replay.rs, the log
+//! sync protocol in mod.rs).
+
+use super::inode::decode_item;
+use super::FsState;
+use crate::btree::TreeRoot;
+use crate::device::BlockDevice;
+use crate::error::Result;
+use crate::format::{item_type, tree_id, FileExtent, FileType, InodeItem, Key, RootItem};
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+/// What the log knows of one inode in the running transaction.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InodeLog {
+    /// Transaction in which the log holds this inode's names; from then on
+    /// every name change is applied to the log too (invariant L1).
+    pub names_logged_trans: u64,
+    /// Transaction in which the log holds the inode's own state (a file's
+    /// item, xattrs and extents; a directory's entry changes).
+    pub state_logged_trans: u64,
+    /// `change_seq` when the state was logged: an fsync finding it
+    /// unchanged has nothing to log.
+    pub logged_change_seq: u64,
+    /// Log transaction that last logged this inode's state.
+    pub logged_in: u64,
+    /// Transaction the ranges below belong to.
+    pub ranges_trans: u64,
+    /// File ranges written back since the last log (fast fsync logs these).
+    pub dirty_ranges: Vec<(u64, u64)>,
+    /// Fast logging cannot express the changes (extents were dropped, or
+    /// the inode was loaded from disk mid-transaction): log everything.
+    pub full_sync: bool,
+    /// Transaction in which a committed subdirectory of this directory was
+    /// removed (the log cannot express that: see `RemovedDirectory`).
+    pub removed_committed_dir_trans: u64,
+}
+
+/// Why an fsync could not be answered by the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// A directory chain of new ancestors too deep to log.
+    AncestorChain,
+    /// A committed directory was removed from a directory whose changes
+    /// are (or are being) logged. Replay would drop its entry, but the
+    /// removed directory's own earlier removals were never logged, so it
+    /// could come back nameless with entries. Crash case:
+    /// `mkdir p/d; touch p/d/x; sync; rm p/d/x; rmdir p/d; fsync p; <cut>`.
+    RemovedDirectory,
+}
+
+impl FallbackReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            FallbackReason::AncestorChain => "ancestor-chain",
+            FallbackReason::RemovedDirectory => "removed-directory",
+        }
+    }
+}
+
+/// What an fsync needs after logging.
+pub(crate) enum LogOutcome {
+    /// Already durable: nothing to wait for.
+    Nothing,
+    /// Durable once this log transaction is.
+    Logged(u64),
+    /// The log cannot express it (the reason is counted): commit.
+    NeedCommit,
+}
+
+/// The log trees of the running transaction.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogTrees {
+    pub log: TreeRoot,
+    pub root: TreeRoot,
+}
+
+/// The running transaction's log.
+#[derive(Debug, Default)]
+pub(crate) struct LogState {
+    pub trees: Option<LogTrees>,
+    /// The log transaction being filled (numbers never repeat).
+    pub filling: u64,
+    /// Something was logged into `filling`.
+    pub filling_dirty: bool,
+    /// Every fsync until the next commit must commit instead.
+    pub force_commit: Option<FallbackReason>,
+}
+
+/// Counters of the fsync path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// fsyncs answered by the log.
+    pub logged_fsyncs: u64,
+    /// fsyncs that found everything already durable.
+    pub noop_fsyncs: u64,
+    pub full_logs: u64,
+    pub fast_logs: u64,
+    pub dir_logs: u64,
+    /// Log syncs written (superblock included).
+    pub log_syncs: u64,
+    /// Log syncs whose base commit was superseded: no superblock written.
+    pub log_syncs_superseded: u64,
+    pub fallback_ancestor_chain: u64,
+    pub fallback_removed_directory: u64,
+    /// Time spent logging inodes (seed 003's figure).
+    pub logging_nanos: u64,
+}
+
+/// Deepest chain of new directories logged as ancestors.
+const MAX_NEW_ANCESTORS: usize = 64;
+
+fn full_range(ino: u64, t: u8) -> (Key, Key) {
+    (Key::new(ino, t, 0), Key::new(ino, t, u64::MAX))
+}
+
+impl<D: BlockDevice> FsState<D> {
+    /// The commit the running transaction's log is relative to. (While a
+    /// commit is being written, that is the one in flight, not the last
+    /// durable one.)
+    fn committed_generation(&self) -> u64 {
+        self.forest.transid() - 1
+    }
+
+    /// Whether the inode was created in the running transaction (so the
+    /// committed tree does not have it).
+    fn is_new(&mut self, ino: u64) -> Result<bool> {
+        Ok(self.inode(ino)?.item.generation > self.committed_generation())
+    }
+
+    /// The log trees, created on first use in this transaction.
+    fn log_trees(&mut self) -> Result<LogTrees> {
+        if let Some(t) = self.log.trees {
+            return Ok(t);
+        }
+        let trees = LogTrees {
+            log: self.forest.create_tree(tree_id::LOG)?,
+            root: self.forest.create_tree(tree_id::LOG_ROOT)?,
+        };
+        self.log.trees = Some(trees);
+        Ok(trees)
+    }
+
+    fn log_put(&mut self, key: Key, data: Vec<u8>) -> Result<()> {
+        let mut trees = self.log_trees()?;
+        let result = self.forest.put(&mut trees.log, key, data);
+        self.log.trees = Some(trees);
+        result
+    }
+
+    fn log_delete(&mut self, key: &Key) -> Result<()> {
+        let Some(mut trees) = self.log.trees else {
+            return Ok(());
+        };
+        let result = self.forest.delete(&mut trees.log, key).map(|_| ());
+        self.log.trees = Some(trees);
+        result
+    }
+
+    fn log_items(&self, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+        match &self.log.trees {
+            Some(t) => self.forest.collect_range(&t.log, start, end),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn log_delete_range(&mut self, start: Key, end: Key) -> Result<()> {
+        for (key, _) in self.log_items(start, end)? {
+            self.log_delete(&key)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the fs tree's items in `[start, end]` into the log.
+    fn log_copy_range(&mut self, start: Key, end: Key) -> Result<()> {
+        for (key, data) in self.forest.collect_range(&self.roots.fs, start, end)? {
+            self.log_put(key, data)?;
+        }
+        Ok(())
+    }
+
+    fn log_inode_item(&mut self, ino: u64, item: InodeItem) -> Result<()> {
+        self.log_put(Key::new(ino, item_type::INODE_ITEM, 0), item.encode())
+    }
+
+    /// Logs the inode's current names, replacing what the log had. From
+    /// now on name changes of this inode update the log.
+    pub(crate) fn log_names(&mut self, ino: u64) -> Result<()> {
+        let (start, end) = full_range(ino, item_type::INODE_REF);
+        // Nothing of this inode in the log yet: nothing to drop (seed 001).
+        if self.inode(ino)?.log.names_logged_trans == self.forest.transid() {
+            self.log_delete_range(start, end)?;
+        }
+        self.log_copy_range(start, end)?;
+        self.inode(ino)?.log.names_logged_trans = self.forest.transid();
+        Ok(())
+    }
+
+    /// Logs that the inode exists with its names: what a directory's
+    /// new entry, or a new name of a logged inode, needs at replay. A new
+    /// inode gets an item (empty, for a file: its data is not promised);
+    /// one whose state is logged keeps that.
+    pub(crate) fn log_exists(&mut self, ino: u64) -> Result<()> {
+        let transid = self.forest.transid();
+        if self.is_new(ino)? && self.inode(ino)?.log.state_logged_trans != transid {
+            let mut item = self.inode(ino)?.item.clone();
+            match item.file_type() {
+                FileType::Directory => {}
+                // A symlink is nothing without its target: log it whole.
+                FileType::Symlink => {
+                    let (start, end) = full_range(ino, item_type::EXTENT_DATA);
+                    self.log_copy_range(start, end)?;
+                }
+                _ => {
+                    item.size = 0;
+                    item.nbytes = 0;
+                }
+            }
+            self.log_inode_item(ino, item)?;
+        }
+        self.log_names(ino)
+    }
+
+    /// Logs, in exists mode, every directory on the way from `ino` up to
+    /// one the committed tree has, so `ino` has a reachable name after
+    /// replay. Ancestors are not marked as state-logged (seed 000): a
+    /// later fsync of one still logs its entries.
+    pub(crate) fn log_new_ancestors(&mut self, ino: u64) -> Result<Option<FallbackReason>> {
+        let transid = self.forest.transid();
+        let mut todo = self.parents_of(ino)?;
+        let mut depth = 0;
+        while let Some(dir) = todo.pop() {
+            if !self.is_new(dir)? || self.inode(dir)?.log.names_logged_trans == transid {
+                continue;
+            }
+            depth += 1;
+            if depth > MAX_NEW_ANCESTORS {
+                return Ok(Some(FallbackReason::AncestorChain));
+            }
+            self.log_exists(dir)?;
+            todo.extend(self.parents_of(dir)?);
+        }
+        Ok(None)
+    }
+
+    /// The directories `ino` has names in.
+    fn parents_of(&self, ino: u64) -> Result<Vec<u64>> {
+        let (start, end) = full_range(ino, item_type::INODE_REF);
+        let mut parents = Vec::new();
+        self.forest.scan(&self.roots.fs, start, end, &mut |k, _| {
+            if k.offset != ino {
+                parents.push(k.offset);
+            }
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(parents)
+    }
+
+    /// Logs a file (or symlink, device, fifo): item from memory (seed 001),
+    /// names, xattrs, and its extents in full or just the written ranges.
+    fn log_file(&mut self, ino: u64) -> Result<()> {
+        let transid = self.forest.transid();
+        let item = self.inode(ino)?.item.clone();
+        let log = self.inode(ino)?.log.clone();
+        let first_this_trans = log.state_logged_trans != transid;
+        let full = log.full_sync || (first_this_trans && self.is_new(ino)?);
+        self.log_inode_item(ino, item)?;
+        let (xs, xe) = full_range(ino, item_type::XATTR_ITEM);
+        if !first_this_trans {
+            self.log_delete_range(xs, xe)?;
+        }
+        self.log_copy_range(xs, xe)?;
+        let (es, ee) = full_range(ino, item_type::EXTENT_DATA);
+        if full {
+            // First log in this transaction: nothing logged to drop (seed 001).
+            if !first_this_trans {
+                self.log_delete_range(es, ee)?;
+            }
+            self.log_copy_range(es, ee)?;
+            self.log_put(Key::new(ino, item_type::LOG_FULL_EXTENTS, 0), Vec::new())?;
+            self.log_stats.full_logs += 1;
+        } else {
+            let ranges = if log.ranges_trans == transid {
+                log.dirty_ranges
+            } else {
+                Vec::new()
+            };
+            for (start, end) in ranges {
+                self.log_extent_range(ino, start, end)?;
+            }
+            self.log_stats.fast_logs += 1;
+        }
+        let seq = self.inode(ino)?.change_seq;
+        let inode = self.inode(ino)?;
+        inode.log.state_logged_trans = transid;
+        inode.log.logged_change_seq = seq;
+        inode.log.full_sync = false;
+        inode.log.dirty_ranges.clear();
+        inode.log.ranges_trans = transid;
+        self.log_names(ino)
+    }
+
+    /// Makes the log's extents of `[start, end)` equal the fs tree's,
+    /// widening the range over extents that stick out of it.
+    fn log_extent_range(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
+        let (mut lo, mut hi) = (start, end);
+        loop {
+            let (before_lo, before_hi) = (lo, hi);
+            for (key, data) in self.log_items(
+                Key::new(ino, item_type::EXTENT_DATA, 0),
+                Key::new(ino, item_type::EXTENT_DATA, hi.saturating_sub(1)),
+            )? {
+                let e = decode_item(&key, FileExtent::decode(&data))?;
+                if key.offset + e.len() > lo {
+                    self.log_delete(&key)?;
+                    lo = lo.min(key.offset);
+                    hi = hi.max(key.offset + e.len());
+                }
+            }
+            for (key, data) in self.forest.collect_range(
+                &self.roots.fs,
+                Key::new(ino, item_type::EXTENT_DATA, 0),
+                Key::new(ino, item_type::EXTENT_DATA, hi.saturating_sub(1)),
+            )? {
+                let e = decode_item(&key, FileExtent::decode(&data))?;
+                if key.offset + e.len() > lo {
+                    lo = lo.min(key.offset);
+                    hi = hi.max(key.offset + e.len());
+                    self.log_put(key, data)?;
+                }
+            }
+            if (lo, hi) == (before_lo, before_hi) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Logs a directory: its item and names, and its entry changes in this
+    /// transaction straight from the delayed dir-index record (seed 003:
+    /// nothing is flushed into the fs tree for this). Only the changes since
+    /// the directory was last logged are written.
+    fn log_dir(&mut self, dir: u64) -> Result<()> {
+        let transid = self.forest.transid();
+        let item = self.inode(dir)?.item.clone();
+        self.log_inode_item(dir, item)?;
+        let unlogged = self.delayed.take_unlogged(dir);
+        let changes = self.delayed.txn_changes(dir).cloned().unwrap_or_default();
+        let mut added = Vec::new();
+        for index in unlogged {
+            if let Some(entry) = changes.insertions.get(&index) {
+                self.log_put(Key::new(dir, item_type::DIR_INDEX, index), entry.encode())?;
+                added.push(entry.ino);
+            } else {
+                self.log_delete(&Key::new(dir, item_type::DIR_INDEX, index))?;
+                if changes.deletions.contains(&index) {
+                    self.log_put(Key::new(dir, item_type::DIR_LOG_INDEX, index), Vec::new())?;
+                }
+            }
+        }
+        // Each new entry's inode must exist at replay, and lose any name it
+        // had before (a rename into this directory).
+        for ino in added {
+            self.log_exists(ino)?;
+        }
+        let seq = self.inode(dir)?.change_seq;
+        let inode = self.inode(dir)?;
+        inode.log.state_logged_trans = transid;
+        inode.log.logged_change_seq = seq;
+        self.log_stats.dir_logs += 1;
+        self.log_names(dir)
+    }
+
+    /// The logging half of fsync: what must be logged for `ino`, logged.
+    pub(crate) fn log_for_fsync(&mut self, ino: u64) -> Result<LogOutcome> {
+        let started = Instant::now();
+        let outcome = self.log_for_fsync_timed(ino);
+        self.log_stats.logging_nanos += started.elapsed().as_nanos() as u64;
+        outcome
+    }
+
+    fn log_for_fsync_timed(&mut self, ino: u64) -> Result<LogOutcome> {
+        let transid = self.forest.transid();
+        if let Some(reason) = self.log.force_commit {
+            self.count_fallback(reason);
+            return Ok(LogOutcome::NeedCommit);
+        }
+        let inode = self.inode(ino)?;
+        if inode.log.removed_committed_dir_trans == transid {
+            self.count_fallback(FallbackReason::RemovedDirectory);
+            return Ok(LogOutcome::NeedCommit);
+        }
+        let inode = self.inode(ino)?;
+        let has_pages = !inode.pages.is_empty();
+        let changed_in_trans = inode.item.transid >= transid || has_pages;
+        if inode.item.nlink == 0 || !changed_in_trans {
+            // Unlinked (gone after any crash) or already committed.
+            self.log_stats.noop_fsyncs += 1;
+            return Ok(LogOutcome::Nothing);
+        }
+        if inode.log.state_logged_trans == transid
+            && inode.log.logged_change_seq == inode.change_seq
+            && !has_pages
+        {
+            // Logged and unchanged since: durable once that log is.
+            return Ok(LogOutcome::Logged(inode.log.logged_in));
+        }
+        let is_dir = inode.item.file_type() == FileType::Directory;
+        if is_dir {
+            self.log_dir(ino)?;
+        } else {
+            self.writeback_one(ino)?;
+            self.log_file(ino)?;
+        }
+        if let Some(reason) = self.log_new_ancestors(ino)? {
+            self.count_fallback(reason);
+            return Ok(LogOutcome::NeedCommit);
+        }
+        let filling = self.log.filling;
+        self.inode(ino)?.log.logged_in = filling;
+        self.log.filling_dirty = true;
+        self.log_stats.logged_fsyncs += 1;
+        Ok(LogOutcome::Logged(filling))
+    }
+
+    pub(crate) fn count_fallback(&mut self, reason: FallbackReason) {
+        match reason {
+            FallbackReason::AncestorChain => self.log_stats.fallback_ancestor_chain += 1,
+            FallbackReason::RemovedDirectory => self.log_stats.fallback_removed_directory += 1,
+        }
+    }
+
+    // ----- keeping logged inodes current (seed 000) -----
+
+    /// `ino` gained or lost a name. If its names are in the log, the log
+    /// gets the new set at once — without a log sync, and without marking
+    /// any ancestor as logged, so a later fsync of a parent still logs it.
+    pub(crate) fn log_names_changed(&mut self, ino: u64) -> Result<()> {
+        if self.log.trees.is_none()
+            || self.inode(ino)?.log.names_logged_trans != self.forest.transid()
+        {
+            return Ok(());
+        }
+        self.log_names(ino)?;
+        // A chain too deep is found again (and committed) by the next
+        // fsync of this inode.
+        self.log_new_ancestors(ino)?;
+        Ok(())
+    }
+
+    /// Entry `index` was removed from `dir`. If the directory's entries are
+    /// in the log, the removal goes there at once: otherwise a log synced
+    /// later by another fsync would bring the entry back at replay (and a
+    /// renamed inode would end up with both names).
+    /// Returns whether the directory is logged.
+    pub(crate) fn log_entry_removed(
+        &mut self,
+        dir: u64,
+        index: u64,
+        committed: bool,
+    ) -> Result<bool> {
+        if self.log.trees.is_none()
+            || self.inode(dir)?.log.state_logged_trans != self.forest.transid()
+        {
+            return Ok(false);
+        }
+        self.log_delete(&Key::new(dir, item_type::DIR_INDEX, index))?;
+        if committed {
+            self.log_put(Key::new(dir, item_type::DIR_LOG_INDEX, index), Vec::new())?;
+        }
+        self.delayed.mark_logged(dir, index);
+        Ok(true)
+    }
+
+    /// `dir` (a directory) is about to be removed from `parent`.
+    pub(crate) fn note_rmdir(&mut self, parent: u64, dir: u64) -> Result<()> {
+        if self.is_new(dir)? {
+            return Ok(());
+        }
+        let transid = self.forest.transid();
+        self.inode(parent)?.log.removed_committed_dir_trans = transid;
+        if self.inode(parent)?.log.state_logged_trans == transid {
+            self.log.force_commit = Some(FallbackReason::RemovedDirectory);
+        }
+        Ok(())
+    }
+
+    /// Seals the filling log transaction for writing: records the log
+    /// tree's root in the log root tree and hands over the changed log
+    /// nodes. Returns `None` when nothing was logged.
+    pub(crate) fn seal_log(&mut self) -> Result<Option<SealedLog>> {
+        let id = self.log.filling;
+        self.log.filling += 1;
+        if !std::mem::take(&mut self.log.filling_dirty) {
+            return Ok(None);
+        }
+        let mut trees = self.log.trees.expect("something was logged");
+        let item = RootItem {
+            bytenr: trees.log.bytenr,
+            generation: trees.log.generation,
+            level: trees.log.level,
+        };
+        self.forest.put(
+            &mut trees.root,
+            Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS),
+            item.encode(),
+        )?;
+        self.log.trees = Some(trees);
+        let nodes = self.forest.seal_log_nodes();
+        let released = self.forest.alloc.take_log_pinned();
+        Ok(Some(SealedLog {
+            id,
+            base_generation: self.committed_generation(),
+            root: trees.root,
+            nodes,
+            released,
+        }))
+    }
+
+    /// An inode is being destroyed: its logged items go too, so a later log
+    /// sync does not bring it back.
+    pub(crate) fn forget_logged_inode(&mut self, ino: u64) -> Result<()> {
+        let transid = self.forest.transid();
+        let logged = self.inodes.get(&ino).is_some_and(|i| {
+            i.log.names_logged_trans == transid || i.log.state_logged_trans == transid
+        });
+        if logged && self.log.trees.is_some() {
+            self.log_delete_range(Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))?;
+        }
+        Ok(())
+    }
+
+    /// Drops the log (a commit makes its content durable): its written
+    /// nodes stay pinned until the commit is.
+    pub(crate) fn drop_log(&mut self) -> Result<()> {
+        if let Some(trees) = self.log.trees.take() {
+            self.forest.drop_tree(&trees.log)?;
+            self.forest.drop_tree(&trees.root)?;
+        }
+        self.log.filling_dirty = false;
+        self.log.force_commit = None;
+        self.delayed.clear_txn_changes();
+        Ok(())
+    }
+}
+
+/// A log transaction ready to be written.
+pub(crate) struct SealedLog {
+    pub id: u64,
+    /// The commit this log is relative to.
+    pub base_generation: u64,
+    pub root: TreeRoot,
+    pub nodes: std::sync::Arc<std::collections::HashMap<u64, std::sync::Arc<crate::format::Node>>>,
+    /// Log nodes that become free once this log's superblock is durable.
+    pub released: Vec<(u64, u64)>,
+}
+
+impl LogStats {
+    pub fn logging_time(&self) -> Duration {
+        Duration::from_nanos(self.logging_nanos)
+    }
+}

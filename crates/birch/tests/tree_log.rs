@@ -1,0 +1,573 @@
+//! The tree-log's crash cases (docs/TREE-LOG.md), one test each, and the
+//! seeds' behaviours checked through counters. Crash states are enumerated
+//! from the moment an fsync returned: every flush point after it, with
+//! every subset (or a seeded sample) of the writes pending there.
+
+use birch::check::check_device;
+use birch::device::{BlockDevice, CrashPoint, MemoryDevice, RecordingDevice};
+use birch::fs::{Filesystem, MkfsOptions, MountOptions, RenameFlags};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const IMAGE_BYTES: u64 = 32 << 20;
+
+fn recorder() -> Arc<RecordingDevice> {
+    let dev = MemoryDevice::new(IMAGE_BYTES);
+    Filesystem::mkfs(
+        &dev,
+        &MkfsOptions {
+            fsid: Some([5; 16]),
+        },
+    )
+    .unwrap();
+    Arc::new(RecordingDevice::new(dev.snapshot()))
+}
+
+fn mount<D: BlockDevice + 'static>(dev: D) -> Filesystem<D> {
+    Filesystem::open(dev, MountOptions::deterministic()).unwrap()
+}
+
+type View = BTreeMap<String, Vec<u8>>;
+
+fn view<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> View {
+    fn walk<D: BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, prefix: &str, out: &mut View) {
+        for e in fs.readdir(dir, 0, usize::MAX).unwrap() {
+            let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
+            let attr = fs.getattr(e.ino).unwrap();
+            if e.file_type == birch::format::FileType::Directory {
+                out.insert(path.clone(), b"<dir>".to_vec());
+                walk(fs, e.ino, &path, out);
+            } else {
+                out.insert(path, fs.read_file(e.ino, 0, attr.size as usize).unwrap());
+            }
+        }
+    }
+    let mut out = View::new();
+    walk(fs, fs.root_ino(), "", &mut out);
+    out
+}
+
+/// Every crash point from flush `from` on.
+fn crash_points(rec: &RecordingDevice, from: usize) -> Vec<CrashPoint> {
+    let mut rng = ChaCha8Rng::seed_from_u64(from as u64);
+    let mut points = Vec::new();
+    for k in from..=rec.flush_count() {
+        let n = rec.writes_in_window(k);
+        if n <= 8 {
+            for mask in 0u32..(1 << n) {
+                points.push(CrashPoint {
+                    flushes_completed: k,
+                    kept_writes: (0..n).filter(|i| mask & (1 << i) != 0).collect(),
+                });
+            }
+        } else {
+            points.push(CrashPoint {
+                flushes_completed: k,
+                kept_writes: vec![],
+            });
+            points.push(CrashPoint {
+                flushes_completed: k,
+                kept_writes: (0..n).collect(),
+            });
+            for _ in 0..48 {
+                points.push(CrashPoint {
+                    flushes_completed: k,
+                    kept_writes: (0..n).filter(|_| rng.gen_bool(0.5)).collect(),
+                });
+            }
+        }
+    }
+    points
+}
+
+/// Mounts the image a power cut at `point` leaves (replaying the log),
+/// checks it before and after, and returns what it shows.
+fn crash_view(rec: &RecordingDevice, point: &CrashPoint) -> View {
+    let dev = Arc::new(MemoryDevice::from_bytes(rec.crash_image(point)));
+    let before = check_device(dev.as_ref());
+    assert!(
+        before.is_clean(),
+        "{point:?}: check of the crashed image:\n{before}"
+    );
+    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic())
+        .unwrap_or_else(|e| panic!("{point:?}: mount failed: {e}"));
+    let v = view(&fs);
+    fs.close().unwrap();
+    let after = check_device(dev.as_ref());
+    assert!(after.is_clean(), "{point:?}: check after replay:\n{after}");
+    v
+}
+
+/// Asserts `property` of every crash state from flush `from` on.
+fn for_every_crash_after(
+    rec: &RecordingDevice,
+    from: usize,
+    property: impl Fn(&View) -> Result<(), String>,
+) -> usize {
+    let points = crash_points(rec, from);
+    for point in &points {
+        let v = crash_view(rec, point);
+        if let Err(why) = property(&v) {
+            panic!(
+                "crash at {point:?}: {why}\nstate: {:?}",
+                v.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+    points.len()
+}
+
+fn ino<D: BlockDevice + 'static>(fs: &Filesystem<D>, path: &str) -> u64 {
+    let mut cur = fs.root_ino();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        cur = fs.lookup(cur, part.as_bytes()).unwrap().ino;
+    }
+    cur
+}
+
+#[test]
+fn fsync_file_survives() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap();
+    fs.sync().unwrap();
+    let f = fs.create(ino(&fs, "d"), b"f", 0o644, 0, 0).unwrap().ino;
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7) as u8).collect();
+    fs.write_file(f, 0, &data).unwrap();
+    let commits = fs.stats().commits;
+    fs.fsync(f, false).unwrap();
+    assert_eq!(fs.stats().commits, commits, "fsync must not commit");
+    assert_eq!(fs.log_stats().log_syncs, 1);
+    let synced = rec.flush_count();
+    // Later, unsynced changes must not disturb what the fsync promised.
+    fs.create(fs.root_ino(), b"later", 0o644, 0, 0).unwrap();
+    std::mem::forget(fs);
+    let states = for_every_crash_after(&rec, synced, |v| {
+        if v.get("/d/f") == Some(&data) {
+            Ok(())
+        } else {
+            Err("d/f missing or wrong".into())
+        }
+    });
+    assert!(states >= 1);
+}
+
+#[test]
+fn fsync_dir_persists_new_entries() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    fs.create(d, b"a", 0o644, 0, 0).unwrap();
+    fs.mkdir(d, b"sub", 0o755, 0, 0).unwrap();
+    let flushes = fs.stats().delayed_item_flushes;
+    fs.fsync(d, false).unwrap();
+    assert_eq!(
+        fs.stats().delayed_item_flushes,
+        flushes,
+        "seed 003: a directory fsync flushes no delayed items"
+    );
+    assert_eq!(fs.stats().commits, 0);
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, synced, |v| {
+        for p in ["/d", "/d/a", "/d/sub"] {
+            if !v.contains_key(p) {
+                return Err(format!("{p} missing"));
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn rename_of_logged_file_is_atomic() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(a, 0, b"payload").unwrap();
+    fs.sync().unwrap();
+    fs.fsync(a, false).unwrap();
+    let from = rec.flush_count();
+    let syncs = fs.log_stats().log_syncs;
+    fs.rename(
+        fs.root_ino(),
+        b"a",
+        fs.root_ino(),
+        b"b",
+        RenameFlags::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        fs.log_stats().log_syncs,
+        syncs,
+        "seed 000: rename logs the new name without a log sync"
+    );
+    let c = fs.create(fs.root_ino(), b"c", 0o644, 0, 0).unwrap().ino;
+    fs.fsync(c, false).unwrap();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, from, |v| match (v.get("/a"), v.get("/b")) {
+        (Some(x), None) | (None, Some(x)) if x == b"payload" => Ok(()),
+        (a, b) => Err(format!("a={a:?} b={b:?}: need exactly one with the data")),
+    });
+}
+
+/// fstests generic/498.
+#[test]
+fn link_of_logged_file_then_fsync_parent() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let a = fs.mkdir(root, b"A", 0o755, 0, 0).unwrap().ino;
+    let b = fs.mkdir(root, b"B", 0o755, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let foo = fs.create(b, b"foo", 0o644, 0, 0).unwrap().ino;
+    fs.fsync(foo, false).unwrap();
+    let c = fs.mkdir(a, b"C", 0o755, 0, 0).unwrap().ino;
+    let syncs = fs.log_stats().log_syncs;
+    fs.link(foo, c, b"foo").unwrap();
+    assert_eq!(
+        fs.log_stats().log_syncs,
+        syncs,
+        "seed 000: link logs the new name without a log sync"
+    );
+    fs.fsync(a, false).unwrap();
+    assert_eq!(
+        fs.log_stats().log_syncs,
+        syncs + 1,
+        "fsync of the parent is not skipped: ancestors were not marked logged"
+    );
+    assert_eq!(fs.stats().commits, 1);
+    let from = rec.flush_count();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, from, |v| {
+        for p in ["/A/C", "/A/C/foo", "/B/foo"] {
+            if !v.contains_key(p) {
+                return Err(format!("{p} missing"));
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn rename_out_of_logged_dir() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().ino;
+    let x = fs.create(d, b"x", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(x, 0, b"xdata").unwrap();
+    fs.sync().unwrap();
+    fs.create(d, b"y", 0o644, 0, 0).unwrap();
+    fs.fsync(d, false).unwrap();
+    let from = rec.flush_count();
+    fs.rename(d, b"x", e, b"x", RenameFlags::default()).unwrap();
+    fs.fsync(d, false).unwrap();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, from, |v| match (v.get("/d/x"), v.get("/e/x")) {
+        (Some(_), None) | (None, Some(_)) => Ok(()),
+        (a, b) => Err(format!("d/x={a:?} e/x={b:?}: x must be in exactly one")),
+    });
+}
+
+#[test]
+fn log_then_commit_then_log() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, b"one").unwrap();
+    fs.fsync(f, false).unwrap();
+    fs.sync().unwrap();
+    fs.truncate(f, 0).unwrap();
+    fs.write_file(f, 0, b"two!").unwrap();
+    fs.fsync(f, false).unwrap();
+    let from = rec.flush_count();
+    let g = fs.create(fs.root_ino(), b"g", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(g, 0, b"gee").unwrap();
+    fs.fsync(g, false).unwrap();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, from, |v| {
+        if v.get("/f").map(Vec::as_slice) == Some(b"two!") {
+            Ok(())
+        } else {
+            Err(format!("f = {:?}", v.get("/f")))
+        }
+    });
+}
+
+#[test]
+fn fsync_of_unchanged_inode_does_nothing() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let flushes = rec.flush_count();
+    fs.fsync(f, false).unwrap();
+    assert_eq!(
+        rec.flush_count(),
+        flushes,
+        "a committed, unchanged inode needs no I/O"
+    );
+    fs.write_file(f, 0, b"x").unwrap();
+    fs.fsync(f, false).unwrap();
+    let after_first = rec.flush_count();
+    fs.fsync(f, false).unwrap();
+    assert_eq!(
+        rec.flush_count(),
+        after_first,
+        "logged and unchanged since: no second log sync"
+    );
+    drop(fs);
+}
+
+/// Seed 001: logging a file in full never writes its delayed inode into the
+/// fs tree.
+#[test]
+fn full_sync_logs_from_the_in_memory_inode() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &[9; 10_000]).unwrap();
+    let flushes = fs.stats().delayed_item_flushes;
+    fs.fsync(f, false).unwrap();
+    assert_eq!(
+        fs.stats().delayed_item_flushes,
+        flushes,
+        "the delayed inode was flushed for logging"
+    );
+    assert_eq!(fs.log_stats().full_logs, 1);
+    fs.write_file(f, 10_000, &[8; 5000]).unwrap();
+    fs.fsync(f, false).unwrap();
+    assert_eq!(
+        fs.log_stats().fast_logs,
+        1,
+        "a second fsync logs only what changed"
+    );
+    let from = rec.flush_count();
+    std::mem::forget(fs);
+    let mut want = vec![9u8; 10_000];
+    want.extend([8; 5000]);
+    for_every_crash_after(&rec, from, |v| {
+        if v.get("/f") == Some(&want) {
+            Ok(())
+        } else {
+            Err("f wrong".into())
+        }
+    });
+}
+
+/// Many fsyncs of one file, and of several files, interleaved with writes,
+/// truncates, renames and commits; every crash point is checked against
+/// the last fsynced content of each file.
+#[test]
+fn repeated_fsyncs_keep_the_latest_synced_content() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut synced: BTreeMap<String, (usize, Vec<u8>)> = BTreeMap::new();
+    let mut contents: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for step in 0..60 {
+        let name = format!("f{}", rng.gen_range(0..4));
+        let i = match fs.lookup(root, name.as_bytes()) {
+            Ok(a) => a.ino,
+            Err(_) => fs.create(root, name.as_bytes(), 0o644, 0, 0).unwrap().ino,
+        };
+        let content = contents.entry(name.clone()).or_default();
+        match rng.gen_range(0..10) {
+            0 => {
+                let len = rng.gen_range(0..content.len() + 1);
+                fs.truncate(i, len as u64).unwrap();
+                content.truncate(len);
+            }
+            1 if step % 7 == 0 => fs.sync().unwrap(),
+            _ => {
+                let off = rng.gen_range(0..12_000usize);
+                let bytes: Vec<u8> = (0..rng.gen_range(1..6000)).map(|_| rng.gen()).collect();
+                fs.write_file(i, off as u64, &bytes).unwrap();
+                if content.len() < off + bytes.len() {
+                    content.resize(off + bytes.len(), 0);
+                }
+                content[off..off + bytes.len()].copy_from_slice(&bytes);
+            }
+        }
+        if rng.gen_bool(0.4) {
+            fs.fsync(i, false).unwrap();
+            synced.insert(name.clone(), (rec.flush_count(), content.clone()));
+        }
+    }
+    std::mem::forget(fs);
+    // From the last fsync on, every file holds at least its last synced
+    // content (a later commit may have made newer content durable too).
+    let from = synced.values().map(|(f, _)| *f).max().unwrap();
+    for_every_crash_after(&rec, from, |v| {
+        for (name, (_, want)) in &synced {
+            let got = v
+                .get(&format!("/{name}"))
+                .ok_or(format!("{name} missing"))?;
+            if got != want && got != &contents[name] {
+                return Err(format!(
+                    "{name}: {} bytes, neither the synced ({}) nor the latest content",
+                    got.len(),
+                    want.len()
+                ));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The `removed-directory` fallback (docs/TREE-LOG.md).
+#[test]
+fn removed_directory_falls_back_to_commit() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let p = fs.mkdir(fs.root_ino(), b"p", 0o755, 0, 0).unwrap().ino;
+    let d = fs.mkdir(p, b"d", 0o755, 0, 0).unwrap().ino;
+    let keep = fs.create(d, b"keep", 0o644, 0, 0).unwrap().ino;
+    fs.create(d, b"x", 0o644, 0, 0).unwrap();
+    fs.sync().unwrap();
+    fs.create(p, b"new", 0o644, 0, 0).unwrap();
+    fs.fsync(p, false).unwrap();
+    fs.rename(d, b"keep", fs.root_ino(), b"kept", RenameFlags::default())
+        .unwrap();
+    fs.unlink(d, b"x").unwrap();
+    fs.rmdir(p, b"d").unwrap();
+    let commits = fs.stats().commits;
+    fs.fsync(p, false).unwrap();
+    assert_eq!(
+        fs.stats().commits,
+        commits + 1,
+        "removing a committed directory from a logged one commits"
+    );
+    assert_eq!(fs.log_stats().fallback_removed_directory, 1);
+    let _ = keep;
+    let from = rec.flush_count();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, from, |v| {
+        if v.contains_key("/p/d") || !v.contains_key("/kept") || !v.contains_key("/p/new") {
+            return Err("expected p/new and kept, and no p/d".into());
+        }
+        Ok(())
+    });
+}
+
+/// Seed 002: a commit writing its nodes does not block fsync. The device
+/// holds the commit's first flush; meanwhile an fsync in the next
+/// transaction creates, fills and writes its log (its own flush goes
+/// through). Its superblock waits for the commit's, and no superblock ever
+/// points at a log based on an older commit than the one before it.
+#[test]
+fn commit_during_log_write() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Condvar, Mutex};
+
+    struct GatedDevice {
+        inner: Arc<RecordingDevice>,
+        armed: AtomicBool,
+        held: Mutex<bool>,
+        released: Condvar,
+        flushes_while_held: AtomicUsize,
+    }
+    impl BlockDevice for GatedDevice {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                let mut held = self.held.lock().unwrap();
+                *held = true;
+                while *held {
+                    held = self.released.wait(held).unwrap();
+                }
+            } else if *self.held.lock().unwrap() {
+                self.flushes_while_held.fetch_add(1, Ordering::SeqCst);
+            }
+            self.inner.flush()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    let rec = recorder();
+    let dev = Arc::new(GatedDevice {
+        inner: rec.clone(),
+        armed: AtomicBool::new(false),
+        held: Mutex::new(false),
+        released: Condvar::new(),
+        flushes_while_held: AtomicUsize::new(0),
+    });
+    let fs = Arc::new(mount(dev.clone()));
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(a, 0, &[1; 9000]).unwrap();
+    dev.armed.store(true, Ordering::SeqCst);
+    let committer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.commit().unwrap())
+    };
+    while !*dev.held.lock().unwrap() {
+        std::thread::yield_now();
+    }
+    // The commit is stuck in its node flush; transaction T+1 is running.
+    let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(b, 0, &[2; 5000]).unwrap();
+    let syncer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.fsync(b, false).unwrap())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while dev.flushes_while_held.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fsync's log write did not proceed while the commit was writing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        !syncer.is_finished(),
+        "the fsync returned before the commit it depends on was durable"
+    );
+    *dev.held.lock().unwrap() = false;
+    dev.released.notify_all();
+    committer.join().unwrap();
+    syncer.join().unwrap();
+    assert_eq!(fs.log_stats().log_syncs, 1);
+    // Every superblock that points at a log carries the generation of the
+    // newest commit superblock written before it.
+    let mut newest_commit = 0;
+    for event in rec.events() {
+        if let birch::device::DeviceEvent::Write { offset, bytes } = event {
+            if offset == birch::format::SUPERBLOCK_OFFSETS[0] {
+                let sb = birch::format::Superblock::decode(
+                    &bytes[..birch::format::SUPERBLOCK_SIZE],
+                    offset,
+                )
+                .unwrap();
+                if sb.log_root_bytenr == 0 {
+                    newest_commit = newest_commit.max(sb.generation);
+                } else {
+                    assert_eq!(
+                        sb.generation, newest_commit,
+                        "a log superblock based on an older commit"
+                    );
+                }
+            }
+        }
+    }
+    let from = rec.flush_count();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, from, |v| {
+        if v.get("/b").map(Vec::len) == Some(5000) && v.get("/a").map(Vec::len) == Some(9000) {
+            Ok(())
+        } else {
+            Err("a or b lost".into())
+        }
+    });
+}
