@@ -11,6 +11,7 @@
 //! bad arguments get clap's usage error (exit 2).
 
 mod mount;
+mod replay;
 
 use birch::check::{
     check_device, newest_valid_copy, read_superblock_copies, tree_roots, SuperblockCopy,
@@ -51,6 +52,8 @@ enum Command {
     Mount(mount::MountArgs),
     /// Commit a mounted birch filesystem now (sync(1) does not reach FUSE)
     Sync(mount::SyncArgs),
+    /// List a write log, or rebuild the device as it was at a flush or mark
+    Replay(replay::ReplayArgs),
     // Added by later issues (no stubs until then):
     // /// Print a filesystem's counters
     // Stats(StatsArgs),
@@ -77,6 +80,10 @@ struct MkfsArgs {
     /// Overwrite an existing birch filesystem
     #[arg(long, short = 'f')]
     force: bool,
+    /// Record mkfs's writes and flushes in FILE (dm-log-writes format); a
+    /// later `birch mount --write-log` can continue the record
+    #[arg(long, value_name = "FILE")]
+    write_log: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -167,6 +174,7 @@ fn main() -> ExitCode {
         Command::Dump(args) => ("dump", dump(&args)),
         Command::Mount(args) => ("mount", mount::mount(&args)),
         Command::Sync(args) => ("sync", mount::sync(&args)),
+        Command::Replay(args) => ("replay", replay::replay(&args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -338,8 +346,27 @@ fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
             )));
         }
     }
-    birch::fs::Filesystem::<FileDevice>::mkfs(&dev, &birch::fs::MkfsOptions::default())
-        .map_err(|e| cleanup(Failure::new(format!("{p}: {e}"))))?;
+    match &args.write_log {
+        Some(log) => {
+            let file = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(log)
+                .map_err(|e| {
+                    cleanup(Failure::new(format!(
+                        "{}: cannot create the write log: {e}",
+                        show(log)
+                    )))
+                })?;
+            let logged = birch::device::WriteLogDevice::new(&dev, file)
+                .map_err(|e| cleanup(Failure::new(format!("{}: {e}", show(log)))))?;
+            birch::fs::mkfs(&logged, &birch::fs::MkfsOptions::default())
+        }
+        None => birch::fs::Filesystem::<FileDevice>::mkfs(&dev, &birch::fs::MkfsOptions::default()),
+    }
+    .map_err(|e| cleanup(Failure::new(format!("{p}: {e}"))))?;
     let copies = read_superblock_copies(&dev);
     let sb = newest_valid_copy(&copies)
         .and_then(|c| c.superblock.as_ref().ok())

@@ -6,12 +6,22 @@
 //! device as it would be after a power cut at any point.
 
 mod file;
+mod gate;
 mod memory;
 mod recording;
+mod write_log;
 
 pub use file::FileDevice;
+pub use gate::ShutdownGate;
 pub use memory::MemoryDevice;
 pub use recording::{CrashPoint, DeviceEvent, RecordingDevice};
+pub use write_log::{
+    read_write_log, LogEntry, WriteLogDevice, FLAG_DISCARD, FLAG_FLUSH, FLAG_FUA, FLAG_MARK,
+    FLAG_METADATA, MARK_MAX, WRITE_LOG_MAGIC, WRITE_LOG_VERSION,
+};
+
+/// The unit of device I/O birch issues (every write is a multiple of it).
+pub(crate) const SECTOR: u64 = crate::format::SECTOR_SIZE;
 
 use std::io;
 use std::sync::Arc;

@@ -274,6 +274,12 @@ impl<D: BlockDevice> Shared<D> {
     }
 }
 
+/// Writes an empty filesystem (a root directory) onto `dev`. Unlike
+/// [`Filesystem::mkfs`] it takes any device, borrowed ones included.
+pub fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()> {
+    mount::mkfs(dev, options)
+}
+
 /// A mounted birch filesystem.
 pub struct Filesystem<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
