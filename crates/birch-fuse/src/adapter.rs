@@ -81,7 +81,11 @@ impl FuseOptions {
     pub(crate) fn session_config(&self) -> Config {
         let mut options = vec![
             MountOption::FSName(self.fsname.clone()),
-            MountOption::Subtype("birch".into()),
+            // As a kernel option, not MountOption::Subtype: fuser's direct
+            // mount(2) (as root) drops Subtype and the mount showed up as
+            // plain "fuse" in /proc/mounts instead of "fuse.birch".
+            // fusermount3 (unprivileged) takes "subtype=" the same way.
+            MountOption::CUSTOM("subtype=birch".into()),
             MountOption::DefaultPermissions,
             MountOption::Dev,
             MountOption::Suid,
@@ -512,7 +516,29 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     )?;
                 }
             }
-            self.fs.write_file(ino, offset, data)
+            // A write-back of cached pages: with the writeback cache the
+            // kernel owns mtime and ctime (it set them at write(2) time and
+            // sends them in a SETATTR when they changed), so the engine's
+            // "now" at write-back must not replace them: it would surface
+            // once the kernel drops the inode (after a remount, say) as an
+            // mtime other than the one stat(2) showed.
+            let kernel_times =
+                self.options.writeback_cache && write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+            let before = if kernel_times {
+                Some(self.fs.getattr(ino)?)
+            } else {
+                None
+            };
+            let written = self.fs.write_file(ino, offset, data)?;
+            if let Some(before) = before {
+                let times = SetAttr {
+                    mtime: Some(SetTime::At(before.mtime)),
+                    ctime: Some(before.ctime),
+                    ..Default::default()
+                };
+                self.fs.setattr(ino, &times)?;
+            }
+            Ok(written)
         })();
         match result {
             Ok(n) => reply.written(n as u32),
@@ -645,6 +671,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        if let Err(e) = supported_xattr_namespace(name) {
+            return reply.error(e);
+        }
         let mode = match flags {
             0 => XattrSetMode::CreateOrReplace,
             libc::XATTR_CREATE => XattrSetMode::Create,
@@ -659,6 +688,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if let Err(e) = supported_xattr_namespace(name) {
+            return reply.error(e);
+        }
         match self.fs.getxattr(to_engine_ino(ino.0), name.as_bytes()) {
             Ok(value) if size == 0 => reply.size(value.len() as u32),
             Ok(value) if value.len() > size as usize => reply.error(Errno::ERANGE),
@@ -688,6 +720,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if let Err(e) = supported_xattr_namespace(name) {
+            return reply.error(e);
+        }
         Self::reply_empty(
             self.fs.removexattr(to_engine_ino(ino.0), name.as_bytes()),
             reply,
@@ -809,6 +844,20 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         // The kernel falls back to read + write.
         reply.error(Errno::ENOSYS);
+    }
+}
+
+/// FUSE passes every xattr name through, where a kernel filesystem
+/// answers EOPNOTSUPP for a name outside the namespaces it implements.
+/// birch stores user., trusted. and security. attributes; system.* would
+/// be POSIX ACLs, which birch does not implement (stored as plain values
+/// they would let setfacl succeed with no effect on permissions).
+fn supported_xattr_namespace(name: &OsStr) -> Result<(), Errno> {
+    const NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+    if NAMESPACES.iter().any(|ns| name.as_bytes().starts_with(ns)) {
+        Ok(())
+    } else {
+        Err(Errno::EOPNOTSUPP)
     }
 }
 

@@ -21,7 +21,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
-pub const WRITE_LOG_MAGIC: u64 = 0x6a73_6677_7368_72;
+pub const WRITE_LOG_MAGIC: u64 = 0x006a_7366_7773_6872;
 pub const WRITE_LOG_VERSION: u64 = 1;
 pub const FLAG_FLUSH: u64 = 1;
 pub const FLAG_FUA: u64 = 2;
