@@ -54,11 +54,8 @@ enum Command {
     Sync(mount::SyncArgs),
     /// List a write log, or rebuild the device as it was at a flush or mark
     Replay(replay::ReplayArgs),
-    // Added by later issues (no stubs until then):
-    // /// Print a filesystem's counters
-    // Stats(StatsArgs),
-    // /// Rebuild an image at a chosen crash point of a recorded write log
-    // Replay(ReplayArgs),
+    /// Print a mounted filesystem's counters (commits, log syncs, fallbacks...)
+    Stats(mount::StatsArgs),
 }
 
 /// The IMAGE argument, the same in every subcommand.
@@ -175,6 +172,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => ("mount", mount::mount(&args)),
         Command::Sync(args) => ("sync", mount::sync(&args)),
         Command::Replay(args) => ("replay", replay::replay(&args)),
+        Command::Stats(args) => ("stats", mount::stats(&args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

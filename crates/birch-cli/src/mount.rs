@@ -9,9 +9,9 @@
 //! before the daemon exits.
 
 use crate::Failure;
-use birch::device::FileDevice;
+use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
 use birch::fs::{Filesystem, MountOptions};
-use birch_fuse::{FuseOptions, BIRCH_IOC_SYNC};
+use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC};
 use clap::Args;
 use std::ffi::CString;
 use std::fs::File;
@@ -20,6 +20,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args, Clone)]
@@ -39,9 +40,22 @@ pub struct MountArgs {
     /// options (dev, suid, exec, noatime, ...) are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
+    /// Record every device write and flush, and a mark at each fsync and
+    /// fsyncdir reply ("fsync INO"), in FILE (dm-log-writes format; rebuild
+    /// any point with `birch replay`, starting from a copy of the image
+    /// taken before this mount)
+    #[arg(long, value_name = "FILE")]
+    pub write_log: Option<PathBuf>,
     /// File descriptor on which a detached daemon reports readiness (internal).
     #[arg(long, hide = true)]
     pub ready_fd: Option<i32>,
+}
+
+#[derive(Args)]
+pub struct StatsArgs {
+    /// Where a birch filesystem is mounted
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: PathBuf,
 }
 
 #[derive(Args)]
@@ -248,6 +262,30 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
     result
 }
 
+/// The device stack of a mount: the image, optionally logged, behind the
+/// gate the shutdown ioctl closes.
+type MountDevice = Arc<ShutdownGate<Box<dyn BlockDevice>>>;
+
+/// Tells the write log about fsync replies and closes the gate on shutdown.
+struct Control {
+    gate: MountDevice,
+    write_log: Option<Arc<WriteLogDevice<FileDevice>>>,
+}
+
+impl MountControl for Control {
+    fn fsync_answered(&self, ino: u64) {
+        if let Some(log) = &self.write_log {
+            // A log that cannot take a mark is a broken test record, not a
+            // broken filesystem: the mount goes on.
+            let _ = log.mark(&format!("fsync {ino}"));
+        }
+    }
+
+    fn stop_device(&self) {
+        self.gate.trip();
+    }
+}
+
 fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Result<u8, Failure> {
     let image = &args.image;
     let dev = if settings.engine.read_only {
@@ -257,15 +295,43 @@ fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Resul
     }
     .map_err(|e| Failure::new(format!("{}: cannot open: {e}", image.display())))?;
     lock_image(&dev, image)?;
+    let (inner, write_log): (Box<dyn BlockDevice>, _) = match &args.write_log {
+        Some(path) => {
+            let file = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)
+                .map_err(|e| {
+                    Failure::new(format!(
+                        "{}: cannot create the write log: {e}",
+                        path.display()
+                    ))
+                })?;
+            let logged = Arc::new(
+                WriteLogDevice::new(dev, file)
+                    .map_err(|e| Failure::new(format!("{}: {e}", path.display())))?,
+            );
+            (Box::new(logged.clone()), Some(logged))
+        }
+        None => (Box::new(dev), None),
+    };
+    let gate: MountDevice = Arc::new(ShutdownGate::new(inner));
+    let control = Arc::new(Control {
+        gate: gate.clone(),
+        write_log,
+    });
     unmount_on_signal(args.mountpoint.clone());
-    let fs = Filesystem::open(dev, settings.engine)
+    let fs = Filesystem::open(gate, settings.engine)
         .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
-    let fs = birch_fuse::serve(fs, &args.mountpoint, &settings.fuse, ready).map_err(|e| {
-        Failure::new(format!(
-            "{}: FUSE session failed: {e}",
-            args.mountpoint.display()
-        ))
-    })?;
+    let fs =
+        birch_fuse::serve(fs, &args.mountpoint, &settings.fuse, control, ready).map_err(|e| {
+            Failure::new(format!(
+                "{}: FUSE session failed: {e}",
+                args.mountpoint.display()
+            ))
+        })?;
     fs.close().map_err(|e| {
         Failure::new(format!(
             "{}: commit at unmount failed: {e}",
@@ -301,6 +367,9 @@ fn detach(args: &MountArgs) -> Result<u8, Failure> {
         .arg("--foreground")
         .arg("--ready-fd")
         .arg(write_end.as_raw_fd().to_string());
+    if let Some(log) = &args.write_log {
+        cmd.arg("--write-log").arg(log);
+    }
     for o in &args.options {
         cmd.arg("-o").arg(o);
     }
@@ -350,5 +419,35 @@ pub fn sync(args: &SyncArgs) -> Result<u8, Failure> {
             }
         )));
     }
+    Ok(0)
+}
+
+pub fn stats(args: &StatsArgs) -> Result<u8, Failure> {
+    let dir = File::open(&args.mountpoint)
+        .map_err(|e| Failure::new(format!("{}: {e}", args.mountpoint.display())))?;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the kernel writes at most 4096 bytes (the size encoded in the
+    // command) into `buf`, which is that long.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            BIRCH_IOC_STATS as libc::c_ulong,
+            buf.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Failure::new(format!(
+            "{}: {}",
+            args.mountpoint.display(),
+            if e.raw_os_error() == Some(libc::ENOTTY) {
+                "not a birch mount".to_string()
+            } else {
+                e.to_string()
+            }
+        )));
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    print!("{}", String::from_utf8_lossy(&buf[..end]));
     Ok(0)
 }

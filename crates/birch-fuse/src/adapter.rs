@@ -28,9 +28,12 @@ use std::time::Duration;
 /// `_IO('b', 1)`: commit now (what `birch sync MOUNTPOINT` sends, since the
 /// kernel does not pass syncfs to a plain FUSE mount).
 pub const BIRCH_IOC_SYNC: u32 = (b'b' as u32) << 8 | 1;
-/// `_IOR('X', 125, __u32)`: fstests' shutdown ioctl (implemented by the
-/// tree-log issue; answered ENOTTY until then).
+/// `_IOR('X', 125, __u32)`: fstests' shutdown ioctl. From then on birch
+/// writes nothing to the device and every call fails with EIO.
 pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
+/// `_IOR('b', 2, [u8; 4096])`: the filesystem's counters as text
+/// (`birch stats MOUNTPOINT`).
+pub const BIRCH_IOC_STATS: u32 = 2 << 30 | 4096 << 16 | (b'b' as u32) << 8 | 2;
 
 /// How the mount talks to the kernel. docs/FUSE.md gives the reason and the
 /// measured effect of each default.
@@ -108,9 +111,23 @@ impl FuseOptions {
     }
 }
 
+/// What the mount's owner is told, or asked to do, beyond the engine.
+pub trait MountControl: Send + Sync {
+    /// An fsync or fsyncdir of `ino` succeeded and is about to be answered
+    /// (`birch mount --write-log` records a mark here).
+    fn fsync_answered(&self, _ino: u64) {}
+    /// The shutdown ioctl: stop every write to the device, now.
+    fn stop_device(&self) {}
+}
+
+/// A mount nobody watches.
+pub struct NoControl;
+impl MountControl for NoControl {}
+
 pub struct BirchFuse<D: BlockDevice + 'static> {
     fs: Arc<Filesystem<D>>,
     options: FuseOptions,
+    control: Arc<dyn MountControl>,
 }
 
 fn errno(e: &birch::Error) -> Errno {
@@ -137,8 +154,33 @@ fn killed_mode(perm: u16) -> Option<u32> {
 }
 
 impl<D: BlockDevice + 'static> BirchFuse<D> {
-    pub fn new(fs: Arc<Filesystem<D>>, options: FuseOptions) -> Self {
-        BirchFuse { fs, options }
+    pub fn new(
+        fs: Arc<Filesystem<D>>,
+        options: FuseOptions,
+        control: Arc<dyn MountControl>,
+    ) -> Self {
+        BirchFuse {
+            fs,
+            options,
+            control,
+        }
+    }
+
+    fn reply_fsync(&self, ino: u64, result: birch::Result<()>, reply: ReplyEmpty) {
+        if result.is_ok() {
+            self.control.fsync_answered(ino);
+        }
+        Self::reply_empty(result, reply);
+    }
+
+    /// The counters `birch stats` prints, as text.
+    fn stats_text(&self) -> String {
+        format!(
+            "{:#?}\n{:#?}\n{:#?}\n",
+            self.fs.stats(),
+            self.fs.log_stats(),
+            self.fs.space_stats()
+        )
     }
 
     /// Replies with an inode handed to the kernel, taking the hold that the
@@ -567,7 +609,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::reply_empty(self.fs.fsync(to_engine_ino(ino.0), datasync), reply);
+        let ino = to_engine_ino(ino.0);
+        self.reply_fsync(ino, self.fs.fsync(ino, datasync), reply);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -642,7 +685,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::reply_empty(self.fs.fsync(to_engine_ino(ino.0), datasync), reply);
+        let ino = to_engine_ino(ino.0);
+        self.reply_fsync(ino, self.fs.fsync(ino, datasync), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -769,7 +813,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _flags: IoctlFlags,
         cmd: u32,
         _in_data: &[u8],
-        _out_size: u32,
+        out_size: u32,
         reply: ReplyIoctl,
     ) {
         match cmd {
@@ -777,6 +821,19 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 Ok(()) => reply.ioctl(0, &[]),
                 Err(e) => reply.error(errno(&e)),
             },
+            BIRCH_IOC_STATS => {
+                let text = self.stats_text();
+                let n = text.len().min(out_size as usize);
+                reply.ioctl(0, &text.as_bytes()[..n]);
+            }
+            XFS_IOC_GOINGDOWN => {
+                // Whatever the flags (FUSE passes none for this _IOR
+                // command), nothing more reaches the device: the next mount
+                // sees what a power cut here would leave.
+                self.control.stop_device();
+                self.fs.shut_down();
+                reply.ioctl(0, &[]);
+            }
             _ => reply.error(Errno::ENOTTY),
         }
     }

@@ -6,7 +6,10 @@
 mod adapter;
 mod attr;
 
-pub use adapter::{BirchFuse, FuseOptions, BIRCH_IOC_SYNC, XFS_IOC_GOINGDOWN};
+pub use adapter::{
+    BirchFuse, FuseOptions, MountControl, NoControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC,
+    XFS_IOC_GOINGDOWN,
+};
 
 use birch::device::BlockDevice;
 use birch::fs::Filesystem;
@@ -15,16 +18,18 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Mounts `fs` at `mountpoint` and serves it until the filesystem is
-/// unmounted; `ready` runs once the mount is live. Returns the filesystem
+/// unmounted; `ready` runs once the mount is live, `control` hears about
+/// fsyncs and the shutdown ioctl. Returns the filesystem
 /// (for the caller to close and commit).
 pub fn serve<D: BlockDevice + 'static>(
     fs: Filesystem<D>,
     mountpoint: &Path,
     options: &FuseOptions,
+    control: Arc<dyn MountControl>,
     ready: impl FnOnce(),
 ) -> io::Result<Filesystem<D>> {
     let fs = Arc::new(fs);
-    let adapter = BirchFuse::new(fs.clone(), options.clone());
+    let adapter = BirchFuse::new(fs.clone(), options.clone(), control);
     let session = fuser::Session::new(adapter, mountpoint, &options.session_config())?;
     ready();
     session.run()?;

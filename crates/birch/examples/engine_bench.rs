@@ -1,6 +1,7 @@
 //! Engine micro-benchmarks on an image file: B-tree insert rate and the
-//! latency of committing a small transaction, beside the device's own
-//! write+flush latency (the floor any commit pays twice).
+//! latency of committing a small transaction and of an fsync answered by
+//! the log tree, beside the device's own write+flush latency (the floor
+//! any commit or log sync pays twice).
 //!
 //! `cargo run --release -p birch --example engine_bench [IMAGE]`
 //! (default IMAGE: ./engine-bench.img, created and removed).
@@ -118,6 +119,18 @@ fn main() {
         empty_dir_commits.push(t.elapsed());
     }
     report("commit: mkdir", empty_dir_commits);
+    let mut fsyncs = Vec::new();
+    for i in 0..200 {
+        let f = fs
+            .create(root, format!("g{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write_file(f.ino, 0, &block).unwrap();
+        let t = Instant::now();
+        fs.fsync(f.ino, false).unwrap();
+        fsyncs.push(t.elapsed());
+    }
+    report("fsync (log tree): create + 4 KiB", fsyncs);
+    println!("{:?}", fs.log_stats());
     println!("{:?}", fs.stats());
     fs.close().unwrap();
     drop(dev);

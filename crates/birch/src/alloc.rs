@@ -159,6 +159,9 @@ pub struct Allocator {
     data_cursor: u64,
     /// Bytes the extent tree records plus the net delayed refs.
     bytes_used: u64,
+    /// The part of `bytes_used` that holds tree nodes (log nodes excluded):
+    /// the most a transaction can copy (docs/DELALLOC.md).
+    metadata_bytes: u64,
     total_bytes: u64,
 }
 
@@ -173,8 +176,24 @@ impl Allocator {
             metadata_cursor: first,
             data_cursor: first + (total_bytes - first) / 4,
             bytes_used,
+            metadata_bytes: 0,
             total_bytes,
         }
+    }
+
+    /// Sets the node bytes in use (counted from the extent tree at mount).
+    pub fn set_metadata_bytes(&mut self, bytes: u64) {
+        self.metadata_bytes = bytes;
+    }
+
+    /// Bytes held by tree nodes (log trees excluded).
+    pub fn metadata_bytes(&self) -> u64 {
+        self.metadata_bytes
+    }
+
+    /// Number of extents with a pending extent-tree change.
+    pub fn delayed_ref_count(&self) -> usize {
+        self.delayed_refs.len()
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -183,6 +202,11 @@ impl Allocator {
 
     pub fn pinned_bytes(&self) -> u64 {
         self.pinned.iter().map(|&(_, l)| l).sum()
+    }
+
+    /// Freed log nodes waiting for the next log sync or commit.
+    pub fn log_pinned_bytes(&self) -> u64 {
+        self.log_pinned.iter().map(|&(_, l)| l).sum()
     }
 
     pub fn bytes_used(&self) -> u64 {
@@ -207,6 +231,7 @@ impl Allocator {
         self.free.remove(start, len);
         self.metadata_cursor = start + len;
         self.bytes_used += len;
+        self.metadata_bytes += len;
         let prev = self.delayed_refs.insert(
             start,
             DelayedRef {
@@ -245,6 +270,7 @@ impl Allocator {
             }
         }
         self.bytes_used -= len;
+        self.metadata_bytes = self.metadata_bytes.saturating_sub(len);
         self.pinned.push((bytenr, len));
     }
 

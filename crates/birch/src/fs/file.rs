@@ -1,19 +1,26 @@
 //! File data: dirty pages in memory, CoW data extents on disk.
 //!
-//! Writes land in per-inode dirty pages (SECTOR_SIZE each) and are written
-//! back at commit (or when dirty memory passes its limit) as contiguous
-//! extents, always to newly allocated space: an extent is never overwritten
-//! in place, so a crash leaves either the old or the new data referenced.
+//! Writes land in per-inode dirty pages (SECTOR_SIZE each), reserved in
+//! advance (fs/space.rs, docs/DELALLOC.md), and are written back as
+//! contiguous extents — at commit, at fsync, or a bounded number of pages at
+//! a time by reclaim, the flusher and throttled writers — always to newly
+//! allocated space: an extent is never overwritten in place, so a crash
+//! leaves either the old or the new data referenced.
 //! Invariant: bytes of a file's last page beyond i_size are zero on disk
 //! and in memory, so growing a file exposes zeros.
+//! Every change of an inode's dirty page set goes through
+//! `put_dirty_page` / `take_dirty_page`, which keep the space accounting
+//! (dirty bytes, runs, the dirty queue) exact.
 
 use super::inode::decode_item;
+use super::space::Need;
 use super::{FallocateMode, FsState, SeekWhence};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
     item_type, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA, SECTOR_SIZE,
 };
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
 const PAGE: u64 = SECTOR_SIZE;
@@ -27,22 +34,6 @@ impl<D: BlockDevice> FsState<D> {
             FileType::Directory => Err(Error::IsDir),
             _ => Err(Error::InvalidArgument("not a regular file")),
         }
-    }
-
-    /// Space a write may not take: kept so that writeback, commits and
-    /// deletions can still allocate metadata on a full filesystem.
-    fn metadata_reserve(&self) -> u64 {
-        (self.forest.alloc.total_bytes() / 32).clamp(4 * 1024 * 1024, 512 * 1024 * 1024)
-    }
-
-    /// Fails with ENOSPC unless `bytes` more data fit beside the dirty data
-    /// already accepted and the metadata reserve.
-    pub(crate) fn ensure_space(&self, bytes: u64) -> Result<()> {
-        let free = self.forest.alloc.free_bytes();
-        if free < self.dirty_page_bytes + bytes + self.metadata_reserve() {
-            return Err(Error::NoSpace);
-        }
-        Ok(())
     }
 
     /// The file extent items of `ino` that overlap `[start, end)`.
@@ -129,12 +120,86 @@ impl<D: BlockDevice> FsState<D> {
         Ok(page)
     }
 
+    /// Makes `page` the dirty copy of page `index`. A page not dirty before
+    /// takes one page of reservation and may start (or join) a run.
     fn put_dirty_page(&mut self, ino: u64, index: u64, page: Box<[u8]>) -> Result<()> {
-        if self.inode(ino)?.pages.insert(index, page).is_none() {
-            self.dirty_page_bytes += PAGE;
+        let pages = &mut self.inode(ino)?.pages;
+        if let Some(old) = pages.get_mut(&index) {
+            *old = page;
+            return Ok(());
         }
-        self.dirty_data_inodes.insert(ino);
+        let left = index > 0 && pages.contains_key(&(index - 1));
+        let right = pages.contains_key(&(index + 1));
+        pages.insert(index, page);
+        self.dirty_page_bytes += PAGE;
+        self.space.page_added(ino, left, right);
+        self.debug_check_runs(ino);
         Ok(())
+    }
+
+    /// Removes page `index` from the dirty set (written back or dropped).
+    fn take_dirty_page(&mut self, ino: u64, index: u64) -> Result<Option<Box<[u8]>>> {
+        let pages = &mut self.inode(ino)?.pages;
+        let Some(page) = pages.remove(&index) else {
+            return Ok(None);
+        };
+        let left = index > 0 && pages.contains_key(&(index - 1));
+        let right = pages.contains_key(&(index + 1));
+        let now_clean = pages.is_empty();
+        self.dirty_page_bytes -= PAGE;
+        self.space.page_removed(ino, left, right, now_clean);
+        Ok(Some(page))
+    }
+
+    /// Removes the dirty pages with indexes in `range`.
+    fn take_dirty_pages(
+        &mut self,
+        ino: u64,
+        range: impl std::ops::RangeBounds<u64>,
+    ) -> Result<BTreeMap<u64, Box<[u8]>>> {
+        let keys: Vec<u64> = self
+            .inode(ino)?
+            .pages
+            .range(range)
+            .map(|(&k, _)| k)
+            .collect();
+        let mut out = BTreeMap::new();
+        for k in keys {
+            if let Some(page) = self.take_dirty_page(ino, k)? {
+                out.insert(k, page);
+            }
+        }
+        self.debug_check_runs(ino);
+        Ok(out)
+    }
+
+    /// Drops every dirty page of an inode that is going away.
+    pub(crate) fn discard_dirty_pages(&mut self, ino: u64) -> Result<()> {
+        if self.inodes.get(&ino).is_some_and(|i| !i.pages.is_empty()) {
+            self.take_dirty_pages(ino, ..)?;
+        }
+        debug_assert!(!self.space.has_dirty(ino));
+        Ok(())
+    }
+
+    /// Debug builds: the run count kept for `ino` equals its page map's.
+    fn debug_check_runs(&self, ino: u64) {
+        #[cfg(debug_assertions)]
+        if let Some(inode) = self.inodes.get(&ino) {
+            if inode.pages.len() <= 1024 {
+                let mut runs = 0;
+                let mut prev: Option<u64> = None;
+                for &k in inode.pages.keys() {
+                    if prev.is_none_or(|p| p + 1 != k) {
+                        runs += 1;
+                    }
+                    prev = Some(k);
+                }
+                assert_eq!(self.space.runs_of(ino), runs, "run count of inode {ino}");
+            }
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = ino;
     }
 
     pub(crate) fn read_file(&mut self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
@@ -173,24 +238,68 @@ impl<D: BlockDevice> FsState<D> {
         Ok(())
     }
 
-    pub(crate) fn write_file(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    /// The checks a write makes before any of it is accepted: a regular
+    /// file, and the whole range within the largest file size.
+    pub(crate) fn check_write(&mut self, ino: u64, offset: u64, len: u64) -> Result<()> {
         self.require_regular(ino)?;
-        if data.is_empty() {
-            return Ok(0);
+        if len > 0 {
+            offset
+                .checked_add(len)
+                .filter(|&e| e <= MAX_FILE_SIZE)
+                .ok_or(Error::FileTooBig)?;
         }
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|&e| e <= MAX_FILE_SIZE)
-            .ok_or(Error::FileTooBig)?;
+        Ok(())
+    }
+
+    /// What a write of `len` bytes at `offset` may add to the reservations:
+    /// its pages not dirty yet (plus page 0 when an inline file grows out
+    /// of it), one new run and the inode update.
+    pub(crate) fn write_need(&mut self, ino: u64, offset: u64, len: u64) -> Result<Need> {
+        self.check_write(ino, offset, len)?;
+        if len == 0 {
+            return Ok(Need::NONE);
+        }
         let first_page = offset / PAGE;
-        let last_page = (end - 1) / PAGE;
-        let new_pages = {
+        let last_page = (offset + len - 1) / PAGE;
+        let mut new_pages = {
             let inode = self.inode(ino)?;
             (first_page..=last_page)
                 .filter(|p| !inode.pages.contains_key(p))
                 .count() as u64
         };
-        self.ensure_space(new_pages * PAGE)?;
+        if first_page.max(1) <= last_page && self.inline_spill_needed(ino)? {
+            new_pages += 1;
+        }
+        Ok(Need::items(3).plus_bytes(new_pages * PAGE))
+    }
+
+    /// Whether the file keeps its data in an inline extent that is not
+    /// dirty: a write beyond page 0 must then take page 0 along (an inline
+    /// extent is only ever a file's one extent).
+    fn inline_spill_needed(&mut self, ino: u64) -> Result<bool> {
+        let inode = self.inode(ino)?;
+        let nbytes = inode.item.nbytes;
+        if inode.pages.contains_key(&0) || nbytes == 0 || nbytes > MAX_INLINE_DATA as u64 {
+            return Ok(false);
+        }
+        Ok(matches!(
+            self.extents_overlapping(ino, 0, 1)?.first(),
+            Some((0, FileExtent::Inline { .. }))
+        ))
+    }
+
+    pub(crate) fn write_file(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.check_write(ino, offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = offset + data.len() as u64;
+        let first_page = offset / PAGE;
+        let last_page = (end - 1) / PAGE;
+        if first_page.max(1) <= last_page && self.inline_spill_needed(ino)? {
+            let page = self.load_page(ino, 0)?;
+            self.put_dirty_page(ino, 0, page)?;
+        }
         for index in first_page..=last_page {
             let page_start = index * PAGE;
             let from = offset.max(page_start);
@@ -221,8 +330,7 @@ impl<D: BlockDevice> FsState<D> {
         let old_size = self.inode(ino)?.item.size;
         if new_size < old_size {
             let keep_pages = new_size.div_ceil(PAGE);
-            let dropped = self.inode(ino)?.pages.split_off(&keep_pages).len() as u64;
-            self.dirty_page_bytes -= dropped * PAGE;
+            self.take_dirty_pages(ino, keep_pages..)?;
             if !new_size.is_multiple_of(PAGE) {
                 // Zero the tail of the new last page so growing the file
                 // later exposes zeros, not old data.
@@ -235,9 +343,6 @@ impl<D: BlockDevice> FsState<D> {
             // Dropped extents are not a written range: the next log must
             // carry the whole extent list.
             self.inode(ino)?.log.full_sync = true;
-            if self.inode(ino)?.pages.is_empty() {
-                self.dirty_data_inodes.remove(&ino);
-            }
         }
         let now = Timespec::now();
         self.update_inode(ino, |i| {
@@ -327,10 +432,12 @@ impl<D: BlockDevice> FsState<D> {
         )
     }
 
-    /// Writes every dirty page of every file to new extents.
+    /// Writes every dirty page of every file to new extents (commit).
     pub(crate) fn writeback_all(&mut self) -> Result<()> {
-        for ino in std::mem::take(&mut self.dirty_data_inodes) {
-            self.writeback_inode(ino)?;
+        for ino in self.space.dirty_inodes() {
+            let pages = self.take_dirty_pages(ino, ..)?;
+            let n = self.writeback_pages(ino, pages)?;
+            self.space.stats.commit_pages += n;
         }
         debug_assert_eq!(self.dirty_page_bytes, 0);
         Ok(())
@@ -338,12 +445,69 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Writes back one inode's dirty pages (fsync).
     pub(crate) fn writeback_one(&mut self, ino: u64) -> Result<()> {
-        self.dirty_data_inodes.remove(&ino);
-        self.writeback_inode(ino)
+        let pages = self.take_dirty_pages(ino, ..)?;
+        let n = self.writeback_pages(ino, pages)?;
+        self.space.stats.fsync_pages += n;
+        Ok(())
+    }
+
+    /// Writes back the dirty pages of `ino` that overlap `[offset,
+    /// offset + len)` (`sync_file_range(SYNC_FILE_RANGE_WRITE)`: written,
+    /// not made durable). Returns the pages written.
+    pub(crate) fn writeback_range(&mut self, ino: u64, offset: u64, len: u64) -> Result<u64> {
+        self.require_regular(ino)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let first = offset / PAGE;
+        let last = offset.saturating_add(len - 1) / PAGE;
+        let pages = self.take_dirty_pages(ino, first..=last)?;
+        let n = self.writeback_pages(ino, pages)?;
+        self.space.stats.range_pages += n;
+        Ok(n)
+    }
+
+    /// Page-bounded writeback (reclaim, the flusher, throttled writers):
+    /// about `budget` pages, oldest dirty inode first, as many inodes as it
+    /// takes — never "all pages of N inodes". Within an inode it goes on
+    /// from where the last page-bounded writeback stopped, in file order,
+    /// so a large file still gets long extents. Returns the pages written.
+    pub(crate) fn writeback_oldest(&mut self, budget: u64) -> Result<u64> {
+        let mut written = 0;
+        while written < budget {
+            let Some(ino) = self.space.oldest_dirty_inode() else {
+                break;
+            };
+            let want = (budget - written) as usize;
+            let cursor = self.space.cursor(ino);
+            let keys: Vec<u64> = {
+                let pages = &self.inode(ino)?.pages;
+                pages
+                    .range(cursor..)
+                    .chain(pages.range(..cursor))
+                    .take(want)
+                    .map(|(&k, _)| k)
+                    .collect()
+            };
+            let mut pages = BTreeMap::new();
+            for &k in &keys {
+                if let Some(page) = self.take_dirty_page(ino, k)? {
+                    pages.insert(k, page);
+                }
+            }
+            self.debug_check_runs(ino);
+            if let Some(&last) = keys.last() {
+                self.space.set_cursor(ino, last + 1);
+            }
+            written += pages.len() as u64;
+            self.writeback_pages(ino, pages)?;
+        }
+        Ok(written)
     }
 
     /// Records that `[start, end)` of the file got new extents, for the
-    /// next fast log.
+    /// next fast log. Kept sorted and merged: page-bounded writeback writes
+    /// a file in pieces, in any order.
     fn note_written_range(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
         let transid = self.forest.transid();
         let log = &mut self.inode(ino)?.log;
@@ -351,38 +515,62 @@ impl<D: BlockDevice> FsState<D> {
             log.dirty_ranges.clear();
             log.ranges_trans = transid;
         }
-        match log.dirty_ranges.last_mut() {
+        let ranges = &mut log.dirty_ranges;
+        match ranges.last_mut() {
             Some(last) if last.1 == start => last.1 = end,
-            _ => log.dirty_ranges.push((start, end)),
+            Some(last) if last.1 < start => ranges.push((start, end)),
+            None => ranges.push((start, end)),
+            Some(_) => {
+                let at = ranges.partition_point(|r| r.1 < start);
+                let mut merged = (start, end);
+                let mut stop = at;
+                while stop < ranges.len() && ranges[stop].0 <= merged.1 {
+                    merged.0 = merged.0.min(ranges[stop].0);
+                    merged.1 = merged.1.max(ranges[stop].1);
+                    stop += 1;
+                }
+                ranges.splice(at..stop, [merged]);
+            }
         }
         Ok(())
     }
 
-    fn writeback_inode(&mut self, ino: u64) -> Result<()> {
-        let mut pages = std::mem::take(&mut self.inode(ino)?.pages);
+    /// Writes a set of an inode's pages (already taken out of its dirty
+    /// set) to new extents: runs of contiguous pages become one extent each
+    /// (several when free space is fragmented). Returns the pages written.
+    fn writeback_pages(&mut self, ino: u64, mut pages: BTreeMap<u64, Box<[u8]>>) -> Result<u64> {
         if pages.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
+        let written = pages.len() as u64;
+        let (size, nbytes) = {
+            let item = &self.inode(ino)?.item;
+            (item.size, item.nbytes)
+        };
         // An inline extent is only ever a file's one extent: when other
-        // extents exist or are about to, page 0 goes out as a regular extent.
-        let others_exist = !self.extents_overlapping(ino, PAGE, u64::MAX)?.is_empty()
-            || pages.keys().any(|&p| p > 0);
-        if others_exist && !pages.contains_key(&0) {
+        // extents exist or are about to, page 0 goes out as a regular extent
+        // (with this writeback, from its dirty copy if it has one).
+        let small = size <= MAX_INLINE_DATA as u64;
+        let maybe_inline = nbytes > 0 && nbytes <= MAX_INLINE_DATA as u64;
+        let others_exist = pages.keys().any(|&p| p > 0)
+            || ((small || maybe_inline)
+                && !self.extents_overlapping(ino, PAGE, u64::MAX)?.is_empty());
+        if others_exist && maybe_inline && !pages.contains_key(&0) {
             if let Some((0, FileExtent::Inline { .. })) =
                 self.extents_overlapping(ino, 0, 1)?.first()
             {
-                let page = self.load_page(ino, 0)?;
+                let page = match self.take_dirty_page(ino, 0)? {
+                    Some(page) => page,
+                    None => self.load_page(ino, 0)?,
+                };
                 pages.insert(0, page);
-                self.dirty_page_bytes += PAGE;
             }
         }
-        self.dirty_page_bytes -= pages.len() as u64 * PAGE;
-        let size = self.inode(ino)?.item.size;
         debug_assert!(
             pages.keys().all(|&p| p * PAGE < size),
             "dirty page beyond EOF of inode {ino}"
         );
-        if size <= MAX_INLINE_DATA as u64 && !others_exist {
+        if small && !others_exist {
             // The whole file lives in page 0: keep it in the tree.
             let page = &pages[&0];
             self.drop_extents(ino, 0, PAGE)?;
@@ -395,7 +583,8 @@ impl<D: BlockDevice> FsState<D> {
                 .encode(),
             )?;
             self.note_written_range(ino, 0, PAGE)?;
-            return self.update_inode(ino, |i| i.nbytes += size);
+            self.update_inode(ino, |i| i.nbytes += size)?;
+            return Ok(written);
         }
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         for (index, page) in pages {
@@ -435,7 +624,8 @@ impl<D: BlockDevice> FsState<D> {
                 done += got;
             }
         }
-        self.update_inode(ino, |i| i.nbytes += added)
+        self.update_inode(ino, |i| i.nbytes += added)?;
+        Ok(written)
     }
 
     pub(crate) fn fallocate(
@@ -463,44 +653,7 @@ impl<D: BlockDevice> FsState<D> {
             let page = self.load_page(ino, 0)?;
             self.put_dirty_page(ino, 0, page)?;
         }
-        // Reserve every hole of the page-aligned range with unwritten
-        // (prealloc) extents; data already there stays.
-        let start = offset / PAGE * PAGE;
-        let aligned_end = end.div_ceil(PAGE) * PAGE;
-        let mut covered: Vec<(u64, u64)> = self
-            .extents_overlapping(ino, start, aligned_end)?
-            .into_iter()
-            .map(|(o, e)| {
-                (
-                    o,
-                    if matches!(e, FileExtent::Inline { .. }) {
-                        PAGE
-                    } else {
-                        e.len()
-                    },
-                )
-            })
-            .collect();
-        covered.extend(
-            self.inode(ino)?
-                .pages
-                .range(start / PAGE..aligned_end / PAGE)
-                .map(|(&p, _)| (p * PAGE, PAGE)),
-        );
-        covered.sort_unstable();
-        let mut holes = Vec::new();
-        let mut cursor = start;
-        for (o, l) in covered {
-            if o > cursor {
-                holes.push((cursor, o.min(aligned_end)));
-            }
-            cursor = cursor.max(o + l);
-        }
-        if cursor < aligned_end {
-            holes.push((cursor, aligned_end));
-        }
-        let needed: u64 = holes.iter().map(|(a, b)| b - a).sum();
-        self.ensure_space(needed)?;
+        let holes = self.prealloc_holes(ino, offset, end)?;
         let mut added = 0;
         for (hole_start, hole_end) in holes {
             let mut at = hole_start;
@@ -536,6 +689,75 @@ impl<D: BlockDevice> FsState<D> {
         })
     }
 
+    /// What a fallocate may add to the reservations: preallocation
+    /// allocates the holes at once (plus page 0 of an inline file), a punch
+    /// only dirties its edge pages and may use the global reserve.
+    pub(crate) fn fallocate_need(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> Result<Need> {
+        self.require_regular(ino)?;
+        let Some(end) = offset.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE) else {
+            return Ok(Need::NONE);
+        };
+        if len == 0 {
+            return Ok(Need::NONE);
+        }
+        if mode == FallocateMode::PunchHole {
+            return Ok(Need::urgent_items(4).plus_bytes(2 * PAGE));
+        }
+        let holes: u64 = self
+            .prealloc_holes(ino, offset, end)?
+            .iter()
+            .map(|(a, b)| b - a)
+            .sum();
+        let extents = holes.div_ceil(MAX_EXTENT_BYTES) + 1;
+        Ok(Need::items(2 * extents + 1).plus_bytes(holes + PAGE))
+    }
+
+    /// The page-aligned holes of `[offset, end)`: what preallocation fills
+    /// with unwritten (prealloc) extents; data already there stays.
+    fn prealloc_holes(&mut self, ino: u64, offset: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+        let start = offset / PAGE * PAGE;
+        let aligned_end = end.div_ceil(PAGE) * PAGE;
+        let mut covered: Vec<(u64, u64)> = self
+            .extents_overlapping(ino, start, aligned_end)?
+            .into_iter()
+            .map(|(o, e)| {
+                (
+                    o,
+                    if matches!(e, FileExtent::Inline { .. }) {
+                        PAGE
+                    } else {
+                        e.len()
+                    },
+                )
+            })
+            .collect();
+        covered.extend(
+            self.inode(ino)?
+                .pages
+                .range(start / PAGE..aligned_end / PAGE)
+                .map(|(&p, _)| (p * PAGE, PAGE)),
+        );
+        covered.sort_unstable();
+        let mut holes = Vec::new();
+        let mut cursor = start;
+        for (o, l) in covered {
+            if o > cursor {
+                holes.push((cursor, o.min(aligned_end)));
+            }
+            cursor = cursor.max(o + l);
+        }
+        if cursor < aligned_end {
+            holes.push((cursor, aligned_end));
+        }
+        Ok(holes)
+    }
+
     /// Zeroes `[start, end)`: whole pages lose their extents and dirty
     /// copies; partial pages at the edges are zeroed in place.
     fn punch_hole(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
@@ -557,14 +779,7 @@ impl<D: BlockDevice> FsState<D> {
             self.put_dirty_page(ino, index, page)?;
         }
         if first_full < last_full {
-            let dropped = {
-                let pages = &mut self.inode(ino)?.pages;
-                let mut tail = pages.split_off(&first_full);
-                let mut rest = tail.split_off(&last_full);
-                pages.append(&mut rest);
-                tail.len() as u64
-            };
-            self.dirty_page_bytes -= dropped * PAGE;
+            self.take_dirty_pages(ino, first_full..last_full)?;
             self.drop_extents(ino, first_full * PAGE, last_full * PAGE)?;
         }
         let now = Timespec::now();

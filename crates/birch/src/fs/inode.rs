@@ -248,10 +248,9 @@ impl<D: BlockDevice> FsState<D> {
             }
             self.forest.delete(&mut self.roots.fs, &key)?;
         }
-        if let Some(inode) = self.inodes.remove(&ino) {
-            self.dirty_page_bytes -= inode.pages.len() as u64 * SECTOR_SIZE;
-        }
-        self.dirty_data_inodes.remove(&ino);
+        // Its dirty pages go, and with them their reservations.
+        self.discard_dirty_pages(ino)?;
+        self.inodes.remove(&ino);
         self.delayed.forget_inode(ino);
         Ok(())
     }

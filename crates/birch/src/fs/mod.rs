@@ -12,6 +12,7 @@ mod inode;
 mod mount;
 mod namespace;
 mod replay;
+mod space;
 mod tree_log;
 mod types;
 mod xattr;
@@ -27,7 +28,8 @@ use crate::format::{Superblock, SECTOR_SIZE};
 use commit::Roots;
 use delayed::DelayedItems;
 use inode::Inode;
-use std::collections::{BTreeSet, HashMap};
+use space::Need;
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -43,14 +45,16 @@ pub(crate) struct FsState<D> {
     next_ino: u64,
     /// Bytes held in dirty pages of all inodes.
     dirty_page_bytes: u64,
-    /// Inodes that have dirty pages.
-    dirty_data_inodes: BTreeSet<u64>,
+    /// Reservations, the dirty-inode queue, tickets (docs/DELALLOC.md).
+    space: space::SpaceInfo,
     stats: FsStats,
     log: tree_log::LogState,
     log_stats: LogStats,
     /// Set when a write or flush failed: the filesystem is read-only from
     /// then on, and says why.
     failed: Option<String>,
+    /// `Filesystem::shut_down` ran: every call fails with EIO.
+    shut_down: bool,
     options: MountOptions,
 }
 
@@ -83,6 +87,13 @@ struct Shared<D> {
     store: Arc<NodeStore<Arc<D>>>,
     worker_stop: Mutex<bool>,
     worker_wake: Condvar,
+    /// With the state lock: space came back (tickets served, dirty memory
+    /// went down).
+    space_cv: Condvar,
+    /// With the state lock: wakes the flusher.
+    flusher_wake: Condvar,
+    /// One reclaimer at a time.
+    reclaim_lock: Mutex<()>,
 }
 
 impl<D: BlockDevice> Shared<D> {
@@ -157,6 +168,7 @@ impl<D: BlockDevice> Shared<D> {
             match written {
                 Ok(nodes) => {
                     state.finish_commit(prepared, nodes);
+                    self.space_changed(&mut state);
                     Ok(())
                 }
                 Err(e) => {
@@ -274,6 +286,10 @@ impl<D: BlockDevice> Shared<D> {
     }
 }
 
+fn shut_down_error() -> Error {
+    Error::Io(std::io::Error::other("the filesystem was shut down"))
+}
+
 /// Writes an empty filesystem (a root directory) onto `dev`. Unlike
 /// [`Filesystem::mkfs`] it takes any device, borrowed ones included.
 pub fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()> {
@@ -284,6 +300,7 @@ pub fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()> {
 pub struct Filesystem<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
     worker: Option<JoinHandle<()>>,
+    flusher: Option<JoinHandle<()>>,
     /// `close` ran: dropping has nothing left to do.
     closed: bool,
 }
@@ -312,10 +329,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             store,
             worker_stop: Mutex::new(false),
             worker_wake: Condvar::new(),
+            space_cv: Condvar::new(),
+            flusher_wake: Condvar::new(),
+            reclaim_lock: Mutex::new(()),
         });
         let mut fs = Filesystem {
             shared,
             worker: None,
+            flusher: None,
             closed: false,
         };
         let has_log = fs.lock().superblock.log_root_bytenr != 0;
@@ -341,6 +362,20 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     .map_err(Error::Io)?,
             );
         }
+        if options.background_flusher {
+            fs.lock().space.flusher_running = true;
+            let shared = fs.shared.clone();
+            match std::thread::Builder::new()
+                .name("birch-flusher".into())
+                .spawn(move || space::flusher(shared))
+            {
+                Ok(handle) => fs.flusher = Some(handle),
+                Err(e) => {
+                    fs.lock().space.flusher_running = false;
+                    return Err(Error::Io(e));
+                }
+            }
+        }
         Ok(fs)
     }
 
@@ -353,26 +388,66 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Runs a read-only operation.
     fn read<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
-        f(&mut self.lock())
+        let mut state = self.lock();
+        if state.shut_down {
+            return Err(shut_down_error());
+        }
+        f(&mut state)
     }
 
-    /// Runs an operation that changes the filesystem. An operation refused
-    /// for lack of space is retried once after a commit (which releases the
-    /// space pinned by earlier frees). An I/O error or corruption met while
-    /// changing the trees leaves the filesystem read-only: what is in memory
-    /// may be half-changed and must never be committed.
+    /// Shuts the filesystem down, as a power cut would (fstests' shutdown
+    /// ioctl): nothing in memory is written any more, and every later call
+    /// fails with EIO. The caller stops the device itself (see
+    /// [`crate::device::ShutdownGate`]); the next mount recovers from what
+    /// the device holds.
+    pub fn shut_down(&self) {
+        let mut state = self.lock();
+        state.shut_down = true;
+        state.failed.get_or_insert_with(|| "shut down".into());
+    }
+
+    /// Runs an operation that changes the filesystem and reserves nothing
+    /// up front (see [`change_with`](Self::change_with)).
     fn change<T>(&self, f: impl Fn(&mut FsState<D>) -> Result<T>) -> Result<T> {
+        self.change_with(|_| Ok(Need::NONE), f)
+    }
+
+    /// Runs an operation that changes the filesystem once what it may add
+    /// to the space reservations (`need`, computed under the state lock)
+    /// fits, waiting on a ticket while it does not (docs/DELALLOC.md). An
+    /// operation that still meets ENOSPC is retried once after a commit. An
+    /// I/O error or corruption met while changing the trees leaves the
+    /// filesystem read-only: what is in memory may be half-changed and must
+    /// never be committed. A writer that leaves dirty memory above its
+    /// limit is throttled afterwards (never a commit).
+    fn change_with<T>(
+        &self,
+        need: impl Fn(&mut FsState<D>) -> Result<Need>,
+        f: impl Fn(&mut FsState<D>) -> Result<T>,
+    ) -> Result<T> {
+        let result = self.change_reserving(need, f);
+        if matches!(result, Err(Error::NoSpace)) {
+            self.lock().space.stats.enospc += 1;
+        }
+        result
+    }
+
+    /// [`change_with`](Self::change_with) without counting an ENOSPC it
+    /// returns (the caller may still succeed in part).
+    fn change_reserving<T>(
+        &self,
+        need: impl Fn(&mut FsState<D>) -> Result<Need>,
+        f: impl Fn(&mut FsState<D>) -> Result<T>,
+    ) -> Result<T> {
         let mut retried = false;
         loop {
             let (result, over_limit) = {
-                let mut state = self.lock();
-                if state.failed.is_some() || state.options.read_only {
-                    return Err(Error::ReadOnly);
-                }
+                let mut state = self.shared.reserve(&need)?;
                 let result = f(&mut state);
                 if let Err(e @ (Error::Io(_) | Error::Corrupt(_))) = &result {
                     state.failed = Some(e.to_string());
                 }
+                self.shared.space_changed(&mut state);
                 (
                     result,
                     state.dirty_page_bytes > state.options.dirty_limit_bytes,
@@ -384,7 +459,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 continue;
             }
             if over_limit {
-                self.commit()?;
+                self.shared.balance_dirty();
             }
             return result;
         }
@@ -405,7 +480,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
-        self.change(|s| s.setattr(ino, changes))
+        // A truncate frees space: it may use the global reserve.
+        self.change_with(
+            |_| Ok(Need::urgent_items(4).plus_bytes(SECTOR_SIZE)),
+            |s| s.setattr(ino, changes),
+        )
     }
 
     /// Creates a regular file, device node, fifo or socket (per `mode`'s
@@ -419,7 +498,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         gid: u32,
         rdev: u64,
     ) -> Result<Attr> {
-        self.change(|s| s.create_node(parent, name, mode, uid, gid, rdev))
+        self.change_with(
+            |_| Ok(Need::items(6)),
+            |s| s.create_node(parent, name, mode, uid, gid, rdev),
+        )
     }
 
     /// Creates a regular file (`mode` holds permission bits).
@@ -428,7 +510,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.change(|s| s.create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0))
+        self.change_with(
+            |_| Ok(Need::items(6)),
+            |s| s.create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0),
+        )
     }
 
     pub fn symlink(
@@ -439,7 +524,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
-        self.change(|s| s.symlink(parent, name, target, uid, gid))
+        self.change_with(
+            |_| Ok(Need::items(7)),
+            |s| s.symlink(parent, name, target, uid, gid),
+        )
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -447,15 +535,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
-        self.change(|s| s.link(ino, new_parent, new_name))
+        self.change_with(
+            |_| Ok(Need::items(5)),
+            |s| s.link(ino, new_parent, new_name),
+        )
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.change(|s| s.unlink(parent, name))
+        self.change_with(|_| Ok(Need::urgent_items(6)), |s| s.unlink(parent, name))
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.change(|s| s.rmdir(parent, name))
+        self.change_with(|_| Ok(Need::urgent_items(6)), |s| s.rmdir(parent, name))
     }
 
     pub fn rename(
@@ -466,7 +557,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
-        self.change(|s| s.rename(parent, name, new_parent, new_name, flags))
+        self.change_with(
+            |_| Ok(Need::items(10)),
+            |s| s.rename(parent, name, new_parent, new_name, flags),
+        )
     }
 
     /// Entries of a directory after `offset` (0 starts at the beginning;
@@ -489,17 +583,26 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn release(&self, ino: u64) -> Result<()> {
-        self.read(|s| s.release_inode(ino))
+        self.read(|s| {
+            let r = s.release_inode(ino);
+            self.shared.space_changed(s);
+            r
+        })
     }
 
     /// Drops `count` holds taken with [`open_inode`](Self::open_inode)
     /// (FUSE's forget: the kernel's lookup count).
     pub fn forget(&self, ino: u64, count: u64) -> Result<()> {
         self.read(|s| {
+            let mut r = Ok(());
             for _ in 0..count {
-                s.release_inode(ino)?;
+                r = s.release_inode(ino);
+                if r.is_err() {
+                    break;
+                }
             }
-            Ok(())
+            self.shared.space_changed(s);
+            r
         })
     }
 
@@ -509,13 +612,59 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| s.read_file(ino, offset, size))
     }
 
+    /// Writes `data` at `offset` into dirty pages, each piece (up to 1 MiB)
+    /// accepted once its space is reserved. Returns the bytes accepted:
+    /// fewer than `data.len()` when the filesystem filled up part-way
+    /// (ENOSPC only when nothing could be accepted).
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        self.change(|s| s.write_file(ino, offset, data))
+        self.read(|s| s.check_write(ino, offset, data.len() as u64))?;
+        if data.is_empty() {
+            return self.change(|s| s.write_file(ino, offset, data));
+        }
+        let mut done = 0usize;
+        let mut chunk_limit = space::WRITE_CHUNK;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
+            let chunk = &data[done..done + piece];
+            match self.change_reserving(
+                |s| s.write_need(ino, at, chunk.len() as u64),
+                |s| s.write_file(ino, at, chunk),
+            ) {
+                Ok(n) => done += n,
+                // A piece that does not fit may fit in part: ENOSPC only
+                // once not even one page of it does.
+                Err(Error::NoSpace) if piece as u64 > SECTOR_SIZE => {
+                    chunk_limit = (piece as u64 / 2).next_power_of_two().max(SECTOR_SIZE);
+                    if chunk_limit >= piece as u64 {
+                        chunk_limit = (chunk_limit / 2).max(SECTOR_SIZE);
+                    }
+                }
+                Err(_) if done > 0 => break,
+                Err(e) => {
+                    if matches!(e, Error::NoSpace) {
+                        self.lock().space.stats.enospc += 1;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Writes back (without making durable) the dirty pages of `ino` that
+    /// overlap `[offset, offset + len)`, like
+    /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`. Returns the pages written.
+    pub fn flush_range(&self, ino: u64, offset: u64, len: u64) -> Result<u64> {
+        self.change(|s| s.writeback_range(ino, offset, len))
     }
 
     /// Preallocates (reads as zeros until written) or punches a hole.
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
-        self.change(|s| s.fallocate(ino, offset, len, mode))
+        self.change_with(
+            |s| s.fallocate_need(ino, offset, len, mode),
+            |s| s.fallocate(ino, offset, len, mode),
+        )
     }
 
     /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that
@@ -541,7 +690,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
-        self.change(|s| s.setxattr(ino, name, value, mode))
+        self.change_with(
+            |_| Ok(Need::items(3)),
+            |s| s.setxattr(ino, name, value, mode),
+        )
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
@@ -549,7 +701,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        self.change(|s| s.removexattr(ino, name))
+        self.change_with(|_| Ok(Need::urgent_items(2)), |s| s.removexattr(ino, name))
     }
 
     // ----- whole filesystem -----
@@ -567,14 +719,29 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.lock().stats
     }
 
+    /// Counters of delayed allocation, reservation and reclaim.
+    pub fn space_stats(&self) -> SpaceStats {
+        self.lock().space.stats
+    }
+
+    /// The space accounting right now (docs/DELALLOC.md).
+    pub fn space_usage(&self) -> SpaceUsage {
+        self.lock().space_usage()
+    }
+
     /// Makes `ino`'s data, size and a name (a directory: its entries)
     /// durable, through the log tree: no transaction commit unless the log
     /// cannot express what changed (docs/TREE-LOG.md).
     pub fn fsync(&self, ino: u64, _datasync: bool) -> Result<()> {
-        let outcome = self.change(|s| {
-            s.stats.fsyncs += 1;
-            s.log_for_fsync(ino)
-        })?;
+        // The log's nodes: fsync must not fail for space, it may use the
+        // global reserve (a reclaim commit makes it durable anyway).
+        let outcome = self.change_with(
+            |_| Ok(Need::urgent_items(8)),
+            |s| {
+                s.stats.fsyncs += 1;
+                s.log_for_fsync(ino)
+            },
+        )?;
         match outcome {
             tree_log::LogOutcome::Nothing => Ok(()),
             tree_log::LogOutcome::Logged(id) => self.shared.wait_log(id),
@@ -601,12 +768,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// holders that are now gone) are freed first. Dropping a `Filesystem`
     /// does the same but can only log a failure; `close` reports it.
     pub fn close(mut self) -> Result<()> {
-        self.shut_down()
+        self.close_inner()
     }
 
-    fn shut_down(&mut self) -> Result<()> {
+    fn close_inner(&mut self) -> Result<()> {
         self.closed = true;
         self.stop_worker();
+        self.stop_flusher();
         let read_only = self.lock().options.read_only;
         if !read_only && self.lock().failed.is_none() {
             self.change(|s| s.remove_orphans())?;
@@ -626,6 +794,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         }
     }
 
+    fn stop_flusher(&mut self) {
+        if let Some(flusher) = self.flusher.take() {
+            self.lock().space.flusher_stop = true;
+            self.shared.flusher_wake.notify_all();
+            let _ = flusher.join();
+        }
+    }
+
     fn cleanup_orphans(&self) -> Result<()> {
         let removed = self.change(|s| s.remove_orphans())?;
         if removed > 0 {
@@ -640,7 +816,7 @@ impl<D: BlockDevice + 'static> Drop for Filesystem<D> {
         if self.closed {
             return;
         }
-        if let Err(e) = self.shut_down() {
+        if let Err(e) = self.close_inner() {
             eprintln!("birch: commit at close failed: {e}");
         }
     }
@@ -698,6 +874,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         let prepared =
             commit::seal_transaction(&mut self.forest, &mut self.roots, &self.superblock)?;
+        self.note_committing_pinned(prepared.pinned.iter().map(|&(_, l)| l).sum());
         // The next transaction's log transactions get new numbers: the
         // commit covers every one up to the current.
         self.log.filling += 1;
@@ -707,24 +884,10 @@ impl<D: BlockDevice> FsState<D> {
     fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
         self.forest.end_commit();
         self.forest.alloc.unpin(prepared.pinned);
+        self.note_committing_pinned(0);
         self.superblock = prepared.superblock;
         self.stats.commits += 1;
         self.stats.nodes_written += nodes_written;
         self.evict_clean_inodes();
-    }
-
-    fn statfs(&self) -> StatFs {
-        let alloc = &self.forest.alloc;
-        let free = (alloc.free_bytes() + alloc.pinned_bytes()) / SECTOR_SIZE;
-        let dirty = self.dirty_page_bytes / SECTOR_SIZE;
-        StatFs {
-            block_size: SECTOR_SIZE as u32,
-            blocks: alloc.total_bytes() / SECTOR_SIZE,
-            blocks_free: free.saturating_sub(dirty),
-            blocks_available: free.saturating_sub(dirty),
-            files: u64::from(u32::MAX),
-            files_free: u64::from(u32::MAX).saturating_sub(self.next_ino),
-            name_max: crate::format::NAME_MAX as u32,
-        }
     }
 }

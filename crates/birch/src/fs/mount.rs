@@ -2,6 +2,7 @@
 
 use super::commit::{self, Roots};
 use super::delayed::DelayedItems;
+use super::space::SpaceInfo;
 use super::tree_log::LogState;
 use super::{FsState, FsStats, MkfsOptions, MountOptions};
 use crate::alloc::{Allocator, FreeSpace};
@@ -13,7 +14,7 @@ use crate::format::{
     Superblock, FIRST_ALLOCATABLE_BYTE, FIRST_FREE_INO, MIN_DEVICE_BYTES, NODE_SIZE,
     ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE,
 };
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -137,7 +138,8 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
             },
         )?;
     }
-    let (free, bytes_used) = free_space_from_extent_tree(&forest, &extent, superblock.total_bytes)?;
+    let (free, bytes_used, metadata_bytes) =
+        free_space_from_extent_tree(&forest, &extent, superblock.total_bytes)?;
     if bytes_used != superblock.bytes_used {
         return Err(Error::corrupt(Corruption::general(format!(
             "extent tree records {bytes_used} bytes in use, superblock says {}",
@@ -145,11 +147,13 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         ))));
     }
     forest.alloc = Allocator::new(free, bytes_used, superblock.total_bytes);
+    forest.alloc.set_metadata_bytes(metadata_bytes);
     let next_ino =
         match forest.last_at_or_before(&fs, &Key::new(ORPHAN_OBJECTID - 1, u8::MAX, u64::MAX))? {
             Some((k, _)) => (k.objectid + 1).max(FIRST_FREE_INO),
             None => FIRST_FREE_INO,
         };
+    let total_bytes = superblock.total_bytes;
     let state = FsState {
         forest,
         roots: Roots { root, extent, fs },
@@ -158,7 +162,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         delayed: DelayedItems::default(),
         next_ino,
         dirty_page_bytes: 0,
-        dirty_data_inodes: BTreeSet::new(),
+        space: SpaceInfo::new(total_bytes),
         stats: FsStats::default(),
         log: LogState {
             filling: 1,
@@ -166,20 +170,23 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         },
         log_stats: Default::default(),
         failed: None,
+        shut_down: false,
         options,
     };
     Ok(state)
 }
 
-/// Free space is everything the extent tree does not record.
+/// Free space is everything the extent tree does not record. Returns the
+/// free map, the bytes in use, and the part of them that holds tree nodes.
 fn free_space_from_extent_tree<D: BlockDevice>(
     forest: &Forest<D>,
     extent: &TreeRoot,
     total_bytes: u64,
-) -> Result<(FreeSpace, u64)> {
+) -> Result<(FreeSpace, u64, u64)> {
     let mut free = FreeSpace::default();
     let mut cursor = FIRST_ALLOCATABLE_BYTE;
     let mut used = 0u64;
+    let mut metadata = 0u64;
     let mut fault = None;
     forest.scan(extent, Key::MIN, Key::MAX, &mut |k, data| {
         let len = match k.item_type {
@@ -204,6 +211,9 @@ fn free_space_from_extent_tree<D: BlockDevice>(
         }
         cursor = k.objectid + len;
         used += len;
+        if k.item_type == item_type::METADATA_ITEM {
+            metadata += len;
+        }
         Ok(ControlFlow::Continue(()))
     })?;
     if let Some(reason) = fault {
@@ -217,5 +227,5 @@ fn free_space_from_extent_tree<D: BlockDevice>(
     if cursor < total_bytes {
         free.add(cursor, total_bytes - cursor);
     }
-    Ok((free, used))
+    Ok((free, used, metadata))
 }

@@ -120,15 +120,22 @@ pub struct MkfsOptions {
 pub struct MountOptions {
     /// Commit at least this often while there are changes; `None` disables
     /// the background worker (commits then happen only on sync, fsync,
-    /// memory pressure and close — what deterministic tests want).
+    /// space reclaim and close — what deterministic tests want).
     pub commit_interval: Option<Duration>,
     /// Clean nodes kept in memory.
     pub cache_nodes: usize,
-    /// Dirty file data held in memory before writers force a commit.
+    /// Dirty file data held in memory. Above half of it the flusher writes
+    /// back the oldest dirty pages; a writer that finds more than all of it
+    /// waits for the flusher (or, without one, writes back itself) — it
+    /// never forces a commit (docs/DELALLOC.md).
     pub dirty_limit_bytes: u64,
     /// Delayed dir-index items and inode updates held before the
     /// background worker flushes them into the tree.
     pub delayed_items_limit: usize,
+    /// Run the background flusher thread (writeback under memory pressure,
+    /// space reclaim for writers waiting on tickets). Without it a waiting
+    /// writer reclaims space itself.
+    pub background_flusher: bool,
     /// Refuse every change (EROFS) and never write to the device.
     pub read_only: bool,
 }
@@ -140,16 +147,19 @@ impl Default for MountOptions {
             cache_nodes: 16 * 1024,
             dirty_limit_bytes: 256 * 1024 * 1024,
             delayed_items_limit: 16 * 1024,
+            background_flusher: true,
             read_only: false,
         }
     }
 }
 
 impl MountOptions {
-    /// No background worker: every commit is caused by an API call.
+    /// No background threads: every commit and every writeback is caused by
+    /// an API call.
     pub fn deterministic() -> Self {
         MountOptions {
             commit_interval: None,
+            background_flusher: false,
             ..Default::default()
         }
     }
@@ -164,6 +174,68 @@ pub struct FsStats {
     pub data_bytes_written: u64,
     pub nodes_written: u64,
     pub fsyncs: u64,
+}
+
+/// Counters of delayed allocation and space reservation since mount
+/// (docs/DELALLOC.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpaceStats {
+    /// Times reclaim asked the writeback for a number of pages.
+    pub reclaim_requests: u64,
+    /// Pages written back by those requests, in total and the most one
+    /// request wrote.
+    pub reclaim_pages: u64,
+    pub reclaim_pages_max: u64,
+    /// Commits reclaim made (page writeback could not cover the shortfall).
+    pub reclaim_commits: u64,
+    /// Writers that had to queue a ticket, and what became of the tickets.
+    pub tickets_queued: u64,
+    pub tickets_granted: u64,
+    pub tickets_failed: u64,
+    /// Tickets served (granted or failed) before an older one: always 0.
+    pub tickets_out_of_order: u64,
+    /// Time tickets waited, in total and the worst, in microseconds.
+    pub ticket_wait_total_us: u64,
+    pub ticket_wait_max_us: u64,
+    /// ENOSPC returned to callers.
+    pub enospc: u64,
+    /// Writes that found dirty memory over the limit and waited (or wrote
+    /// back, without the flusher), and the worst such wait.
+    pub throttled_writes: u64,
+    pub throttle_wait_max_us: u64,
+    /// Pages written back by the flusher to keep dirty memory down, by
+    /// throttled writers themselves, by commits, by fsync, by `flush_range`.
+    pub background_pages: u64,
+    pub throttle_pages: u64,
+    pub commit_pages: u64,
+    pub fsync_pages: u64,
+    pub range_pages: u64,
+}
+
+/// The space accounting right now, in bytes (docs/DELALLOC.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpaceUsage {
+    pub total: u64,
+    /// In the allocator's free map.
+    pub free: u64,
+    /// Freed but pinned until a commit is durable.
+    pub pinned: u64,
+    /// Dirty page data (one page reserved per dirty page).
+    pub dirty_data: u64,
+    /// Metadata reserved for the extents dirty data will become.
+    pub delalloc_metadata: u64,
+    /// Worst-case metadata the running transaction may still copy.
+    pub transaction_metadata: u64,
+    /// Granted to waiting writers, not used yet.
+    pub granted: u64,
+    /// What the metadata reservations will leave allocated once committed
+    /// (new items; statfs counts this instead of the worst cases above).
+    pub settled_metadata: u64,
+    pub global_reserve: u64,
+    /// What an ordinary change may still reserve (negative: over-committed
+    /// into the global reserve).
+    pub available: i64,
+    pub tickets_waiting: u64,
 }
 
 /// `fallocate` modes birch implements.

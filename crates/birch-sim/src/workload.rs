@@ -1,0 +1,758 @@
+//! Seeded random workloads over a small fixed pool of names.
+//!
+//! The pool is small on purpose: with five short names, two 255-byte names
+//! and one 256-byte name, at most three directories deep, operations keep
+//! colliding: creates hit existing names, renames land on existing files
+//! and directories (and on their own ancestors), links pile up on one
+//! inode, rmdir meets non-empty directories. Files are written at offsets
+//! chosen around the interesting boundaries: the 2048-byte inline limit,
+//! page edges, far sparse offsets. The generator looks at the model to pick
+//! existing paths most of the time, so long sequences build deep trees
+//! instead of failing with ENOENT; the result is deterministic per seed.
+//!
+//! Every op has a `Display` form that reads like a command
+//! (`rename /a/f /b noreplace`), printed in failure reports.
+
+use crate::model::{show_path, Kind, Model, Path, RenameFlags, XattrMode};
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::fmt;
+
+/// What an inode operation applies to: a path, or an open handle slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Path(Path),
+    Handle(usize),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Path(p) => f.write_str(&show_path(p)),
+            Target::Handle(h) => write!(f, "fd{h}"),
+        }
+    }
+}
+
+/// One operation of a workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Create {
+        path: Path,
+        perm: u32,
+    },
+    Mkdir {
+        path: Path,
+        perm: u32,
+    },
+    Mkfifo {
+        path: Path,
+    },
+    Symlink {
+        path: Path,
+        target: Vec<u8>,
+    },
+    Link {
+        from: Path,
+        to: Path,
+    },
+    Unlink {
+        path: Path,
+    },
+    Rmdir {
+        path: Path,
+    },
+    Rename {
+        from: Path,
+        to: Path,
+        flags: RenameFlags,
+    },
+    /// Writes `len` bytes of the pattern `fill` at `offset`.
+    Write {
+        target: Target,
+        offset: u64,
+        len: u64,
+        fill: u64,
+    },
+    Truncate {
+        target: Target,
+        size: u64,
+    },
+    Read {
+        target: Target,
+        offset: u64,
+        len: u64,
+    },
+    Chmod {
+        target: Target,
+        perm: u32,
+    },
+    Chown {
+        target: Target,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
+    SetXattr {
+        target: Target,
+        name: Vec<u8>,
+        value_len: usize,
+        fill: u64,
+        mode: XattrMode,
+    },
+    RemoveXattr {
+        target: Target,
+        name: Vec<u8>,
+    },
+    GetXattr {
+        target: Target,
+        name: Vec<u8>,
+    },
+    ListXattr {
+        target: Target,
+    },
+    Stat {
+        target: Target,
+    },
+    Readdir {
+        path: Path,
+    },
+    Readlink {
+        path: Path,
+    },
+    /// Opens the path into handle slot `slot` (closing what was there).
+    Open {
+        path: Path,
+        slot: usize,
+    },
+    Close {
+        slot: usize,
+    },
+    Fsync {
+        target: Target,
+        datasync: bool,
+    },
+    /// fsync of a directory.
+    FsyncDir {
+        target: Target,
+    },
+    Sync,
+    /// Close and reopen the filesystem (model tests only).
+    Remount,
+}
+
+/// The kind of durability an op asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persist {
+    Sync,
+    Fsync { datasync: bool },
+    FsyncDir,
+}
+
+impl Op {
+    /// Short name of the op's kind (for statistics).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Op::Create { .. } => "create",
+            Op::Mkdir { .. } => "mkdir",
+            Op::Mkfifo { .. } => "mkfifo",
+            Op::Symlink { .. } => "symlink",
+            Op::Link { .. } => "link",
+            Op::Unlink { .. } => "unlink",
+            Op::Rmdir { .. } => "rmdir",
+            Op::Rename { .. } => "rename",
+            Op::Write { .. } => "write",
+            Op::Truncate { .. } => "truncate",
+            Op::Read { .. } => "read",
+            Op::Chmod { .. } => "chmod",
+            Op::Chown { .. } => "chown",
+            Op::SetXattr { .. } => "setxattr",
+            Op::RemoveXattr { .. } => "removexattr",
+            Op::GetXattr { .. } => "getxattr",
+            Op::ListXattr { .. } => "listxattr",
+            Op::Stat { .. } => "stat",
+            Op::Readdir { .. } => "readdir",
+            Op::Readlink { .. } => "readlink",
+            Op::Open { .. } => "open",
+            Op::Close { .. } => "close",
+            Op::Fsync { .. } => "fsync",
+            Op::FsyncDir { .. } => "fsync-dir",
+            Op::Sync => "sync",
+            Op::Remount => "remount",
+        }
+    }
+
+    /// Whether (and how) this op is a persistence point.
+    pub fn persistence(&self) -> Option<Persist> {
+        match self {
+            Op::Sync | Op::Remount => Some(Persist::Sync),
+            Op::Fsync { datasync, .. } => Some(Persist::Fsync {
+                datasync: *datasync,
+            }),
+            Op::FsyncDir { .. } => Some(Persist::FsyncDir),
+            _ => None,
+        }
+    }
+}
+
+/// The bytes a write or xattr with pattern `fill` carries.
+pub fn pattern(fill: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    ChaCha8Rng::seed_from_u64(fill).fill_bytes(&mut out);
+    out
+}
+
+fn flags_str(flags: RenameFlags) -> &'static str {
+    match (flags.no_replace, flags.exchange) {
+        (false, false) => "",
+        (true, false) => " noreplace",
+        (false, true) => " exchange",
+        (true, true) => " noreplace|exchange",
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Create { path, perm } => write!(f, "create {} {perm:o}", show_path(path)),
+            Op::Mkdir { path, perm } => write!(f, "mkdir {} {perm:o}", show_path(path)),
+            Op::Mkfifo { path } => write!(f, "mkfifo {}", show_path(path)),
+            Op::Symlink { path, target } => {
+                write!(f, "symlink {} -> [{} bytes]", show_path(path), target.len())
+            }
+            Op::Link { from, to } => write!(f, "link {} {}", show_path(from), show_path(to)),
+            Op::Unlink { path } => write!(f, "unlink {}", show_path(path)),
+            Op::Rmdir { path } => write!(f, "rmdir {}", show_path(path)),
+            Op::Rename { from, to, flags } => write!(
+                f,
+                "rename {} {}{}",
+                show_path(from),
+                show_path(to),
+                flags_str(*flags)
+            ),
+            Op::Write {
+                target,
+                offset,
+                len,
+                fill,
+            } => write!(
+                f,
+                "write {target} {offset}..{} (pattern {fill})",
+                offset + len
+            ),
+            Op::Truncate { target, size } => write!(f, "truncate {target} {size}"),
+            Op::Read {
+                target,
+                offset,
+                len,
+            } => write!(f, "read {target} {offset}..{}", offset.saturating_add(*len)),
+            Op::Chmod { target, perm } => write!(f, "chmod {target} {perm:o}"),
+            Op::Chown { target, uid, gid } => write!(f, "chown {target} {uid:?}:{gid:?}"),
+            Op::SetXattr {
+                target,
+                name,
+                value_len,
+                mode,
+                ..
+            } => write!(
+                f,
+                "setxattr {target} {} [{value_len} bytes] {mode:?}",
+                crate::model::show_name(name)
+            ),
+            Op::RemoveXattr { target, name } => {
+                write!(f, "removexattr {target} {}", crate::model::show_name(name))
+            }
+            Op::GetXattr { target, name } => {
+                write!(f, "getxattr {target} {}", crate::model::show_name(name))
+            }
+            Op::ListXattr { target } => write!(f, "listxattr {target}"),
+            Op::Stat { target } => write!(f, "stat {target}"),
+            Op::Readdir { path } => write!(f, "readdir {}", show_path(path)),
+            Op::Readlink { path } => write!(f, "readlink {}", show_path(path)),
+            Op::Open { path, slot } => write!(f, "open {} as fd{slot}", show_path(path)),
+            Op::Close { slot } => write!(f, "close fd{slot}"),
+            Op::Fsync {
+                target,
+                datasync: false,
+            } => write!(f, "fsync {target}"),
+            Op::Fsync {
+                target,
+                datasync: true,
+            } => write!(f, "fdatasync {target}"),
+            Op::FsyncDir { target } => write!(f, "fsync-dir {target}"),
+            Op::Sync => f.write_str("sync"),
+            Op::Remount => f.write_str("remount"),
+        }
+    }
+}
+
+/// Knobs of a workload.
+#[derive(Clone, Debug)]
+pub struct WorkloadConfig {
+    /// Deepest directory nesting of generated paths.
+    pub max_depth: usize,
+    /// Handle slots (open files).
+    pub handles: usize,
+    /// Stop growing files once the model holds this many data bytes.
+    pub max_live_bytes: u64,
+    /// Largest ordinary write.
+    pub max_write: u64,
+    /// Farthest offset of a sparse write.
+    pub max_sparse_offset: u64,
+    /// Relative weight of persistence points (sync, fsync, fsync-dir).
+    pub persist_weight: u32,
+    /// Relative weight of remounts (0 in crash workloads).
+    pub remount_weight: u32,
+    /// Relative weight of read-only ops (stat, read, readdir, ...).
+    pub read_weight: u32,
+    /// Use setuid and sticky bits in modes.
+    pub special_perms: bool,
+    /// Allow truncates past the largest file size (EFBIG).
+    pub huge_truncates: bool,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        WorkloadConfig {
+            max_depth: 3,
+            handles: 3,
+            max_live_bytes: 24 << 20,
+            max_write: 300 << 10,
+            max_sparse_offset: 8 << 20,
+            persist_weight: 4,
+            remount_weight: 1,
+            read_weight: 10,
+            special_perms: true,
+            huge_truncates: true,
+        }
+    }
+}
+
+impl WorkloadConfig {
+    /// Small, write-heavy workloads for crash exploration: every window of
+    /// every commit is enumerated, so commits are kept small.
+    pub fn crash() -> Self {
+        WorkloadConfig {
+            max_depth: 2,
+            handles: 2,
+            max_live_bytes: 2 << 20,
+            max_write: 64 << 10,
+            max_sparse_offset: 1 << 20,
+            persist_weight: 12,
+            remount_weight: 0,
+            read_weight: 2,
+            special_perms: true,
+            huge_truncates: true,
+        }
+    }
+}
+
+/// Short names, two valid 255-byte names, and one 256-byte name (too long).
+pub fn name_pool() -> Vec<Vec<u8>> {
+    let mut pool: Vec<Vec<u8>> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+    pool.push(vec![b'L'; 255]);
+    let mut l2 = vec![b'm'; 254];
+    l2.push(b'2');
+    pool.push(l2);
+    pool.push(vec![b'T'; 256]);
+    pool
+}
+
+const XATTR_NAMES: [&str; 4] = [
+    "user.a",
+    "user.b",
+    "user.checksum",
+    "user.long-attribute-name-0123456789-0123456789-0123456789",
+];
+
+/// A seeded generator of ops. Deterministic: the same seed and the same
+/// model states give the same ops.
+pub struct Generator {
+    rng: ChaCha8Rng,
+    pub cfg: WorkloadConfig,
+    pool: Vec<Vec<u8>>,
+}
+
+impl Generator {
+    pub fn new(seed: u64, cfg: WorkloadConfig) -> Generator {
+        Generator {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            cfg,
+            pool: name_pool(),
+        }
+    }
+
+    pub fn rng(&mut self) -> &mut ChaCha8Rng {
+        &mut self.rng
+    }
+
+    fn name(&mut self) -> Vec<u8> {
+        // Short names most of the time; long ones now and then.
+        let i = if self.rng.gen_ratio(9, 10) {
+            self.rng.gen_range(0..5)
+        } else {
+            self.rng.gen_range(5..self.pool.len())
+        };
+        self.pool[i].clone()
+    }
+
+    /// A path made of pool names, 1..=max_depth+1 components.
+    fn random_path(&mut self) -> Path {
+        let depth = self.rng.gen_range(0..=self.cfg.max_depth);
+        (0..=depth).map(|_| self.name()).collect()
+    }
+
+    fn existing(&mut self, model: &Model, want: impl Fn(Kind) -> bool) -> Option<Path> {
+        let candidates: Vec<Path> = model
+            .paths()
+            .into_iter()
+            .filter(|(p, _, k)| !p.is_empty() && want(*k))
+            .map(|(p, _, _)| p)
+            .collect();
+        if candidates.is_empty() {
+            None
+        } else {
+            Some(candidates[self.rng.gen_range(0..candidates.len())].clone())
+        }
+    }
+
+    /// A path for a new name: in an existing directory most of the time.
+    fn new_path(&mut self, model: &Model) -> Path {
+        if self.rng.gen_ratio(1, 8) {
+            return self.random_path();
+        }
+        let dirs: Vec<Path> = model
+            .paths()
+            .into_iter()
+            .filter(|(p, _, k)| *k == Kind::Dir && p.len() <= self.cfg.max_depth)
+            .map(|(p, _, _)| p)
+            .collect();
+        let mut p = dirs[self.rng.gen_range(0..dirs.len())].clone();
+        p.push(self.name());
+        p
+    }
+
+    /// A path to something that exists (mostly of the wanted kind).
+    fn old_path(&mut self, model: &Model, want: impl Fn(Kind) -> bool) -> Path {
+        if self.rng.gen_ratio(1, 10) {
+            return self.random_path();
+        }
+        if self.rng.gen_ratio(4, 5) {
+            if let Some(p) = self.existing(model, want) {
+                return p;
+            }
+        }
+        self.existing(model, |_| true)
+            .unwrap_or_else(|| self.random_path())
+    }
+
+    fn target(&mut self, model: &Model, want: impl Fn(Kind) -> bool) -> Target {
+        if self.rng.gen_ratio(1, 6) {
+            Target::Handle(self.rng.gen_range(0..self.cfg.handles))
+        } else {
+            Target::Path(self.old_path(model, want))
+        }
+    }
+
+    fn size_near_boundary(&mut self) -> u64 {
+        const B: [u64; 14] = [
+            0,
+            1,
+            100,
+            2047,
+            2048,
+            2049,
+            4095,
+            4096,
+            4097,
+            8191,
+            8192,
+            12289,
+            65536 + 3,
+            131072,
+        ];
+        match self.rng.gen_range(0..4) {
+            0 | 1 => B[self.rng.gen_range(0..B.len())],
+            2 => self.rng.gen_range(0..3 * 4096),
+            _ => self.rng.gen_range(0..=self.cfg.max_write),
+        }
+    }
+
+    fn write_op(&mut self, model: &Model) -> Op {
+        let target = self.target(model, |k| k == Kind::File);
+        let full = model.allocated_bytes() >= self.cfg.max_live_bytes;
+        let (offset, len) = match self.rng.gen_range(0..10) {
+            // Tiny write somewhere in the first pages (inline territory).
+            0 | 1 => (self.rng.gen_range(0..3000), self.rng.gen_range(1..200)),
+            // Straddling a page boundary.
+            2 | 3 => {
+                let page = self.rng.gen_range(0..8u64) + 1;
+                let before = self.rng.gen_range(1..600);
+                (page * 4096 - before, before + self.rng.gen_range(1..5000))
+            }
+            // Around the inline limit: grow past it, or stay just below.
+            4 => (0, [2040, 2048, 2049, 2100, 4096][self.rng.gen_range(0..5)]),
+            // Appending-ish, medium.
+            5 | 6 => (
+                self.rng.gen_range(0..64 * 1024),
+                self.rng.gen_range(1..16 * 1024),
+            ),
+            // Sparse, far.
+            7 => (
+                self.rng.gen_range(0..=self.cfg.max_sparse_offset),
+                self.rng.gen_range(1..9000),
+            ),
+            // Large.
+            _ => (
+                self.rng.gen_range(0..128 * 1024),
+                self.rng.gen_range(1..=self.cfg.max_write),
+            ),
+        };
+        let len = if full { len.min(512) } else { len };
+        Op::Write {
+            target,
+            offset,
+            len,
+            fill: self.rng.gen(),
+        }
+    }
+
+    /// The next op, chosen with `model` as it is now.
+    pub fn next_op(&mut self, model: &Model) -> Op {
+        let c = &self.cfg;
+        let weights: [(u32, u8); 26] = [
+            (10, 0),                            // create
+            (6, 1),                             // mkdir
+            (1, 2),                             // mkfifo
+            (2, 3),                             // symlink
+            (4, 4),                             // link
+            (5, 5),                             // unlink
+            (4, 6),                             // rmdir
+            (9, 7),                             // rename
+            (16, 8),                            // write
+            (6, 9),                             // truncate
+            (c.read_weight / 2, 10),            // read
+            (2, 11),                            // chmod
+            (1, 12),                            // chown
+            (5, 13),                            // setxattr
+            (2, 14),                            // removexattr
+            (c.read_weight / 4, 15),            // getxattr
+            (c.read_weight / 5, 16),            // listxattr
+            (c.read_weight / 3, 17),            // stat
+            (c.read_weight / 4, 18),            // readdir
+            (c.read_weight / 10, 19),           // readlink
+            (3, 20),                            // open
+            (2, 21),                            // close
+            (c.persist_weight.div_ceil(2), 22), // fsync
+            (c.persist_weight.div_ceil(4), 23), // fsync dir
+            (c.persist_weight.div_ceil(4), 24), // sync
+            (c.remount_weight, 25),             // remount
+        ];
+        let total: u32 = weights.iter().map(|w| w.0).sum();
+        let mut pick = self.rng.gen_range(0..total);
+        let mut which = 0;
+        for (w, id) in weights {
+            if pick < w {
+                which = id;
+                break;
+            }
+            pick -= w;
+        }
+        let perms: &[u32] = if self.cfg.special_perms {
+            &[0o644, 0o600, 0o755, 0o4755, 0o1777]
+        } else {
+            &[0o644, 0o600, 0o755]
+        };
+        let perm = perms[self.rng.gen_range(0..perms.len())];
+        match which {
+            0 => Op::Create {
+                path: self.new_path(model),
+                perm,
+            },
+            1 => Op::Mkdir {
+                path: self.new_path(model),
+                perm: perm | 0o700,
+            },
+            2 => Op::Mkfifo {
+                path: self.new_path(model),
+            },
+            3 => {
+                let len = [1, 5, 60, 255, 1000, 4095][self.rng.gen_range(0..6)];
+                let target = (0..len)
+                    .map(|i| b'a' + ((i * 7 + len) % 26) as u8)
+                    .collect();
+                Op::Symlink {
+                    path: self.new_path(model),
+                    target,
+                }
+            }
+            4 => Op::Link {
+                from: self.old_path(model, |k| k != Kind::Dir),
+                to: self.new_path(model),
+            },
+            5 => Op::Unlink {
+                path: self.old_path(model, |k| k != Kind::Dir),
+            },
+            6 => Op::Rmdir {
+                path: self.old_path(model, |k| k == Kind::Dir),
+            },
+            7 => {
+                let flags = match self.rng.gen_range(0..10) {
+                    0 | 1 => RenameFlags {
+                        no_replace: true,
+                        exchange: false,
+                    },
+                    2 | 3 => RenameFlags {
+                        no_replace: false,
+                        exchange: true,
+                    },
+                    _ => RenameFlags::default(),
+                };
+                let from = self.old_path(model, |_| true);
+                let to = if self.rng.gen_ratio(1, 2) {
+                    self.old_path(model, |_| true)
+                } else {
+                    self.new_path(model)
+                };
+                Op::Rename { from, to, flags }
+            }
+            8 => self.write_op(model),
+            9 => {
+                let target = self.target(model, |k| k == Kind::File);
+                let size = if self.cfg.huge_truncates && self.rng.gen_ratio(1, 40) {
+                    (i64::MAX as u64) + 1
+                } else {
+                    self.size_near_boundary()
+                };
+                let size = if model.allocated_bytes() >= self.cfg.max_live_bytes {
+                    size.min(4096)
+                } else {
+                    size
+                };
+                Op::Truncate { target, size }
+            }
+            10 => {
+                let target = self.target(model, |k| k == Kind::File);
+                let offset = self.size_near_boundary();
+                Op::Read {
+                    target,
+                    offset,
+                    len: self.rng.gen_range(0..20000),
+                }
+            }
+            11 => Op::Chmod {
+                target: self.target(model, |_| true),
+                perm,
+            },
+            12 => {
+                let uid = self
+                    .rng
+                    .gen_ratio(2, 3)
+                    .then(|| self.rng.gen_range(0..3) * 1000);
+                let gid = self
+                    .rng
+                    .gen_ratio(2, 3)
+                    .then(|| self.rng.gen_range(0..3) * 1000);
+                Op::Chown {
+                    target: self.target(model, |_| true),
+                    uid,
+                    gid,
+                }
+            }
+            13 => {
+                let mode = [
+                    XattrMode::Any,
+                    XattrMode::Any,
+                    XattrMode::Create,
+                    XattrMode::Replace,
+                ][self.rng.gen_range(0..4)];
+                let value_len = [0, 1, 17, 200, 1000][self.rng.gen_range(0..5)];
+                Op::SetXattr {
+                    target: self.xattr_target(model),
+                    name: self.xattr_name(),
+                    value_len,
+                    fill: self.rng.gen(),
+                    mode,
+                }
+            }
+            14 => Op::RemoveXattr {
+                target: self.xattr_target(model),
+                name: self.xattr_name(),
+            },
+            15 => Op::GetXattr {
+                target: self.xattr_target(model),
+                name: self.xattr_name(),
+            },
+            16 => Op::ListXattr {
+                target: self.xattr_target(model),
+            },
+            17 => Op::Stat {
+                target: self.target(model, |_| true),
+            },
+            18 => Op::Readdir {
+                path: if self.rng.gen_ratio(1, 4) {
+                    Vec::new()
+                } else {
+                    self.old_path(model, |k| k == Kind::Dir)
+                },
+            },
+            19 => Op::Readlink {
+                path: self.old_path(model, |k| k == Kind::Symlink),
+            },
+            20 => Op::Open {
+                path: self.old_path(model, |k| k == Kind::File),
+                slot: self.rng.gen_range(0..self.cfg.handles),
+            },
+            21 => Op::Close {
+                slot: self.rng.gen_range(0..self.cfg.handles),
+            },
+            22 => Op::Fsync {
+                target: self.target(model, |k| k == Kind::File),
+                datasync: self.rng.gen_ratio(1, 3),
+            },
+            23 => {
+                let target = if self.rng.gen_ratio(1, 3) {
+                    Target::Path(Vec::new())
+                } else {
+                    Target::Path(self.old_path(model, |k| k == Kind::Dir))
+                };
+                Op::FsyncDir { target }
+            }
+            24 => Op::Sync,
+            _ => Op::Remount,
+        }
+    }
+
+    /// Xattrs go on regular files and directories (the kernel refuses
+    /// `user.` xattrs on other kinds before a filesystem sees them).
+    fn xattr_target(&mut self, model: &Model) -> Target {
+        if self.rng.gen_ratio(1, 6) {
+            return Target::Handle(self.rng.gen_range(0..self.cfg.handles));
+        }
+        match self.existing(model, |k| k == Kind::File || k == Kind::Dir) {
+            Some(p) if self.rng.gen_ratio(9, 10) => Target::Path(p),
+            _ => Target::Path(Vec::new()),
+        }
+    }
+
+    fn xattr_name(&mut self) -> Vec<u8> {
+        XATTR_NAMES[self.rng.gen_range(0..XATTR_NAMES.len())]
+            .as_bytes()
+            .to_vec()
+    }
+}
+
+/// The seed to use: `BIRCH_SEED` when set (replaying one failure), else
+/// `default`.
+pub fn seed_override() -> Option<u64> {
+    std::env::var("BIRCH_SEED").ok().map(|s| {
+        let s = s.trim();
+        if let Some(hex) = s.strip_prefix("0x") {
+            u64::from_str_radix(hex, 16).expect("BIRCH_SEED must be a number")
+        } else {
+            s.parse().expect("BIRCH_SEED must be a number")
+        }
+    })
+}
