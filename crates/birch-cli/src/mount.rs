@@ -405,6 +405,17 @@ fn detach(args: &MountArgs) -> Result<u8, Failure> {
 pub fn sync(args: &SyncArgs) -> Result<u8, Failure> {
     let dir = File::open(&args.mountpoint)
         .map_err(|e| Failure::new(format!("{}: {e}", args.mountpoint.display())))?;
+    // First make the kernel hand over the pages it caches (the writeback
+    // cache): syncfs writes them back to birch, which the commit then
+    // makes durable.
+    // SAFETY: syncfs on an fd we own.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(Failure::new(format!(
+            "{}: syncfs: {}",
+            args.mountpoint.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
     // SAFETY: an ioctl without argument data on an fd we own.
     let rc = unsafe { libc::ioctl(dir.as_raw_fd(), BIRCH_IOC_SYNC as libc::c_ulong) };
     if rc != 0 {

@@ -164,7 +164,6 @@ fn fsync_dir_logs_a_new_symlinks_target() {
 /// comes back without the xattrs the log did not carry). Found by crash
 /// seed 115.
 #[test]
-#[ignore = "engine bug (tree log): replaying fsync(dir) drops the directory's committed xattrs"]
 fn fsync_dir_replay_keeps_committed_xattrs() {
     use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
     use birch_sim::workload::{Op, Target};
@@ -238,7 +237,6 @@ impl birch::device::BlockDevice for PanickingWrites {
 /// should give up quietly on a poisoned lock. Runs itself in a child
 /// process, since the bug is an abort.
 #[test]
-#[ignore = "engine bug: a panic inside the engine aborts the process when the Filesystem is dropped (poisoned lock in Drop)"]
 fn an_engine_panic_does_not_abort_the_process() {
     use birch::device::BlockDevice;
     if std::env::var_os("BIRCH_SIM_CHILD").is_some() {
@@ -277,7 +275,6 @@ fn an_engine_panic_does_not_abort_the_process() {
 /// parent's rename; btrfs-style, such a fsync must log the renamed
 /// ancestor or fall back to a full commit. Found by crash seed 85.
 #[test]
-#[ignore = "engine bug (tree log): fsync of a new dir under a renamed parent replays it under the parent's old name"]
 fn fsync_of_a_new_dir_under_a_renamed_parent() {
     use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
     use birch_sim::model::RenameFlags;
@@ -329,7 +326,6 @@ fn fsync_of_a_new_dir_under_a_renamed_parent() {
 /// never neither; `/d` was made durable by the first fsync). Found by long
 /// crash seeds 34 and 35.
 #[test]
-#[ignore = "engine bug (tree log): exchange of a logged entry, then fsync of the other dir, loses the entry"]
 fn exchange_after_fsync_keeps_both_names() {
     use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
     use birch_sim::model::RenameFlags;
@@ -381,7 +377,6 @@ fn exchange_after_fsync_keeps_both_names() {
 /// cut once that sync returned, the replaced name is gone (neither the old
 /// nor the new inode is at `/b/x`). Found by long crash seed 133.
 #[test]
-#[ignore = "engine bug (tree log): rename over an entry of a logged directory loses the name after replay"]
 fn rename_over_an_entry_of_a_logged_directory() {
     use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
     use birch_sim::model::RenameFlags;

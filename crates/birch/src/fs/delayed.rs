@@ -33,6 +33,9 @@ pub(crate) struct DelayedItems {
     txn_changes: HashMap<u64, DelayedDir>,
     /// Per directory, the indexes changed since its last log.
     unlogged: HashMap<u64, BTreeSet<u64>>,
+    /// Per directory, the inode each committed entry removed in this
+    /// transaction named.
+    txn_removed: HashMap<u64, BTreeMap<u64, u64>>,
     /// Inodes whose in-memory item is newer than the tree's.
     inodes: BTreeSet<u64>,
     dir_items: usize,
@@ -55,11 +58,12 @@ impl DelayedItems {
     /// Deletes an index: cancels a pending insertion, or records a
     /// deletion of the tree's item. Returns whether the entry was in the
     /// committed tree (not added in this transaction).
-    pub fn delete_index(&mut self, dir: u64, index: u64) -> bool {
+    pub fn delete_index(&mut self, dir: u64, index: u64, ino: u64) -> bool {
         let t = self.txn_changes.entry(dir).or_default();
         let committed = t.insertions.remove(&index).is_none();
         if committed {
             t.deletions.insert(index);
+            self.txn_removed.entry(dir).or_default().insert(index, ino);
         }
         self.unlogged.entry(dir).or_default().insert(index);
         let d = self.dirs.entry(dir).or_default();
@@ -92,11 +96,18 @@ impl DelayedItems {
     pub fn clear_txn_changes(&mut self) {
         self.txn_changes.clear();
         self.unlogged.clear();
+        self.txn_removed.clear();
     }
 
     /// The indexes of `dir` changed since it was last logged; forgets them.
     pub fn take_unlogged(&mut self, dir: u64) -> BTreeSet<u64> {
         self.unlogged.remove(&dir).unwrap_or_default()
+    }
+
+    /// The inode that committed entry `index` of `dir`, removed in this
+    /// transaction, named.
+    pub fn removed_inode(&self, dir: u64, index: u64) -> Option<u64> {
+        self.txn_removed.get(&dir)?.get(&index).copied()
     }
 
     /// Marks one index of `dir` as reflected in the log.
@@ -108,6 +119,7 @@ impl DelayedItems {
 
     pub fn forget_inode(&mut self, ino: u64) {
         self.txn_changes.remove(&ino);
+        self.txn_removed.remove(&ino);
         self.unlogged.remove(&ino);
         if let Some(d) = self.dirs.remove(&ino) {
             self.dir_items -= d.insertions.len() + d.deletions.len();

@@ -97,6 +97,21 @@ struct Shared<D> {
 }
 
 impl<D: BlockDevice> Shared<D> {
+    /// Fails with EIO once a panic inside the engine poisoned one of its
+    /// locks: every later call fails instead of panicking in turn.
+    fn check_not_poisoned(&self) -> Result<()> {
+        if self.state.is_poisoned()
+            || self.commit_lock.is_poisoned()
+            || self.sync.is_poisoned()
+            || self.superblock_lock.is_poisoned()
+        {
+            return Err(Error::Io(std::io::Error::other(
+                "an earlier operation failed inside birch (a bug); the filesystem is shut down",
+            )));
+        }
+        Ok(())
+    }
+
     fn lock_state(&self) -> MutexGuard<'_, FsState<D>> {
         self.state.lock().expect("filesystem state lock poisoned")
     }
@@ -388,6 +403,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Runs a read-only operation.
     fn read<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
+        self.shared.check_not_poisoned()?;
         let mut state = self.lock();
         if state.shut_down {
             return Err(shut_down_error());
@@ -440,6 +456,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         f: impl Fn(&mut FsState<D>) -> Result<T>,
     ) -> Result<T> {
         let mut retried = false;
+        self.shared.check_not_poisoned()?;
         loop {
             let (result, over_limit) = {
                 let mut state = self.shared.reserve(&need)?;
@@ -761,6 +778,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Commits the running transaction (no-op when nothing changed).
     pub fn commit(&self) -> Result<()> {
+        self.shared.check_not_poisoned()?;
         self.shared.commit()
     }
 
@@ -773,6 +791,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     fn close_inner(&mut self) -> Result<()> {
         self.closed = true;
+        // After a panic inside the engine, what is in memory may be half
+        // changed: write nothing (the next mount recovers from the disk).
+        self.shared.check_not_poisoned()?;
         self.stop_worker();
         self.stop_flusher();
         let read_only = self.lock().options.read_only;

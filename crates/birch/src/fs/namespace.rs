@@ -161,7 +161,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         self.forest.put(&mut self.roots.fs, ref_key, refs)?;
         self.forest.put(&mut self.roots.fs, dir_key, entries)?;
-        self.delayed.insert_index(parent, index, entry);
+        self.delayed.insert_index(parent, index, entry.clone());
         let now = Timespec::now();
         self.update_inode(parent, |p| {
             p.size += name.len() as u64;
@@ -169,6 +169,7 @@ impl<D: BlockDevice> FsState<D> {
             p.ctime = now;
         })?;
         self.log_names_changed(ino)?;
+        self.log_entry_added(parent, index, &entry)?;
         Ok(index)
     }
 
@@ -210,7 +211,7 @@ impl<D: BlockDevice> FsState<D> {
             self.forest
                 .put(&mut self.roots.fs, dir_key, encode_dir_items(&entries))?;
         }
-        let committed = self.delayed.delete_index(parent, index);
+        let committed = self.delayed.delete_index(parent, index, ino);
         let now = Timespec::now();
         self.update_inode(parent, |p| {
             // Saturating: during log replay a directory's item comes from
@@ -489,6 +490,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             for ino in [source.ino, target.ino] {
                 self.update_inode(ino, |i| i.ctime = now)?;
+                self.inode(ino)?.log.renamed_trans = self.forest.transid();
             }
             return Ok(());
         }
@@ -520,7 +522,9 @@ impl<D: BlockDevice> FsState<D> {
             self.update_inode(parent, |p| p.nlink -= 1)?;
             self.update_inode(new_parent, |p| p.nlink += 1)?;
         }
-        self.update_inode(source.ino, |i| i.ctime = now)
+        self.update_inode(source.ino, |i| i.ctime = now)?;
+        self.inode(source.ino)?.log.renamed_trans = self.forest.transid();
+        Ok(())
     }
 
     pub(crate) fn readdir(

@@ -36,6 +36,8 @@ pub(crate) struct InodeLog {
     /// Transaction in which a committed subdirectory of this directory was
     /// removed (the log cannot express that: see `RemovedDirectory`).
     pub removed_committed_dir_trans: u64,
+    /// Transaction in which this inode was moved by a rename.
+    pub renamed_trans: u64,
 }
 
 /// Why an fsync could not be answered by the log.
@@ -49,6 +51,12 @@ pub enum FallbackReason {
     /// could come back nameless with entries. Crash case:
     /// `mkdir p/d; touch p/d/x; sync; rm p/d/x; rmdir p/d; fsync p; <cut>`.
     RemovedDirectory,
+    /// A directory on the way from the inode up to the root was renamed in
+    /// this transaction. The inode's new names would replay under the
+    /// directory's old name (or, for an exchange, clash with its partner's).
+    /// Crash case: `mkdir a d; sync; mv --exchange a d; mkdir a/b; fsync a/b;
+    /// <cut>` must show `a/b`.
+    RenamedAncestor,
 }
 
 impl FallbackReason {
@@ -56,6 +64,7 @@ impl FallbackReason {
         match self {
             FallbackReason::AncestorChain => "ancestor-chain",
             FallbackReason::RemovedDirectory => "removed-directory",
+            FallbackReason::RenamedAncestor => "renamed-ancestor",
         }
     }
 }
@@ -105,6 +114,7 @@ pub struct LogStats {
     pub log_syncs_superseded: u64,
     pub fallback_ancestor_chain: u64,
     pub fallback_removed_directory: u64,
+    pub fallback_renamed_ancestor: u64,
     /// Time spent logging inodes (seed 003's figure).
     pub logging_nanos: u64,
 }
@@ -245,6 +255,31 @@ impl<D: BlockDevice> FsState<D> {
         Ok(None)
     }
 
+    /// Whether a directory above `ino` (on any of its paths) was renamed in
+    /// this transaction. A renamed directory stays in the inode cache until
+    /// the commit (it is dirty), so only cached ones need looking at.
+    fn ancestor_renamed(&mut self, ino: u64) -> Result<bool> {
+        let transid = self.forest.transid();
+        let mut todo = self.parents_of(ino)?;
+        let mut seen = std::collections::HashSet::new();
+        while let Some(dir) = todo.pop() {
+            if !seen.insert(dir) {
+                continue;
+            }
+            if self
+                .inodes
+                .get(&dir)
+                .is_some_and(|i| i.log.renamed_trans == transid)
+            {
+                return Ok(true);
+            }
+            if dir != crate::format::ROOT_DIR_INO {
+                todo.extend(self.parents_of(dir)?);
+            }
+        }
+        Ok(false)
+    }
+
     /// The directories `ino` has names in.
     fn parents_of(&self, ino: u64) -> Result<Vec<u64>> {
         let (start, end) = full_range(ino, item_type::INODE_REF);
@@ -343,8 +378,15 @@ impl<D: BlockDevice> FsState<D> {
     /// the directory was last logged are written.
     fn log_dir(&mut self, dir: u64) -> Result<()> {
         let transid = self.forest.transid();
+        let first_this_trans = self.inode(dir)?.log.state_logged_trans != transid;
         let item = self.inode(dir)?.item.clone();
         self.log_inode_item(dir, item)?;
+        // Replay replaces a logged inode's xattrs with the logged ones.
+        let (xs, xe) = full_range(dir, item_type::XATTR_ITEM);
+        if !first_this_trans {
+            self.log_delete_range(xs, xe)?;
+        }
+        self.log_copy_range(xs, xe)?;
         let unlogged = self.delayed.take_unlogged(dir);
         let changes = self.delayed.txn_changes(dir).cloned().unwrap_or_default();
         let mut added = Vec::new();
@@ -356,6 +398,13 @@ impl<D: BlockDevice> FsState<D> {
                 self.log_delete(&Key::new(dir, item_type::DIR_INDEX, index))?;
                 if changes.deletions.contains(&index) {
                     self.log_put(Key::new(dir, item_type::DIR_LOG_INDEX, index), Vec::new())?;
+                    // Replay drops this committed name: the inode takes its
+                    // other (or new, for a rename out) names along.
+                    if let Some(ino) = self.delayed.removed_inode(dir, index) {
+                        if self.inode(ino).is_ok_and(|i| i.item.nlink > 0) {
+                            added.push(ino);
+                        }
+                    }
                 }
             }
         }
@@ -407,6 +456,10 @@ impl<D: BlockDevice> FsState<D> {
             return Ok(LogOutcome::Logged(inode.log.logged_in));
         }
         let is_dir = inode.item.file_type() == FileType::Directory;
+        if self.ancestor_renamed(ino)? {
+            self.count_fallback(FallbackReason::RenamedAncestor);
+            return Ok(LogOutcome::NeedCommit);
+        }
         if is_dir {
             self.log_dir(ino)?;
         } else {
@@ -428,6 +481,7 @@ impl<D: BlockDevice> FsState<D> {
         match reason {
             FallbackReason::AncestorChain => self.log_stats.fallback_ancestor_chain += 1,
             FallbackReason::RemovedDirectory => self.log_stats.fallback_removed_directory += 1,
+            FallbackReason::RenamedAncestor => self.log_stats.fallback_renamed_ancestor += 1,
         }
     }
 
@@ -447,6 +501,26 @@ impl<D: BlockDevice> FsState<D> {
         // fsync of this inode.
         self.log_new_ancestors(ino)?;
         Ok(())
+    }
+
+    /// Entry `index` naming `ino` was added to `dir`. If the directory's
+    /// entries are in the log, the addition goes there at once (with the
+    /// inode's names), so the log never holds a removal without the entry
+    /// that replaced it (rename over an entry of a logged directory).
+    pub(crate) fn log_entry_added(
+        &mut self,
+        dir: u64,
+        index: u64,
+        entry: &crate::format::DirEntry,
+    ) -> Result<()> {
+        if self.log.trees.is_none()
+            || self.inode(dir)?.log.state_logged_trans != self.forest.transid()
+        {
+            return Ok(());
+        }
+        self.log_put(Key::new(dir, item_type::DIR_INDEX, index), entry.encode())?;
+        self.delayed.mark_logged(dir, index);
+        self.log_exists(entry.ino)
     }
 
     /// Entry `index` was removed from `dir`. If the directory's entries are
