@@ -48,7 +48,11 @@ pub struct FuseOptions {
     pub attr_ttl: Duration,
     /// How long a "no such name" answer may be cached.
     pub negative_ttl: Duration,
-    /// Let the kernel cache writes and send them in large batches.
+    /// Let the kernel cache writes and send them in large batches. Off by
+    /// default: the kernel then accepts writes before birch can reserve
+    /// space for them (ENOSPC would surface only at write-back, after the
+    /// write returned), and it writes a file's cached pages back
+    /// synchronously at every close (docs/FUSE.md has the numbers).
     pub writeback_cache: bool,
     /// Answer open with ENOSYS so the kernel stops sending open/release.
     pub no_open: bool,
@@ -69,7 +73,7 @@ impl Default for FuseOptions {
             entry_ttl: Duration::from_secs(3600),
             attr_ttl: Duration::from_secs(3600),
             negative_ttl: Duration::from_secs(3600),
-            writeback_cache: true,
+            writeback_cache: false,
             no_open: true,
             allow_other: true,
             read_only: false,

@@ -285,6 +285,8 @@ impl<D: BlockDevice> FsState<D> {
             i.size = target.len() as u64;
             i.nbytes = target.len() as u64;
         })?;
+        // A logged parent logged the new name before the target existed.
+        self.log_exists_again(ino)?;
         self.getattr(ino)
     }
 

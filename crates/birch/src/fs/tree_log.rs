@@ -233,6 +233,18 @@ impl<D: BlockDevice> FsState<D> {
         self.log_names(ino)
     }
 
+    /// Logs `ino` in exists mode again if its names are in the log: for an
+    /// inode that changed after a hook logged it (a symlink whose target is
+    /// written after its name).
+    pub(crate) fn log_exists_again(&mut self, ino: u64) -> Result<()> {
+        if self.log.trees.is_some()
+            && self.inode(ino)?.log.names_logged_trans == self.forest.transid()
+        {
+            self.log_exists(ino)?;
+        }
+        Ok(())
+    }
+
     /// Logs, in exists mode, every directory on the way from `ino` up to
     /// one the committed tree has, so `ino` has a reachable name after
     /// replay. Ancestors are not marked as state-logged (seed 000): a
