@@ -8,7 +8,7 @@
 //! kernel sending open/release at all (we answer open with ENOSYS: the
 //! kernel then stops asking and keeps its page cache across opens).
 
-use crate::attr::{to_engine_ino, to_fuse_attr, to_fuse_ino, to_timespec};
+use crate::attr::{from_request_time, to_engine_ino, to_fuse_attr, to_fuse_ino};
 use birch::device::BlockDevice;
 use birch::fs::{
     Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr, SetTime, XattrSetMode,
@@ -141,7 +141,7 @@ fn errno(e: &birch::Error) -> Errno {
 fn set_time(t: TimeOrNow) -> SetTime {
     match t {
         TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(t) => SetTime::At(to_timespec(t)),
+        TimeOrNow::SpecificTime(t) => SetTime::At(from_request_time(t)),
     }
 }
 
@@ -359,7 +359,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 size,
                 atime: atime.map(set_time),
                 mtime: mtime.map(set_time),
-                ctime: ctime.map(to_timespec),
+                ctime: ctime.map(from_request_time),
             };
             // With HANDLE_KILLPRIV_V2 the kernel leaves clearing set-ID bits
             // to us: chown of a non-directory always clears them, truncate

@@ -30,21 +30,21 @@ pub fn to_system_time(t: Timespec) -> SystemTime {
     }
 }
 
-pub fn to_timespec(t: SystemTime) -> Timespec {
+/// A time the kernel sent in a request, as fuser 0.18 hands it over. For
+/// times before the epoch fuser builds `EPOCH - (|sec| s + nsec ns)` from the
+/// kernel's `(sec, nsec)` (adding the nanoseconds the wrong way), so the
+/// kernel's fields are recovered from the distance to the epoch directly.
+/// (Its reply encoding is correct, so [`to_system_time`] needs no such care.)
+pub fn from_request_time(t: SystemTime) -> Timespec {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => Timespec {
             sec: d.as_secs() as i64,
             nsec: d.subsec_nanos(),
         },
-        Err(e) => {
-            let d = e.duration();
-            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
-            if nsec > 0 {
-                sec -= 1;
-                nsec = 1_000_000_000 - nsec;
-            }
-            Timespec { sec, nsec }
-        }
+        Err(e) => Timespec {
+            sec: -(e.duration().as_secs() as i64),
+            nsec: e.duration().subsec_nanos(),
+        },
     }
 }
 
@@ -85,20 +85,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn times_round_trip_including_before_the_epoch() {
-        for t in [
-            Timespec { sec: 0, nsec: 0 },
-            Timespec {
+    fn reply_times_include_times_before_the_epoch() {
+        assert_eq!(
+            to_system_time(Timespec {
                 sec: 1_700_000_000,
-                nsec: 123,
-            },
-            Timespec {
+                nsec: 123
+            }),
+            UNIX_EPOCH + Duration::new(1_700_000_000, 123)
+        );
+        // -5 s + 0.25 s = 4.75 s before the epoch.
+        assert_eq!(
+            to_system_time(Timespec {
                 sec: -5,
-                nsec: 250_000_000,
-            },
-        ] {
-            assert_eq!(to_timespec(to_system_time(t)), t);
-        }
+                nsec: 250_000_000
+            }),
+            UNIX_EPOCH - Duration::new(4, 750_000_000)
+        );
+    }
+
+    #[test]
+    fn request_times_before_the_epoch_keep_the_kernels_fields() {
+        // What fuser 0.18 builds for the kernel's (sec -1000, nsec 1).
+        let from_fuser = UNIX_EPOCH - Duration::new(1000, 1);
+        assert_eq!(
+            from_request_time(from_fuser),
+            Timespec {
+                sec: -1000,
+                nsec: 1
+            }
+        );
+        assert_eq!(
+            from_request_time(UNIX_EPOCH + Duration::new(5, 7)),
+            Timespec { sec: 5, nsec: 7 }
+        );
     }
 
     #[test]
