@@ -418,3 +418,61 @@ fn rename_over_an_entry_of_a_logged_directory() {
     let k = trace.ops[5].flushes_after;
     check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap();
 }
+
+/// Tree log: a directory renamed onto a new name and fsynced (`rename A/C
+/// D; fsync D`), then replaced by another directory renamed over it
+/// (`rename B D; fsync D`), in one transaction: after a power cut once the
+/// second fsync returned, replay brings the first directory back under its
+/// old name A/C — the rename its fsync made durable is undone, and A/C and
+/// D both exist. Found by the ACE workload seq2:7857 (tests/ace.rs).
+#[test]
+fn fsynced_dir_rename_survives_replacing_the_dir() {
+    use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
+    use birch_sim::model::RenameFlags as MRenameFlags;
+    use birch_sim::workload::{Op, Target};
+    let p = |s: &str| -> Vec<Vec<u8>> { s.split('/').map(|c| c.as_bytes().to_vec()).collect() };
+    let mut cfg = CrashConfig::ci(0);
+    cfg.mount = MountOptions::deterministic();
+    let mkdir = |s: &str| Op::Mkdir {
+        path: p(s),
+        perm: 0o755,
+    };
+    let rename = |a: &str, b: &str| Op::Rename {
+        from: p(a),
+        to: p(b),
+        flags: MRenameFlags::default(),
+    };
+    let script = vec![
+        mkdir("A"),
+        mkdir("A/C"),
+        mkdir("B"),
+        Op::Sync,
+        rename("A/C", "D"),
+        Op::FsyncDir {
+            target: Target::Path(p("D")),
+        },
+        rename("B", "D"),
+        Op::FsyncDir {
+            target: Target::Path(p("D")),
+        },
+    ];
+    let trace = record(&cfg, OpSource::Script(script)).unwrap();
+    // Power cut right after the second fsync returned (before the unmount's
+    // commit).
+    let k = trace.ops[7].flushes_after;
+    let report = check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap();
+    let names: Vec<String> = report
+        .view
+        .entries
+        .keys()
+        .map(|k| birch_sim::model::show_path(k))
+        .collect();
+    assert!(
+        !report.view.entries.contains_key(&p("A/C")),
+        "A/C came back: {names:?}"
+    );
+    assert!(
+        !report.view.entries.contains_key(&p("B")),
+        "B came back: {names:?}"
+    );
+}

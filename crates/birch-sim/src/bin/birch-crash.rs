@@ -3,13 +3,20 @@
 //! ```text
 //! birch-crash [--seeds N] [--first-seed S] [--seed S] [--ops N] [--long]
 //!             [--exhaustive N] [--samples N] [--quiet] [--keep-going]
+//! birch-crash --ace seq1|seq2 [--exhaustive N] [--samples N] [--quiet] [--keep-going]
+//! birch-crash --ace-workload ID
 //! ```
 //! Records N seeded workloads (or the one `--seed`) on a recording device
 //! and checks every chosen crash state of each (see docs/CRASH-TESTING.md).
 //! Prints how many workloads and crash states were checked and how long it
 //! took; exits 1 on the first failure (after printing it with its seed), 2
 //! on bad arguments.
+//!
+//! `--ace seq1|seq2` runs every CrashMonkey/ACE-style workload of one or
+//! two ops instead (`birch_sim::ace`); `--ace-workload seq2:123` replays
+//! one of them (as printed by a failure).
 
+use birch_sim::ace;
 use birch_sim::crash::{run_seed, CrashConfig, CrashStats};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -24,6 +31,8 @@ struct Args {
     samples: Option<usize>,
     quiet: bool,
     keep_going: bool,
+    ace: Option<String>,
+    ace_workload: Option<String>,
 }
 
 const USAGE: &str = "usage: birch-crash [--seeds N] [--first-seed S] [--seed S] [--ops N] [--long] [--exhaustive N] [--samples N] [--quiet] [--keep-going]
@@ -38,7 +47,11 @@ const USAGE: &str = "usage: birch-crash [--seeds N] [--first-seed S] [--seed S] 
   --exhaustive N   windows of at most N writes get every subset
   --samples N      random subsets tried in a window over --exhaustive writes
   --quiet          print only the summary
-  --keep-going     go on after a failing seed; list the failing seeds at the end";
+  --keep-going     go on after a failing seed; list the failing seeds at the end
+  --ace seq1|seq2  run every ACE-style workload of 1 or 2 ops (every subset of
+                   windows up to --exhaustive writes, default 10; else
+                   --samples structured + random subsets, default 64)
+  --ace-workload ID  run one ACE workload (seq1:N, seq2:N or setup)";
 
 fn parse_num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
     let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -56,6 +69,8 @@ fn parse() -> Result<Args, String> {
         samples: None,
         quiet: false,
         keep_going: false,
+        ace: None,
+        ace_workload: None,
     };
     let mut seeds = None;
     let mut it = std::env::args().skip(1);
@@ -67,6 +82,16 @@ fn parse() -> Result<Args, String> {
             "--ops" => a.ops = Some(parse_num(&flag, it.next())?),
             "--exhaustive" => a.exhaustive = Some(parse_num(&flag, it.next())?),
             "--samples" => a.samples = Some(parse_num(&flag, it.next())?),
+            "--ace" => {
+                let v = it.next().ok_or("--ace needs seq1 or seq2")?;
+                if v != "seq1" && v != "seq2" {
+                    return Err(format!("--ace: {v} is not seq1 or seq2"));
+                }
+                a.ace = Some(v);
+            }
+            "--ace-workload" => {
+                a.ace_workload = Some(it.next().ok_or("--ace-workload needs an id")?)
+            }
             "--long" => a.long = true,
             "--quiet" => a.quiet = true,
             "--keep-going" => a.keep_going = true,
@@ -89,6 +114,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.ace.is_some() || args.ace_workload.is_some() {
+        return run_ace(&args);
+    }
     let seeds: Vec<u64> = match args.one_seed {
         Some(s) => vec![s],
         None => (args.first_seed..args.first_seed + args.seeds).collect(),
@@ -158,6 +186,72 @@ fn main() -> ExitCode {
             failed.len(),
             seeds.len()
         );
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+fn run_ace(args: &Args) -> ExitCode {
+    let workloads = match (&args.ace_workload, args.ace.as_deref()) {
+        (Some(id), _) => match ace::by_id(id) {
+            Some(w) => vec![w],
+            None => {
+                eprintln!("birch-crash: no ACE workload {id}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, Some("seq1")) => ace::enumerate(1),
+        (None, _) => ace::enumerate(2),
+    };
+    let cfg = ace::config(args.exhaustive.unwrap_or(10), args.samples.unwrap_or(64));
+    let start = Instant::now();
+    let mut total = CrashStats::default();
+    let (mut renames, mut with_log) = (0, 0);
+    let mut failed = Vec::new();
+    let n = workloads.len();
+    for (i, w) in workloads.iter().enumerate() {
+        match ace::run(w, &cfg) {
+            Ok(stats) => {
+                if !args.quiet {
+                    println!(
+                        "{} ({}/{n}): {} flush points, {} crash states, {:.2?}",
+                        w.describe(),
+                        i + 1,
+                        stats.crash.flush_points,
+                        stats.crash.crash_states,
+                        stats.crash.elapsed
+                    );
+                }
+                renames += stats.renames_judged;
+                with_log += stats.states_with_log;
+                total.add(&stats.crash);
+            }
+            Err(e) => {
+                println!("FAILED\n{e}");
+                failed.push(w.id.clone());
+                if !args.keep_going {
+                    println!(
+                        "{} workloads and {} crash states passed before this one ({:.2?})",
+                        total.workloads,
+                        total.crash_states,
+                        start.elapsed()
+                    );
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    }
+    println!(
+        "checked {} ACE workloads, {} flush points, {} crash states ({with_log} replaying a log), {} guarantee facts, {renames} rename judgements in {:.2?} (largest window {} writes)",
+        total.workloads,
+        total.flush_points,
+        total.crash_states,
+        total.guarantee_facts,
+        start.elapsed(),
+        total.largest_window
+    );
+    if !failed.is_empty() {
+        println!("{} of {n} workloads FAILED: {failed:?}", failed.len());
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS

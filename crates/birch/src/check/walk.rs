@@ -647,7 +647,7 @@ impl Checker<'_> {
                 Ok(_) => {}
                 Err(e) => self.item_fault(loc, e.to_string()),
             },
-            DIR_LOG_INDEX | LOG_FULL_EXTENTS if log => {}
+            DIR_LOG_INDEX | LOG_FULL_EXTENTS | LOG_UNLINKED if log => {}
             ORPHAN_ITEM => self.item_fault(
                 loc,
                 format!("orphan items live under objectid {ORPHAN_OBJECTID}"),

@@ -19,6 +19,9 @@ pub mod item_type {
     pub const DIR_LOG_INDEX: u8 = 72;
     /// Log trees only: this inode's extents in the log are complete.
     pub const LOG_FULL_EXTENTS: u8 = 75;
+    /// Log trees only: this committed inode lost every name (replay
+    /// removes its names and so deletes it).
+    pub const LOG_UNLINKED: u8 = 76;
     pub const DIR_ITEM: u8 = 84;
     pub const DIR_INDEX: u8 = 96;
     pub const EXTENT_DATA: u8 = 108;
@@ -36,6 +39,7 @@ pub fn item_type_name(t: u8) -> &'static str {
         ORPHAN_ITEM => "ORPHAN_ITEM",
         DIR_LOG_INDEX => "DIR_LOG_INDEX",
         LOG_FULL_EXTENTS => "LOG_FULL_EXTENTS",
+        LOG_UNLINKED => "LOG_UNLINKED",
         DIR_ITEM => "DIR_ITEM",
         DIR_INDEX => "DIR_INDEX",
         EXTENT_DATA => "EXTENT_DATA",

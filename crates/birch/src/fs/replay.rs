@@ -140,6 +140,10 @@ impl<D: BlockDevice> FsState<D> {
                     .extents
                     .push((key.offset, decode_item(&key, FileExtent::decode(&data))?)),
                 item_type::LOG_FULL_EXTENTS => entry.full_extents = true,
+                // Its names are logged, and there are none.
+                item_type::LOG_UNLINKED => {
+                    entry.names.get_or_insert_with(Vec::new);
+                }
                 item_type::DIR_INDEX => entry
                     .dir_added
                     .push(decode_item(&key, DirEntry::decode(&data))?),
@@ -227,6 +231,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             let file_type = self.inode(ino)?.item.file_type();
             let current = self.names_of(ino)?;
+            touched.insert(ino);
             for (parent, name) in &current {
                 if !wanted.contains(&(*parent, name.clone())) {
                     self.remove_name(*parent, name, ino)?;

@@ -613,6 +613,12 @@ impl<D: BlockDevice> FsState<D> {
         });
         if logged && self.log.trees.is_some() {
             self.log_delete_range(Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))?;
+            // A committed inode keeps its committed names at replay unless
+            // the log says they are gone (it may have been logged under a
+            // new name that a later change took from it).
+            if !self.is_new(ino)? {
+                self.log_put(Key::new(ino, item_type::LOG_UNLINKED, 0), Vec::new())?;
+            }
         }
         Ok(())
     }
