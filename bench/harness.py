@@ -1071,6 +1071,14 @@ def collect_meta(ctx, argv):
             return (o + e).strip().splitlines()[0] if (o + e).strip() else ""
         except Exception:
             return ""
+    def git_source():
+        try:
+            rc, o, _ = run(["git", "-C", REPO_DIR, "describe", "--always", "--dirty", "--abbrev=12"],
+                           check=False, quiet=True, timeout=30)
+        except Exception:
+            return ""
+        return o.strip() if rc == 0 else ""
+
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -1103,6 +1111,9 @@ def collect_meta(ctx, argv):
             "birch": out([ctx.birch_bin, "--version"]) if ctx.birch_bin else "",
         },
         "workdir_fs": out(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "-T", ctx.workdir]),
+        # Which source the birch binary was measured at; "-dirty" marks
+        # uncommitted changes in the tree it was run from.
+        "source": git_source(),
     })
 
 

@@ -377,6 +377,7 @@ def write_report(out_dir, plots=True, no_plots_reason=None):
     add("| | |\n|---|---|")
     for k, v in (("host", "%s, %s CPUs (%s), %s GiB RAM" % (m.get("host"), m.get("cpus"), m.get("cpu"), m.get("mem_gib"))),
                  ("kernel", m.get("kernel")),
+                 ("source", "`%s`" % m.get("source") if m.get("source") else "—"),
                  ("command", "`%s`" % m.get("command")),
                  ("mode", "quick (CI smoke test — numbers are not meaningful)" if m.get("quick") else "full"),
                  ("started / finished", "%s / %s (%s s)" % (m.get("started"), m.get("finished"), m.get("elapsed_s"))),
