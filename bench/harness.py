@@ -39,7 +39,9 @@ DBENCH_CONFIGS = [("1", 1, False), ("4", 4, False), ("8", 8, False), ("4-S", 4, 
 
 # ----------------------------------------------------------------------------
 # Filesystem table.  {target} is the loop device (device="loop") or the image
-# file itself (device="file"); {mnt} the mount point; {birch} the birch binary.
+# file itself (device="file"); {mnt} the mount point; {birch} the birch binary;
+# {path} a path inside the mount.  "sync" makes everything under the mount
+# durable (default: syncfs through `sync -f`).
 # ----------------------------------------------------------------------------
 FS_TABLE = {
     "btrfs": {
@@ -71,6 +73,10 @@ FS_TABLE = {
         "mkfs": ["{birch}", "mkfs", "{target}"],
         "mount_bg": ["{birch}", "mount", "-f", "{target}", "{mnt}"],
         "umount": ["fusermount3", "-u", "{mnt}"],
+        # syncfs does not reach a FUSE daemon (the kernel forwards it only
+        # on fuseblk mounts): `birch sync` runs syncfs, then asks birch to
+        # commit through its ioctl.
+        "sync": ["{birch}", "sync", "{path}"],
         "tools": ["fusermount3"],
         "default": False,   # enabled by --fs birch or --birch-bin PATH
     },
@@ -80,6 +86,10 @@ FS_TABLE = {
         "mkfs": ["{birch}", "mkfs", "{target}"],
         "mount_bg": ["{birch}", "mount", "-f", "{target}", "{mnt}"],
         "umount": ["fusermount3", "-u", "{mnt}"],
+        # syncfs does not reach a FUSE daemon (the kernel forwards it only
+        # on fuseblk mounts): `birch sync` runs syncfs, then asks birch to
+        # commit through its ioctl.
+        "sync": ["{birch}", "sync", "{path}"],
         "tools": ["fusermount3"],
         "default": False,
     },
@@ -236,8 +246,8 @@ def loop_dio(dev):
         return None
 
 
-def syncfs(path):
-    run(["sync", "-f", path], quiet=True, timeout=1800)
+def syncfs(path, quiet=True, timeout=1800):
+    run(["sync", "-f", path], quiet=quiet, timeout=timeout)
 
 
 def fmt_bytes(n):
@@ -439,9 +449,18 @@ class Mounted:
         self.mounted = False
         self.torn_down = False
 
-    def _fmt(self, argv):
+    def _fmt(self, argv, path=None):
         target = self.dev if self.spec["device"] == "loop" else self.img
-        return [a.format(target=target, mnt=self.mnt, birch=self.ctx.birch_bin or "birch") for a in argv]
+        return [a.format(target=target, mnt=self.mnt, birch=self.ctx.birch_bin or "birch",
+                         path=path or self.mnt) for a in argv]
+
+    def sync(self, path=None, quiet=True, timeout=1800):
+        """Makes everything under the mount durable, the way its filesystem
+        needs (see FS_TABLE's "sync")."""
+        if "sync" in self.spec:
+            run(self._fmt(self.spec["sync"], path), quiet=quiet, timeout=timeout)
+        else:
+            syncfs(path or self.mnt, quiet=quiet, timeout=timeout)
 
     def __enter__(self):
         STATE.active.append(self)
@@ -499,7 +518,7 @@ class Mounted:
             else:
                 raise CmdError("%s did not mount %s within 60 s" % (cmd[0], self.mnt))
         # measure everything from a clean, settled state
-        syncfs(self.mnt)
+        self.sync()
 
     def unmount_timed(self):
         """Unmount now (FUSE: until the daemon has exited) and return the
@@ -688,11 +707,12 @@ def w_dbench(ctx, fs, cfg, clients, sync_dirs, rep, rec):
 # workload 2: seed 003 directory logging (Python, dir fd fsync)
 # ----------------------------------------------------------------------------
 
-def dirlog_workload(root, nfiles, every, sync_cmd=True):
+def dirlog_workload(root, nfiles, every, sync):
     """Seed 003's script without the shell: create `nfiles` empty files in
     one directory, fsync the directory every `every` creations, sync, then
     rename every file in place (same dir), fsync the directory every `every`
-    renames.  Returns phase times and fsync statistics."""
+    renames.  `sync(path)` is the filesystem's sync.  Returns phase times
+    and fsync statistics."""
     d = os.path.join(root, "testdir")
     os.mkdir(d)
     dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
@@ -708,8 +728,7 @@ def dirlog_workload(root, nfiles, every, sync_cmd=True):
                 os.fsync(dfd)
                 fsync_lat["create"].append(pc() - a)
         t1 = pc()
-        if sync_cmd:
-            subprocess.run(["sync", "-f", d], check=True)
+        sync(d)
         t2 = pc()
         for i in range(1, nfiles + 1):
             os.rename("file_%d" % i, "file_%d.renamed" % i, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -742,13 +761,13 @@ def w_dirlog(ctx, fs, rep, rec):
         os.makedirs(base, exist_ok=True)
         run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", base], timeout=60)
         try:
-            res = dirlog_workload(base, ctx.dirlog_files, 100)
+            res = dirlog_workload(base, ctx.dirlog_files, 100, syncfs)
         finally:
             umount_path(base, "tmpfs")
             os.rmdir(base)
     else:
         with Mounted(fs, FS_TABLE[fs], ctx.main_size, "main", ctx) as m:
-            res = dirlog_workload(m.mnt, ctx.dirlog_files, 100)
+            res = dirlog_workload(m.mnt, ctx.dirlog_files, 100, m.sync)
     with open(raw, "w") as f:
         json.dump(res, f, indent=1)
     res.pop("_fsync_latencies_s")
@@ -911,14 +930,14 @@ def w_untar(ctx, fs, which, rep, rec):
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                syncfs(m.mnt)
+                m.sync()
         _warm(ctx.tarball)
         dest = os.path.join(m.mnt, "untar")
         os.mkdir(dest)
         t0 = time.perf_counter()
         run(["tar", "xf", ctx.tarball, "-C", dest], out_path=raw, timeout=3600)
         t1 = time.perf_counter()
-        run(["sync", "-f", dest], timeout=3600)
+        m.sync(dest, quiet=False, timeout=3600)
         t2 = time.perf_counter()
         st = os.statvfs(m.mnt)
         used1 = (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -930,7 +949,7 @@ def w_untar(ctx, fs, which, rep, rec):
                "used_after_bytes": used1, "used_after_pct": 100.0 * used1 / total if total else None,
                "tree_files": ctx.tar_stats["files"], "tree_bytes": ctx.tar_stats["bytes"]}
     with open(raw, "a") as f:
-        f.write("\n# tar xf + sync -f timing\n" + json.dumps(res, indent=1) + "\n")
+        f.write("\n# tar xf + sync timing\n" + json.dumps(res, indent=1) + "\n")
     return res
 
 

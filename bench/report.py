@@ -490,7 +490,8 @@ def write_report(out_dir, plots=True, no_plots_reason=None):
         add("## 2. Seed 003: directory logging (create / sync / rename, dir fsync every 100)")
         add("")
         add("%s empty files created in one directory (`os.open(O_CREAT)`), the directory fsynced "
-            "(`fsync` on a directory fd) every 100 creations; `sync -f`; every file renamed in the "
+            "(`fsync` on a directory fd) every 100 creations; `sync -f` (`birch sync` on birch, whose "
+            "commit syncfs does not reach); every file renamed in the "
             "same directory, the directory fsynced every 100 renames. Python; `tmpfs-floor` is the "
             "same code on tmpfs (fsync is a no-op there), i.e. the harness's own overhead." % m.get("dirlog_files"))
         add("")
@@ -524,7 +525,7 @@ def write_report(out_dir, plots=True, no_plots_reason=None):
         src = m.get("untar_source") or {}
         add("## 3. Seed 004: untar onto a roomy and a nearly full filesystem")
         add("")
-        add("`tar xf %s -C MNT/untar` then `sync -f`, timed together, from a page-cache-warm tarball "
+        add("`tar xf %s -C MNT/untar` then `sync -f` (`birch sync` on birch), timed together, from a page-cache-warm tarball "
             "(%s files, %s dirs, %.2f GB; source %s). Roomy = %.2f GiB filesystem, nearly full = %.2f GiB "
             "with a filler file written first when needed so that it is ~%s%% used afterwards. "
             "The unmount that follows is timed separately (not in `total`): a FUSE filesystem may "
