@@ -4,128 +4,17 @@
 //! it, runs `birch check`, and compares what is visible with the states the
 //! workload made durable.
 
-use birch::check::check_device;
-use birch::device::{CrashPoint, MemoryDevice, RecordingDevice};
-use birch::fs::{Filesystem, MkfsOptions, MountOptions, RenameFlags};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use std::collections::BTreeMap;
+mod common;
+
+use birch::device::{CrashPoint, RecordingDevice};
+use birch::fs::{Filesystem, RenameFlags};
+use common::{crash_points, crash_view, mount, view, Enumeration, View};
 use std::sync::Arc;
 
 const IMAGE_BYTES: u64 = 32 << 20;
 
 fn recorder() -> Arc<RecordingDevice> {
-    let dev = MemoryDevice::new(IMAGE_BYTES);
-    Filesystem::mkfs(
-        &dev,
-        &MkfsOptions {
-            fsid: Some([4; 16]),
-        },
-    )
-    .unwrap();
-    Arc::new(RecordingDevice::new(dev.snapshot()))
-}
-
-fn mount<D: birch::device::BlockDevice + 'static>(dev: D) -> Filesystem<D> {
-    Filesystem::open(dev, MountOptions::deterministic()).unwrap()
-}
-
-/// Path -> contents (files), "-> target" (symlinks) or "<dir>", for the
-/// whole tree.
-type View = BTreeMap<String, Vec<u8>>;
-
-fn view<D: birch::device::BlockDevice + 'static>(fs: &Filesystem<D>) -> View {
-    fn walk<D: birch::device::BlockDevice + 'static>(
-        fs: &Filesystem<D>,
-        dir: u64,
-        prefix: &str,
-        out: &mut View,
-    ) {
-        for e in fs.readdir(dir, 0, usize::MAX).unwrap() {
-            let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
-            let attr = fs.getattr(e.ino).unwrap();
-            match e.file_type {
-                birch::format::FileType::Directory => {
-                    out.insert(path.clone(), b"<dir>".to_vec());
-                    walk(fs, e.ino, &path, out);
-                }
-                birch::format::FileType::Symlink => {
-                    out.insert(
-                        path,
-                        [b"-> ".as_slice(), &fs.readlink(e.ino).unwrap()].concat(),
-                    );
-                }
-                _ => {
-                    let data = fs.read_file(e.ino, 0, attr.size as usize).unwrap();
-                    assert_eq!(data.len() as u64, attr.size, "{path}: short read");
-                    out.insert(path, data);
-                }
-            }
-        }
-    }
-    let mut out = View::new();
-    walk(fs, fs.root_ino(), "", &mut out);
-    out
-}
-
-/// Mounts a crash image after checking it, returns what it shows, and
-/// checks it again after the mount (which may have cleaned up orphans).
-fn crash_view(rec: &RecordingDevice, point: &CrashPoint) -> View {
-    let image = rec.crash_image(point);
-    let dev = Arc::new(MemoryDevice::from_bytes(image));
-    let report = check_device(dev.as_ref());
-    assert!(
-        report.is_clean(),
-        "crash point {point:?}: check before mount:\n{report}"
-    );
-    let fs = mount(dev.clone());
-    let v = view(&fs);
-    fs.close().unwrap();
-    let report = check_device(dev.as_ref());
-    assert!(
-        report.is_clean(),
-        "crash point {point:?}: check after mount:\n{report}"
-    );
-    v
-}
-
-/// Every crash point from flush `from` on: all subsets of a window of up to
-/// 10 pending writes, otherwise the empty and full sets, every prefix, every
-/// single-write drop and a seeded sample.
-fn crash_points(rec: &RecordingDevice, from: usize, seed: u64) -> Vec<CrashPoint> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut points = Vec::new();
-    for k in from..=rec.flush_count() {
-        let n = rec.writes_in_window(k);
-        if n <= 10 {
-            for mask in 0u32..(1 << n) {
-                points.push(CrashPoint {
-                    flushes_completed: k,
-                    kept_writes: (0..n).filter(|i| mask & (1 << i) != 0).collect(),
-                });
-            }
-        } else {
-            for prefix in 0..=n {
-                points.push(CrashPoint {
-                    flushes_completed: k,
-                    kept_writes: (0..prefix).collect(),
-                });
-            }
-            for drop in 0..n {
-                points.push(CrashPoint {
-                    flushes_completed: k,
-                    kept_writes: (0..n).filter(|&i| i != drop).collect(),
-                });
-            }
-            for _ in 0..64 {
-                points.push(CrashPoint {
-                    flushes_completed: k,
-                    kept_writes: (0..n).filter(|_| rng.gen_bool(0.5)).collect(),
-                });
-            }
-        }
-    }
-    points
+    common::recorder(IMAGE_BYTES, 4)
 }
 
 fn file(fs: &Filesystem<Arc<RecordingDevice>>, name: &str, data: &[u8]) -> u64 {
@@ -221,7 +110,7 @@ fn assert_atomic(
     let after = view(&fs);
     drop(fs);
     assert_ne!(before, after, "the workload must change something");
-    let points = crash_points(&rec, synced, seed);
+    let points = crash_points(&rec, synced, &Enumeration::thorough(seed));
     for point in &points {
         let got = crash_view(&rec, point);
         assert!(
@@ -338,7 +227,7 @@ fn freed_blocks_are_not_reused_before_commit() {
     fs.sync().unwrap();
     let third = view(&fs);
     drop(fs);
-    for point in crash_points(&rec, synced, 3) {
+    for point in crash_points(&rec, synced, &Enumeration::thorough(3)) {
         let got = crash_view(&rec, &point);
         assert!(
             got == second || got == third,

@@ -5,10 +5,12 @@
 //! lose data — and the crash cases of docs/DELALLOC.md, one test each, named
 //! as there.
 
-use birch::check::check_device;
-use birch::device::{BlockDevice, CrashPoint, MemoryDevice, RecordingDevice};
-use birch::fs::{FallocateMode, Filesystem, MkfsOptions, MountOptions};
+mod common;
+
+use birch::device::{BlockDevice, CrashPoint, RecordingDevice};
+use birch::fs::{FallocateMode, Filesystem, MountOptions};
 use birch::Error;
+use common::{assert_clean, crash_points, crash_view, mount, view, Enumeration, View};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -18,37 +20,12 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
-fn memory_fs(bytes: u64) -> Arc<MemoryDevice> {
-    let dev = Arc::new(MemoryDevice::new(bytes));
-    Filesystem::mkfs(
-        dev.as_ref(),
-        &MkfsOptions {
-            fsid: Some([7; 16]),
-        },
-    )
-    .unwrap();
-    dev
+fn memory_fs(bytes: u64) -> Arc<birch::device::MemoryDevice> {
+    common::memory_fs(bytes, 7)
 }
 
 fn recorder(bytes: u64) -> Arc<RecordingDevice> {
-    let dev = MemoryDevice::new(bytes);
-    Filesystem::mkfs(
-        &dev,
-        &MkfsOptions {
-            fsid: Some([8; 16]),
-        },
-    )
-    .unwrap();
-    Arc::new(RecordingDevice::new(dev.snapshot()))
-}
-
-fn mount<D: BlockDevice + 'static>(dev: D) -> Filesystem<D> {
-    Filesystem::open(dev, MountOptions::deterministic()).unwrap()
-}
-
-fn assert_clean<D: BlockDevice + ?Sized>(dev: &D, when: &str) {
-    let report = check_device(dev);
-    assert!(report.is_clean(), "{when}:\n{report}");
+    common::recorder(bytes, 8)
 }
 
 /// The byte every test writes at `offset` of file number `id`: distinct per
@@ -584,80 +561,14 @@ fn writers_racing_for_the_last_space_reclaim_themselves() {
 // Crash cases (docs/DELALLOC.md)
 // ----------------------------------------------------------------------
 
-type View = BTreeMap<String, Vec<u8>>;
-
-fn view<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> View {
-    fn walk<D: BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, prefix: &str, out: &mut View) {
-        for e in fs.readdir(dir, 0, usize::MAX).unwrap() {
-            let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
-            let attr = fs.getattr(e.ino).unwrap();
-            if e.file_type == birch::format::FileType::Directory {
-                out.insert(path.clone(), b"<dir>".to_vec());
-                walk(fs, e.ino, &path, out);
-            } else {
-                out.insert(path, fs.read_file(e.ino, 0, attr.size as usize).unwrap());
-            }
-        }
-    }
-    let mut out = View::new();
-    walk(fs, fs.root_ino(), "", &mut out);
-    out
-}
-
-/// Mounts the image a power cut at `point` leaves, checks it before and
-/// after, and returns what it shows.
-fn crash_view(rec: &RecordingDevice, point: &CrashPoint) -> View {
-    let dev = Arc::new(MemoryDevice::from_bytes(rec.crash_image(point)));
-    assert_clean(dev.as_ref(), &format!("{point:?}: crashed image"));
-    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic())
-        .unwrap_or_else(|e| panic!("{point:?}: mount failed: {e}"));
-    let v = view(&fs);
-    fs.close().unwrap();
-    assert_clean(dev.as_ref(), &format!("{point:?}: after mount"));
-    v
-}
-
-/// Crash points from flush `from` on: for small windows every subset of
-/// the pending writes, otherwise none, all, and a few seeded samples; at
-/// most about `budget` points, spread over the flushes.
-fn crash_points(rec: &RecordingDevice, from: usize, budget: usize, seed: u64) -> Vec<CrashPoint> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let flushes: Vec<usize> = (from..=rec.flush_count()).collect();
-    let per = (budget / flushes.len().max(1)).max(2);
-    let step = if per == 2 {
-        flushes.len().div_ceil(budget / 2).max(1)
-    } else {
-        1
-    };
-    let mut points = Vec::new();
-    for &k in flushes.iter().step_by(step).chain(flushes.last()) {
-        let n = rec.writes_in_window(k);
-        if n <= 3 && (1 << n) <= per {
-            for mask in 0u32..(1 << n) {
-                points.push(CrashPoint {
-                    flushes_completed: k,
-                    kept_writes: (0..n).filter(|i| mask & (1 << i) != 0).collect(),
-                });
-            }
-            continue;
-        }
-        points.push(CrashPoint {
-            flushes_completed: k,
-            kept_writes: vec![],
-        });
-        points.push(CrashPoint {
-            flushes_completed: k,
-            kept_writes: (0..n).collect(),
-        });
-        for _ in 2..per {
-            points.push(CrashPoint {
-                flushes_completed: k,
-                kept_writes: (0..n).filter(|_| rng.gen_bool(0.5)).collect(),
-            });
-        }
-    }
-    points.dedup();
-    points
+/// About `budget` crash points from flush `from` on, seeded by `seed`.
+fn budgeted_points(
+    rec: &RecordingDevice,
+    from: usize,
+    budget: usize,
+    seed: u64,
+) -> Vec<CrashPoint> {
+    crash_points(rec, from, &Enumeration::budgeted(budget, seed))
 }
 
 #[test]
@@ -724,7 +635,7 @@ fn fsync_after_page_bounded_writeback_survives() {
     fs.write_file(g, 0, &pattern(4, 0, 200_000)).unwrap();
     fs.flush_range(g, 0, 100_000).unwrap();
     std::mem::forget(fs);
-    for point in crash_points(&rec, from, 24, 12) {
+    for point in budgeted_points(&rec, from, 24, 12) {
         let v = crash_view(&rec, &point);
         assert!(v.get("/f") == Some(&want), "{point:?}: f lost or wrong");
     }
@@ -771,7 +682,7 @@ fn reclaim_under_pressure_keeps_fsynced_files() {
         "{stats:?}"
     );
     std::mem::forget(fs);
-    for point in crash_points(&rec, from, 40, 13) {
+    for point in budgeted_points(&rec, from, 40, 13) {
         let v = crash_view(&rec, &point);
         for i in 0..4u64 {
             let (id, len) = written[&format!("/s{i}")];
@@ -797,7 +708,7 @@ fn acknowledged_writes_survive_sync_after_enospc() {
         .iter()
         .map(|(name, &(id, len))| (format!("/{name}"), pattern(id, 0, len as usize)))
         .collect();
-    for point in crash_points(&rec, from, 4, 14) {
+    for point in budgeted_points(&rec, from, 4, 14) {
         assert!(crash_view(&rec, &point) == want, "{point:?}");
     }
 }
@@ -839,7 +750,7 @@ fn unlink_on_full_filesystem_then_refill_is_atomic() {
     };
     let durable = crash_view(&rec, &start);
     assert_prefixes(&durable, &written, &start);
-    for point in crash_points(&rec, synced, 20, 15) {
+    for point in budgeted_points(&rec, synced, 20, 15) {
         let v = crash_view(&rec, &point);
         assert!(
             v == durable || v == after,

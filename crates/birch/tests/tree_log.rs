@@ -3,9 +3,11 @@
 //! from the moment an fsync returned: every flush point after it, with
 //! every subset (or a seeded sample) of the writes pending there.
 
-use birch::check::check_device;
-use birch::device::{BlockDevice, CrashPoint, MemoryDevice, RecordingDevice};
-use birch::fs::{Filesystem, MkfsOptions, MountOptions, RenameFlags};
+mod common;
+
+use birch::device::{BlockDevice, RecordingDevice};
+use birch::fs::RenameFlags;
+use common::{ino, mount, Enumeration, View};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -14,117 +16,17 @@ use std::sync::Arc;
 const IMAGE_BYTES: u64 = 32 << 20;
 
 fn recorder() -> Arc<RecordingDevice> {
-    let dev = MemoryDevice::new(IMAGE_BYTES);
-    Filesystem::mkfs(
-        &dev,
-        &MkfsOptions {
-            fsid: Some([5; 16]),
-        },
-    )
-    .unwrap();
-    Arc::new(RecordingDevice::new(dev.snapshot()))
+    common::recorder(IMAGE_BYTES, 5)
 }
 
-fn mount<D: BlockDevice + 'static>(dev: D) -> Filesystem<D> {
-    Filesystem::open(dev, MountOptions::deterministic()).unwrap()
-}
-
-type View = BTreeMap<String, Vec<u8>>;
-
-fn view<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> View {
-    fn walk<D: BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, prefix: &str, out: &mut View) {
-        for e in fs.readdir(dir, 0, usize::MAX).unwrap() {
-            let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
-            let attr = fs.getattr(e.ino).unwrap();
-            if e.file_type == birch::format::FileType::Directory {
-                out.insert(path.clone(), b"<dir>".to_vec());
-                walk(fs, e.ino, &path, out);
-            } else {
-                out.insert(path, fs.read_file(e.ino, 0, attr.size as usize).unwrap());
-            }
-        }
-    }
-    let mut out = View::new();
-    walk(fs, fs.root_ino(), "", &mut out);
-    out
-}
-
-/// Every crash point from flush `from` on.
-fn crash_points(rec: &RecordingDevice, from: usize) -> Vec<CrashPoint> {
-    let mut rng = ChaCha8Rng::seed_from_u64(from as u64);
-    let mut points = Vec::new();
-    for k in from..=rec.flush_count() {
-        let n = rec.writes_in_window(k);
-        if n <= 8 {
-            for mask in 0u32..(1 << n) {
-                points.push(CrashPoint {
-                    flushes_completed: k,
-                    kept_writes: (0..n).filter(|i| mask & (1 << i) != 0).collect(),
-                });
-            }
-        } else {
-            points.push(CrashPoint {
-                flushes_completed: k,
-                kept_writes: vec![],
-            });
-            points.push(CrashPoint {
-                flushes_completed: k,
-                kept_writes: (0..n).collect(),
-            });
-            for _ in 0..48 {
-                points.push(CrashPoint {
-                    flushes_completed: k,
-                    kept_writes: (0..n).filter(|_| rng.gen_bool(0.5)).collect(),
-                });
-            }
-        }
-    }
-    points
-}
-
-/// Mounts the image a power cut at `point` leaves (replaying the log),
-/// checks it before and after, and returns what it shows.
-fn crash_view(rec: &RecordingDevice, point: &CrashPoint) -> View {
-    let dev = Arc::new(MemoryDevice::from_bytes(rec.crash_image(point)));
-    let before = check_device(dev.as_ref());
-    assert!(
-        before.is_clean(),
-        "{point:?}: check of the crashed image:\n{before}"
-    );
-    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic())
-        .unwrap_or_else(|e| panic!("{point:?}: mount failed: {e}"));
-    let v = view(&fs);
-    fs.close().unwrap();
-    let after = check_device(dev.as_ref());
-    assert!(after.is_clean(), "{point:?}: check after replay:\n{after}");
-    v
-}
-
-/// Asserts `property` of every crash state from flush `from` on.
+/// Asserts `property` of every crash state from flush `from` on: every
+/// subset of up to 8 pending writes, else a sample seeded by `from`.
 fn for_every_crash_after(
     rec: &RecordingDevice,
     from: usize,
     property: impl Fn(&View) -> Result<(), String>,
 ) -> usize {
-    let points = crash_points(rec, from);
-    for point in &points {
-        let v = crash_view(rec, point);
-        if let Err(why) = property(&v) {
-            panic!(
-                "crash at {point:?}: {why}\nstate: {:?}",
-                v.keys().collect::<Vec<_>>()
-            );
-        }
-    }
-    points.len()
-}
-
-fn ino<D: BlockDevice + 'static>(fs: &Filesystem<D>, path: &str) -> u64 {
-    let mut cur = fs.root_ino();
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        cur = fs.lookup(cur, part.as_bytes()).unwrap().ino;
-    }
-    cur
+    common::for_every_crash_after(rec, from, &Enumeration::sampled(from as u64), property)
 }
 
 #[test]
@@ -178,6 +80,29 @@ fn fsync_dir_persists_new_entries() {
             }
         }
         Ok(())
+    });
+}
+
+#[test]
+fn symlink_in_logged_dir_keeps_its_target() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let a = fs.create(d, b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(a, 0, b"first").unwrap();
+    fs.fsync(d, false).unwrap();
+    // d is logged in this transaction, so the new name is logged at once,
+    // before the symlink's target is written.
+    fs.symlink(d, b"l", b"a", 0, 0).unwrap();
+    fs.write_file(a, 0, b"second").unwrap();
+    fs.fsync(a, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, synced, |v| match v.get("/d/l") {
+        Some(link) if link.as_slice() == b"-> a" => Ok(()),
+        Some(link) => Err(format!("d/l reads {:?}", String::from_utf8_lossy(link))),
+        None => Err("d/l missing: it was in the synced log".into()),
     });
 }
 

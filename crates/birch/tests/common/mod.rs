@@ -1,0 +1,233 @@
+//! Crash-state helpers shared by the engine's crash tests (`crash_cases`,
+//! `tree_log`, `delalloc`): a recording device holding a fresh filesystem,
+//! the whole-tree view the tests compare, the crash points to enumerate,
+//! and the checked mount of each crash image.
+
+// Each test binary compiles this module on its own and uses a subset of it.
+#![allow(dead_code)]
+
+use birch::check::check_device;
+use birch::device::{BlockDevice, CrashPoint, MemoryDevice, RecordingDevice};
+use birch::format::FileType;
+use birch::fs::{Filesystem, MkfsOptions, MountOptions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A fresh filesystem of `bytes` on a memory device. `fsid_byte` keeps the
+/// images of different test files apart in a dump.
+pub fn memory_fs(bytes: u64, fsid_byte: u8) -> Arc<MemoryDevice> {
+    let dev = Arc::new(MemoryDevice::new(bytes));
+    Filesystem::mkfs(
+        dev.as_ref(),
+        &MkfsOptions {
+            fsid: Some([fsid_byte; 16]),
+        },
+    )
+    .unwrap();
+    dev
+}
+
+/// A recording device whose starting image is a fresh filesystem: every
+/// write and flush from the first mount on is recorded.
+pub fn recorder(bytes: u64, fsid_byte: u8) -> Arc<RecordingDevice> {
+    let dev = memory_fs(bytes, fsid_byte);
+    Arc::new(RecordingDevice::new(dev.snapshot()))
+}
+
+pub fn mount<D: BlockDevice + 'static>(dev: D) -> Filesystem<D> {
+    Filesystem::open(dev, MountOptions::deterministic()).unwrap()
+}
+
+pub fn assert_clean<D: BlockDevice + ?Sized>(dev: &D, when: &str) {
+    let report = check_device(dev);
+    assert!(report.is_clean(), "{when}:\n{report}");
+}
+
+/// Path -> contents (files), "-> target" (symlinks) or "<dir>", for the
+/// whole tree.
+pub type View = BTreeMap<String, Vec<u8>>;
+
+pub fn view<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> View {
+    fn walk<D: BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, prefix: &str, out: &mut View) {
+        for e in fs.readdir(dir, 0, usize::MAX).unwrap() {
+            let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
+            match e.file_type {
+                FileType::Directory => {
+                    out.insert(path.clone(), b"<dir>".to_vec());
+                    walk(fs, e.ino, &path, out);
+                }
+                // A failing read shows in the view (and so in the failing
+                // test's message, with its crash point) instead of panicking.
+                FileType::Symlink => {
+                    let shown = match fs.readlink(e.ino) {
+                        Ok(target) => [b"-> ".as_slice(), &target].concat(),
+                        Err(err) => format!("<readlink failed: {err}>").into_bytes(),
+                    };
+                    out.insert(path, shown);
+                }
+                _ => {
+                    let size = fs.getattr(e.ino).unwrap().size;
+                    let data = fs.read_file(e.ino, 0, size as usize).unwrap();
+                    assert_eq!(data.len() as u64, size, "{path}: short read");
+                    out.insert(path, data);
+                }
+            }
+        }
+    }
+    let mut out = View::new();
+    walk(fs, fs.root_ino(), "", &mut out);
+    out
+}
+
+/// The inode at `path` (components separated by '/').
+pub fn ino<D: BlockDevice + 'static>(fs: &Filesystem<D>, path: &str) -> u64 {
+    let mut cur = fs.root_ino();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        cur = fs.lookup(cur, part.as_bytes()).unwrap().ino;
+    }
+    cur
+}
+
+/// Mounts the image a power cut at `point` leaves (replaying a log if it
+/// has one), requires `birch check` to pass before and after the mount
+/// (which may replay and clean up orphans), and returns what it shows.
+pub fn crash_view(rec: &RecordingDevice, point: &CrashPoint) -> View {
+    let dev = Arc::new(MemoryDevice::from_bytes(rec.crash_image(point)));
+    assert_clean(
+        dev.as_ref(),
+        &format!("{point:?}: check of the crashed image"),
+    );
+    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic())
+        .unwrap_or_else(|e| panic!("{point:?}: mount failed: {e}"));
+    let v = view(&fs);
+    fs.close().unwrap();
+    assert_clean(dev.as_ref(), &format!("{point:?}: check after mount"));
+    v
+}
+
+/// Which crash states to take at each flush point of a recording.
+pub struct Enumeration {
+    /// A window of at most this many pending writes gets every subset.
+    pub every_subset_up_to: usize,
+    /// A larger window gets, besides the empty and the full set, every
+    /// prefix and every set that drops a single write.
+    pub prefixes_and_drops: bool,
+    /// A larger window also gets this many seeded random subsets.
+    pub random_subsets: usize,
+    /// At most about this many points in all: with a budget, flushes are
+    /// stepped over (the last one is always taken) and each flush gets at
+    /// most its share.
+    pub budget: Option<usize>,
+    /// Seed of the random subsets; a failure names it with the point.
+    pub seed: u64,
+}
+
+impl Enumeration {
+    /// Every subset of windows up to 10 writes; larger windows get every
+    /// prefix, every single drop and 64 random subsets.
+    pub fn thorough(seed: u64) -> Self {
+        Enumeration {
+            every_subset_up_to: 10,
+            prefixes_and_drops: true,
+            random_subsets: 64,
+            budget: None,
+            seed,
+        }
+    }
+
+    /// Every subset of windows up to 8 writes; larger windows get the
+    /// empty set, the full set and 48 random subsets.
+    pub fn sampled(seed: u64) -> Self {
+        Enumeration {
+            every_subset_up_to: 8,
+            prefixes_and_drops: false,
+            random_subsets: 48,
+            budget: None,
+            seed,
+        }
+    }
+
+    /// About `budget` points spread over all flushes, for recordings with
+    /// too many flushes to visit each one thoroughly.
+    pub fn budgeted(budget: usize, seed: u64) -> Self {
+        Enumeration {
+            every_subset_up_to: 3,
+            prefixes_and_drops: false,
+            random_subsets: usize::MAX,
+            budget: Some(budget),
+            seed,
+        }
+    }
+}
+
+/// The crash points of `rec` from flush `from` on, as `how` says.
+pub fn crash_points(rec: &RecordingDevice, from: usize, how: &Enumeration) -> Vec<CrashPoint> {
+    let mut rng = ChaCha8Rng::seed_from_u64(how.seed);
+    let mut flushes: Vec<usize> = (from..=rec.flush_count()).collect();
+    let mut per_flush = usize::MAX;
+    if let Some(budget) = how.budget {
+        per_flush = (budget / flushes.len().max(1)).max(2);
+        if per_flush == 2 {
+            let step = flushes.len().div_ceil(budget / 2).max(1);
+            let last = flushes.last().copied();
+            flushes = flushes.into_iter().step_by(step).collect();
+            if let Some(last) = last.filter(|l| flushes.last() != Some(l)) {
+                flushes.push(last);
+            }
+        }
+    }
+    let mut points = Vec::new();
+    for k in flushes {
+        let n = rec.writes_in_window(k);
+        let mut add = |kept_writes: Vec<usize>| {
+            points.push(CrashPoint {
+                flushes_completed: k,
+                kept_writes,
+            })
+        };
+        if n <= how.every_subset_up_to && (1usize << n) <= per_flush {
+            for mask in 0u64..(1 << n) {
+                add((0..n).filter(|i| mask & (1 << i) != 0).collect());
+            }
+            continue;
+        }
+        add(vec![]);
+        add((0..n).collect());
+        if how.prefixes_and_drops {
+            for prefix in 1..n {
+                add((0..prefix).collect());
+            }
+            for drop in 0..n {
+                add((0..n).filter(|&i| i != drop).collect());
+            }
+        }
+        for _ in 0..how.random_subsets.min(per_flush.saturating_sub(2)) {
+            add((0..n).filter(|_| rng.gen_bool(0.5)).collect());
+        }
+    }
+    points
+}
+
+/// Asserts `property` of every crash state `how` enumerates from flush
+/// `from` on; returns how many states were checked.
+pub fn for_every_crash_after(
+    rec: &RecordingDevice,
+    from: usize,
+    how: &Enumeration,
+    property: impl Fn(&View) -> Result<(), String>,
+) -> usize {
+    let points = crash_points(rec, from, how);
+    for point in &points {
+        let v = crash_view(rec, point);
+        if let Err(why) = property(&v) {
+            panic!(
+                "crash at {point:?} (seed {}): {why}\nstate: {:?}",
+                how.seed,
+                v.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+    points.len()
+}
