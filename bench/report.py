@@ -600,8 +600,8 @@ def write_report(out_dir, plots=True, no_plots_reason=None):
     add("")
     er = d.recs("embedded", ok=None)
     if not er or all(r.get("ok") is None for r in er):
-        add("Not available yet: birch's library API cannot run it (pass `--birch-embedded-cmd CMD`; "
-            "see bench/README.md for the protocol).")
+        add("Not run: it needs birch (`--birch-bin PATH`, which builds the `seed003_embedded` "
+            "example) or `--birch-embedded-cmd CMD` (see bench/README.md for the protocol).")
     else:
         add("Shown as the `birch-embedded` row of section 2.")
         for r in er:
