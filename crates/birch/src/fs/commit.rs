@@ -1,7 +1,10 @@
 //! Transaction commit: the one protocol that makes changes durable.
 //!
 //! ```text
-//! under the state lock:   write back dirty pages (data extents written, not flushed)
+//! in batches, the lock    write back the pages dirty at the start, 256 per
+//!   dropped between:        lock hold (so requests are not stalled behind
+//!                           all of them at once)
+//! under the state lock:   write back dirty pages left (data extents written, not flushed)
 //!                         flush delayed dir-index items and inode updates into the fs tree
 //!                         apply delayed extent refs to the extent tree, update root items,
 //!                           repeat until nothing changes (each pass may copy more nodes)

@@ -34,6 +34,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+/// Pages a commit writes back per state-lock hold before it seals.
+const COMMIT_WRITEBACK_BATCH_PAGES: u64 = 256;
+
 /// Everything the running transaction knows, behind the state lock.
 pub(crate) struct FsState<D> {
     forest: Forest<Arc<D>>,
@@ -125,6 +128,7 @@ impl<D: BlockDevice> Shared<D> {
     /// dropped: the commit makes its content durable.
     fn commit(&self) -> Result<()> {
         let _commit = self.commit_lock.lock().expect("commit lock poisoned");
+        self.write_back_before_seal()?;
         {
             // A log write in flight uses blocks the commit would release.
             let mut sync = self.lock_sync();
@@ -203,6 +207,43 @@ impl<D: BlockDevice> Shared<D> {
         }
         self.sync_changed.notify_all();
         result
+    }
+
+    /// Writes back the pages dirty when the commit began, a batch per
+    /// state-lock hold, so that the seal (which writes back whatever is
+    /// still dirty, under the lock) finds little left: other requests wait
+    /// for one batch at most instead of for every page dirtied since the
+    /// last commit (a 30 s commit under dbench stalled them for 300 ms).
+    /// btrfs likewise starts delalloc writeback before its critical
+    /// section. Bounded by what was dirty at the start, so writers that
+    /// dirty pages as fast as they are written cannot hold the commit back.
+    fn write_back_before_seal(&self) -> Result<()> {
+        let mut left = self.lock_state().dirty_page_bytes / SECTOR_SIZE;
+        while left > 0 {
+            {
+                let mut state = self.lock_state();
+                if state.failed.is_some() || state.options.read_only {
+                    return Ok(());
+                }
+                let written = match state.writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES)) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        state.failed = Some(e.to_string());
+                        return Err(e);
+                    }
+                };
+                state.space.stats.commit_pages += written;
+                self.space_changed(&mut state);
+                if written == 0 {
+                    return Ok(());
+                }
+                left = left.saturating_sub(written);
+            }
+            // The mutex is not fair: let the requests queued on it in
+            // before taking it again.
+            std::thread::yield_now();
+        }
+        Ok(())
     }
 
     /// Waits until log transaction `id` is durable, writing it (and
