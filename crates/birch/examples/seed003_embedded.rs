@@ -39,9 +39,9 @@ fn run() -> Result<(), String> {
     }
     let fail = |what: &str, e: birch::Error| format!("{}: {what}: {e}", image.display());
 
-    // The same device and mount options as `birch mount IMAGE`.
+    // The same device (O_DIRECT) and mount options as `birch mount IMAGE`.
     let dev =
-        Arc::new(FileDevice::open(&image, false).map_err(|e| format!("{}: {e}", image.display()))?);
+        Arc::new(FileDevice::open(&image, true).map_err(|e| format!("{}: {e}", image.display()))?);
     Filesystem::mkfs(dev.as_ref(), &MkfsOptions::default()).map_err(|e| fail("mkfs", e))?;
     let fs = Filesystem::open(dev, MountOptions::default()).map_err(|e| fail("mount", e))?;
     let dir = fs
