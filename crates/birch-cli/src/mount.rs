@@ -85,9 +85,10 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
         },
         engine: MountOptions::default(),
         // O_DIRECT by default: buffered, every log sync's fdatasync also
-        // had to write out the host page cache's backlog of earlier data
-        // writes (dbench, 8 clients: 343-380 MB/s and 130-386 ms stalls
-        // buffered, 460 MB/s and 82 ms direct; docs/FUSE.md).
+        // has to write out the host page cache's backlog of earlier data
+        // writes, so fsyncs stall (dbench, 8 clients: max latency 432-556
+        // ms buffered, 89-103 ms direct, for 15-20% less throughput;
+        // docs/FUSE.md).
         direct_io: true,
     };
     let seconds = |key: &str, v: &str| {
