@@ -43,6 +43,19 @@ DBENCH_CONFIGS = [("1", 1, False), ("4", 4, False), ("8", 8, False), ("4-S", 4, 
 # {path} a path inside the mount.  "sync" makes everything under the mount
 # durable (default: syncfs through `sync -f`).
 # ----------------------------------------------------------------------------
+# What both birch entries share; they differ only in what {target} is.
+BIRCH_COMMANDS = {
+    "kind": "fuse", "fstype": "fuse",
+    "mkfs": ["{birch}", "mkfs", "{target}"],
+    "mount_bg": ["{birch}", "mount", "-f", "{target}", "{mnt}"],
+    "umount": ["fusermount3", "-u", "{mnt}"],
+    # syncfs does not reach a FUSE daemon (the kernel forwards it only on
+    # fuseblk mounts): `birch sync` runs syncfs, then asks birch to commit
+    # through its ioctl.
+    "sync": ["{birch}", "sync", "{path}"],
+    "tools": ["fusermount3"],
+}
+
 FS_TABLE = {
     "btrfs": {
         "kind": "kernel", "fstype": "btrfs", "device": "loop",
@@ -68,31 +81,10 @@ FS_TABLE = {
         "default": True,
     },
     # birch over FUSE on the same kind of direct-io loop device as the others.
-    "birch": {
-        "kind": "fuse", "fstype": "fuse", "device": "loop",
-        "mkfs": ["{birch}", "mkfs", "{target}"],
-        "mount_bg": ["{birch}", "mount", "-f", "{target}", "{mnt}"],
-        "umount": ["fusermount3", "-u", "{mnt}"],
-        # syncfs does not reach a FUSE daemon (the kernel forwards it only
-        # on fuseblk mounts): `birch sync` runs syncfs, then asks birch to
-        # commit through its ioctl.
-        "sync": ["{birch}", "sync", "{path}"],
-        "tools": ["fusermount3"],
-        "default": False,   # enabled by --fs birch or --birch-bin PATH
-    },
+    "birch": dict(BIRCH_COMMANDS, device="loop",
+                  default=False),   # enabled by --fs birch or --birch-bin PATH
     # birch over FUSE directly on a plain image file (no loop device).
-    "birch-file": {
-        "kind": "fuse", "fstype": "fuse", "device": "file",
-        "mkfs": ["{birch}", "mkfs", "{target}"],
-        "mount_bg": ["{birch}", "mount", "-f", "{target}", "{mnt}"],
-        "umount": ["fusermount3", "-u", "{mnt}"],
-        # syncfs does not reach a FUSE daemon (the kernel forwards it only
-        # on fuseblk mounts): `birch sync` runs syncfs, then asks birch to
-        # commit through its ioctl.
-        "sync": ["{birch}", "sync", "{path}"],
-        "tools": ["fusermount3"],
-        "default": False,
-    },
+    "birch-file": dict(BIRCH_COMMANDS, device="file", default=False),
 }
 BIRCH_FS = [n for n, s in FS_TABLE.items() if s["kind"] == "fuse"]
 

@@ -436,18 +436,21 @@ pub fn sync(args: &SyncArgs) -> Result<u8, Failure> {
     // SAFETY: an ioctl without argument data on an fd we own.
     let rc = unsafe { libc::ioctl(dir.as_raw_fd(), BIRCH_IOC_SYNC as libc::c_ulong) };
     if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(Failure::new(format!(
-            "{}: {}",
-            args.mountpoint.display(),
-            if e.raw_os_error() == Some(libc::ENOTTY) {
-                "not a birch mount".to_string()
-            } else {
-                e.to_string()
-            }
-        )));
+        return Err(ioctl_failure(&args.mountpoint));
     }
     Ok(0)
+}
+
+/// The failure of a birch ioctl just issued on `mountpoint`: ENOTTY means
+/// the path is not on a birch mount.
+fn ioctl_failure(mountpoint: &Path) -> Failure {
+    let e = std::io::Error::last_os_error();
+    let why = if e.raw_os_error() == Some(libc::ENOTTY) {
+        "not a birch mount".to_string()
+    } else {
+        e.to_string()
+    };
+    Failure::new(format!("{}: {why}", mountpoint.display()))
 }
 
 pub fn stats(args: &StatsArgs) -> Result<u8, Failure> {
@@ -464,16 +467,7 @@ pub fn stats(args: &StatsArgs) -> Result<u8, Failure> {
         )
     };
     if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(Failure::new(format!(
-            "{}: {}",
-            args.mountpoint.display(),
-            if e.raw_os_error() == Some(libc::ENOTTY) {
-                "not a birch mount".to_string()
-            } else {
-                e.to_string()
-            }
-        )));
+        return Err(ioctl_failure(&args.mountpoint));
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     print!("{}", String::from_utf8_lossy(&buf[..end]));
