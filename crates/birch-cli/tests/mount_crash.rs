@@ -641,3 +641,68 @@ fn link_of_logged_file_then_fsync_parent() {
     assert_same_inode(&[&run.path("A/C/foo"), &run.path("B/foo")]);
     run.finish();
 }
+
+/// renameat2(RENAME_EXCHANGE) of two committed files, then fsync of one of
+/// them: each name holds the other's old data, and neither inode is left
+/// without a name by replaying the fsynced one's names.
+#[test]
+fn rename_exchange_then_fsync() {
+    let Some(mut run) = CrashRun::start("exchange") else {
+        return;
+    };
+    let (first, second) = (pattern(4000, 18), pattern(7000, 19));
+    mkdir(&run.path("t"));
+    write_file(&run.path("t/a"), &first);
+    write_file(&run.path("t/b"), &second);
+    run.commit();
+
+    let (a, b) = (cstr(&run.path("t/a")), cstr(&run.path("t/b")));
+    // SAFETY: valid C strings, AT_FDCWD.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(rc, 0, "exchange: {}", std::io::Error::last_os_error());
+    fsync(&run.path("t/a"));
+    run.cut_and_remount();
+
+    assert_entries(&run.path("t"), &["a", "b"]);
+    assert_file(&run.path("t/a"), &second, 1);
+    assert_file(&run.path("t/b"), &first, 1);
+    run.finish();
+}
+
+/// A committed file truncated (its extents dropped), then written past
+/// the new end, then fsynced: the log must replace the file's extents,
+/// not add to them, so the hole reads as zeros and the size is the new one.
+#[test]
+fn truncate_then_write_then_fsync() {
+    let Some(mut run) = CrashRun::start("truncate") else {
+        return;
+    };
+    write_file(&run.path("f"), &pattern(64 << 10, 20));
+    run.commit();
+
+    let file = OpenOptions::new()
+        .write(true)
+        .open(run.path("f"))
+        .expect("open f");
+    file.set_len(5000).expect("truncate f");
+    let tail = pattern(3000, 21);
+    file.write_all_at(&tail, 20_000)
+        .expect("write past the end");
+    file.sync_all().expect("fsync f");
+    drop(file);
+    let mut want = pattern(5000, 20);
+    want.resize(20_000, 0);
+    want.extend_from_slice(&tail);
+    run.cut_and_remount();
+
+    assert_file(&run.path("f"), &want, 1);
+    run.finish();
+}
