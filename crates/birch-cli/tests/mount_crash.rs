@@ -21,6 +21,7 @@ mod common;
 
 use common::{cstr, exclusive, skip_unless_root, Fixture};
 use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -178,7 +179,7 @@ fn assert_same_inode(paths: &[&Path]) {
 }
 
 fn set_xattr(p: &Path, name: &str, value: &[u8]) {
-    let (path, name_c) = (cstr(p), cstr(Path::new(name)));
+    let (path, name_c) = (cstr(p), CString::new(name).expect("xattr name without NUL"));
     // SAFETY: valid C strings and a buffer of the length passed.
     let rc = unsafe {
         libc::lsetxattr(
@@ -199,7 +200,7 @@ fn set_xattr(p: &Path, name: &str, value: &[u8]) {
 }
 
 fn remove_xattr(p: &Path, name: &str) {
-    let (path, name_c) = (cstr(p), cstr(Path::new(name)));
+    let (path, name_c) = (cstr(p), CString::new(name).expect("xattr name without NUL"));
     // SAFETY: valid C strings.
     let rc = unsafe { libc::lremovexattr(path.as_ptr(), name_c.as_ptr()) };
     assert_eq!(
@@ -227,7 +228,7 @@ fn xattrs(p: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
     for name in list.split(|&b| b == 0).filter(|n| !n.is_empty()) {
         let name = String::from_utf8_lossy(name).into_owned();
-        let name_c = cstr(Path::new(&name));
+        let name_c = CString::new(name.as_str()).expect("xattr name without NUL");
         let mut value = vec![0u8; 4096];
         // SAFETY: valid C strings and a buffer of the length passed.
         let len = unsafe {
