@@ -8,11 +8,11 @@
 //! must check clean again once unmounted.
 //!
 //! The engine's own crash tests (crates/birch/tests/tree_log.rs) explore
-//! every crash state of the same sequences on a recording device; these
-//! run them through the kernel's FUSE path instead (lookups and the dentry
-//! cache, the no-open mode, long cache timeouts), which decides what the
-//! engine is actually asked to log. Every test is named after its crash
-//! case in docs/TREE-LOG.md.
+//! every crash state of such sequences on a recording device, calling the
+//! engine directly; these run them through the kernel's FUSE path instead
+//! (lookups and the dentry cache, the no-open mode, long cache timeouts),
+//! which decides what the engine is actually asked to log. Each test is
+//! named after its crash case, so that docs/TREE-LOG.md can cite it.
 //!
 //! Run: `cargo test -p birch-cli --test mount_crash` as root (needs
 //! /dev/fuse). docs/FUSE-TESTING.md describes the suite.
