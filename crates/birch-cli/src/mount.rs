@@ -10,7 +10,7 @@
 
 use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
-use birch::fs::{Filesystem, MountOptions};
+use birch::fs::{Filesystem, MountOptions, ReplayOutcome};
 use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC};
 use clap::Args;
 use std::ffi::CString;
@@ -342,6 +342,7 @@ fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Resul
     unmount_on_signal(args.mountpoint.clone());
     let fs = Filesystem::open(gate, settings.engine)
         .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
+    report_replay(image, fs.replay_outcome());
     let fs =
         birch_fuse::serve(fs, &args.mountpoint, &settings.fuse, control, ready).map_err(|e| {
             Failure::new(format!(
@@ -356,6 +357,25 @@ fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Resul
         ))
     })?;
     Ok(0)
+}
+
+/// Says on stderr what the mount did with a log it found: nothing when it
+/// replayed cleanly, loudly when it had to throw the log away.
+fn report_replay(image: &Path, outcome: Option<ReplayOutcome>) {
+    match outcome {
+        Some(ReplayOutcome::Discarded(why)) => eprintln!(
+            "birch: {}: WARNING: the fsync log could not be replayed and was discarded; \
+             the last commit is mounted and what was fsynced after it is lost: {why}",
+            image.display()
+        ),
+        Some(ReplayOutcome::Replayed(report)) if report.names_without_parent > 0 => eprintln!(
+            "birch: {}: WARNING: log replay left out {} logged names whose directory \
+             did not exist",
+            image.display(),
+            report.names_without_parent
+        ),
+        _ => {}
+    }
 }
 
 /// Starts this command again in the foreground as a daemon in its own
