@@ -328,6 +328,13 @@ impl Fixture {
         self.scratch.path(&format!("daemon-{}.log", self.mounts))
     }
 
+    /// What the daemon of the latest mount has printed so far.
+    pub fn daemon_log(&self) -> String {
+        fs::read(self.log_path())
+            .map(|b| text(&b))
+            .unwrap_or_default()
+    }
+
     /// Starts `birch mount -f IMAGE MNT` and waits until the mount is live.
     pub fn mount(&mut self) {
         assert!(self.daemon.is_none(), "already mounted");
