@@ -772,6 +772,15 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// birch patch: make everything written so far durable (`syncfs(2)`,
+    /// `sync(1)`, and a remount read-only). The kernel sends this only to
+    /// fuseblk and virtiofs connections. Replying ENOSYS makes it stop
+    /// asking for the rest of the connection.
+    fn syncfs(&self, _req: &Request, ino: INodeNo, reply: ReplyEmpty) {
+        warn!("[Not Implemented] syncfs(ino: {ino:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Get file system statistics.
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         reply.statfs(0, 0, 0, 0, 0, 512, 255, 0);

@@ -505,6 +505,9 @@ impl<'a> RequestWithSender<'a> {
                     self.reply(),
                 );
             }
+            ll::Operation::SyncFs(_) => {
+                filesystem.syncfs(self.request_header(), self.request.nodeid(), self.reply());
+            }
             ll::Operation::CopyFileRange(x) => {
                 let (i, o) = (x.src()?, x.dest()?);
                 filesystem.copy_file_range(

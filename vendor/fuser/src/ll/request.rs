@@ -1521,6 +1521,15 @@ mod op {
         }
     }
 
+    /// birch patch: make the whole filesystem durable (`syncfs(2)`, `sync(1)`).
+    /// The kernel sends it only on fuseblk and virtiofs connections; its
+    /// body (`struct fuse_syncfs_in`) is padding.
+    #[derive(Debug)]
+    pub(crate) struct SyncFs<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+    }
+
     /// Copy the specified range from the source inode to the destination inode
     #[derive(Debug, Clone, Copy)]
     pub(crate) struct CopyFileRangeFile {
@@ -1852,6 +1861,7 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            fuse_opcode::FUSE_SYNCFS => Operation::SyncFs(SyncFs { header }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1926,6 +1936,7 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    SyncFs(#[expect(dead_code)] SyncFs<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2095,6 +2106,7 @@ impl fmt::Display for Operation<'_> {
                 x.offset(),
                 x.whence()
             ),
+            Operation::SyncFs(_) => write!(f, "SYNCFS"),
             Operation::CopyFileRange(x) => write!(
                 f,
                 "COPY_FILE_RANGE src {:?}, dest {:?}, len {}",
