@@ -87,7 +87,7 @@ fn mount_source(mnt: &Path) -> String {
         .filter(|l| l.split(' ').nth(4) == Some(want))
         .filter_map(|l| l.split_once(" - "))
         .filter_map(|(_, rest)| rest.split(' ').nth(1).map(str::to_string))
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("{want} is not mounted"))
 }
 
