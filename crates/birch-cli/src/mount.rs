@@ -249,6 +249,13 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
             args.mountpoint.display()
         )));
     }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Said here, before detaching: a detached daemon's stderr goes nowhere.
+        eprintln!(
+            "birch: not root: a plain FUSE mount; sync(1) and syncfs(2) will not reach birch (use fsync or `birch sync MOUNTPOINT`)"
+        );
+    }
     if !args.foreground {
         return detach(args);
     }
@@ -329,7 +336,7 @@ struct Attached {
 /// (so sync(1) and `sync -f` commit birch): a block device is mounted as
 /// it is (birch opens it by path without O_EXCL; the kernel's mount holds
 /// it exclusively), an image file through a loop device attached here.
-/// Unprivileged, it is a plain `fuse` mount.
+/// Unprivileged, it is a plain `fuse` mount (`mount` says so).
 fn open_and_lock(
     image: &Path,
     settings: &mut Settings,
@@ -384,10 +391,6 @@ fn open_and_lock(
     lock_image(dev.file(), image)?;
     if root && block_device {
         settings.fuse.block_device = image.canonicalize().ok();
-    } else if !root {
-        eprintln!(
-            "birch: not root: a plain FUSE mount; sync(1) and syncfs(2) will not reach birch (use fsync or `birch sync MOUNTPOINT`)"
-        );
     }
     Ok((dev, None))
 }
