@@ -262,7 +262,8 @@ enum DaemonExit {
 /// The running daemon of one mount.
 struct Daemon {
     child: Child,
-    /// The FUSE connection number (minor of the mount's st_dev), for
+    /// The FUSE connection number (the mount's st_dev in the kernel's
+    /// encoding: a fuseblk mount's is its block device's), for
     /// /sys/fs/fuse/connections/N/abort.
     connection: u64,
 }
@@ -361,8 +362,9 @@ impl Fixture {
             .expect("start birch mount");
         let start = Instant::now();
         loop {
-            // "fuse.birch", or plain "fuse" where the subtype is not passed.
-            if mount_fstype(&self.mnt).is_some_and(|t| t == "fuse" || t.starts_with("fuse.")) {
+            // "fuseblk.birch" (as root) or "fuse.birch", or plain "fuse"
+            // where the subtype is not passed.
+            if mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
                 break;
             }
             if let Some(status) = child.try_wait().expect("wait for daemon") {
@@ -384,8 +386,8 @@ impl Fixture {
             std::thread::sleep(Duration::from_millis(10));
         }
         let dev = fs::metadata(&self.mnt).expect("stat mount point").dev();
-        // SAFETY: minor() only does arithmetic on the number.
-        let connection = u64::from(libc::minor(dev));
+        // SAFETY: major() and minor() only do arithmetic on the number.
+        let connection = (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev));
         self.daemon = Some(Daemon { child, connection });
     }
 
