@@ -788,3 +788,68 @@ fn unreplayable_log_is_discarded_and_last_commit_mounts() {
         "the mount's commit supersedes the discarded log"
     );
 }
+
+/// `write t/a t/b; sync; mv --exchange t/a t/b; fsync t/a; <cut>` → each
+/// name holds the other's old data: the fsynced inode took a committed name
+/// of the other, so the other's names are logged too.
+#[test]
+fn rename_exchange_then_fsync() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let t = fs.mkdir(fs.root_ino(), b"t", 0o755, 0, 0).unwrap().ino;
+    let (first, second) = (pattern(4000, 18), pattern(7000, 19));
+    for (name, data) in [(b"a", &first), (b"b", &second)] {
+        let f = fs.create(t, name, 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, data).unwrap();
+    }
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    let exchange = RenameFlags {
+        exchange: true,
+        ..RenameFlags::default()
+    };
+    fs.rename(t, b"a", t, b"b", exchange).unwrap();
+    fs.fsync(ino(&fs, "t/a"), false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(13), |p, _, v| {
+        require_reachable(v, &[("t/a", &first), ("t/b", &second)])?;
+        if p.flushes_completed >= synced {
+            require_content(v, "/t/a", &second)?;
+            require_content(v, "/t/b", &first)?;
+        }
+        Ok(())
+    });
+}
+
+/// `write dir/a dir/b; sync; mv dir/a dir/b; fsync dir/b; <cut>` → only
+/// `b`, with a's data; the replaced inode is freed (`birch check` finds no
+/// leftover).
+#[test]
+fn rename_over_existing_then_fsync() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let dir = fs.mkdir(fs.root_ino(), b"dir", 0o755, 0, 0).unwrap().ino;
+    let (source, replaced) = (pattern(9000, 15), pattern(11_000, 16));
+    for (name, data) in [(b"a", &source), (b"b", &replaced)] {
+        let f = fs.create(dir, name, 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, data).unwrap();
+    }
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.rename(dir, b"a", dir, b"b", RenameFlags::default())
+        .unwrap();
+    fs.fsync(ino(&fs, "dir/b"), false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(14), |p, _, v| {
+        require_reachable(v, &[("dir/a", &source)])?;
+        if p.flushes_completed >= synced {
+            require_content(v, "/dir/b", &source)?;
+            if v.contains_key("/dir/a") {
+                return Err("dir/a is back".into());
+            }
+        }
+        Ok(())
+    });
+}
