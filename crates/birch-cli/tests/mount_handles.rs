@@ -187,8 +187,8 @@ fn evicted_directory_reconnects_by_handle() {
     fs::create_dir(fx.path("z")).unwrap();
     fs::rename(fx.path("a/b"), fx.path("z/y")).unwrap();
     drop_caches();
-    let dir = open_by_handle(&fx.mnt, &handle, libc::O_RDONLY | libc::O_DIRECTORY)
-        .unwrap_or_else(|e| {
+    let dir =
+        open_by_handle(&fx.mnt, &handle, libc::O_RDONLY | libc::O_DIRECTORY).unwrap_or_else(|e| {
             panic!(
                 "open_by_handle_at of a directory after drop_caches: {}",
                 std::io::Error::from_raw_os_error(e)
