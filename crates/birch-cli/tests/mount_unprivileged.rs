@@ -78,19 +78,20 @@ fn user_allow_other() -> bool {
         .is_ok_and(|c| c.lines().any(|l| l.trim() == "user_allow_other"))
 }
 
-/// The super options and mount flags of the mount at `path`.
+/// The super options and mount flags of the mount at `path` (the top one
+/// of a stack: the last line).
 fn mount_options(path: &Path) -> String {
     let want = path.to_str().unwrap();
     fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
-        .filter_map(|l| {
+        .rev()
+        .find_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             let dash = f.iter().position(|x| *x == "-")?;
             let superopts = f.get(dash + 3)?;
             (f.get(4) == Some(&want)).then(|| format!("{},{superopts}", f[5]))
         })
-        .last()
         .unwrap_or_default()
 }
 
