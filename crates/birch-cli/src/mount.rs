@@ -232,7 +232,17 @@ fn unmount_on_signal(mountpoint: PathBuf) {
         unsafe { libc::sigwait(&set, &mut sig) };
         let path = CString::new(mountpoint.as_os_str().as_bytes()).expect("mount point has no NUL");
         // SAFETY: a valid C string path.
-        if unsafe { libc::umount2(path.as_ptr(), 0) } != 0 {
+        if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+            return;
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) {
+            // An unprivileged mount: only the setuid fusermount3 may take
+            // it down (lazily, for the reason below).
+            let _ = std::process::Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&mountpoint)
+                .status();
+        } else {
             // Busy (a process sits in it): detach, so the session ends now
             // and the commit below still runs.
             // SAFETY: as above.
@@ -242,7 +252,7 @@ fn unmount_on_signal(mountpoint: PathBuf) {
 }
 
 pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
-    let settings = parse_options(args)?;
+    let mut settings = parse_options(args)?;
     if !args.mountpoint.is_dir() {
         return Err(Failure::new(format!(
             "{}: not a directory",
@@ -252,9 +262,7 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         // Said here, before detaching: a detached daemon's stderr goes nowhere.
-        eprintln!(
-            "birch: not root: a plain FUSE mount; sync(1) and syncfs(2) will not reach birch (use fsync or `birch sync MOUNTPOINT`)"
-        );
+        eprintln!("birch: {}", limit_to_caller(args, &mut settings)?);
     }
     if !args.foreground {
         return detach(args);
@@ -277,6 +285,47 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
         report(&mut ready_pipe, &f.message);
     }
     result
+}
+
+/// Leaves out of an unprivileged mount what fusermount3 grants only to
+/// root, so that a user can mount an image they own with no options, and
+/// says in one line what was left out and why. Fails only if the caller
+/// asked for `allow_other` explicitly and may not have it.
+fn limit_to_caller(args: &MountArgs, settings: &mut Settings) -> Result<String, Failure> {
+    // fusermount3 forces these on for users; asked for, they show in
+    // /proc/mounts as what they are, not as a silently dropped request.
+    settings.fuse.nosuid = true;
+    settings.fuse.nodev = true;
+    let mut note = "not root: a plain FUSE mount with nosuid,nodev (set-ID bits and device \
+                    nodes are honoured only on root's mounts)"
+        .to_string();
+    if !user_allow_other() {
+        let asked = args
+            .options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .any(|o| o == "allow_other");
+        if asked {
+            return Err(Failure::new(
+                "-o allow_other: only root may have it unless /etc/fuse.conf says user_allow_other",
+            ));
+        }
+        settings.fuse.allow_other = false;
+        note.push_str(
+            ", without allow_other (only you can enter it: /etc/fuse.conf has no user_allow_other)",
+        );
+    }
+    note.push_str(
+        "; sync(1) and syncfs(2) will not reach birch (use fsync or `birch sync MOUNTPOINT`)",
+    );
+    Ok(note)
+}
+
+/// Whether fusermount3 lets users ask for allow_other: a line
+/// `user_allow_other` in /etc/fuse.conf.
+fn user_allow_other() -> bool {
+    std::fs::read_to_string("/etc/fuse.conf")
+        .is_ok_and(|conf| conf.lines().any(|l| l.trim() == "user_allow_other"))
 }
 
 /// The device stack of a mount: the image, optionally logged, behind the

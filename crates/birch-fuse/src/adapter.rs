@@ -8,8 +8,11 @@
 //! kernel sending open/release at all (we answer open with ENOSYS: the
 //! kernel then stops asking and keeps its page cache across opens).
 
-use crate::attr::{from_request_time, to_engine_ino, to_fuse_attr, to_fuse_ino};
+use crate::attr::{
+    from_request_time, to_engine_ino, to_fuse_attr, to_fuse_generation, to_fuse_ino,
+};
 use birch::device::BlockDevice;
+use birch::format::ROOT_DIR_INO;
 use birch::fs::{
     Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr, SetTime, XattrSetMode,
 };
@@ -57,6 +60,11 @@ pub struct FuseOptions {
     /// Answer open with ENOSYS so the kernel stops sending open/release.
     pub no_open: bool,
     pub allow_other: bool,
+    /// nosuid / nodev: the kernel ignores set-ID bits / device nodes on
+    /// this mount. Off by default, as on root's mounts; fusermount3 forces
+    /// both on for everyone else, so an unprivileged mount asks for them.
+    pub nosuid: bool,
+    pub nodev: bool,
     pub read_only: bool,
     /// Shown as the mount's source in /proc/mounts.
     pub fsname: String,
@@ -80,6 +88,8 @@ impl Default for FuseOptions {
             writeback_cache: false,
             no_open: true,
             allow_other: true,
+            nosuid: false,
+            nodev: false,
             read_only: false,
             fsname: "birch".into(),
             block_device: None,
@@ -99,8 +109,16 @@ impl FuseOptions {
             // fusermount3 (unprivileged) takes "subtype=" the same way.
             MountOption::CUSTOM("subtype=birch".into()),
             MountOption::DefaultPermissions,
-            MountOption::Dev,
-            MountOption::Suid,
+            if self.nosuid {
+                MountOption::NoSuid
+            } else {
+                MountOption::Suid
+            },
+            if self.nodev {
+                MountOption::NoDev
+            } else {
+                MountOption::Dev
+            },
         ];
         options.push(if self.read_only {
             MountOption::RO
@@ -193,15 +211,37 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
     }
 
     /// Replies with an inode handed to the kernel, taking the hold that the
-    /// kernel's matching forget will drop.
+    /// kernel's matching forget will drop. The root is never forgotten
+    /// (`forget` ignores it), so it takes none: a ".." lookup can return it.
     fn reply_entry(&self, result: birch::Result<Attr>, reply: ReplyEntry) {
-        match result.and_then(|attr| self.fs.open_inode(attr.ino).map(|()| attr)) {
+        let held = result.and_then(|attr| {
+            if attr.ino != ROOT_DIR_INO {
+                self.fs.open_inode(attr.ino)?;
+            }
+            Ok(attr)
+        });
+        match held {
             Ok(attr) => reply.entry(
                 &self.options.entry_ttl,
                 &to_fuse_attr(&attr),
-                Generation(attr.generation),
+                to_fuse_generation(&attr),
             ),
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// The lookups only the kernel's export operations send (a path walk
+    /// resolves "." and ".." itself), with FUSE_EXPORT_SUPPORT: "." with
+    /// the node id of a file handle whose inode the kernel has forgotten
+    /// (`open_by_handle_at`, an NFS client's handle), for any file type;
+    /// ".." of a directory, to reconnect a directory handle to the tree.
+    /// The engine finds either by number whether or not the kernel still
+    /// holds it. `None` for every other name.
+    fn export_lookup(&self, ino: u64, name: &[u8]) -> Option<birch::Result<Attr>> {
+        match name {
+            b"." => Some(self.fs.getattr(ino)),
+            b".." => Some(self.fs.parent_of_dir(ino).and_then(|p| self.fs.getattr(p))),
+            _ => None,
         }
     }
 
@@ -299,7 +339,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+            | InitFlags::FUSE_NO_OPENDIR_SUPPORT
+            // Lets the kernel resolve a file handle whose inode it has
+            // dropped by asking us (LOOKUP of "." and ".."), so that
+            // open_by_handle_at and an NFS re-export keep working.
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         if self.options.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -315,7 +359,18 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(to_engine_ino(parent.0), name.as_bytes()) {
+        let parent = to_engine_ino(parent.0);
+        if let Some(result) = self.export_lookup(parent, name.as_bytes()) {
+            return match result {
+                // A number with no live inode behind it: the handle names
+                // a file that is gone (its number may come back, but with
+                // another generation, which the kernel then refuses).
+                Err(birch::Error::NotFound) => reply.error(Errno::ESTALE),
+                Ok(attr) if attr.nlink == 0 => reply.error(Errno::ESTALE),
+                other => self.reply_entry(other, reply),
+            };
+        }
+        match self.fs.lookup(parent, name.as_bytes()) {
             // A zero inode with a timeout is a cacheable "no such name".
             Err(birch::Error::NotFound) => {
                 reply.entry(&self.options.negative_ttl, &negative_entry(), Generation(0))
@@ -669,7 +724,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     OsStr::from_bytes(name),
                     &ttl,
                     &to_fuse_attr(attr),
-                    Generation(attr.generation),
+                    to_fuse_generation(attr),
                 );
                 // The kernel counts a lookup for each entry it accepted,
                 // except "." and "..".
@@ -813,7 +868,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             Ok(attr) => reply.created(
                 &self.options.entry_ttl,
                 &to_fuse_attr(&attr),
-                Generation(attr.generation),
+                to_fuse_generation(&attr),
                 FileHandle(0),
                 FopenFlags::FOPEN_KEEP_CACHE,
             ),

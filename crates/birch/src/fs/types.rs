@@ -114,6 +114,9 @@ pub enum XattrSetMode {
 pub struct MkfsOptions {
     /// Filesystem id; random when `None`.
     pub fsid: Option<[u8; 16]>,
+    /// Owner and group of the root directory (`birch mkfs` gives it to
+    /// whoever runs it, so a user can write into an image they made).
+    pub root_owner: (u32, u32),
 }
 
 #[derive(Debug, Clone)]

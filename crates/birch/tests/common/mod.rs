@@ -23,6 +23,7 @@ pub fn memory_fs(bytes: u64, fsid_byte: u8) -> Arc<MemoryDevice> {
         dev.as_ref(),
         &MkfsOptions {
             fsid: Some([fsid_byte; 16]),
+            ..Default::default()
         },
     )
     .unwrap();
