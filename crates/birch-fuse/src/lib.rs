@@ -31,6 +31,8 @@ pub fn serve<D: BlockDevice + 'static>(
     let fs = Arc::new(fs);
     let adapter = BirchFuse::new(fs.clone(), options.clone(), control);
     let session = fuser::Session::new(adapter, mountpoint, &options.session_config())?;
+    // On failure the session's drop unmounts again.
+    options.apply_mount_attributes(mountpoint)?;
     ready();
     session.run()?;
     Arc::try_unwrap(fs)
