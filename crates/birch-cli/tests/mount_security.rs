@@ -76,8 +76,7 @@ fn mount_flags(mnt: &Path) -> Vec<String> {
     let want = mnt.to_str().unwrap();
     let line = mounts
         .lines()
-        .filter(|l| l.split(' ').nth(1) == Some(want))
-        .last()
+        .rfind(|l| l.split(' ').nth(1) == Some(want))
         .unwrap_or_else(|| panic!("{want} not in /proc/self/mounts"));
     line.split(' ')
         .nth(3)
@@ -593,14 +592,13 @@ fn survivors(tag: &str, options: &str) -> (Option<Vec<u8>>, bool, bool, bool, bo
     fs::rename(fx.path("d/old"), fx.path("d/renamed")).unwrap();
     crash_and_remount(&mut fx, "commit=0");
     let data = fs::read(fx.path("d/file")).ok();
-    let result = (
+    (
         data,
         fx.path("d/new").exists(),
         fx.path("d/dir").is_dir(),
         fx.path("d/renamed").exists() && !fx.path("d/old").exists(),
         mode_of(&fx.path("d/file")) == 0o600,
-    );
-    result
+    )
 }
 
 #[test]
