@@ -368,7 +368,8 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         Ok(())
     }
 
-    /// [`settle`](Self::settle) for a new name of `attr` in `parent`.
+    /// [`settle`](Self::settle) after a change that gave `parent` a new
+    /// entry, for the inode it names.
     fn settle_entry(&self, parent: u64, result: birch::Result<Attr>) -> birch::Result<Attr> {
         let attr = result?;
         self.settle(&[parent], Some(attr.ino))?;
@@ -446,8 +447,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             ListingCookie::decode(offset)
         };
         let cookie = |position: u64| ListingCookie::encode(position, end);
-        let offset = position;
-        if offset < 1 {
+        if position < 1 {
             let attr = if plus {
                 Some(self.fs.getattr(dir)?)
             } else {
@@ -463,7 +463,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 return Ok(());
             }
         }
-        if offset < 2 {
+        if position < 2 {
             let parent = self.fs.parent_of_dir(dir)?;
             let attr = if plus {
                 Some(self.fs.getattr(parent)?)
@@ -480,7 +480,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 return Ok(());
             }
         }
-        let mut next = offset.max(2);
+        let mut next = position.max(2);
         loop {
             let batch = self.fs.readdir(dir, next, 128)?;
             if batch.is_empty() {
