@@ -165,8 +165,8 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             ("async", None) => s.fuse.sync = false,
             ("dirsync", None) => s.fuse.dirsync = true,
             // No effect here. lazytime: birch keeps atime updates in memory
-            // until the next commit or fsync anyway. silent/loud: kernel
-            // message verbosity, and birch's kernel side logs nothing. The
+            // until the next commit or fsync anyway. silent/loud: the
+            // kernel's messages at mount, which FUSE does not print. The
             // rest are for mount(8) and fstab, not the filesystem.
             (
                 "defaults"

@@ -43,12 +43,11 @@ impl FileDevice {
     /// caller can fall back to buffered I/O before the filesystem trusts
     /// the device.
     fn probe_direct_io(&self) -> io::Result<()> {
-        let len = DIRECT_IO_ALIGN.min(self.size_bytes as usize);
-        if len < DIRECT_IO_ALIGN {
+        if self.size_bytes < DIRECT_IO_ALIGN as u64 {
             // Too small for an aligned read; mounting fails on it anyway.
             return Ok(());
         }
-        let mut bounce = AlignedBuffer::new(len);
+        let mut bounce = AlignedBuffer::new(DIRECT_IO_ALIGN);
         self.file.read_exact_at(bounce.as_mut(), 0)
     }
 
