@@ -1217,3 +1217,29 @@ fn negative_entry() -> fuser::FileAttr {
         flags: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ListingCookie;
+
+    #[test]
+    fn listing_cookies_carry_position_and_end() {
+        for (position, end) in [
+            (0, 2),
+            (1, 2),
+            (2, 2),
+            (7, 9000),
+            (ListingCookie::MAX, ListingCookie::MAX),
+        ] {
+            let offset = ListingCookie::encode(position, Some(end));
+            // The kernel keeps offsets in a signed 64-bit file position.
+            assert!(i64::try_from(offset).is_ok());
+            assert_ne!(offset, 0, "0 starts a new listing");
+            assert_eq!(ListingCookie::decode(offset), (position, Some(end)));
+        }
+        // Unbounded listings (huge directories) use plain positions.
+        let huge = 1 << 40;
+        assert_eq!(ListingCookie::encode(huge, None), huge);
+        assert_eq!(ListingCookie::decode(huge), (huge, None));
+    }
+}
