@@ -11,7 +11,7 @@
 use crate::loopdev::{self, Backing, LoopDevice};
 use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
-use birch::fs::{Filesystem, MountOptions, ReplayOutcome};
+use birch::fs::{AtimeUpdates, Filesystem, MountOptions, ReplayOutcome};
 use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC};
 use clap::Args;
 use std::ffi::CString;
@@ -38,8 +38,8 @@ pub struct MountArgs {
     pub foreground: bool,
     /// Comma-separated options: ro, rw, threads=N, commit=SECONDS,
     /// entry_ttl=SECONDS, attr_ttl=SECONDS, writeback_cache, no_writeback_cache,
-    /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME; mount(8)'s generic
-    /// options (dev, suid, exec, noatime, ...) are accepted and ignored.
+    /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME; and mount(8)'s
+    /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Record every device write and flush, and a mark at each fsync and
@@ -136,34 +136,60 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             ("buffered", None) => s.direct_io = false,
             ("allow_other", None) => s.fuse.allow_other = true,
             ("fsname", Some(v)) => s.fuse.fsname = v.to_string(),
-            // Generic mount(8) options that the mount helper passes along.
+            // mount(8)'s generic options, in order: a later one overrides
+            // an earlier one, as in mount(8).
+            ("suid", None) => s.fuse.nosuid = false,
+            ("nosuid", None) => s.fuse.nosuid = true,
+            ("dev", None) => s.fuse.nodev = false,
+            ("nodev", None) => s.fuse.nodev = true,
+            ("exec", None) => s.fuse.noexec = false,
+            ("noexec", None) => s.fuse.noexec = true,
+            // fstab's "may be mounted by a user" options imply what a user
+            // mount gets (mount(8)); later options may undo it.
+            ("user" | "users", None) => {
+                s.fuse.nosuid = true;
+                s.fuse.nodev = true;
+                s.fuse.noexec = true;
+            }
+            ("owner" | "group", None) => {
+                s.fuse.nosuid = true;
+                s.fuse.nodev = true;
+            }
+            // As for mount(2): relatime unless noatime or strictatime.
+            ("atime" | "relatime" | "norelatime" | "nostrictatime", None) => {
+                s.fuse.atime = AtimeUpdates::Relative
+            }
+            ("noatime", None) => s.fuse.atime = AtimeUpdates::Never,
+            ("strictatime", None) => s.fuse.atime = AtimeUpdates::Always,
+            ("diratime", None) => s.fuse.nodiratime = false,
+            ("nodiratime", None) => s.fuse.nodiratime = true,
+            ("sync", None) => s.fuse.sync = true,
+            ("async", None) => s.fuse.sync = false,
+            ("dirsync", None) => s.fuse.dirsync = true,
+            // No effect here. lazytime: birch keeps atime updates in memory
+            // until the next commit or fsync anyway. silent/loud: the
+            // kernel's messages at mount, which FUSE does not print. The
+            // rest are for mount(8) and fstab, not the filesystem.
             (
-                "dev"
-                | "nodev"
-                | "suid"
-                | "nosuid"
-                | "exec"
-                | "noexec"
-                | "atime"
-                | "noatime"
-                | "relatime"
-                | "strictatime"
+                "defaults"
                 | "auto"
                 | "noauto"
-                | "user"
                 | "nouser"
-                | "users"
-                | "defaults"
                 | "_netdev"
                 | "nofail"
-                | "async"
+                | "lazytime"
+                | "nolazytime"
+                | "silent"
+                | "loud"
                 | "default_permissions",
                 None,
             ) => {}
+            ("comment", Some(_)) => {}
             (k, _) if k.starts_with("x-") => {}
             _ => return Err(Failure::new(format!("unknown mount option '{opt}'"))),
         }
     }
+    s.engine.atime = s.fuse.atime;
     Ok(s)
 }
 
@@ -358,11 +384,12 @@ fn open_device(image: &Path, settings: &Settings) -> Result<FileDevice, Failure>
         FileDevice::open_read_only(image)
     } else {
         match FileDevice::open(image, settings.direct_io) {
-            // The filesystem holding the image has no O_DIRECT (tmpfs):
-            // buffered I/O is as safe, only slower to fsync.
+            // The filesystem holding the image has no O_DIRECT: it refuses
+            // the open (tmpfs) or fails the first read (FileDevice::open
+            // probes one). Buffered I/O is as safe, only slower to fsync.
             Err(e) if settings.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
                 eprintln!(
-                    "birch: {}: O_DIRECT is not supported there; using buffered I/O",
+                    "birch: {}: O_DIRECT is not supported there ({e}); using buffered I/O",
                     image.display()
                 );
                 FileDevice::open(image, false)

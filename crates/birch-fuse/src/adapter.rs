@@ -14,7 +14,8 @@ use crate::attr::{
 use birch::device::BlockDevice;
 use birch::format::ROOT_DIR_INO;
 use birch::fs::{
-    Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr, SetTime, XattrSetMode,
+    AtimeUpdates, Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr, SetTime,
+    XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
@@ -60,11 +61,6 @@ pub struct FuseOptions {
     /// Answer open with ENOSYS so the kernel stops sending open/release.
     pub no_open: bool,
     pub allow_other: bool,
-    /// nosuid / nodev: the kernel ignores set-ID bits / device nodes on
-    /// this mount. Off by default, as on root's mounts; fusermount3 forces
-    /// both on for everyone else, so an unprivileged mount asks for them.
-    pub nosuid: bool,
-    pub nodev: bool,
     pub read_only: bool,
     /// Shown as the mount's source in /proc/mounts.
     pub fsname: String,
@@ -76,6 +72,23 @@ pub struct FuseOptions {
     pub max_write: u32,
     /// Background (readahead, writeback) requests the kernel may have queued.
     pub max_background: u16,
+    /// mount(8)'s per-mount flags, passed to the kernel. The defaults are
+    /// those of a mount by root from the command line: set-ID bits and
+    /// device nodes honoured, programs may run. fusermount3 forces nosuid
+    /// and nodev on for everyone else, so an unprivileged mount asks for
+    /// them.
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+    /// `noatime` / `relatime` / `strictatime` (the engine applies it too:
+    /// FUSE leaves atime updates to the server).
+    pub atime: AtimeUpdates,
+    /// `nodiratime`: listing a directory leaves its atime alone.
+    pub nodiratime: bool,
+    /// `sync`: every change is durable before it is answered.
+    pub sync: bool,
+    /// `dirsync`: every directory change is durable before it is answered.
+    pub dirsync: bool,
 }
 
 impl Default for FuseOptions {
@@ -88,13 +101,18 @@ impl Default for FuseOptions {
             writeback_cache: false,
             no_open: true,
             allow_other: true,
-            nosuid: false,
-            nodev: false,
             read_only: false,
             fsname: "birch".into(),
             block_device: None,
             max_write: 1 << 20,
             max_background: 128,
+            nosuid: false,
+            nodev: false,
+            noexec: false,
+            atime: AtimeUpdates::Relative,
+            nodiratime: false,
+            sync: false,
+            dirsync: false,
         }
     }
 }
@@ -109,6 +127,8 @@ impl FuseOptions {
             // fusermount3 (unprivileged) takes "subtype=" the same way.
             MountOption::CUSTOM("subtype=birch".into()),
             MountOption::DefaultPermissions,
+            // fuser's own default is nosuid,nodev; mount(8)'s, for root, is
+            // suid,dev,exec: each is stated either way.
             if self.nosuid {
                 MountOption::NoSuid
             } else {
@@ -119,12 +139,35 @@ impl FuseOptions {
             } else {
                 MountOption::Dev
             },
+            if self.noexec {
+                MountOption::NoExec
+            } else {
+                MountOption::Exec
+            },
+            if self.read_only {
+                MountOption::RO
+            } else {
+                MountOption::RW
+            },
         ];
-        options.push(if self.read_only {
-            MountOption::RO
-        } else {
-            MountOption::RW
-        });
+        // The kernel's own atime flags matter little here (see `atime`),
+        // but they show in /proc/mounts as the user asked. relatime is
+        // mount(2)'s default; strictatime and nodiratime, which fuser
+        // cannot pass, are set after the mount (`apply_mount_attributes`).
+        if self.atime == AtimeUpdates::Never {
+            options.push(MountOption::NoAtime);
+        }
+        // MS_SYNCHRONOUS makes the kernel send FSYNC after every write(2)
+        // (and write back its cache first with `writeback_cache`); birch
+        // makes the other changes durable itself (`settle`). MS_DIRSYNC
+        // has no effect in FUSE's kernel side: it is shown, birch does
+        // the work.
+        if self.sync {
+            options.push(MountOption::Sync);
+        }
+        if self.dirsync {
+            options.push(MountOption::DirSync);
+        }
         let mut config = Config::default();
         config.mount_options = options;
         config.acl = if self.allow_other {
@@ -135,6 +178,98 @@ impl FuseOptions {
         config.n_threads = Some(self.threads.max(1));
         config.clone_fd = true;
         config
+    }
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const MOUNT_ATTR_ATIME_MASK: u64 = 0x70;
+const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
+const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
+
+impl FuseOptions {
+    /// Sets the per-mount flags fuser's mount cannot pass (`strictatime`,
+    /// `nodiratime`) on the live mount at `mountpoint`, as mount(8) does.
+    pub(crate) fn apply_mount_attributes(&self, mountpoint: &Path) -> std::io::Result<()> {
+        let mut attr = MountAttr {
+            attr_set: 0,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        if self.atime == AtimeUpdates::Always {
+            attr.attr_clr |= MOUNT_ATTR_ATIME_MASK;
+            attr.attr_set |= MOUNT_ATTR_STRICTATIME;
+        }
+        if self.nodiratime {
+            attr.attr_set |= MOUNT_ATTR_NODIRATIME;
+        }
+        if attr.attr_set == 0 {
+            return Ok(());
+        }
+        let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a valid C string and a mount_attr of the size passed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                0,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+/// The offset of a directory entry as the kernel keeps it (telldir,
+/// seekdir, the next getdents): the entry's position, and where the
+/// listing it belongs to ends. Every rename gives the entry a new, higher
+/// dir index, so a listing that renames each name it reads away and back
+/// would otherwise never end; like btrfs, a listing stops at the first
+/// index that did not exist when it began (offset 0). With no opendir
+/// round trip (NO_OPENDIR_SUPPORT) the offset is the only state a listing
+/// has, so the end travels in it: bit 62 set, the end in bits 31..=61, the
+/// position in bits 0..=30 (positions never exceed the end). A directory
+/// whose indexes have passed 2^31 gets plain positions and unbounded
+/// listings, as before. Offsets stay valid across inserts and deletes:
+/// positions are dir indexes, which never move.
+struct ListingCookie;
+
+impl ListingCookie {
+    const BOUNDED: u64 = 1 << 62;
+    const SHIFT: u32 = 31;
+    const MAX: u64 = (1 << Self::SHIFT) - 1;
+
+    fn encode(position: u64, end: Option<u64>) -> u64 {
+        match end {
+            Some(end) => Self::BOUNDED | end << Self::SHIFT | position,
+            None => position,
+        }
+    }
+
+    /// (position, end)
+    fn decode(offset: u64) -> (u64, Option<u64>) {
+        if offset & Self::BOUNDED != 0 {
+            (
+                offset & Self::MAX,
+                Some((offset & !Self::BOUNDED) >> Self::SHIFT),
+            )
+        } else {
+            (offset, None)
+        }
     }
 }
 
@@ -168,16 +303,43 @@ fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
-/// Mode bits a write or truncate by an unprivileged user must clear:
-/// set-user-ID always, set-group-ID when group-executable (otherwise it
-/// marks mandatory locking, not privilege).
-fn killed_mode(perm: u16) -> Option<u32> {
-    let perm = u32::from(perm);
+/// The mode left when a change by `req`'s caller drops set-ID bits from a
+/// file with `attr`, by the kernel's rules (`setattr_should_drop_suidgid`,
+/// `setattr_should_drop_sgid`): set-user-ID always goes; set-group-ID goes
+/// when the file is group-executable, or when the caller is neither in the
+/// file's group nor privileged (without group-execute the bit would let the
+/// caller keep a group it does not have). `privileged` stands for
+/// CAP_FSETID, which FUSE does not pass: root's uid. None if nothing changes.
+fn dropped_mode(attr: &Attr, req: &Request, privileged: bool) -> Option<u32> {
+    let perm = u32::from(attr.perm);
     let mut kill = libc::S_ISUID;
-    if perm & libc::S_IXGRP != 0 {
+    if perm & libc::S_ISGID != 0
+        && (perm & libc::S_IXGRP != 0 || (!privileged && !in_group(req, attr.gid)))
+    {
         kill |= libc::S_ISGID;
     }
     (perm & kill != 0).then_some(perm & !kill)
+}
+
+/// Whether the caller of `req` is in group `gid`: its own group, or one of
+/// its supplementary groups (FUSE sends only the first; the rest are read
+/// from /proc). If they cannot be read the answer is no, which only ever
+/// drops a set-group-ID bit the kernel might have kept.
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|groups| {
+            groups
+                .split_whitespace()
+                .any(|g| g.parse::<u32>() == Ok(gid))
+        })
 }
 
 impl<D: BlockDevice + 'static> BirchFuse<D> {
@@ -198,6 +360,30 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             self.control.fsync_answered(ino);
         }
         Self::reply_empty(result, reply);
+    }
+
+    /// `sync` and `dirsync` mounts: makes a change durable before it is
+    /// answered, through fsync's log rather than a commit: the directories
+    /// whose entries changed (`dirsync`, and `sync` which implies it), and
+    /// the inode changed (`sync`).
+    fn settle(&self, dirs: &[u64], ino: Option<u64>) -> birch::Result<()> {
+        if let (true, Some(ino)) = (self.options.sync, ino) {
+            self.fs.fsync(ino, false)?;
+        }
+        if self.options.sync || self.options.dirsync {
+            for &dir in dirs {
+                self.fs.fsync(dir, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`settle`](Self::settle) after a change that gave `parent` a new
+    /// entry, for the inode it names.
+    fn settle_entry(&self, parent: u64, result: birch::Result<Attr>) -> birch::Result<Attr> {
+        let attr = result?;
+        self.settle(&[parent], Some(attr.ino))?;
+        Ok(attr)
     }
 
     /// The counters `birch stats` prints, as text.
@@ -277,30 +463,56 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         plus: bool,
     ) -> birch::Result<()> {
         let dir = to_engine_ino(ino.0);
-        // Offsets: "." is entry 0 -> next 1, ".." is 1 -> next 2, then each
-        // entry's next offset is its dir index + 1 (indexes start at 2).
-        if offset < 1 {
+        // Positions: "." is entry 0 -> next 1, ".." is 1 -> next 2, then
+        // each entry's next position is its dir index + 1 (indexes start at
+        // 2). The offsets handed out also carry where the listing ends
+        // (ListingCookie).
+        let (position, end) = if offset == 0 {
+            if !self.options.nodiratime {
+                self.fs.dir_accessed(dir)?;
+            }
+            (
+                0,
+                Some(self.fs.dir_index_end(dir)?).filter(|&e| e <= ListingCookie::MAX),
+            )
+        } else {
+            ListingCookie::decode(offset)
+        };
+        let cookie = |position: u64| ListingCookie::encode(position, end);
+        if position < 1 {
             let attr = if plus {
                 Some(self.fs.getattr(dir)?)
             } else {
                 None
             };
-            if add(dir, 1, fuser::FileType::Directory, b".", attr.as_ref()) {
+            if add(
+                dir,
+                cookie(1),
+                fuser::FileType::Directory,
+                b".",
+                attr.as_ref(),
+            ) {
                 return Ok(());
             }
         }
-        if offset < 2 {
+        if position < 2 {
             let parent = self.fs.parent_of_dir(dir)?;
             let attr = if plus {
                 Some(self.fs.getattr(parent)?)
             } else {
                 None
             };
-            if add(parent, 2, fuser::FileType::Directory, b"..", attr.as_ref()) {
+            if add(
+                parent,
+                cookie(2),
+                fuser::FileType::Directory,
+                b"..",
+                attr.as_ref(),
+            ) {
                 return Ok(());
             }
         }
-        let mut next = offset.max(2);
+        let mut next = position.max(2);
         loop {
             let batch = self.fs.readdir(dir, next, 128)?;
             if batch.is_empty() {
@@ -308,6 +520,10 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             }
             for e in batch {
                 next = e.next_offset;
+                if end.is_some_and(|end| e.next_offset > end) {
+                    // Added (or renamed in) since the listing began.
+                    return Ok(());
+                }
                 let kind = crate::attr::to_fuse_type(e.file_type);
                 if plus {
                     // The entry may vanish between listing and stat (a
@@ -317,10 +533,10 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                         Err(birch::Error::NotFound) => continue,
                         Err(err) => return Err(err),
                     };
-                    if add(e.ino, e.next_offset, kind, &e.name, Some(&attr)) {
+                    if add(e.ino, cookie(e.next_offset), kind, &e.name, Some(&attr)) {
                         return Ok(());
                     }
-                } else if add(e.ino, e.next_offset, kind, &e.name, None) {
+                } else if add(e.ino, cookie(e.next_offset), kind, &e.name, None) {
                     return Ok(());
                 }
             }
@@ -422,17 +638,37 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 ctime: ctime.map(from_request_time),
             };
             // With HANDLE_KILLPRIV_V2 the kernel leaves clearing set-ID bits
-            // to us: chown of a non-directory always clears them, truncate
-            // by an unprivileged caller does.
-            if changes.mode.is_none()
-                && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0))
-            {
+            // to us (docs/FUSE.md). It asks in three shapes: a chown of a
+            // non-directory; a truncate by a caller without CAP_FSETID
+            // (flagged FATTR_KILL_SUIDGID, which fuser does not pass: a
+            // non-root caller stands for it); and a SETATTR that changes
+            // nothing, which is the kernel's file_remove_privs() (before a
+            // write, a fallocate, a write into the writeback cache) or a
+            // chown(-1, -1), both of which drop the bits. Clearing them in
+            // that SETATTR also hands the kernel the new mode in the reply,
+            // so its cached attributes never keep a stale set-user-ID bit.
+            let nothing = mode.is_none()
+                && uid.is_none()
+                && gid.is_none()
+                && size.is_none()
+                && atime.is_none()
+                && mtime.is_none()
+                && ctime.is_none();
+            let chown = uid.is_some() || gid.is_some() || nothing;
+            if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
                 let current = self.fs.getattr(ino)?;
-                if current.file_type != birch::format::FileType::Directory {
-                    changes.mode = killed_mode(current.perm);
+                let applies = match current.file_type {
+                    birch::format::FileType::Regular => true,
+                    birch::format::FileType::Directory => false,
+                    _ => !nothing,
+                };
+                if applies {
+                    changes.mode = dropped_mode(&current, req, chown && req.uid() == 0);
                 }
             }
-            self.fs.setattr(ino, &changes)
+            let attr = self.fs.setattr(ino, &changes)?;
+            self.settle(&[], Some(ino))?;
+            Ok(attr)
         })();
         match result {
             Ok(a) => reply.attr(&self.options.attr_ttl, &to_fuse_attr(&a)),
@@ -464,7 +700,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 self.fs
                     .mknod(parent, name.as_bytes(), mode, uid, gid, u64::from(rdev))
             });
-        self.reply_entry(result, reply);
+        self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
     fn mkdir(
@@ -480,19 +716,25 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let result = self
             .new_owner(req, parent, libc::S_IFDIR | mode)
             .and_then(|(uid, gid, mode)| self.fs.mkdir(parent, name.as_bytes(), mode, uid, gid));
-        self.reply_entry(result, reply);
+        self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let parent = to_engine_ino(parent.0);
         Self::reply_empty(
-            self.fs.unlink(to_engine_ino(parent.0), name.as_bytes()),
+            self.fs
+                .unlink(parent, name.as_bytes())
+                .and_then(|()| self.settle(&[parent], None)),
             reply,
         );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let parent = to_engine_ino(parent.0);
         Self::reply_empty(
-            self.fs.rmdir(to_engine_ino(parent.0), name.as_bytes()),
+            self.fs
+                .rmdir(parent, name.as_bytes())
+                .and_then(|()| self.settle(&[parent], None)),
             reply,
         );
     }
@@ -517,7 +759,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     gid,
                 )
             });
-        self.reply_entry(result, reply);
+        self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
     fn rename(
@@ -539,14 +781,22 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
+        let (parent, newparent) = (to_engine_ino(parent.0), to_engine_ino(newparent.0));
+        let dirs: &[u64] = if parent == newparent {
+            &[parent]
+        } else {
+            &[parent, newparent]
+        };
         Self::reply_empty(
-            self.fs.rename(
-                to_engine_ino(parent.0),
-                name.as_bytes(),
-                to_engine_ino(newparent.0),
-                newname.as_bytes(),
-                flags,
-            ),
+            self.fs
+                .rename(
+                    parent,
+                    name.as_bytes(),
+                    newparent,
+                    newname.as_bytes(),
+                    flags,
+                )
+                .and_then(|()| self.settle(dirs, None)),
             reply,
         );
     }
@@ -559,14 +809,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.reply_entry(
-            self.fs.link(
-                to_engine_ino(ino.0),
-                to_engine_ino(newparent.0),
-                newname.as_bytes(),
-            ),
-            reply,
-        );
+        let newparent = to_engine_ino(newparent.0);
+        let result = self
+            .fs
+            .link(to_engine_ino(ino.0), newparent, newname.as_bytes());
+        self.reply_entry(self.settle_entry(newparent, result), reply);
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -611,8 +858,12 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         let ino = to_engine_ino(ino.0);
         let result = (|| {
-            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) && req.uid() != 0 {
-                if let Some(mode) = killed_mode(self.fs.getattr(ino)?.perm) {
+            // The kernel sets KILL_SUIDGID for a caller without CAP_FSETID.
+            // It has normally dropped the bits already (the empty SETATTR
+            // of file_remove_privs, see setattr); this covers a write that
+            // reaches birch without one.
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+                if let Some(mode) = dropped_mode(&self.fs.getattr(ino)?, req, false) {
                     self.fs.setattr(
                         ino,
                         &SetAttr {
@@ -795,9 +1046,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             libc::XATTR_REPLACE => XattrSetMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
+        let ino = to_engine_ino(ino.0);
         Self::reply_empty(
             self.fs
-                .setxattr(to_engine_ino(ino.0), name.as_bytes(), value, mode),
+                .setxattr(ino, name.as_bytes(), value, mode)
+                .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );
     }
@@ -838,8 +1091,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         if let Err(e) = supported_xattr_namespace(name) {
             return reply.error(e);
         }
+        let ino = to_engine_ino(ino.0);
         Self::reply_empty(
-            self.fs.removexattr(to_engine_ino(ino.0), name.as_bytes()),
+            self.fs
+                .removexattr(ino, name.as_bytes())
+                .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );
     }
@@ -862,7 +1118,10 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let parent = to_engine_ino(parent.0);
         let result = self
             .new_owner(req, parent, mode)
-            .and_then(|(uid, gid, mode)| self.fs.mknod(parent, name.as_bytes(), mode, uid, gid, 0))
+            .and_then(|(uid, gid, mode)| {
+                let created = self.fs.mknod(parent, name.as_bytes(), mode, uid, gid, 0);
+                self.settle_entry(parent, created)
+            })
             .and_then(|attr| self.fs.open_inode(attr.ino).map(|()| attr));
         match result {
             Ok(attr) => reply.created(
@@ -927,9 +1186,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             }
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
+        let ino = to_engine_ino(ino.0);
         Self::reply_empty(
             self.fs
-                .fallocate(to_engine_ino(ino.0), offset, length, mode),
+                .fallocate(ino, offset, length, mode)
+                .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );
     }
@@ -1008,5 +1269,31 @@ fn negative_entry() -> fuser::FileAttr {
         rdev: 0,
         blksize: 4096,
         flags: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ListingCookie;
+
+    #[test]
+    fn listing_cookies_carry_position_and_end() {
+        for (position, end) in [
+            (0, 2),
+            (1, 2),
+            (2, 2),
+            (7, 9000),
+            (ListingCookie::MAX, ListingCookie::MAX),
+        ] {
+            let offset = ListingCookie::encode(position, Some(end));
+            // The kernel keeps offsets in a signed 64-bit file position.
+            assert!(i64::try_from(offset).is_ok());
+            assert_ne!(offset, 0, "0 starts a new listing");
+            assert_eq!(ListingCookie::decode(offset), (position, Some(end)));
+        }
+        // Unbounded listings (huge directories) use plain positions.
+        let huge = 1 << 40;
+        assert_eq!(ListingCookie::encode(huge, None), huge);
+        assert_eq!(ListingCookie::decode(huge), (huge, None));
     }
 }

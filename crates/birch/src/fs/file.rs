@@ -222,17 +222,25 @@ impl<D: BlockDevice> FsState<D> {
         Ok(buf[(offset - aligned_start) as usize..(end - aligned_start) as usize].to_vec())
     }
 
-    /// relatime: update atime only if it is older than mtime/ctime or a day.
-    fn touch_atime(&mut self, ino: u64) -> Result<()> {
+    /// An access to `ino` (a read, a directory listing): updates its atime
+    /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says.
+    pub(crate) fn touch_atime(&mut self, ino: u64) -> Result<()> {
         if self.failed.is_some() || self.options.read_only {
             return Ok(());
         }
         let now = Timespec::now();
+        let policy = self.options.atime;
         let item = &self.inode(ino)?.item;
-        if item.atime <= item.mtime
-            || item.atime <= item.ctime
-            || now.sec - item.atime.sec >= 24 * 3600
-        {
+        let update = match policy {
+            super::AtimeUpdates::Never => false,
+            super::AtimeUpdates::Always => true,
+            super::AtimeUpdates::Relative => {
+                item.atime <= item.mtime
+                    || item.atime <= item.ctime
+                    || now.sec - item.atime.sec >= 24 * 3600
+            }
+        };
+        if update {
             self.update_inode(ino, |i| i.atime = now)?;
         }
         Ok(())

@@ -642,6 +642,23 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| s.readdir(ino, offset, limit))
     }
 
+    /// The dir index the next name added to `ino` will get: a listing that
+    /// stops before it ends even while names are renamed in and out behind
+    /// it (each gets a new, higher index), as btrfs ends a listing at the
+    /// last index that existed when it began.
+    pub fn dir_index_end(&self, ino: u64) -> Result<u64> {
+        self.read(|s| {
+            s.require_dir(ino)?;
+            s.peek_dir_index(ino)
+        })
+    }
+
+    /// A listing of directory `ino` began: updates its atime as the
+    /// mount's [`AtimeUpdates`] says.
+    pub fn dir_accessed(&self, ino: u64) -> Result<()> {
+        self.read(|s| s.touch_atime(ino))
+    }
+
     /// The parent of a directory (the root's parent is itself).
     pub fn parent_of_dir(&self, ino: u64) -> Result<u64> {
         self.read(|s| s.dir_parent(ino))

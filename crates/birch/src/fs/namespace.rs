@@ -45,7 +45,7 @@ fn validate_new_name(name: &[u8]) -> Result<()> {
 }
 
 impl<D: BlockDevice> FsState<D> {
-    fn require_dir(&mut self, ino: u64) -> Result<()> {
+    pub(crate) fn require_dir(&mut self, ino: u64) -> Result<()> {
         if self.inode(ino)?.item.file_type() != FileType::Directory {
             return Err(Error::NotDir);
         }
@@ -101,8 +101,14 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
+        let next = self.peek_dir_index(dir)?;
+        self.inode(dir)?.next_index = Some(next + 1);
+        Ok(next)
+    }
+
+    /// The index [`next_dir_index`](Self::next_dir_index) will hand out next.
+    pub(crate) fn peek_dir_index(&mut self, dir: u64) -> Result<u64> {
         if let Some(next) = self.inode(dir)?.next_index {
-            self.inode(dir)?.next_index = Some(next + 1);
             return Ok(next);
         }
         let last = self.forest.last_at_or_before(
@@ -122,7 +128,7 @@ impl<D: BlockDevice> FsState<D> {
         {
             next = next.max(pending + 1);
         }
-        self.inode(dir)?.next_index = Some(next + 1);
+        self.inode(dir)?.next_index = Some(next);
         Ok(next)
     }
 

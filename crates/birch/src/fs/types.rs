@@ -141,6 +141,24 @@ pub struct MountOptions {
     pub background_flusher: bool,
     /// Refuse every change (EROFS) and never write to the device.
     pub read_only: bool,
+    /// When a read (or a directory listing) updates the access time. FUSE
+    /// leaves atime to the server: reads the kernel serves from its page
+    /// cache never reach birch, and the kernel's own `noatime`/`relatime`
+    /// flags are not sent with a read, so the mount passes its choice here.
+    pub atime: AtimeUpdates,
+}
+
+/// mount(8)'s access-time options, as the kernel defines them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AtimeUpdates {
+    /// `noatime`: never.
+    Never,
+    /// `relatime`: when the atime is not newer than mtime or ctime, or is a
+    /// day old.
+    #[default]
+    Relative,
+    /// `strictatime`: at every access.
+    Always,
 }
 
 impl Default for MountOptions {
@@ -152,6 +170,7 @@ impl Default for MountOptions {
             delayed_items_limit: 16 * 1024,
             background_flusher: true,
             read_only: false,
+            atime: AtimeUpdates::Relative,
         }
     }
 }
