@@ -980,16 +980,21 @@ fn an_image_whose_filesystem_fails_o_direct_reads_is_served_buffered() {
         .expect_err("O_DIRECT read must fail here");
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     drop(direct);
+    // birch's own open of such an image (an unprivileged mount, or any
+    // mount without a loop device) finds out at open, where the mount
+    // falls back to buffered I/O with a message; buffered opens work.
+    let probed = birch::device::FileDevice::open(&image, true)
+        .err()
+        .and_then(|e| e.raw_os_error());
+    assert_eq!(probed, Some(libc::EINVAL), "the O_DIRECT probe read");
+    birch::device::FileDevice::open(&image, false).expect("buffered open");
 
+    // As root the image is served through a loop device, whose direct I/O
+    // on the image works here; either way the image mounts and serves.
     let mut fx = Fixture::new("sec-nodio", "64M");
     fx.image = image;
     fx.mount();
     fs::write(fx.path("f"), b"served buffered").unwrap();
-    let log = fs::read_to_string(fx.scratch.path("daemon-1.log")).unwrap();
-    assert!(
-        log.contains("O_DIRECT is not supported there"),
-        "no fallback message in the daemon's log:\n{log}"
-    );
     fx.remount();
     assert_eq!(fs::read(fx.path("f")).unwrap(), b"served buffered");
     fx.unmount();
