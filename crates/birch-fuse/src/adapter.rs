@@ -17,7 +17,7 @@ use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
     InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -34,6 +34,11 @@ pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
 /// `_IOR('b', 2, [u8; 4096])`: the filesystem's counters as text
 /// (`birch stats MOUNTPOINT`).
 pub const BIRCH_IOC_STATS: u32 = 2 << 30 | 4096 << 16 | (b'b' as u32) << 8 | 2;
+/// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (`_IOR/_IOW('f', 1/2, long)`):
+/// chattr and lsattr. The kernel sends them from its fileattr code with a
+/// 4-byte argument whatever the `long` in the number says.
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 
 /// How the mount talks to the kernel. docs/FUSE.md gives the reason and the
 /// measured effect of each default.
@@ -381,6 +386,21 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         })();
         match result {
             Ok(a) => reply.attr(&self.options.attr_ttl, &to_fuse_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// statx(2) wanting btime: the inode's creation time (`otime`).
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        match self.fs.getattr(to_engine_ino(ino.0)) {
+            Ok(a) => reply.statx(&self.options.attr_ttl, &to_fuse_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -821,18 +841,62 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         }
     }
 
+    /// `open(O_TMPFILE)`: the engine's tmpfile holds the inode once, the
+    /// hold the kernel's lookup count (and its forget) stands for.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let parent = to_engine_ino(parent.0);
+        let result = self
+            .new_owner(req, parent, mode)
+            .and_then(|(uid, gid, mode)| self.fs.tmpfile(parent, mode, uid, gid));
+        match result {
+            Ok(attr) => reply.created(
+                &self.options.entry_ttl,
+                &to_fuse_attr(&attr),
+                Generation(attr.generation),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
+        in_data: &[u8],
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let ino = to_engine_ino(ino.0);
         match cmd {
+            FS_IOC_GETFLAGS => match self.fs.get_flags(ino) {
+                Ok(flags) => reply.ioctl(0, &flags.to_ne_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            },
+            // Who may change which flag (CAP_LINUX_IMMUTABLE for these
+            // two) the kernel checks before it sends this.
+            FS_IOC_SETFLAGS => match in_data.get(..4) {
+                Some(bytes) => {
+                    let flags = u32::from_ne_bytes(bytes.try_into().expect("four bytes"));
+                    match self.fs.set_flags(ino, flags) {
+                        Ok(()) => reply.ioctl(0, &[]),
+                        Err(e) => reply.error(errno(&e)),
+                    }
+                }
+                None => reply.error(Errno::EINVAL),
+            },
             BIRCH_IOC_SYNC => match self.fs.sync() {
                 Ok(()) => reply.ioctl(0, &[]),
                 Err(e) => reply.error(errno(&e)),
@@ -870,6 +934,14 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
                 FallocateMode::PunchHole
             }
+            libc::FALLOC_FL_ZERO_RANGE => FallocateMode::ZeroRange,
+            m if m == libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE => {
+                FallocateMode::ZeroRangeKeepSize
+            }
+            // The kernel's FUSE fallocate refuses these two itself
+            // (EOPNOTSUPP) today; served here for when it passes them on.
+            libc::FALLOC_FL_COLLAPSE_RANGE => FallocateMode::CollapseRange,
+            libc::FALLOC_FL_INSERT_RANGE => FallocateMode::InsertRange,
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
         Self::reply_empty(
@@ -902,21 +974,33 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         }
     }
 
+    /// A reflink where the offsets allow it (the engine's
+    /// `copy_file_range`). The reply counts bytes in 32 bits: a longer
+    /// copy is cut at a block boundary and the caller asks for the rest.
     fn copy_file_range(
         &self,
         _req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
+        offset_in: u64,
+        ino_out: INodeNo,
         _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
+        offset_out: u64,
+        len: u64,
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        // The kernel falls back to read + write.
-        reply.error(Errno::ENOSYS);
+        const MAX_REPLY: u64 = u32::MAX as u64 / 4096 * 4096;
+        match self.fs.copy_file_range(
+            to_engine_ino(ino_in.0),
+            offset_in,
+            to_engine_ino(ino_out.0),
+            offset_out,
+            len.min(MAX_REPLY),
+        ) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 }
 
