@@ -11,13 +11,15 @@
 use crate::attr::{from_request_time, to_engine_ino, to_fuse_attr, to_fuse_ino};
 use birch::device::BlockDevice;
 use birch::fs::{
-    Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr, SetTime, XattrSetMode,
+    inode_flags, Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr, SetTime,
+    XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
     InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow,
+    WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -39,6 +41,14 @@ pub const BIRCH_IOC_STATS: u32 = 2 << 30 | 4096 << 16 | (b'b' as u32) << 8 | 2;
 /// 4-byte argument whatever the `long` in the number says.
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// `FS_IOC_FSGETXATTR` / `FS_IOC_FSSETXATTR` (`struct fsxattr`, 28 bytes):
+/// the kernel reads the old flags this way before every FS_IOC_SETFLAGS,
+/// and xfs_io uses them.
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `fsx_xflags` bits of the two flags birch honours.
+const FS_XFLAG_IMMUTABLE: u32 = 0x8;
+const FS_XFLAG_APPEND: u32 = 0x10;
 
 /// How the mount talks to the kernel. docs/FUSE.md gives the reason and the
 /// measured effect of each default.
@@ -887,6 +897,49 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             },
             // Who may change which flag (CAP_LINUX_IMMUTABLE for these
             // two) the kernel checks before it sends this.
+            FS_IOC_FSGETXATTR => match self.fs.get_flags(ino) {
+                Ok(flags) => {
+                    let mut xflags = 0;
+                    if flags & inode_flags::IMMUTABLE != 0 {
+                        xflags |= FS_XFLAG_IMMUTABLE;
+                    }
+                    if flags & inode_flags::APPEND != 0 {
+                        xflags |= FS_XFLAG_APPEND;
+                    }
+                    let mut fsxattr = [0u8; 28];
+                    fsxattr[..4].copy_from_slice(&xflags.to_ne_bytes());
+                    reply.ioctl(0, &fsxattr);
+                }
+                Err(e) => reply.error(errno(&e)),
+            },
+            FS_IOC_FSSETXATTR => {
+                let word = |i: usize| {
+                    in_data
+                        .get(i * 4..i * 4 + 4)
+                        .map(|b| u32::from_ne_bytes(b.try_into().expect("four bytes")))
+                };
+                // xflags, extsize, nextents, projid, cowextsize: only the
+                // two flags may be set, nothing else birch has.
+                match (word(0), word(1), word(3), word(4)) {
+                    (Some(xflags), Some(0), Some(0), Some(0))
+                        if xflags & !(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND) == 0 =>
+                    {
+                        let mut flags = 0;
+                        if xflags & FS_XFLAG_IMMUTABLE != 0 {
+                            flags |= inode_flags::IMMUTABLE;
+                        }
+                        if xflags & FS_XFLAG_APPEND != 0 {
+                            flags |= inode_flags::APPEND;
+                        }
+                        match self.fs.set_flags(ino, flags) {
+                            Ok(()) => reply.ioctl(0, &[]),
+                            Err(e) => reply.error(errno(&e)),
+                        }
+                    }
+                    (Some(_), Some(_), Some(_), Some(_)) => reply.error(Errno::EOPNOTSUPP),
+                    _ => reply.error(Errno::EINVAL),
+                }
+            }
             FS_IOC_SETFLAGS => match in_data.get(..4) {
                 Some(bytes) => {
                     let flags = u32::from_ne_bytes(bytes.try_into().expect("four bytes"));

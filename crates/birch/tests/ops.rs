@@ -37,7 +37,11 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn expect_file(v: &View, path: &str, want: &[u8]) -> Result<(), String> {
     match v.get(path) {
         Some(got) if got == want => Ok(()),
-        Some(got) => Err(format!("{path}: {} bytes, not the expected {}", got.len(), want.len())),
+        Some(got) => Err(format!(
+            "{path}: {} bytes, not the expected {}",
+            got.len(),
+            want.len()
+        )),
         None => Err(format!("{path} missing")),
     }
 }
@@ -76,20 +80,15 @@ fn tmpfile_without_name_is_gone_after_crash() {
     fs.sync().unwrap();
     let committed = rec.flush_count();
     std::mem::forget(fs);
-    common::for_every_crash_mount_after(
-        &rec,
-        committed,
-        &Enumeration::sampled(7),
-        |_, fs, v| {
-            if !v.is_empty() {
-                return Err(format!("unexpected names {v:?}"));
-            }
-            match fs.getattr(t.ino) {
-                Err(Error::NotFound) => Ok(()),
-                other => Err(format!("tmpfile inode still there: {other:?}")),
-            }
-        },
-    );
+    common::for_every_crash_mount_after(&rec, committed, &Enumeration::sampled(7), |_, fs, v| {
+        if !v.is_empty() {
+            return Err(format!("unexpected names {v:?}"));
+        }
+        match fs.getattr(t.ino) {
+            Err(Error::NotFound) => Ok(()),
+            other => Err(format!("tmpfile inode still there: {other:?}")),
+        }
+    });
 }
 
 /// A committed file of five pages, then `op`, then fsync: every crash
@@ -102,7 +101,11 @@ fn fallocate_case(op: impl Fn(&Filesystem<Arc<RecordingDevice>>, u64), want: &[u
     fs.sync().unwrap();
     let committed = rec.flush_count();
     op(&fs, f);
-    assert_eq!(fs.read_file(f, 0, 1 << 20).unwrap(), want, "before the crash");
+    assert_eq!(
+        fs.read_file(f, 0, 1 << 20).unwrap(),
+        want,
+        "before the crash"
+    );
     fs.fsync(f, false).unwrap();
     let synced = rec.flush_count();
     std::mem::forget(fs);
@@ -136,8 +139,13 @@ fn punch_hole_then_fsync() {
     want[PAGE - 10..3 * PAGE + 10].fill(0);
     fallocate_case(
         |fs, f| {
-            fs.fallocate(f, PAGE as u64 - 10, 2 * PAGE as u64 + 20, FallocateMode::PunchHole)
-                .unwrap()
+            fs.fallocate(
+                f,
+                PAGE as u64 - 10,
+                2 * PAGE as u64 + 20,
+                FallocateMode::PunchHole,
+            )
+            .unwrap()
         },
         &want,
     );
@@ -152,8 +160,13 @@ fn collapse_range_then_fsync() {
             // A dirty page after the range must move with it.
             fs.write_file(f, 4 * PAGE as u64, &old[4 * PAGE..4 * PAGE + 10])
                 .unwrap();
-            fs.fallocate(f, PAGE as u64, 2 * PAGE as u64, FallocateMode::CollapseRange)
-                .unwrap()
+            fs.fallocate(
+                f,
+                PAGE as u64,
+                2 * PAGE as u64,
+                FallocateMode::CollapseRange,
+            )
+            .unwrap()
         },
         &want,
     );
@@ -186,7 +199,10 @@ fn collapse_and_insert_refuse_what_ext4_refuses() {
         (4 * p, p, FallocateMode::InsertRange), // at EOF
     ] {
         assert!(
-            matches!(fs.fallocate(f, offset, len, mode), Err(Error::InvalidArgument(_))),
+            matches!(
+                fs.fallocate(f, offset, len, mode),
+                Err(Error::InvalidArgument(_))
+            ),
             "{mode:?} {offset}+{len}"
         );
     }
@@ -207,7 +223,10 @@ fn copy_file_range_then_fsync() {
     let cdata = pattern(3 * PAGE, 6);
     fs.write_file(c, 0, &cdata).unwrap();
     let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
-    assert_eq!(fs.copy_file_range(a, 0, b, 0, 1 << 30).unwrap(), data.len() as u64);
+    assert_eq!(
+        fs.copy_file_range(a, 0, b, 0, 1 << 30).unwrap(),
+        data.len() as u64
+    );
     assert_eq!(
         fs.copy_file_range(c, 0, b, data.len() as u64 + 10, cdata.len() as u64)
             .unwrap(),
@@ -228,10 +247,17 @@ fn copy_file_range_then_fsync() {
             expect_file(v, "/b", &want)?;
             expect_file(v, "/a", &data)?;
             // Copy on write: b's new data leaves a as it was.
-            let b = fs.lookup(fs.root_ino(), b"b").map_err(|e| e.to_string())?.ino;
-            fs.write_file(b, 10, &[0xee; 2 * PAGE]).map_err(|e| e.to_string())?;
+            let b = fs
+                .lookup(fs.root_ino(), b"b")
+                .map_err(|e| e.to_string())?
+                .ino;
+            fs.write_file(b, 10, &[0xee; 2 * PAGE])
+                .map_err(|e| e.to_string())?;
             fs.sync().map_err(|e| e.to_string())?;
-            let a = fs.lookup(fs.root_ino(), b"a").map_err(|e| e.to_string())?.ino;
+            let a = fs
+                .lookup(fs.root_ino(), b"a")
+                .map_err(|e| e.to_string())?
+                .ino;
             if fs.read_file(a, 0, 1 << 20).map_err(|e| e.to_string())? != data {
                 return Err("writing b changed a".into());
             }
@@ -251,7 +277,11 @@ fn copy_file_range_shares_extents_and_copies_edges() {
     let used = fs.statfs().unwrap().blocks_free;
     let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
     // Same place within a page: shared; the ragged ends are copied.
-    assert_eq!(fs.copy_file_range(a, 100, b, 100, 60 * PAGE as u64).unwrap(), 60 * PAGE as u64);
+    assert_eq!(
+        fs.copy_file_range(a, 100, b, 100, 60 * PAGE as u64)
+            .unwrap(),
+        60 * PAGE as u64
+    );
     fs.sync().unwrap();
     let shared_cost = used - fs.statfs().unwrap().blocks_free;
     assert!(
@@ -263,7 +293,10 @@ fn copy_file_range_shares_extents_and_copies_edges() {
     assert_eq!(fs.read_file(b, 0, 1 << 20).unwrap(), want);
     // Different places within a page: bytes are copied.
     let c = fs.create(fs.root_ino(), b"c", 0o644, 0, 0).unwrap().ino;
-    assert_eq!(fs.copy_file_range(a, 5, c, 0, 3 * PAGE as u64).unwrap(), 3 * PAGE as u64);
+    assert_eq!(
+        fs.copy_file_range(a, 5, c, 0, 3 * PAGE as u64).unwrap(),
+        3 * PAGE as u64
+    );
     assert_eq!(fs.read_file(c, 0, 1 << 20).unwrap(), &data[5..5 + 3 * PAGE]);
     // Overlapping ranges of one file are refused, as the kernel does.
     assert!(matches!(
@@ -296,7 +329,10 @@ fn inode_flags_then_fsync() {
         synced,
         &Enumeration::sampled(synced as u64),
         |_, fs, _| {
-            let f = fs.lookup(fs.root_ino(), b"f").map_err(|e| e.to_string())?.ino;
+            let f = fs
+                .lookup(fs.root_ino(), b"f")
+                .map_err(|e| e.to_string())?
+                .ino;
             match fs.get_flags(f) {
                 Ok(inode_flags::IMMUTABLE) => Ok(()),
                 other => Err(format!("flags {other:?}")),

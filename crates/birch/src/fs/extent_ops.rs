@@ -211,7 +211,9 @@ impl<D: BlockDevice> FsState<D> {
             self.check_write(dst, dst_offset, len)?;
         }
         if src == dst && src_offset < dst_offset + len && dst_offset < src_offset + len {
-            return Err(Error::InvalidArgument("copy_file_range within overlapping ranges"));
+            return Err(Error::InvalidArgument(
+                "copy_file_range within overlapping ranges",
+            ));
         }
         Ok(len)
     }

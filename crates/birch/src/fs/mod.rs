@@ -5,12 +5,12 @@
 //! transaction under that lock and then writes it without holding it, so
 //! requests keep running while a commit's I/O is in flight.
 
+mod attr_flags;
 mod commit;
 mod delayed;
 mod extent_ops;
 mod file;
 mod inode;
-mod attr_flags;
 mod mount;
 mod namespace;
 mod replay;
