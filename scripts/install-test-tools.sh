@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the external tools the FUSE test suites run over a birch mount
 # (crates/birch-cli/tests/mount_tools.rs; docs/FUSE-TESTING.md):
-#   Debian: dbench, fio, fuse3, attr, acl, xfsprogs, and libacl1-dev (the
+#   Debian: dbench, fio, fuse3, attr, acl, xfsprogs, e2fsprogs (chattr), and libacl1-dev (the
 #           headers pjdfstest builds against)
 #   crates.io: pjdfstest (the Rust port of pjd's POSIX suite) and fsx (the
 #           Rust port of the File System eXerciser), pinned versions
@@ -16,7 +16,7 @@ FSX_VERSION=0.3.2
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 need_apt=()
-for pair in dbench:dbench fio:fio fusermount3:fuse3 getfattr:attr setfacl:acl mkfs.xfs:xfsprogs; do
+for pair in dbench:dbench fio:fio fusermount3:fuse3 getfattr:attr setfacl:acl mkfs.xfs:xfsprogs chattr:e2fsprogs; do
     command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/sys/acl.h ] || need_apt+=(libacl1-dev)
