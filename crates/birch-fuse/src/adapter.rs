@@ -14,14 +14,15 @@ use crate::attr::{
 use birch::device::BlockDevice;
 use birch::format::ROOT_DIR_INO;
 use birch::fs::{
-    AtimeUpdates, Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr, SetTime,
-    XattrSetMode,
+    inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr,
+    SetTime, XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
     InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow,
+    WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -38,6 +39,19 @@ pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
 /// `_IOR('b', 2, [u8; 4096])`: the filesystem's counters as text
 /// (`birch stats MOUNTPOINT`).
 pub const BIRCH_IOC_STATS: u32 = 2 << 30 | 4096 << 16 | (b'b' as u32) << 8 | 2;
+/// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (`_IOR/_IOW('f', 1/2, long)`):
+/// chattr and lsattr. The kernel sends them from its fileattr code with a
+/// 4-byte argument whatever the `long` in the number says.
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// `FS_IOC_FSGETXATTR` / `FS_IOC_FSSETXATTR` (`struct fsxattr`, 28 bytes):
+/// the kernel reads the old flags this way before every FS_IOC_SETFLAGS,
+/// and xfs_io uses them.
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `fsx_xflags` bits of the two flags birch honours.
+const FS_XFLAG_IMMUTABLE: u32 = 0x8;
+const FS_XFLAG_APPEND: u32 = 0x10;
 
 /// How the mount talks to the kernel. docs/FUSE.md gives the reason and the
 /// measured effect of each default.
@@ -676,6 +690,21 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         }
     }
 
+    /// statx(2) wanting btime: the inode's creation time (`otime`).
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        match self.fs.getattr(to_engine_ino(ino.0)) {
+            Ok(a) => reply.statx(&self.options.attr_ttl, &to_fuse_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(to_engine_ino(ino.0)) {
             Ok(target) => reply.data(&target),
@@ -1135,18 +1164,105 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         }
     }
 
+    /// `open(O_TMPFILE)`: the engine's tmpfile holds the inode once, the
+    /// hold the kernel's lookup count (and its forget) stands for.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let parent = to_engine_ino(parent.0);
+        let result = self
+            .new_owner(req, parent, mode)
+            .and_then(|(uid, gid, mode)| self.fs.tmpfile(parent, mode, uid, gid));
+        match result {
+            Ok(attr) => reply.created(
+                &self.options.entry_ttl,
+                &to_fuse_attr(&attr),
+                Generation(attr.generation),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
+        in_data: &[u8],
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let ino = to_engine_ino(ino.0);
         match cmd {
+            FS_IOC_GETFLAGS => match self.fs.get_flags(ino) {
+                Ok(flags) => reply.ioctl(0, &flags.to_ne_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            },
+            // Who may change which flag (CAP_LINUX_IMMUTABLE for these
+            // two) the kernel checks before it sends this.
+            FS_IOC_FSGETXATTR => match self.fs.get_flags(ino) {
+                Ok(flags) => {
+                    let mut xflags = 0;
+                    if flags & inode_flags::IMMUTABLE != 0 {
+                        xflags |= FS_XFLAG_IMMUTABLE;
+                    }
+                    if flags & inode_flags::APPEND != 0 {
+                        xflags |= FS_XFLAG_APPEND;
+                    }
+                    let mut fsxattr = [0u8; 28];
+                    fsxattr[..4].copy_from_slice(&xflags.to_ne_bytes());
+                    reply.ioctl(0, &fsxattr);
+                }
+                Err(e) => reply.error(errno(&e)),
+            },
+            FS_IOC_FSSETXATTR => {
+                let word = |i: usize| {
+                    in_data
+                        .get(i * 4..i * 4 + 4)
+                        .map(|b| u32::from_ne_bytes(b.try_into().expect("four bytes")))
+                };
+                // xflags, extsize, nextents, projid, cowextsize: only the
+                // two flags may be set, nothing else birch has.
+                match (word(0), word(1), word(3), word(4)) {
+                    (Some(xflags), Some(0), Some(0), Some(0))
+                        if xflags & !(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND) == 0 =>
+                    {
+                        let mut flags = 0;
+                        if xflags & FS_XFLAG_IMMUTABLE != 0 {
+                            flags |= inode_flags::IMMUTABLE;
+                        }
+                        if xflags & FS_XFLAG_APPEND != 0 {
+                            flags |= inode_flags::APPEND;
+                        }
+                        match self.fs.set_flags(ino, flags) {
+                            Ok(()) => reply.ioctl(0, &[]),
+                            Err(e) => reply.error(errno(&e)),
+                        }
+                    }
+                    (Some(_), Some(_), Some(_), Some(_)) => reply.error(Errno::EOPNOTSUPP),
+                    _ => reply.error(Errno::EINVAL),
+                }
+            }
+            FS_IOC_SETFLAGS => match in_data.get(..4) {
+                Some(bytes) => {
+                    let flags = u32::from_ne_bytes(bytes.try_into().expect("four bytes"));
+                    match self.fs.set_flags(ino, flags) {
+                        Ok(()) => reply.ioctl(0, &[]),
+                        Err(e) => reply.error(errno(&e)),
+                    }
+                }
+                None => reply.error(Errno::EINVAL),
+            },
             BIRCH_IOC_SYNC => match self.fs.sync() {
                 Ok(()) => reply.ioctl(0, &[]),
                 Err(e) => reply.error(errno(&e)),
@@ -1184,6 +1300,14 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
                 FallocateMode::PunchHole
             }
+            libc::FALLOC_FL_ZERO_RANGE => FallocateMode::ZeroRange,
+            m if m == libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE => {
+                FallocateMode::ZeroRangeKeepSize
+            }
+            // The kernel's FUSE fallocate refuses these two itself
+            // (EOPNOTSUPP) today; served here for when it passes them on.
+            libc::FALLOC_FL_COLLAPSE_RANGE => FallocateMode::CollapseRange,
+            libc::FALLOC_FL_INSERT_RANGE => FallocateMode::InsertRange,
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
         let ino = to_engine_ino(ino.0);
@@ -1218,21 +1342,33 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         }
     }
 
+    /// A reflink where the offsets allow it (the engine's
+    /// `copy_file_range`). The reply counts bytes in 32 bits: a longer
+    /// copy is cut at a block boundary and the caller asks for the rest.
     fn copy_file_range(
         &self,
         _req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
+        offset_in: u64,
+        ino_out: INodeNo,
         _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
+        offset_out: u64,
+        len: u64,
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        // The kernel falls back to read + write.
-        reply.error(Errno::ENOSYS);
+        const MAX_REPLY: u64 = u32::MAX as u64 / 4096 * 4096;
+        match self.fs.copy_file_range(
+            to_engine_ino(ino_in.0),
+            offset_in,
+            to_engine_ino(ino_out.0),
+            offset_out,
+            len.min(MAX_REPLY),
+        ) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 }
 

@@ -422,6 +422,10 @@ impl<D: BlockDevice> FsState<D> {
             i.nlink += 1;
             i.ctime = now;
         })?;
+        if item.nlink == 0 {
+            // An O_TMPFILE file (linkat) takes its first name.
+            self.inode_relinked(ino)?;
+        }
         self.getattr(ino)
     }
 

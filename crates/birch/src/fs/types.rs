@@ -269,6 +269,28 @@ pub enum FallocateMode {
     AllocateKeepSize,
     /// FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE: drop the range's data.
     PunchHole,
+    /// FALLOC_FL_ZERO_RANGE: the range reads as zeros and is allocated;
+    /// the file grows to cover it.
+    ZeroRange,
+    /// FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE.
+    ZeroRangeKeepSize,
+    /// FALLOC_FL_COLLAPSE_RANGE: remove the (block-aligned) range, moving
+    /// the data after it down; the file shrinks by its length.
+    CollapseRange,
+    /// FALLOC_FL_INSERT_RANGE: insert a (block-aligned) hole, moving the
+    /// data from the offset up; the file grows by its length.
+    InsertRange,
+}
+
+/// Inode flags birch honours (`FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS`, the
+/// `chattr` letters `a` and `i`); kept in the inode item's `flags`.
+pub mod inode_flags {
+    /// FS_IMMUTABLE_FL: no change at all (data, attributes, names, xattrs).
+    pub const IMMUTABLE: u32 = 0x10;
+    /// FS_APPEND_FL: data may only be appended; no other change.
+    pub const APPEND: u32 = 0x20;
+    /// Every flag birch honours; setting any other fails (EOPNOTSUPP).
+    pub const SUPPORTED: u32 = IMMUTABLE | APPEND;
 }
 
 /// `lseek` whence values that look at the file's layout.
