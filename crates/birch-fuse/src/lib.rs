@@ -6,6 +6,7 @@
 mod adapter;
 mod attr;
 mod fuseblk;
+mod requests;
 
 pub use adapter::{
     BirchFuse, FuseOptions, MountControl, NoControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC,
