@@ -76,6 +76,8 @@ pub struct FuseOptions {
     /// Answer open with ENOSYS so the kernel stops sending open/release.
     pub no_open: bool,
     pub allow_other: bool,
+    /// Mount read-only; the engine is then switched to read-write when
+    /// the mount is remounted so (remount.rs).
     pub read_only: bool,
     /// Shown as the mount's source in /proc/mounts.
     pub fsname: String,
