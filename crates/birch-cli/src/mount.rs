@@ -378,26 +378,41 @@ impl MountControl for Control {
     }
 }
 
-/// Opens the image for the engine, as the device the mount sits on.
+/// Opens the image for the engine, as the device the mount sits on:
+/// read-write also for `-o ro` (the engine writes nothing while read-only,
+/// and `mount -o remount,rw` can then switch it), read-only only for `-o
+/// ro` of an image that cannot be written here.
 fn open_device(image: &Path, settings: &Settings) -> Result<FileDevice, Failure> {
-    if settings.engine.read_only {
-        FileDevice::open_read_only(image)
-    } else {
-        match FileDevice::open(image, settings.direct_io) {
-            // The filesystem holding the image has no O_DIRECT: it refuses
-            // the open (tmpfs) or fails the first read (FileDevice::open
-            // probes one). Buffered I/O is as safe, only slower to fsync.
-            Err(e) if settings.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
-                eprintln!(
-                    "birch: {}: O_DIRECT is not supported there ({e}); using buffered I/O",
-                    image.display()
-                );
-                FileDevice::open(image, false)
-            }
-            other => other,
+    match FileDevice::open(image, settings.direct_io) {
+        // The filesystem holding the image has no O_DIRECT: it refuses
+        // the open (tmpfs) or fails the first read (FileDevice::open
+        // probes one). Buffered I/O is as safe, only slower to fsync.
+        Err(e) if settings.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
+            eprintln!(
+                "birch: {}: O_DIRECT is not supported there ({e}); using buffered I/O",
+                image.display()
+            );
+            FileDevice::open(image, false)
         }
+        other => other,
     }
+    .or_else(|e| {
+        if settings.engine.read_only && cannot_write(&e) {
+            FileDevice::open_read_only(image)
+        } else {
+            Err(e)
+        }
+    })
     .map_err(|e| Failure::new(format!("{}: cannot open: {e}", image.display())))
+}
+
+/// An open for writing failed for want of permission (a mode, a read-only
+/// filesystem or device, an immutable file), not because the path is bad.
+fn cannot_write(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EACCES | libc::EROFS | libc::EPERM)
+    )
 }
 
 /// What the mount holds on to besides the engine's device: the locked
@@ -421,11 +436,19 @@ fn open_and_lock(
     let root = unsafe { libc::geteuid() } == 0;
     let block_device = std::fs::metadata(image).is_ok_and(|m| m.file_type().is_block_device());
     if root && !block_device {
-        let file = File::options()
-            .read(true)
-            .write(!settings.engine.read_only)
-            .open(image)
-            .map_err(|e| Failure::new(format!("{}: cannot open: {e}", image.display())))?;
+        // Read-write also for `-o ro`, so that the loop device is: the
+        // kernel's mount is read-only by its flag, and `remount,rw` is
+        // allowed. A read-only loop device makes the kernel refuse it
+        // ("write-protected"), which is right for an image that cannot be
+        // written.
+        let (file, writable) = match File::options().read(true).write(true).open(image) {
+            Ok(file) => Ok((file, true)),
+            Err(e) if settings.engine.read_only && cannot_write(&e) => {
+                File::open(image).map(|file| (file, false))
+            }
+            Err(e) => Err(e),
+        }
+        .map_err(|e| Failure::new(format!("{}: cannot open: {e}", image.display())))?;
         // Locked before the loop device exists, so a second mount of the
         // image fails here instead of mounting the same filesystem twice.
         lock_image(&file, image)?;
@@ -434,14 +457,14 @@ fn open_and_lock(
         } else {
             Backing::Buffered
         };
-        match LoopDevice::attach(&file, settings.engine.read_only, backing) {
+        match LoopDevice::attach(&file, !writable, backing) {
             Ok(loop_dev) => {
                 // O_DIRECT on the loop device: the image's data is cached
                 // at most once, in the image file's page cache (-o buffered).
-                let dev = if settings.engine.read_only {
-                    FileDevice::open_read_only(loop_dev.path())
-                } else {
+                let dev = if writable {
                     FileDevice::open(loop_dev.path(), true)
+                } else {
+                    FileDevice::open_read_only(loop_dev.path())
                 }
                 .map_err(|e| {
                     Failure::new(format!("{}: cannot open: {e}", loop_dev.path().display()))

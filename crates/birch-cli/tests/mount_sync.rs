@@ -364,3 +364,114 @@ fn remount_rw_allows_changes_again() {
     assert_eq!(fs::read(fx.path("after")).unwrap(), b"3");
     assert!(!fx.path("during").exists());
 }
+
+/// Mounts `fx` read-only (`-o ro`, no periodic commit) over the image it
+/// has, checked to be read-only in the kernel and refusing a change.
+fn mount_ro(fx: &mut Fixture) {
+    fx.options = vec!["ro".into(), "commit=0".into()];
+    fx.mount();
+    assert_eq!(errno_of(fs::write(fx.path("refused"), b"x")), libc::EROFS);
+}
+
+/// The log root the image's superblock points at (0: none), read from the
+/// image with `birch dump` while nothing writes to it.
+fn log_root(fx: &Fixture) -> u64 {
+    let out = common::run_ok(Command::new(common::BIRCH).args(["dump", fx.image_str(), "super"]));
+    common::text(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("log_root_bytenr "))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("dump super shows log_root_bytenr")
+}
+
+/// `birch mount -o ro` then `mount -o remount,rw`: birch's engine, opened
+/// read-only, switches to read-write and what is written then is as
+/// durable as on any mount.
+#[test]
+fn ro_mount_remounted_rw_accepts_changes_and_they_are_durable() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("ro-then-rw", "512M");
+    fx.mount();
+    fs::write(fx.path("before"), b"committed").unwrap();
+    fx.unmount();
+    mount_ro(&mut fx);
+    // Through a loop device attached read-write (the image is writable),
+    // so the kernel allows remount,rw.
+    image_loop_device(&fx);
+    assert_eq!(fs::read(fx.path("before")).unwrap(), b"committed");
+    remount(&fx, "rw");
+    make_changes(&fx);
+    fs::write(fx.path("before"), b"changed").unwrap();
+    run_ok("sync", &["-f", fx.mnt.to_str().unwrap()]);
+    power_cut(&mut fx);
+    fx.options = vec!["commit=0".into()];
+    fx.mount();
+    assert_changes_present(&fx);
+    assert_eq!(fs::read(fx.path("before")).unwrap(), b"changed");
+}
+
+/// A log found by a read-only mount is replayed into memory only (the
+/// fsynced file is visible, nothing is written); `remount,rw` commits it,
+/// as a read-write mount would have at mount time.
+#[test]
+fn ro_mount_with_a_log_replays_it_at_remount_rw() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = unsynced_fixture("ro-log");
+    fs::write(fx.path("kept"), b"committed").unwrap();
+    run_ok("sync", &["-f", fx.mnt.to_str().unwrap()]);
+    let mut f = File::create(fx.path("logged")).unwrap();
+    f.write_all(b"fsynced only").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    power_cut(&mut fx);
+    let log = log_root(&fx);
+    assert_ne!(log, 0, "the fsync left a log");
+
+    mount_ro(&mut fx);
+    assert_eq!(fs::read(fx.path("logged")).unwrap(), b"fsynced only");
+    assert_eq!(log_root(&fx), log, "a read-only mount writes nothing");
+    remount(&fx, "rw");
+    // The switch happens at the remount or, at the latest, before birch
+    // answers this sync: either way the log is committed by now.
+    run_ok("sync", &["-f", fx.mnt.to_str().unwrap()]);
+    power_cut(&mut fx);
+    assert_eq!(log_root(&fx), 0, "remount,rw committed the log");
+
+    fx.options = vec!["commit=0".into()];
+    fx.mount();
+    assert_eq!(fs::read(fx.path("logged")).unwrap(), b"fsynced only");
+    assert_eq!(fs::read(fx.path("kept")).unwrap(), b"committed");
+    fx.unmount();
+    fx.assert_clean();
+}
+
+/// ro → rw → ro → rw on a mount started read-only: the second `remount,ro`
+/// commits (its syncfs reaches the now read-write engine) and the kernel
+/// refuses changes again; the last `remount,rw` allows them again.
+#[test]
+fn remount_ro_after_rw_again() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("ro-rw-ro", "512M");
+    mount_ro(&mut fx);
+    remount(&fx, "rw");
+    fs::write(fx.path("while-rw"), b"1").unwrap();
+    remount(&fx, "ro");
+    assert_eq!(errno_of(fs::write(fx.path("while-ro"), b"2")), libc::EROFS);
+    assert_eq!(fs::read(fx.path("while-rw")).unwrap(), b"1");
+    remount(&fx, "rw");
+    fs::write(fx.path("rw-again"), b"3").unwrap();
+    // Only what the second remount,ro made durable survives this cut.
+    power_cut(&mut fx);
+    fx.options = vec!["commit=0".into()];
+    fx.mount();
+    assert_eq!(fs::read(fx.path("while-rw")).unwrap(), b"1");
+    assert!(!fx.path("while-ro").exists());
+    assert!(!fx.path("rw-again").exists());
+}

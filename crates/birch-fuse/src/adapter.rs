@@ -11,6 +11,7 @@
 use crate::attr::{
     from_request_time, to_engine_ino, to_fuse_attr, to_fuse_generation, to_fuse_ino,
 };
+use crate::remount::RemountWatch;
 use crate::requests::RequestCounts;
 use birch::device::BlockDevice;
 use birch::format::ROOT_DIR_INO;
@@ -76,6 +77,8 @@ pub struct FuseOptions {
     /// Answer open with ENOSYS so the kernel stops sending open/release.
     pub no_open: bool,
     pub allow_other: bool,
+    /// Mount read-only; the engine is then switched to read-write when
+    /// the mount is remounted so (remount.rs).
     pub read_only: bool,
     /// Shown as the mount's source in /proc/mounts.
     pub fsname: String,
@@ -310,6 +313,9 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     /// The capabilities both we and the kernel wanted at INIT: what is
     /// really in force, as opposed to what we asked for.
     negotiated: InitFlags,
+    /// Set for a mount started read-only: switches the engine to
+    /// read-write once the kernel's mount is remounted so.
+    remount: Option<Arc<RemountWatch>>,
 }
 
 fn errno(e: &birch::Error) -> Errno {
@@ -374,6 +380,22 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             control,
             requests: RequestCounts::default(),
             negotiated: InitFlags::empty(),
+            remount: None,
+        }
+    }
+
+    /// Follows `remount,rw` of a mount started read-only (remount.rs).
+    pub(crate) fn with_remount_watch(mut self, watch: Arc<RemountWatch>) -> Self {
+        self.remount = Some(watch);
+        self
+    }
+
+    /// Before a change or a sync reaches the engine: a read-only engine
+    /// serving a mount the kernel now allows changes on (the only way a
+    /// change gets here) is switched to read-write first.
+    fn follow_remount(&self) {
+        if let Some(watch) = &self.remount {
+            watch.follow(&self.fs);
         }
     }
 
@@ -655,6 +677,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.follow_remount();
         let ino = to_engine_ino(ino.0);
         let result = (|| {
             let mut changes = SetAttr {
@@ -737,6 +760,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.follow_remount();
         let parent = to_engine_ino(parent.0);
         let result = self
             .new_owner(req, parent, mode)
@@ -756,6 +780,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        self.follow_remount();
         let parent = to_engine_ino(parent.0);
         let result = self
             .new_owner(req, parent, libc::S_IFDIR | mode)
@@ -764,6 +789,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.follow_remount();
         let parent = to_engine_ino(parent.0);
         Self::reply_empty(
             self.fs
@@ -774,6 +800,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.follow_remount();
         let parent = to_engine_ino(parent.0);
         Self::reply_empty(
             self.fs
@@ -791,6 +818,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.follow_remount();
         let parent = to_engine_ino(parent.0);
         let result = self
             .new_owner(req, parent, libc::S_IFLNK)
@@ -816,6 +844,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.follow_remount();
         let known = fuser::RenameFlags::RENAME_NOREPLACE | fuser::RenameFlags::RENAME_EXCHANGE;
         if !known.contains(flags) {
             // RENAME_WHITEOUT and anything newer.
@@ -853,6 +882,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.follow_remount();
         let newparent = to_engine_ino(newparent.0);
         let result = self
             .fs
@@ -900,6 +930,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.follow_remount();
         let ino = to_engine_ino(ino.0);
         let result = (|| {
             // The kernel sets KILL_SUIDGID for a caller without CAP_FSETID.
@@ -968,6 +999,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.follow_remount();
         let ino = to_engine_ino(ino.0);
         self.reply_fsync(ino, self.fs.fsync(ino, datasync), reply);
     }
@@ -1044,6 +1076,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.follow_remount();
         let ino = to_engine_ino(ino.0);
         self.reply_fsync(ino, self.fs.fsync(ino, datasync), reply);
     }
@@ -1052,6 +1085,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     /// the mount's flags: commit, and answer once the commit is durable.
     /// Only fuseblk connections get this (docs/FUSE.md).
     fn syncfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyEmpty) {
+        self.follow_remount();
         Self::reply_empty(self.fs.sync(), reply);
     }
 
@@ -1081,6 +1115,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.follow_remount();
         if let Err(e) = supported_xattr_namespace(name) {
             return reply.error(e);
         }
@@ -1132,6 +1167,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.follow_remount();
         if let Err(e) = supported_xattr_namespace(name) {
             return reply.error(e);
         }
@@ -1159,6 +1195,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        self.follow_remount();
         let parent = to_engine_ino(parent.0);
         let result = self
             .new_owner(req, parent, mode)
@@ -1190,6 +1227,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        self.follow_remount();
         let parent = to_engine_ino(parent.0);
         let result = self
             .new_owner(req, parent, mode)
@@ -1217,6 +1255,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        if matches!(cmd, FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR | BIRCH_IOC_SYNC) {
+            self.follow_remount();
+        }
         let ino = to_engine_ino(ino.0);
         match cmd {
             FS_IOC_GETFLAGS => match self.fs.get_flags(ino) {
@@ -1309,6 +1350,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.follow_remount();
         let mode = match mode {
             0 => FallocateMode::Allocate,
             libc::FALLOC_FL_KEEP_SIZE => FallocateMode::AllocateKeepSize,
@@ -1373,6 +1415,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        self.follow_remount();
         const MAX_REPLY: u64 = u32::MAX as u64 / 4096 * 4096;
         match self.fs.copy_file_range(
             to_engine_ino(ino_in.0),

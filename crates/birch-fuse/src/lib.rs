@@ -6,6 +6,7 @@
 mod adapter;
 mod attr;
 mod fuseblk;
+mod remount;
 mod requests;
 
 pub use adapter::{
@@ -31,7 +32,21 @@ pub fn serve<D: BlockDevice + 'static>(
     ready: impl FnOnce(),
 ) -> io::Result<Filesystem<D>> {
     let fs = Arc::new(fs);
-    let adapter = BirchFuse::new(fs.clone(), options.clone(), control);
+    // A mount started read-only follows `mount -o remount,rw` (remount.rs).
+    // The mount point is resolved now: once mounted, resolving it would
+    // ask this daemon, which is not serving yet.
+    let remount = if options.read_only {
+        Some(Arc::new(remount::RemountWatch::new(
+            mountpoint,
+            &options.fsname,
+        )?))
+    } else {
+        None
+    };
+    let mut adapter = BirchFuse::new(fs.clone(), options.clone(), control);
+    if let Some(watch) = &remount {
+        adapter = adapter.with_remount_watch(watch.clone());
+    }
     let config = options.session_config();
     let session = match &options.block_device {
         Some(device) => {
@@ -44,13 +59,20 @@ pub fn serve<D: BlockDevice + 'static>(
     };
     // On failure a plain fuse session's drop unmounts again; a fuseblk
     // mount was made here and is detached here.
+    let detach_on_failure = |_: &io::Error| {
+        if options.block_device.is_some() {
+            fuseblk::detach(mountpoint);
+        }
+    };
     options
         .apply_mount_attributes(mountpoint)
-        .inspect_err(|_| {
-            if options.block_device.is_some() {
-                fuseblk::detach(mountpoint);
-            }
-        })?;
+        .inspect_err(detach_on_failure)?;
+    let watcher = match remount {
+        Some(watch) => {
+            Some(remount::Watcher::spawn(watch, fs.clone()).inspect_err(detach_on_failure)?)
+        }
+        None => None,
+    };
     ready();
     if options.no_open && !options.read_only {
         let mountpoint = mountpoint.to_path_buf();
@@ -58,7 +80,13 @@ pub fn serve<D: BlockDevice + 'static>(
         // in run() below: it must not run on this thread.
         std::thread::spawn(move || prime_no_open(&mountpoint));
     }
-    session.run()?;
+    let served = session.run();
+    // Its reference to the filesystem must be gone before the filesystem
+    // is handed back.
+    if let Some(watcher) = watcher {
+        watcher.stop();
+    }
+    served?;
     Arc::try_unwrap(fs)
         .map_err(|_| io::Error::other("filesystem still referenced after the FUSE session ended"))
 }

@@ -76,6 +76,9 @@ pub enum Error {
     Range,
     FileTooBig,
     ReadOnly,
+    /// A read-only open cannot become read-write: its device was opened
+    /// read-only (EROFS).
+    DeviceReadOnly,
     NotPermitted,
     /// SEEK_DATA / SEEK_HOLE past the end of the file (ENXIO).
     NoSuchOffset,
@@ -103,7 +106,7 @@ impl Error {
             Error::NoData => libc::ENODATA,
             Error::Range => libc::ERANGE,
             Error::FileTooBig => libc::EFBIG,
-            Error::ReadOnly => libc::EROFS,
+            Error::ReadOnly | Error::DeviceReadOnly => libc::EROFS,
             Error::NotPermitted => libc::EPERM,
             Error::NoSuchOffset => libc::ENXIO,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
@@ -132,6 +135,9 @@ impl fmt::Display for Error {
             Error::Range => f.write_str("value out of range"),
             Error::FileTooBig => f.write_str("file too large"),
             Error::ReadOnly => f.write_str("read-only filesystem"),
+            Error::DeviceReadOnly => {
+                f.write_str("the device was opened read-only (it is not writable here)")
+            }
             Error::NotPermitted => f.write_str("operation not permitted"),
             Error::NoSuchOffset => f.write_str("no such offset (no more data or holes)"),
             Error::NotSupported(what) => write!(f, "not supported: {what}"),

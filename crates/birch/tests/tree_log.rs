@@ -985,3 +985,113 @@ fn many_xattrs_survive_fsync() {
         Ok(())
     });
 }
+
+/// A device reached only through a read-only open (an image its user
+/// cannot write): reads work, `writable` says no, and a write would fail.
+struct OpenedReadOnly(Arc<birch::device::MemoryDevice>);
+
+impl BlockDevice for OpenedReadOnly {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EBADF))
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EBADF))
+    }
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+}
+
+fn read_only() -> birch::fs::MountOptions {
+    birch::fs::MountOptions {
+        read_only: true,
+        ..birch::fs::MountOptions::deterministic()
+    }
+}
+
+/// A device whose superblock points at a log holding `/g` (fsynced after
+/// the last commit, which holds `/kept`).
+fn image_with_a_log() -> Arc<birch::device::MemoryDevice> {
+    let dev = common::memory_fs(IMAGE_BYTES, 5);
+    let fs = mount(dev.clone());
+    fs.create(fs.root_ino(), b"kept", 0o644, 0, 0).unwrap();
+    fs.sync().unwrap();
+    let g = fs.create(fs.root_ino(), b"g", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(g, 0, b"logged").unwrap();
+    fs.fsync(g, false).unwrap();
+    std::mem::forget(fs);
+    dev
+}
+
+/// `mount -o ro` of an image with a log, then `remount,rw`: the read-only
+/// open shows the log's content from memory and writes nothing; the switch
+/// commits it, exactly as a read-write open would have.
+#[test]
+fn read_only_open_replays_in_memory_and_remount_read_write_commits_it() {
+    let dev = image_with_a_log();
+    let before = dev.snapshot();
+    let fs = birch::fs::Filesystem::open(dev.clone(), read_only()).unwrap();
+    assert!(fs.is_read_only());
+    assert_eq!(
+        common::view(&fs).get("/g").map(Vec::as_slice),
+        Some(&b"logged"[..])
+    );
+    assert!(matches!(
+        fs.create(fs.root_ino(), b"refused", 0o644, 0, 0),
+        Err(birch::Error::ReadOnly)
+    ));
+    assert!(
+        dev.snapshot() == before,
+        "a read-only open wrote to the device"
+    );
+
+    fs.remount_read_write().unwrap();
+    assert!(!fs.is_read_only());
+    assert_eq!(
+        birch::fs::read_superblock(dev.as_ref())
+            .unwrap()
+            .log_root_bytenr,
+        0,
+        "the switch commits the log it replayed"
+    );
+    // A second switch has nothing to do.
+    let commits = fs.stats().commits;
+    fs.remount_read_write().unwrap();
+    assert_eq!(fs.stats().commits, commits);
+    fs.create(fs.root_ino(), b"after", 0o644, 0, 0).unwrap();
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the switched mount");
+    let fs = mount(dev.clone());
+    assert!(fs.replay_outcome().is_none(), "no log left to replay");
+    let v = common::view(&fs);
+    assert_eq!(v.get("/g").map(Vec::as_slice), Some(&b"logged"[..]));
+    assert!(v.contains_key("/kept") && v.contains_key("/after"), "{v:?}");
+}
+
+/// On a device opened read-only the switch is refused, and the mount goes
+/// on read-only, still serving what it replayed.
+#[test]
+fn remount_read_write_refuses_a_device_opened_read_only() {
+    let dev = image_with_a_log();
+    let fs = birch::fs::Filesystem::open(OpenedReadOnly(dev.clone()), read_only()).unwrap();
+    assert!(matches!(
+        fs.remount_read_write(),
+        Err(birch::Error::DeviceReadOnly)
+    ));
+    assert!(fs.is_read_only());
+    assert!(common::view(&fs).contains_key("/g"));
+    fs.close().unwrap();
+    assert_ne!(
+        birch::fs::read_superblock(dev.as_ref())
+            .unwrap()
+            .log_root_bytenr,
+        0,
+        "nothing was written: the log is still there for a read-write mount"
+    );
+}

@@ -11,6 +11,8 @@ pub struct FileDevice {
     file: File,
     size_bytes: u64,
     direct_io: bool,
+    /// Opened for writing (not by [`FileDevice::open_read_only`]).
+    writable: bool,
 }
 
 const DIRECT_IO_ALIGN: usize = 4096;
@@ -29,6 +31,7 @@ impl FileDevice {
             file,
             size_bytes,
             direct_io,
+            writable: true,
         };
         if direct_io {
             dev.probe_direct_io()?;
@@ -51,7 +54,8 @@ impl FileDevice {
         self.file.read_exact_at(bounce.as_mut(), 0)
     }
 
-    /// Opens read-only (for `check` and `dump`, which must never write).
+    /// Opens read-only (for `check` and `dump`, which must never write, and
+    /// a read-only mount of an image its user cannot write).
     pub fn open_read_only(path: &Path) -> io::Result<Self> {
         let file = File::open(path)?;
         let size_bytes = device_size(&file)?;
@@ -59,6 +63,7 @@ impl FileDevice {
             file,
             size_bytes,
             direct_io: false,
+            writable: false,
         })
     }
 
@@ -157,6 +162,10 @@ impl BlockDevice for FileDevice {
 
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
     }
 
     fn size_bytes(&self) -> u64 {

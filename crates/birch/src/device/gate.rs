@@ -70,6 +70,10 @@ impl<D: BlockDevice> BlockDevice for ShutdownGate<D> {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+
+    fn writable(&self) -> bool {
+        self.inner.writable()
+    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,12 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> io::Result<()>;
     /// Device size in bytes.
     fn size_bytes(&self) -> u64;
+    /// Whether writes can succeed at all: false for a device opened
+    /// read-only, which a read-only mount may use and must then refuse to
+    /// be switched to read-write on.
+    fn writable(&self) -> bool {
+        true
+    }
 }
 
 impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
@@ -58,6 +64,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
     }
+    fn writable(&self) -> bool {
+        (**self).writable()
+    }
 }
 
 impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
@@ -72,6 +81,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
+    }
+    fn writable(&self) -> bool {
+        (**self).writable()
     }
 }
 
@@ -101,5 +113,8 @@ impl<D: BlockDevice + ?Sized> BlockDevice for &D {
     }
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
+    }
+    fn writable(&self) -> bool {
+        (**self).writable()
     }
 }

@@ -144,6 +144,10 @@ impl<D: BlockDevice> BlockDevice for WriteLogDevice<D> {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+
+    fn writable(&self) -> bool {
+        self.inner.writable()
+    }
 }
 
 impl<D> Drop for WriteLogDevice<D> {

@@ -360,10 +360,19 @@ pub fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()> {
 /// A mounted birch filesystem.
 pub struct Filesystem<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
-    worker: Option<JoinHandle<()>>,
-    flusher: Option<JoinHandle<()>>,
+    /// Behind a lock because a read-only open starts them later, from
+    /// whichever request thread switches it to read-write; holding the lock
+    /// also makes that switch happen once.
+    threads: Mutex<BackgroundThreads>,
     /// `close` ran: dropping has nothing left to do.
     closed: bool,
+}
+
+/// The threads a read-write filesystem runs.
+#[derive(Default)]
+struct BackgroundThreads {
+    worker: Option<JoinHandle<()>>,
+    flusher: Option<JoinHandle<()>>,
 }
 
 impl<D: BlockDevice + 'static> Filesystem<D> {
@@ -377,7 +386,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// A log is replayed whole or not at all: if replay fails (a bug, or a
     /// damaged log), the state it half built is thrown away and the last
     /// commit mounts; [`Self::replay_outcome`] says which happened. A
-    /// read-only mount replays into memory only and writes nothing.
+    /// read-only mount replays into memory only and writes nothing until
+    /// [`Self::remount_read_write`].
     pub fn open(dev: D, options: MountOptions) -> Result<Self> {
         let dev = Arc::new(dev);
         let mut state = mount::open(dev.clone(), options.clone())?;
@@ -412,23 +422,78 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             flusher_wake: Condvar::new(),
             reclaim_lock: Mutex::new(()),
         });
-        let mut fs = Filesystem {
+        let fs = Filesystem {
             shared,
-            worker: None,
-            flusher: None,
+            threads: Mutex::new(BackgroundThreads::default()),
             closed: false,
         };
-        if options.read_only {
-            return Ok(fs);
+        if !options.read_only {
+            fs.start_writing(&mut fs.lock_threads())?;
         }
-        if has_log {
-            // Replayed or discarded, the log is superseded by this commit.
-            fs.commit()?;
+        Ok(fs)
+    }
+
+    /// Whether changes are refused: opened read-only and not switched since.
+    pub fn is_read_only(&self) -> bool {
+        self.lock().options.read_only
+    }
+
+    /// Turns a read-only open into a read-write one, as if it had been
+    /// opened read-write: the log found at open (replayed into memory
+    /// only) is committed, orphans are freed, the background commit worker
+    /// and flusher start. For `mount -o remount,rw` of a mount started
+    /// read-only. Nothing happens if the filesystem is writable already;
+    /// on a device opened read-only it fails with
+    /// [`Error::DeviceReadOnly`] and stays read-only.
+    pub fn remount_read_write(&self) -> Result<()> {
+        self.shared.check_not_poisoned()?;
+        let mut threads = self.lock_threads();
+        {
+            let state = self.lock();
+            if state.shut_down {
+                return Err(shut_down_error());
+            }
+            if !state.options.read_only {
+                return Ok(());
+            }
         }
-        fs.cleanup_orphans()?;
+        if !self.shared.store.device().writable() {
+            return Err(Error::DeviceReadOnly);
+        }
+        self.start_writing(&mut threads)
+    }
+
+    fn lock_threads(&self) -> MutexGuard<'_, BackgroundThreads> {
+        self.threads
+            .lock()
+            .expect("background threads lock poisoned")
+    }
+
+    /// What a read-write open does once the state is loaded, and what
+    /// [`Self::remount_read_write`] does later: one path for both, so a
+    /// switched mount is the same as one opened read-write.
+    fn start_writing(&self, threads: &mut BackgroundThreads) -> Result<()> {
+        {
+            let mut state = self.lock();
+            state.options.read_only = false;
+            // Under the same hold of the state lock that allows changes:
+            // a change that slipped in between could create an O_TMPFILE
+            // inode (an orphan by design) that this would free while held.
+            if let Err(e) = state.remove_orphans() {
+                if matches!(e, Error::Io(_) | Error::Corrupt(_)) {
+                    state.failed = Some(e.to_string());
+                }
+                return Err(e);
+            }
+        }
+        // Supersedes the log found at open (replayed or discarded) and
+        // makes the orphans' removal durable; nothing is written if there
+        // was neither.
+        self.commit()?;
+        let options = self.lock().options.clone();
         if options.commit_interval.is_some() {
-            let shared = fs.shared.clone();
-            fs.worker = Some(
+            let shared = self.shared.clone();
+            threads.worker = Some(
                 std::thread::Builder::new()
                     .name("birch-commit".into())
                     .spawn(move || background_worker(shared))
@@ -436,20 +501,20 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             );
         }
         if options.background_flusher {
-            fs.lock().space.flusher_running = true;
-            let shared = fs.shared.clone();
+            self.lock().space.flusher_running = true;
+            let shared = self.shared.clone();
             match std::thread::Builder::new()
                 .name("birch-flusher".into())
                 .spawn(move || space::flusher(shared))
             {
-                Ok(handle) => fs.flusher = Some(handle),
+                Ok(handle) => threads.flusher = Some(handle),
                 Err(e) => {
-                    fs.lock().space.flusher_running = false;
+                    self.lock().space.flusher_running = false;
                     return Err(Error::Io(e));
                 }
             }
         }
-        Ok(fs)
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, FsState<D>> {
@@ -1024,7 +1089,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     fn stop_worker(&mut self) {
-        if let Some(worker) = self.worker.take() {
+        let worker = self
+            .threads
+            .get_mut()
+            .expect("background threads lock poisoned")
+            .worker
+            .take();
+        if let Some(worker) = worker {
             *self
                 .shared
                 .worker_stop
@@ -1036,19 +1107,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     fn stop_flusher(&mut self) {
-        if let Some(flusher) = self.flusher.take() {
+        let flusher = self
+            .threads
+            .get_mut()
+            .expect("background threads lock poisoned")
+            .flusher
+            .take();
+        if let Some(flusher) = flusher {
             self.lock().space.flusher_stop = true;
             self.shared.flusher_wake.notify_all();
             let _ = flusher.join();
         }
-    }
-
-    fn cleanup_orphans(&self) -> Result<()> {
-        let removed = self.change(|s| s.remove_orphans())?;
-        if removed > 0 {
-            self.commit()?;
-        }
-        Ok(())
     }
 }
 
