@@ -225,6 +225,22 @@ fn deleted_file_handle_is_stale() {
     );
 }
 
+/// Waits until the mount's own nameless file (made once per mount, at a
+/// moment of the daemon's choosing: docs/FUSE.md, "Requests per
+/// operation") has taken its inode number, so the numbers this test's
+/// files get do not depend on that timing.
+fn settle_mount_file(fx: &Fixture) {
+    let mnt = fx.mnt.to_str().expect("mount point is UTF-8");
+    for _ in 0..200 {
+        let stats = common::birch(&["stats", mnt]);
+        if common::text(&stats.stdout).contains("TMPFILE:") {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the mount's nameless file was not made within 10 s");
+}
+
 /// birch never reuses an inode number within a mount, but a later mount
 /// starts after the highest number on disk: deleting the newest inode
 /// frees its number. The generation (the creating transaction) tells the
@@ -235,11 +251,13 @@ fn reused_number_in_a_later_mount_is_stale() {
         return;
     }
     let mut fx = Fixture::mounted("handle-reuse");
+    settle_mount_file(&fx);
     fs::write(fx.path("old"), b"old file").unwrap();
     let old_ino = fs::metadata(fx.path("old")).unwrap().ino();
     let old = handle_of(&fx.path("old"));
     fs::remove_file(fx.path("old")).unwrap();
     fx.remount();
+    settle_mount_file(&fx);
     fs::write(fx.path("new"), b"new file").unwrap();
     let new_ino = fs::metadata(fx.path("new")).unwrap().ino();
     assert_eq!(new_ino, old_ino, "the later mount did not reuse the number");
