@@ -1095,3 +1095,36 @@ fn remount_read_write_refuses_a_device_opened_read_only() {
         "nothing was written: the log is still there for a read-write mount"
     );
 }
+
+/// `mkdir d; sync; touch d/f; fsync d; mkdir -p d/x/y; touch d/x/q
+/// d/x/y/r; fsync d; <cut>` → `d/x/q` and `d/x/y/r`. After the first
+/// fsync `d`'s additions go to the log at once, `d/x` with them; the
+/// second fsync must still log what `d/x` (and its new `y`) gained since.
+/// Found by the crash explorer (birch-sim's fixed workload of the same
+/// name).
+#[test]
+fn dir_fsync_after_earlier_log_keeps_new_subtree() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.create(d, b"f", 0o644, 0, 0).unwrap();
+    fs.fsync(d, false).unwrap();
+    let x = fs.mkdir(d, b"x", 0o755, 0, 0).unwrap().ino;
+    let y = fs.mkdir(x, b"y", 0o755, 0, 0).unwrap().ino;
+    fs.create(x, b"q", 0o644, 0, 0).unwrap();
+    fs.create(y, b"r", 0o644, 0, 0).unwrap();
+    fs.fsync(d, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(24), |p, _, v| {
+        require_content(v, "/d", b"<dir>")?;
+        if p.flushes_completed >= synced {
+            for path in ["/d/f", "/d/x/q", "/d/x/y/r"] {
+                require_content(v, path, b"")?;
+            }
+        }
+        Ok(())
+    });
+}

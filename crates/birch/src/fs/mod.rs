@@ -737,12 +737,19 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |_| Ok(Need::items(10)),
             |s| {
                 // The source leaves its directory, a replaced target
-                // leaves the other; an exchange does both.
-                s.deny_remove(parent, name)?;
-                if flags.exchange || s.find_entry(new_parent, new_name)?.is_some() {
-                    s.deny_remove(new_parent, new_name)?;
-                } else {
-                    s.deny_if_flagged(new_parent, true)?;
+                // leaves the other; an exchange does both. A malformed
+                // name or a missing source is left to `rename`, which
+                // reports it in the kernel's order (a missing source before
+                // a long target, both before a flag).
+                let well_formed = namespace::validate_name(name).is_ok()
+                    && namespace::validate_name(new_name).is_ok();
+                if well_formed && s.find_entry(parent, name)?.is_some() {
+                    s.deny_remove(parent, name)?;
+                    if flags.exchange || s.find_entry(new_parent, new_name)?.is_some() {
+                        s.deny_remove(new_parent, new_name)?;
+                    } else {
+                        s.deny_if_flagged(new_parent, true)?;
+                    }
                 }
                 s.rename(parent, name, new_parent, new_name, flags)
             },

@@ -22,7 +22,7 @@ use std::ops::ControlFlow;
 const LINK_MAX: u32 = 65000;
 
 /// Rejects names no directory may hold.
-fn validate_name(name: &[u8]) -> Result<()> {
+pub(crate) fn validate_name(name: &[u8]) -> Result<()> {
     if name.is_empty() {
         return Err(Error::InvalidArgument("empty name"));
     }

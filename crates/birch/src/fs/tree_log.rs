@@ -465,17 +465,42 @@ impl<D: BlockDevice> FsState<D> {
     /// `mkdir -p d/x/y; ln foo d/x/y/l; fsync d` persists `d/x/y/l`. (The
     /// inodes those entries name are logged in exists mode; their other
     /// names in new subdirectories then have a parent at replay.)
+    ///
+    /// The walk follows every new subdirectory the directory gained in the
+    /// transaction, not only those added since its last log: one logged
+    /// earlier (by an earlier fsync, or as an entry added to a logged
+    /// directory) may have gained entries since, and so may its own new
+    /// subdirectories (`mkdir d; sync; touch d/f; fsync d; mkdir d/x; touch
+    /// d/x/q; fsync d` must keep `d/x/q`). Each is logged again only if it
+    /// changed since its last log.
     fn log_dir(&mut self, dir: u64) -> Result<()> {
         let transid = self.forest.transid();
         let mut todo = vec![dir];
+        let mut seen = std::collections::HashSet::new();
         while let Some(d) = todo.pop() {
-            for ino in self.log_one_dir(d)? {
-                let inode = self.inode(ino)?;
-                if inode.item.file_type() == FileType::Directory
-                    && inode.log.state_logged_trans != transid
-                    && self.is_new(ino)?
-                {
-                    todo.push(ino);
+            if !seen.insert(d) {
+                continue;
+            }
+            let inode = self.inode(d)?;
+            let unchanged = inode.log.state_logged_trans == transid
+                && inode.log.logged_change_seq == inode.change_seq;
+            if d == dir || !unchanged {
+                self.log_one_dir(d)?;
+            }
+            let new_subdirs: Vec<u64> = self
+                .delayed
+                .txn_changes(d)
+                .map(|c| {
+                    c.insertions
+                        .values()
+                        .filter(|e| e.file_type == FileType::Directory)
+                        .map(|e| e.ino)
+                        .collect()
+                })
+                .unwrap_or_default();
+            for sub in new_subdirs {
+                if self.is_new(sub)? {
+                    todo.push(sub);
                 }
             }
         }
@@ -485,9 +510,8 @@ impl<D: BlockDevice> FsState<D> {
     /// Logs one directory: its item and names, and its entry changes in
     /// this transaction straight from the delayed dir-index record (seed
     /// 003: nothing is flushed into the fs tree for this). Only the changes
-    /// since the directory was last logged are written. Returns the inodes
-    /// of the entries it added.
-    fn log_one_dir(&mut self, dir: u64) -> Result<Vec<u64>> {
+    /// since the directory was last logged are written.
+    fn log_one_dir(&mut self, dir: u64) -> Result<()> {
         let transid = self.forest.transid();
         let first_this_trans = self.inode(dir)?.log.state_logged_trans != transid;
         let item = self.inode(dir)?.item.clone();
@@ -521,7 +545,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         // Each new entry's inode must exist at replay, and lose any name it
         // had before (a rename into this directory).
-        for &ino in &added {
+        for ino in added {
             self.log_exists(ino)?;
         }
         let seq = self.inode(dir)?.change_seq;
@@ -534,8 +558,7 @@ impl<D: BlockDevice> FsState<D> {
         // for that one.
         inode.log.logged_in = filling;
         self.log_stats.dir_logs += 1;
-        self.log_names(dir)?;
-        Ok(added)
+        self.log_names(dir)
     }
 
     /// The logging half of fsync: what must be logged for `ino`, logged.
