@@ -28,8 +28,9 @@
 use crate::crash::{
     explore_each, record, Covered, CrashConfig, CrashStats, OpSource, StateReport, Trace,
 };
+use crate::exec::Executor;
 use crate::model::{show_path, Kind, Model, Path, RenameFlags, View, XattrMode};
-use crate::workload::{pattern, Op, Persist, Target};
+use crate::workload::{Op, Persist, Target};
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -209,66 +210,48 @@ pub fn persistence_points(before: &Model, op: &Op) -> Vec<Op> {
     out
 }
 
-/// Applies `op` to the model; false if it fails (the workload is invalid).
+/// Applies `op` to the model through the shared executor; false if the
+/// workload is invalid: the op fails, an fsync names a missing file (or a
+/// directory: fsync-dir is its own persistence point), a write or
+/// truncate targets a non-file, or a rename names one inode twice (a
+/// no-op that succeeds: equivalent to no op at all, so not a workload of
+/// its own).
 fn model_apply(m: &mut Model, op: &Op) -> bool {
-    let resolve = |m: &Model, t: &Target| match t {
-        Target::Path(path) => m.resolve(path).ok(),
+    let kind = |m: &Model, t: &Target| match t {
+        Target::Path(path) => m
+            .resolve(path)
+            .ok()
+            .and_then(|i| m.inode(i))
+            .map(|n| n.kind),
         Target::Handle(_) => None,
     };
-    match op {
-        Op::Create { path, perm } => m.create(path, *perm, 0, 0).is_ok(),
-        Op::Mkdir { path, perm } => m.mkdir(path, *perm, 0, 0).is_ok(),
-        Op::Link { from, to } => m.link(from, to).is_ok(),
-        Op::Unlink { path } => m.unlink(path).is_ok(),
-        Op::Rmdir { path } => m.rmdir(path).is_ok(),
-        Op::Rename { from, to, flags } => {
-            // A rename of two names of one inode is a no-op that succeeds:
-            // equivalent to no op at all, so not a workload of its own.
-            match (m.resolve(from), m.resolve(to)) {
-                (Ok(a), Ok(b)) if a == b => false,
-                _ => m.rename(from, to, *flags).is_ok(),
-            }
+    let valid = match op {
+        Op::Rename { from, to, .. } => !matches!(
+            (m.resolve(from), m.resolve(to)),
+            (Ok(a), Ok(b)) if a == b
+        ),
+        Op::Write { target, .. } | Op::Truncate { target, .. } => {
+            kind(m, target) == Some(Kind::File)
         }
-        Op::Write {
-            target,
-            offset,
-            len,
-            fill,
-        } => match resolve(m, target) {
-            Some(ino) if m.inode(ino).is_some_and(|n| n.kind == Kind::File) => m
-                .write(ino, *offset, &pattern(*fill, *len as usize))
-                .is_ok(),
-            _ => false,
-        },
-        Op::Truncate { target, size } => match resolve(m, target) {
-            Some(ino) if m.inode(ino).is_some_and(|n| n.kind == Kind::File) => {
-                m.truncate(ino, *size).is_ok()
-            }
-            _ => false,
-        },
-        Op::SetXattr {
-            target,
-            name,
-            value_len,
-            fill,
-            mode,
-        } => match resolve(m, target) {
-            Some(ino) => m
-                .setxattr(ino, name, &pattern(*fill, *value_len), *mode)
-                .is_ok(),
-            None => false,
-        },
-        Op::Fsync { target, .. } => match resolve(m, target) {
-            Some(ino) => m.inode(ino).is_some_and(|n| n.kind != Kind::Dir),
-            None => false,
-        },
-        Op::FsyncDir { target } => match resolve(m, target) {
-            Some(ino) => m.inode(ino).is_some_and(|n| n.kind == Kind::Dir),
-            None => false,
-        },
-        Op::Sync => true,
+        Op::Fsync { target, .. } => kind(m, target).is_some_and(|k| k != Kind::Dir),
+        Op::FsyncDir { target } => kind(m, target) == Some(Kind::Dir),
+        Op::SetXattr { target, .. } | Op::RemoveXattr { target, .. } => kind(m, target).is_some(),
+        Op::Create { .. }
+        | Op::Mkdir { .. }
+        | Op::Link { .. }
+        | Op::Unlink { .. }
+        | Op::Rmdir { .. }
+        | Op::Sync => true,
         _ => false,
+    };
+    if !valid {
+        return false;
     }
+    // No handle slots: ACE ops name paths.
+    let mut exec = Executor::new(std::mem::take(m), 0);
+    let ok = exec.apply(op).is_ok_and(|o| o.is_ok());
+    *m = exec.backend;
+    ok
 }
 
 /// One ACE workload: the ops after the setup (core op, persistence point,

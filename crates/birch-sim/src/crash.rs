@@ -328,7 +328,7 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
     let dev = Arc::new(Counted::new(RecordingDevice::new(initial.clone())));
     let mut sim = Sim::open(dev.clone(), cfg.mount.clone(), cfg.workload.handles)?;
     let mut snapshots = BTreeMap::new();
-    snapshots.insert(initial_generation, sim.model.view());
+    snapshots.insert(initial_generation, sim.model().view());
     let mut generation = sim.generation();
     if generation != initial_generation {
         return Err(format!(
@@ -355,19 +355,19 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
     for i in 0..count {
         let op = match script.as_ref().and_then(|s| s[i].clone()) {
             Some(op) => op,
-            None => gen.next_op(&sim.model),
+            None => gen.next_op(sim.model()),
         };
         assert!(op != Op::Remount, "crash workloads do not remount");
         let covered = match &op {
             Op::Sync => Some(Covered::All),
             Op::Fsync { target, .. } | Op::FsyncDir { target } => {
                 let ino = match target {
-                    Target::Path(p) => sim.model.resolve(p).ok(),
-                    Target::Handle(h) => sim.handle(*h).map(|(_, m)| m),
+                    Target::Path(p) => sim.model().resolve(p).ok(),
+                    Target::Handle(h) => sim.model_handle(*h),
                 };
                 ino.map(|ino| Covered::Inode {
-                    paths: paths_of(&sim.model, ino),
-                    dir: sim.model.inode(ino).is_some_and(|n| n.kind == Kind::Dir),
+                    paths: paths_of(sim.model(), ino),
+                    dir: sim.model().inode(ino).is_some_and(|n| n.kind == Kind::Dir),
                 })
             }
             _ => None,
@@ -386,7 +386,7 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
                 ));
             }
             generation = now;
-            snapshots.insert(now, sim.model.view());
+            snapshots.insert(now, sim.model().view());
             if cfg.verify_live_views {
                 sim.compare_views()
                     .map_err(|e| fail(&ops, format!("after op #{i} `{op}` (commit {now}): {e}")))?;
@@ -404,12 +404,12 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
             flushes_after,
             generation_after: now,
             ok,
-            view_after: sim.model.view(),
+            view_after: sim.model().view(),
             persist,
         });
     }
     // Unmount: the final commit is part of the trace.
-    let view = sim.model.view();
+    let view = sim.model().view();
     let (events_before, flushes_before) = dev.position();
     let mut tolerated = std::mem::take(&mut sim.tolerated);
     sim.close().map_err(|e| fail(&ops, format!("close: {e}")))?;
