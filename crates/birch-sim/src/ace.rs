@@ -72,7 +72,39 @@ fn rename(from: &str, to: &str) -> Op {
     }
 }
 
-/// The setup every workload starts from (ends with a sync).
+fn link(from: &str, to: &str) -> Op {
+    Op::Link {
+        from: p(from),
+        to: p(to),
+    }
+}
+
+fn xattr(path: &str, name: &str, len: usize, fill: u64) -> Op {
+    Op::SetXattr {
+        target: Target::Path(p(path)),
+        name: name.as_bytes().to_vec(),
+        value_len: len,
+        fill,
+        mode: XattrMode::Any,
+    }
+}
+
+fn fsync(path: &str) -> Op {
+    Op::Fsync {
+        target: Target::Path(p(path)),
+        datasync: false,
+    }
+}
+
+fn fsync_dir(path: &str) -> Op {
+    Op::FsyncDir {
+        target: Target::Path(p(path)),
+    }
+}
+
+/// The setup every workload starts from (ends with a sync). `B/bar` is a
+/// second name of `B/foo`, and `A/bar` carries an xattr, so single core
+/// ops can rename over hard links and remove xattrs.
 pub fn setup() -> Vec<Op> {
     vec![
         mkdir("A"),
@@ -87,28 +119,23 @@ pub fn setup() -> Vec<Op> {
         write("bar", 0, 100, 2),
         write("A/foo", 0, 5000, 3),
         write("B/foo", 0, 20000, 4),
+        link("B/foo", "B/bar"),
+        xattr("A/bar", "user.x", 40, 5),
         Op::Sync,
     ]
 }
 
-/// The core operations (each valid on the setup state).
-pub fn core_ops() -> Vec<Op> {
-    let xattr = |path: &str, name: &str, len: usize, fill: u64| Op::SetXattr {
-        target: Target::Path(p(path)),
-        name: name.as_bytes().to_vec(),
-        value_len: len,
-        fill,
-        mode: XattrMode::Any,
-    };
+/// The core operations. Most are one op; some are short sequences that
+/// real programs run without a persistence point in between (a name
+/// reused after a rename, swaps through a third name, links spread over
+/// new directories): the shapes in which a crash loses what was durable
+/// (docs/CRASH-TESTING.md). Each is valid on the setup state.
+pub fn core_ops() -> Vec<Vec<Op>> {
     let truncate = |path: &str, size: u64| Op::Truncate {
         target: Target::Path(p(path)),
         size,
     };
-    let link = |from: &str, to: &str| Op::Link {
-        from: p(from),
-        to: p(to),
-    };
-    vec![
+    let single = vec![
         create("baz"),
         create("A/baz"),
         mkdir("D"),
@@ -128,67 +155,173 @@ pub fn core_ops() -> Vec<Op> {
         link("A/foo", "B/baz"),
         Op::Unlink { path: p("foo") },
         Op::Unlink { path: p("A/bar") },
-        rename("foo", "baz"),     // file, within a dir, new name
-        rename("foo", "bar"),     // file, within a dir, over an existing file
-        rename("foo", "A/baz"),   // file, across dirs
-        rename("A/foo", "B/foo"), // file, across dirs, over an existing file
-        rename("A/C", "B/C"),     // empty dir, across dirs
-        rename("A/C", "D"),       // empty dir, to the root
-        rename("B", "D"),         // non-empty dir, within the root
-        rename("A", "B/A"),       // dir with a subtree, into a sibling
+        Op::Unlink { path: p("B/bar") }, // one of two names
+        rename("foo", "baz"),            // file, within a dir, new name
+        rename("foo", "bar"),            // file, within a dir, over an existing file
+        rename("foo", "A/baz"),          // file, across dirs
+        rename("A/foo", "B/foo"),        // file, across dirs, over a hard-linked file
+        rename("B/bar", "A/bar"),        // a second name, over an existing file
+        Op::Rename {
+            from: p("A/foo"),
+            to: p("B/foo"),
+            flags: RenameFlags {
+                no_replace: false,
+                exchange: true,
+            },
+        },
+        rename("A/C", "B/C"), // empty dir, across dirs
+        rename("A/C", "D"),   // empty dir, to the root
+        rename("B", "D"),     // non-empty dir, within the root
+        rename("A", "B/A"),   // dir with a subtree, into a sibling
         Op::Rmdir { path: p("A/C") },
         xattr("foo", "user.a", 17, 21),
         xattr("A", "user.a", 100, 22),
         xattr("A/foo", "user.b", 1000, 23),
-    ]
+        Op::RemoveXattr {
+            target: Target::Path(p("A/bar")),
+            name: b"user.x".to_vec(),
+        },
+    ];
+    let mut out: Vec<Vec<Op>> = single.into_iter().map(|op| vec![op]).collect();
+    out.extend([
+        // A name reused after a rename: file with data, in the root.
+        vec![
+            rename("foo", "baz"),
+            create("foo"),
+            write("foo", 0, 4096, 31),
+        ],
+        // ... an empty file, in a directory (the other inode is fsynced).
+        vec![rename("A/foo", "A/baz"), create("A/foo")],
+        // ... across directories.
+        vec![rename("A/foo", "B/baz"), create("A/foo")],
+        // ... after a rename over an existing name.
+        vec![rename("foo", "bar"), create("foo")],
+        // A directory's name reused: with a subtree, and empty.
+        vec![rename("A", "D"), mkdir("A")],
+        vec![rename("A/C", "A/E"), mkdir("A/C")],
+        // Two names swapped through a third.
+        vec![
+            rename("foo", "baz"),
+            rename("bar", "foo"),
+            rename("baz", "bar"),
+        ],
+        // Swapped through new names and a hard link, one name reused.
+        vec![
+            rename("foo", "baz"),
+            rename("bar", "qux"),
+            link("baz", "bar"),
+            create("foo"),
+        ],
+        // A rename chain over a hard link: foo -> qux, its second name
+        // bar -> foo, and bar reused.
+        vec![
+            rename("B/foo", "B/qux"),
+            rename("B/bar", "B/foo"),
+            create("B/bar"),
+        ],
+        // Hard links over a new and two old directories.
+        vec![
+            mkdir("D"),
+            link("A/foo", "D/l"),
+            link("A/foo", "B/l"),
+            link("A/foo", "l"),
+        ],
+        // A deep new subtree holding links of an old file and a new file.
+        vec![
+            link("foo", "B/l1"),
+            mkdir("B/x"),
+            mkdir("B/x/y"),
+            mkdir("B/x/y/z"),
+            link("foo", "B/x/y/l2"),
+            link("foo", "B/x/y/z/l3"),
+            create("B/x/y/z/new"),
+        ],
+        // An xattr set and removed again on a renamed file.
+        vec![
+            rename("A/foo", "A/baz"),
+            xattr("A/baz", "user.b", 60, 32),
+            Op::RemoveXattr {
+                target: Target::Path(p("A/baz")),
+                name: b"user.b".to_vec(),
+            },
+        ],
+    ]);
+    out
 }
 
 fn parent(path: &Path) -> Path {
     path[..path.len().saturating_sub(1)].to_vec()
 }
 
-/// The persistence points that can follow `op`: fsync and fdatasync of the
-/// file it leaves behind, fsync of every directory it touched (parents of
-/// its names; the directory itself for mkdir, a directory rename or an
-/// xattr on a directory), and sync.
-pub fn persistence_points(before: &Model, op: &Op) -> Vec<Op> {
-    let is_dir = |path: &Path| {
-        before
-            .resolve(path)
-            .ok()
-            .and_then(|i| before.inode(i))
-            .is_some_and(|n| n.kind == Kind::Dir)
-    };
-    // (files to fsync, directories to fsync)
-    let (files, dirs): (Vec<Path>, Vec<Path>) = match op {
-        Op::Create { path, .. } => (vec![path.clone()], vec![parent(path)]),
-        Op::Mkdir { path, .. } => (vec![], vec![path.clone(), parent(path)]),
-        Op::Write {
-            target: Target::Path(path),
-            ..
-        }
-        | Op::Truncate {
-            target: Target::Path(path),
-            ..
-        } => (vec![path.clone()], vec![]),
-        Op::Link { from, to } => (vec![to.clone()], vec![parent(to), parent(from)]),
-        Op::Unlink { path } | Op::Rmdir { path } => (vec![], vec![parent(path)]),
-        Op::Rename { from, to, .. } if is_dir(from) => {
-            (vec![], vec![to.clone(), parent(to), parent(from)])
-        }
-        Op::Rename { from, to, .. } => (vec![to.clone()], vec![parent(to), parent(from)]),
-        Op::SetXattr {
-            target: Target::Path(path),
-            ..
-        } if is_dir(path) => (vec![], vec![path.clone()]),
-        Op::SetXattr {
-            target: Target::Path(path),
-            ..
-        } => (vec![path.clone()], vec![]),
-        _ => (vec![], vec![]),
-    };
+/// The persistence points that can follow the core op `ops` (run from
+/// `before`): fsync and fdatasync of each file it leaves behind (one path
+/// per inode), fsync of every directory it touched (parents of its names;
+/// the directory itself for mkdir, a directory rename or an xattr on a
+/// directory), and sync. Points whose target is gone by the end are
+/// dropped by the enumeration's validity check.
+pub fn persistence_points(before: &Model, ops: &[Op]) -> Vec<Op> {
+    let mut model = before.clone();
+    let mut files: Vec<Path> = Vec::new();
+    let mut dirs: Vec<Path> = Vec::new();
+    for op in ops {
+        let is_dir = |path: &Path| {
+            model
+                .resolve(path)
+                .ok()
+                .and_then(|i| model.inode(i))
+                .is_some_and(|n| n.kind == Kind::Dir)
+        };
+        let (f, d): (Vec<Path>, Vec<Path>) = match op {
+            Op::Create { path, .. } => (vec![path.clone()], vec![parent(path)]),
+            Op::Mkdir { path, .. } => (vec![], vec![path.clone(), parent(path)]),
+            Op::Write {
+                target: Target::Path(path),
+                ..
+            }
+            | Op::Truncate {
+                target: Target::Path(path),
+                ..
+            } => (vec![path.clone()], vec![]),
+            Op::Link { from, to } => (vec![to.clone()], vec![parent(to), parent(from)]),
+            Op::Unlink { path } | Op::Rmdir { path } => (vec![], vec![parent(path)]),
+            Op::Rename { from, to, .. } if is_dir(from) => {
+                (vec![], vec![to.clone(), parent(to), parent(from)])
+            }
+            Op::Rename { from, to, flags } if flags.exchange => (
+                vec![to.clone(), from.clone()],
+                vec![parent(to), parent(from)],
+            ),
+            Op::Rename { from, to, .. } => (vec![to.clone()], vec![parent(to), parent(from)]),
+            Op::SetXattr {
+                target: Target::Path(path),
+                ..
+            }
+            | Op::RemoveXattr {
+                target: Target::Path(path),
+                ..
+            } if is_dir(path) => (vec![], vec![path.clone()]),
+            Op::SetXattr {
+                target: Target::Path(path),
+                ..
+            }
+            | Op::RemoveXattr {
+                target: Target::Path(path),
+                ..
+            } => (vec![path.clone()], vec![]),
+            _ => (vec![], vec![]),
+        };
+        files.extend(f);
+        dirs.extend(d);
+        model_apply(&mut model, op);
+    }
     let mut out = Vec::new();
+    let mut inodes = BTreeSet::new();
     for f in files {
+        // One path per inode that is still a file at the end.
+        let Ok(ino) = model.resolve(&f) else { continue };
+        if model.inode(ino).is_none_or(|n| n.kind == Kind::Dir) || !inodes.insert(ino) {
+            continue;
+        }
         out.push(Op::Fsync {
             target: Target::Path(f.clone()),
             datasync: false,
@@ -254,19 +387,25 @@ fn model_apply(m: &mut Model, op: &Op) -> bool {
     ok
 }
 
-/// One ACE workload: the ops after the setup (core op, persistence point,
-/// core op, persistence point, ...).
+/// One ACE workload: a setup (ending with a sync) and the ops after it
+/// (core op, persistence point, core op, persistence point, ... for the
+/// enumerated ones).
 #[derive(Clone, Debug)]
 pub struct AceWorkload {
-    /// `seq1:N` or `seq2:N`.
+    /// `seq1:N`, `seq2:N`, or the name of a fixed workload.
     pub id: String,
+    pub setup: Vec<Op>,
     pub ops: Vec<Op>,
+    /// Subtrees (and files) that must be exactly as the model has them at
+    /// the end in every crash state after the last op completed (the
+    /// fixed workloads' own promise; empty for enumerated ones).
+    pub expect: Vec<Path>,
 }
 
 impl AceWorkload {
     /// The whole script: setup, then the workload.
     pub fn script(&self) -> Vec<Op> {
-        let mut s = setup();
+        let mut s = self.setup.clone();
         s.extend(self.ops.iter().cloned());
         s
     }
@@ -296,18 +435,18 @@ pub fn enumerate(len: usize) -> Vec<AceWorkload> {
     for _ in 0..len {
         let mut next = Vec::new();
         for (model, ops) in &prefix {
-            for op in &core {
+            for core_op in &core {
                 let mut m = model.clone();
-                if !model_apply(&mut m, op) {
+                if !core_op.iter().all(|op| model_apply(&mut m, op)) {
                     continue;
                 }
-                for pp in &persistence_points(model, op) {
+                for pp in &persistence_points(model, core_op) {
                     let mut m2 = m.clone();
                     if !model_apply(&mut m2, pp) {
                         continue;
                     }
                     let mut o = ops.clone();
-                    o.push(op.clone());
+                    o.extend(core_op.iter().cloned());
                     o.push(pp.clone());
                     next.push((m2, o));
                 }
@@ -320,20 +459,145 @@ pub fn enumerate(len: usize) -> Vec<AceWorkload> {
         if seen.insert(key) {
             out.push(AceWorkload {
                 id: format!("seq{len}:{}", out.len()),
+                setup: setup(),
                 ops,
+                expect: Vec::new(),
             });
         }
     }
     out
 }
 
-/// A workload by id (`seq1:N`, `seq2:N`); `setup` is the setup alone.
+/// The fixed workloads: the six sequences of issue 10 ("fsync contract")
+/// in which a power cut after the last fsync lost what was durable before,
+/// each with its own setup and the paths that must come back exactly as
+/// the model has them.
+pub fn fixed() -> Vec<AceWorkload> {
+    let named = |id: &str, setup: Vec<Op>, ops: Vec<Op>, expect: &[&str]| AceWorkload {
+        id: id.into(),
+        setup,
+        ops,
+        expect: expect.iter().map(|e| p(e)).collect(),
+    };
+    vec![
+        named(
+            "rename_away_then_reuse_name",
+            vec![
+                mkdir("a"),
+                create("a/foo"),
+                write("a/foo", 0, 16384, 1),
+                Op::Sync,
+            ],
+            vec![
+                rename("a/foo", "a/bar"),
+                create("a/foo"),
+                write("a/foo", 0, 5000, 2),
+                fsync("a/foo"),
+            ],
+            &["a"],
+        ),
+        named(
+            "rename_dir_away_then_mkdir_same_name",
+            vec![
+                mkdir("a"),
+                mkdir("a/x"),
+                create("a/x/f1"),
+                write("a/x/f1", 0, 3000, 3),
+                create("a/x/f2"),
+                write("a/x/f2", 0, 9000, 4),
+                Op::Sync,
+            ],
+            vec![rename("a/x", "a/y"), mkdir("a/x"), fsync_dir("a/x")],
+            &["a"],
+        ),
+        named(
+            "swap_names_through_links",
+            vec![
+                mkdir("t"),
+                create("t/f1"),
+                write("t/f1", 0, 3, 5),
+                create("t/f2"),
+                write("t/f2", 0, 5, 6),
+                Op::Sync,
+            ],
+            vec![
+                rename("t/f1", "t/f3"),
+                rename("t/f2", "t/f4"),
+                link("t/f3", "t/f2"),
+                create("t/f1"),
+                fsync("t/f1"),
+            ],
+            &["t"],
+        ),
+        named(
+            "rename_chain_over_hard_link",
+            vec![
+                mkdir("t"),
+                create("t/foo"),
+                write("t/foo", 0, 4096, 7),
+                link("t/foo", "t/bar"),
+                Op::Sync,
+            ],
+            vec![
+                rename("t/foo", "t/qwerty"),
+                rename("t/bar", "t/foo"),
+                create("t/bar"),
+                fsync("t/bar"),
+            ],
+            &["t"],
+        ),
+        named(
+            "fsync_renamed_keeps_new_owner_of_old_name",
+            vec![
+                mkdir("dir"),
+                create("dir/foo"),
+                write("dir/foo", 0, 2000, 8),
+                Op::Sync,
+            ],
+            vec![
+                rename("dir/foo", "dir/bar"),
+                create("dir/foo"),
+                fsync("dir/bar"),
+            ],
+            &["dir"],
+        ),
+        named(
+            "dir_fsync_logs_new_subdirectory_tree",
+            vec![
+                create("foo"),
+                write("foo", 0, 8192, 9),
+                mkdir("d"),
+                Op::Sync,
+            ],
+            vec![
+                link("foo", "d/l1"),
+                link("foo", "d/l2"),
+                mkdir("d/x"),
+                mkdir("d/x/y"),
+                mkdir("d/x/y/z"),
+                link("foo", "d/x/y/l3"),
+                link("foo", "d/x/y/z/l4"),
+                create("d/x/y/z/qwerty"),
+                fsync_dir("d"),
+            ],
+            &["d", "foo"],
+        ),
+    ]
+}
+
+/// A workload by id (`seq1:N`, `seq2:N`, a fixed workload's name); `setup`
+/// is the setup alone.
 pub fn by_id(id: &str) -> Option<AceWorkload> {
     if id == "setup" {
         return Some(AceWorkload {
             id: id.into(),
+            setup: setup(),
             ops: Vec::new(),
+            expect: Vec::new(),
         });
+    }
+    if let Some(w) = fixed().into_iter().find(|w| w.id == id) {
+        return Some(w);
     }
     let (seq, n) = id.split_once(':')?;
     let len: usize = seq.strip_prefix("seq")?.parse().ok()?;
@@ -342,6 +606,61 @@ pub fn by_id(id: &str) -> Option<AceWorkload> {
         return None;
     }
     enumerate(len).into_iter().nth(n)
+}
+
+/// The fixed workloads' promise: once the last op completed (all its
+/// flushes among the first k), every expected path's subtree is exactly
+/// the model's at the end: the same paths, each with the same kind, size,
+/// content, link count, xattrs and link group.
+pub fn check_expected(
+    w: &AceWorkload,
+    trace: &Trace,
+    k: usize,
+    recovered: &View,
+) -> Result<usize, String> {
+    let last = trace.ops.len() - 2; // the last op before the unmount
+    if w.expect.is_empty() || trace.ops[last].flushes_after > k {
+        return Ok(0);
+    }
+    let want = &trace.ops[last].view_after;
+    let mut judged = 0;
+    for top in &w.expect {
+        let under = |v: &View| -> Vec<Path> {
+            v.entries
+                .keys()
+                .filter(|q| q.starts_with(top))
+                .cloned()
+                .collect()
+        };
+        for path in under(want) {
+            judged += 1;
+            let Some(got) = recovered.entries.get(&path) else {
+                return Err(format!(
+                    "`{}` completed, but {} is missing",
+                    trace.ops[last].op,
+                    show_path(&path)
+                ));
+            };
+            if let Some(d) = crate::model::diff_entry(&want.entries[&path], got) {
+                return Err(format!(
+                    "`{}` completed, but {} differs: {d}",
+                    trace.ops[last].op,
+                    show_path(&path)
+                ));
+            }
+        }
+        if let Some(extra) = under(recovered)
+            .into_iter()
+            .find(|q| !want.entries.contains_key(q))
+        {
+            return Err(format!(
+                "`{}` completed, but {} exists",
+                trace.ops[last].op,
+                show_path(&extra)
+            ));
+        }
+    }
+    Ok(judged)
 }
 
 /// The crash configuration of ACE workloads: every subset of windows of up
@@ -496,6 +815,8 @@ pub struct AceStats {
     pub renames_judged: u64,
     /// Crash states whose superblock pointed at a log tree to replay.
     pub states_with_log: u64,
+    /// Paths a fixed workload's promise judged, over all states.
+    pub expected_judged: u64,
 }
 
 /// Records `w` (setup + ops) and judges every crash state after the
@@ -524,11 +845,12 @@ pub fn run(w: &AceWorkload, cfg: &CrashConfig) -> Result<AceStats, String> {
     }
     // The setup's windows are judged by the `setup` workload alone.
     if !w.ops.is_empty() {
-        cfg.first_flush = trace.ops[setup().len() - 1].flushes_after;
+        cfg.first_flush = trace.ops[w.setup.len() - 1].flushes_after;
     }
-    let (mut renames, mut with_log) = (0u64, 0u64);
+    let (mut renames, mut with_log, mut expected) = (0u64, 0u64, 0u64);
     let crash = explore_each(&trace, &cfg, &mut |k, _, r: &StateReport| {
         renames += check_renames(&trace, k, &r.view)? as u64;
+        expected += check_expected(w, &trace, k, &r.view)? as u64;
         with_log += u64::from(r.has_log);
         Ok(())
     })
@@ -549,5 +871,6 @@ pub fn run(w: &AceWorkload, cfg: &CrashConfig) -> Result<AceStats, String> {
         crash,
         renames_judged: renames,
         states_with_log: with_log,
+        expected_judged: expected,
     })
 }
