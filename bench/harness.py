@@ -49,9 +49,11 @@ BIRCH_COMMANDS = {
     "mkfs": ["{birch}", "mkfs", "{target}"],
     "mount_bg": ["{birch}", "mount", "-f", "{target}", "{mnt}"],
     "umount": ["fusermount3", "-u", "{mnt}"],
-    # syncfs does not reach a FUSE daemon (the kernel forwards it only on
-    # fuseblk mounts): `birch sync` runs syncfs, then asks birch to commit
-    # through its ioctl.
+    # The kernel forwards syncfs to a FUSE daemon only on fuseblk mounts,
+    # which is what birch mounts as root (on a block device, or on a loop
+    # device it attaches to an image file): Mounted.sync then uses `sync -f`
+    # like the kernel filesystems. On a plain fuse mount, `birch sync` runs
+    # syncfs, then asks birch to commit through its ioctl.
     "sync": ["{birch}", "sync", "{path}"],
     "tools": ["fusermount3"],
 }
@@ -83,7 +85,8 @@ FS_TABLE = {
     # birch over FUSE on the same kind of direct-io loop device as the others.
     "birch": dict(BIRCH_COMMANDS, device="loop",
                   default=False),   # enabled by --fs birch or --birch-bin PATH
-    # birch over FUSE directly on a plain image file (no loop device).
+    # birch given the image file: as root, birch attaches it to a loop
+    # device of its own (auto-clearing; direct I/O unless -o buffered).
     "birch-file": dict(BIRCH_COMMANDS, device="file", default=False),
 }
 BIRCH_FS = [n for n, s in FS_TABLE.items() if s["kind"] == "fuse"]
@@ -449,10 +452,14 @@ class Mounted:
     def sync(self, path=None, quiet=True, timeout=1800):
         """Makes everything under the mount durable, the way its filesystem
         needs (see FS_TABLE's "sync")."""
-        if "sync" in self.spec:
+        if "sync" in self.spec and not self.fstype().startswith("fuseblk"):
             run(self._fmt(self.spec["sync"], path), quiet=quiet, timeout=timeout)
         else:
             syncfs(path or self.mnt, quiet=quiet, timeout=timeout)
+
+    def fstype(self):
+        """The type /proc/self/mountinfo lists for the mount ("" if none)."""
+        return next((t for mp, t in mountinfo() if mp == self.mnt), "")
 
     def __enter__(self):
         STATE.active.append(self)

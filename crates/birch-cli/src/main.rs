@@ -10,6 +10,7 @@
 //! Every failure is one line on stderr naming the image and what is wrong;
 //! bad arguments get clap's usage error (exit 2).
 
+mod loopdev;
 mod mount;
 mod replay;
 

@@ -8,9 +8,10 @@
 //! a signal) ends the session, and the filesystem is committed and closed
 //! before the daemon exits.
 
+use crate::loopdev::{self, Backing, LoopDevice};
 use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
-use birch::fs::{Filesystem, MountOptions};
+use birch::fs::{Filesystem, MountOptions, ReplayOutcome};
 use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC};
 use clap::Args;
 use std::ffi::CString;
@@ -18,6 +19,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -169,11 +171,11 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
 /// of it fails instead of corrupting it. A daemon that was just unmounted
 /// still holds the lock while it commits and exits, so the lock is awaited
 /// for a while, unless the image is listed as mounted (then it fails now).
-fn lock_image(dev: &FileDevice, image: &Path) -> Result<(), Failure> {
+fn lock_image(file: &File, image: &Path) -> Result<(), Failure> {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         // SAFETY: flock on an fd we own; no memory is passed.
-        if unsafe { libc::flock(dev.file().as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             return Ok(());
         }
         let e = std::io::Error::last_os_error();
@@ -193,7 +195,8 @@ fn lock_image(dev: &FileDevice, image: &Path) -> Result<(), Failure> {
     }
 }
 
-/// Whether /proc/self/mountinfo lists `image` as a mount's source.
+/// Whether /proc/self/mountinfo lists `image`, or a loop device bound to
+/// it, as a mount's source.
 fn is_mounted(image: &Path) -> bool {
     let Ok(canonical) = image.canonicalize() else {
         return false;
@@ -201,12 +204,13 @@ fn is_mounted(image: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
-    let wanted = canonical.to_string_lossy();
+    let mut wanted = vec![canonical];
+    wanted.extend(loopdev::devices_of(image));
     // Fields after " - " are: fstype, source, super options.
     info.lines()
         .filter_map(|l| l.split_once(" - "))
         .filter_map(|(_, rest)| rest.split_whitespace().nth(1))
-        .any(|source| source == wanted)
+        .any(|source| wanted.iter().any(|w| Path::new(source) == w))
 }
 
 /// Blocks the termination signals in this thread (and every thread it
@@ -244,6 +248,13 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
             "{}: not a directory",
             args.mountpoint.display()
         )));
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Said here, before detaching: a detached daemon's stderr goes nowhere.
+        eprintln!(
+            "birch: not root: a plain FUSE mount; sync(1) and syncfs(2) will not reach birch (use fsync or `birch sync MOUNTPOINT`)"
+        );
     }
     if !args.foreground {
         return detach(args);
@@ -292,9 +303,9 @@ impl MountControl for Control {
     }
 }
 
-fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Result<u8, Failure> {
-    let image = &args.image;
-    let dev = if settings.engine.read_only {
+/// Opens the image for the engine, as the device the mount sits on.
+fn open_device(image: &Path, settings: &Settings) -> Result<FileDevice, Failure> {
+    if settings.engine.read_only {
         FileDevice::open_read_only(image)
     } else {
         match FileDevice::open(image, settings.direct_io) {
@@ -310,8 +321,83 @@ fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Resul
             other => other,
         }
     }
-    .map_err(|e| Failure::new(format!("{}: cannot open: {e}", image.display())))?;
-    lock_image(&dev, image)?;
+    .map_err(|e| Failure::new(format!("{}: cannot open: {e}", image.display())))
+}
+
+/// What the mount holds on to besides the engine's device: the locked
+/// image file and the loop device it is attached to.
+struct Attached {
+    _image: File,
+    _loop: LoopDevice,
+}
+
+/// Opens and locks the image, and decides the mount type. As root the
+/// mount is `fuseblk`, the only FUSE type the kernel sends syncfs(2) to
+/// (so sync(1) and `sync -f` commit birch): a block device is mounted as
+/// it is (birch opens it by path without O_EXCL; the kernel's mount holds
+/// it exclusively), an image file through a loop device attached here.
+/// Unprivileged, it is a plain `fuse` mount (`mount` says so).
+fn open_and_lock(
+    image: &Path,
+    settings: &mut Settings,
+) -> Result<(FileDevice, Option<Attached>), Failure> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let block_device = std::fs::metadata(image).is_ok_and(|m| m.file_type().is_block_device());
+    if root && !block_device {
+        let file = File::options()
+            .read(true)
+            .write(!settings.engine.read_only)
+            .open(image)
+            .map_err(|e| Failure::new(format!("{}: cannot open: {e}", image.display())))?;
+        // Locked before the loop device exists, so a second mount of the
+        // image fails here instead of mounting the same filesystem twice.
+        lock_image(&file, image)?;
+        let backing = if settings.direct_io {
+            Backing::Direct
+        } else {
+            Backing::Buffered
+        };
+        match LoopDevice::attach(&file, settings.engine.read_only, backing) {
+            Ok(loop_dev) => {
+                // O_DIRECT on the loop device: the image's data is cached
+                // at most once, in the image file's page cache (-o buffered).
+                let dev = if settings.engine.read_only {
+                    FileDevice::open_read_only(loop_dev.path())
+                } else {
+                    FileDevice::open(loop_dev.path(), true)
+                }
+                .map_err(|e| {
+                    Failure::new(format!("{}: cannot open: {e}", loop_dev.path().display()))
+                })?;
+                settings.fuse.block_device = Some(loop_dev.path().to_path_buf());
+                settings.fuse.fsname = loop_dev.path().display().to_string();
+                let attached = Attached {
+                    _image: file,
+                    _loop: loop_dev,
+                };
+                return Ok((dev, Some(attached)));
+            }
+            Err(e) => {
+                eprintln!(
+                    "birch: {}: no loop device ({e}): mounting as plain FUSE; sync(1) and syncfs(2) will not reach birch",
+                    image.display()
+                );
+                drop(file);
+            }
+        }
+    }
+    let dev = open_device(image, settings)?;
+    lock_image(dev.file(), image)?;
+    if root && block_device {
+        settings.fuse.block_device = image.canonicalize().ok();
+    }
+    Ok((dev, None))
+}
+
+fn serve(args: &MountArgs, mut settings: Settings, ready: &mut dyn FnMut()) -> Result<u8, Failure> {
+    let image = &args.image;
+    let (dev, _attached) = open_and_lock(image, &mut settings)?;
     let (inner, write_log): (Box<dyn BlockDevice>, _) = match &args.write_log {
         Some(path) => {
             let file = File::options()
@@ -342,6 +428,7 @@ fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Resul
     unmount_on_signal(args.mountpoint.clone());
     let fs = Filesystem::open(gate, settings.engine)
         .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
+    report_replay(image, fs.replay_outcome());
     let fs =
         birch_fuse::serve(fs, &args.mountpoint, &settings.fuse, control, ready).map_err(|e| {
             Failure::new(format!(
@@ -356,6 +443,25 @@ fn serve(args: &MountArgs, settings: Settings, ready: &mut dyn FnMut()) -> Resul
         ))
     })?;
     Ok(0)
+}
+
+/// Says on stderr what the mount did with a log it found: nothing when it
+/// replayed cleanly, loudly when it had to throw the log away.
+fn report_replay(image: &Path, outcome: Option<ReplayOutcome>) {
+    match outcome {
+        Some(ReplayOutcome::Discarded(why)) => eprintln!(
+            "birch: {}: WARNING: the fsync log could not be replayed and was discarded; \
+             the last commit is mounted and what was fsynced after it is lost: {why}",
+            image.display()
+        ),
+        Some(ReplayOutcome::Replayed(report)) if report.names_without_parent > 0 => eprintln!(
+            "birch: {}: WARNING: log replay left out {} logged names whose directory \
+             did not exist",
+            image.display(),
+            report.names_without_parent
+        ),
+        _ => {}
+    }
 }
 
 /// Starts this command again in the foreground as a daemon in its own

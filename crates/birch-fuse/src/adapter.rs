@@ -21,7 +21,7 @@ use fuser::{
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +60,10 @@ pub struct FuseOptions {
     pub read_only: bool,
     /// Shown as the mount's source in /proc/mounts.
     pub fsname: String,
+    /// Mount as `fuseblk` on this block device (needs root): only then
+    /// does the kernel pass syncfs(2) and sync(1) on to birch. `None`
+    /// mounts plain `fuse`.
+    pub block_device: Option<PathBuf>,
     /// Largest write request (bytes).
     pub max_write: u32,
     /// Background (readahead, writeback) requests the kernel may have queued.
@@ -78,6 +82,7 @@ impl Default for FuseOptions {
             allow_other: true,
             read_only: false,
             fsname: "birch".into(),
+            block_device: None,
             max_write: 1 << 20,
             max_background: 128,
         }
@@ -691,6 +696,13 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         let ino = to_engine_ino(ino.0);
         self.reply_fsync(ino, self.fs.fsync(ino, datasync), reply);
+    }
+
+    /// syncfs(2), sync(1), and the sync a remount does before it changes
+    /// the mount's flags: commit, and answer once the commit is durable.
+    /// Only fuseblk connections get this (docs/FUSE.md).
+    fn syncfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyEmpty) {
+        Self::reply_empty(self.fs.sync(), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -5,6 +5,7 @@
 
 mod adapter;
 mod attr;
+mod fuseblk;
 
 pub use adapter::{
     BirchFuse, FuseOptions, MountControl, NoControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC,
@@ -30,7 +31,16 @@ pub fn serve<D: BlockDevice + 'static>(
 ) -> io::Result<Filesystem<D>> {
     let fs = Arc::new(fs);
     let adapter = BirchFuse::new(fs.clone(), options.clone(), control);
-    let session = fuser::Session::new(adapter, mountpoint, &options.session_config())?;
+    let config = options.session_config();
+    let session = match &options.block_device {
+        Some(device) => {
+            let fd = fuseblk::mount(device, mountpoint, &config)?;
+            fuser::Session::from_fd(adapter, fd, config.acl, config).inspect_err(|_| {
+                fuseblk::detach(mountpoint);
+            })?
+        }
+        None => fuser::Session::new(adapter, mountpoint, &config)?,
+    };
     ready();
     session.run()?;
     Arc::try_unwrap(fs)

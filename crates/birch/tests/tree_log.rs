@@ -496,3 +496,295 @@ fn commit_during_log_write() {
         }
     });
 }
+
+// ----- name conflicts and new subdirectories (docs/TREE-LOG.md, "The
+// contract"). Each starts from a commit; crash states are taken from that
+// commit on: before the fsync returned, everything committed must still be
+// reachable (nothing durable is ever lost); after, what the fsync promised.
+
+/// Whether some path of the view holds exactly `data`.
+fn reachable(v: &common::View, data: &[u8]) -> bool {
+    v.values().any(|d| d.as_slice() == data)
+}
+
+fn require_reachable(v: &common::View, what: &[(&str, &[u8])]) -> Result<(), String> {
+    for (name, data) in what {
+        if !reachable(v, data) {
+            return Err(format!("durable {name} is gone"));
+        }
+    }
+    Ok(())
+}
+
+fn require_content(v: &common::View, path: &str, data: &[u8]) -> Result<(), String> {
+    match v.get(path) {
+        Some(d) if d.as_slice() == data => Ok(()),
+        Some(d) => Err(format!(
+            "{path}: {} bytes, not the expected {}",
+            d.len(),
+            data.len()
+        )),
+        None => Err(format!("{path} missing")),
+    }
+}
+
+fn nlink_at<D: BlockDevice + 'static>(fs: &birch::fs::Filesystem<D>, path: &str) -> u32 {
+    fs.getattr(ino(fs, path)).unwrap().nlink
+}
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ salt)
+        .collect()
+}
+
+/// `mkdir a; write a/foo (16 KiB); sync; mv a/foo a/bar; write a/foo
+/// (other data); fsync a/foo; <cut>` → `a/bar` keeps the old data, `a/foo`
+/// has the new. Replay gives the new inode the name `foo`, which the old
+/// one held in the commit: the old one's new name must be logged too.
+#[test]
+fn rename_away_then_reuse_name() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let a = fs.mkdir(root, b"a", 0o755, 0, 0).unwrap().ino;
+    let old = pattern(16 << 10, 1);
+    let foo = fs.create(a, b"foo", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(foo, 0, &old).unwrap();
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.rename(a, b"foo", a, b"bar", RenameFlags::default())
+        .unwrap();
+    let new = pattern(5000, 2);
+    let foo2 = fs.create(a, b"foo", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(foo2, 0, &new).unwrap();
+    fs.fsync(foo2, false).unwrap();
+    assert_eq!(fs.stats().commits, 1, "answered by the log");
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(7), |p, _, v| {
+        require_reachable(v, &[("a/foo's 16 KiB", &old)])?;
+        if p.flushes_completed >= synced {
+            require_content(v, "/a/bar", &old)?;
+            require_content(v, "/a/foo", &new)?;
+        }
+        Ok(())
+    });
+}
+
+/// `mkdir -p a/x; touch a/x/p a/x/q; sync; mv a/x a/y; mkdir a/x; fsync
+/// a/x; <cut>` → mounts, with `a/y/p`, `a/y/q` and an empty `a/x`.
+#[test]
+fn rename_dir_away_then_mkdir_same_name() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let a = fs.mkdir(root, b"a", 0o755, 0, 0).unwrap().ino;
+    let x = fs.mkdir(a, b"x", 0o755, 0, 0).unwrap().ino;
+    let (p_data, q_data) = (pattern(3000, 3), pattern(100, 4));
+    for (name, data) in [(b"p", &p_data), (b"q", &q_data)] {
+        let f = fs.create(x, name, 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, data).unwrap();
+    }
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.rename(a, b"x", a, b"y", RenameFlags::default()).unwrap();
+    let x2 = fs.mkdir(a, b"x", 0o755, 0, 0).unwrap().ino;
+    fs.fsync(x2, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(8), |p, _, v| {
+        require_reachable(v, &[("a/x/p", &p_data), ("a/x/q", &q_data)])?;
+        if p.flushes_completed >= synced {
+            require_content(v, "/a/y/p", &p_data)?;
+            require_content(v, "/a/y/q", &q_data)?;
+            require_content(v, "/a/x", b"<dir>")?;
+            if v.keys().any(|k| k.starts_with("/a/x/")) {
+                return Err("the new a/x is not empty".into());
+            }
+        }
+        Ok(())
+    });
+}
+
+/// `touch t/f1 t/f2 (foo, hello); sync; mv t/f1 t/f3; mv t/f2 t/f4; ln
+/// t/f3 t/f2; touch t/f1; fsync t/f1; <cut>` → f1 new; f2 and f3 one inode
+/// holding "foo"; f4 "hello". Each name the logged inode took brings the
+/// inode that held it, and so on through the chain.
+#[test]
+fn swap_names_through_links() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let t = fs.mkdir(fs.root_ino(), b"t", 0o755, 0, 0).unwrap().ino;
+    for (name, data) in [(b"f1", b"foo".as_slice()), (b"f2", b"hello")] {
+        let f = fs.create(t, name, 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, data).unwrap();
+    }
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    let plain = RenameFlags::default();
+    fs.rename(t, b"f1", t, b"f3", plain).unwrap();
+    fs.rename(t, b"f2", t, b"f4", plain).unwrap();
+    fs.link(ino(&fs, "t/f3"), t, b"f2").unwrap();
+    let f1 = fs.create(t, b"f1", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f1, 0, b"new").unwrap();
+    fs.fsync(f1, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(9), |p, fs, v| {
+        require_reachable(v, &[("t/f1", b"foo"), ("t/f2", b"hello")])?;
+        if p.flushes_completed >= synced {
+            require_content(v, "/t/f1", b"new")?;
+            require_content(v, "/t/f2", b"foo")?;
+            require_content(v, "/t/f3", b"foo")?;
+            require_content(v, "/t/f4", b"hello")?;
+            if ino(fs, "t/f2") != ino(fs, "t/f3") || nlink_at(fs, "t/f3") != 2 {
+                return Err("f2 and f3 are not one inode with two links".into());
+            }
+        }
+        Ok(())
+    });
+}
+
+/// `touch t/foo; ln t/foo t/bar; sync; mv t/foo t/qwerty; mv t/bar t/foo;
+/// touch t/bar; fsync t/bar; <cut>` → qwerty and foo (one inode, the
+/// data), bar new.
+#[test]
+fn rename_chain_over_hard_link() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let t = fs.mkdir(fs.root_ino(), b"t", 0o755, 0, 0).unwrap().ino;
+    let data = pattern(9000, 5);
+    let foo = fs.create(t, b"foo", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(foo, 0, &data).unwrap();
+    fs.link(foo, t, b"bar").unwrap();
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    let plain = RenameFlags::default();
+    fs.rename(t, b"foo", t, b"qwerty", plain).unwrap();
+    fs.rename(t, b"bar", t, b"foo", plain).unwrap();
+    let bar = fs.create(t, b"bar", 0o644, 0, 0).unwrap().ino;
+    fs.fsync(bar, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(10), |p, fs, v| {
+        require_reachable(v, &[("t/foo", &data)])?;
+        if p.flushes_completed >= synced {
+            require_content(v, "/t/qwerty", &data)?;
+            require_content(v, "/t/foo", &data)?;
+            require_content(v, "/t/bar", b"")?;
+            if nlink_at(fs, "t/qwerty") != 2 {
+                return Err("qwerty and foo are not one inode with two links".into());
+            }
+        }
+        Ok(())
+    });
+}
+
+/// `touch dir/foo; sync; mv dir/foo dir/bar; touch dir/foo; fsync
+/// dir/bar; <cut>` → bar (the data) and the new, empty foo: the inode that
+/// now holds the name the logged one gave up is logged too.
+#[test]
+fn fsync_renamed_keeps_new_owner_of_old_name() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let dir = fs.mkdir(fs.root_ino(), b"dir", 0o755, 0, 0).unwrap().ino;
+    let data = pattern(4096, 6);
+    let foo = fs.create(dir, b"foo", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(foo, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.rename(dir, b"foo", dir, b"bar", RenameFlags::default())
+        .unwrap();
+    fs.create(dir, b"foo", 0o644, 0, 0).unwrap();
+    fs.fsync(foo, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(11), |p, _, v| {
+        require_reachable(v, &[("dir/foo", &data)])?;
+        if p.flushes_completed >= synced {
+            require_content(v, "/dir/bar", &data)?;
+            require_content(v, "/dir/foo", b"")?;
+        }
+        Ok(())
+    });
+}
+
+/// `write foo (8 KiB); mkdir d; sync; ln foo d/l1; ln foo d/l2; mkdir -p
+/// d/x/y/z; ln foo d/x/y/l3; ln foo d/x/y/z/l4; touch d/x/y/z/qwerty;
+/// fsync d; <cut>` → the whole new subtree, and foo with 5 links.
+#[test]
+fn dir_fsync_logs_new_subdirectory_tree() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let data = pattern(8192, 7);
+    let foo = fs.create(root, b"foo", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(foo, 0, &data).unwrap();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.link(foo, d, b"l1").unwrap();
+    fs.link(foo, d, b"l2").unwrap();
+    let x = fs.mkdir(d, b"x", 0o755, 0, 0).unwrap().ino;
+    let y = fs.mkdir(x, b"y", 0o755, 0, 0).unwrap().ino;
+    let z = fs.mkdir(y, b"z", 0o755, 0, 0).unwrap().ino;
+    fs.link(foo, y, b"l3").unwrap();
+    fs.link(foo, z, b"l4").unwrap();
+    fs.create(z, b"qwerty", 0o644, 0, 0).unwrap();
+    fs.fsync(d, false).unwrap();
+    assert_eq!(fs.stats().commits, 1, "answered by the log");
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(12), |p, fs, v| {
+        require_content(v, "/foo", &data)?;
+        if p.flushes_completed >= synced {
+            for path in ["/d/l1", "/d/l2", "/d/x/y/l3", "/d/x/y/z/l4"] {
+                require_content(v, path, &data)?;
+            }
+            require_content(v, "/d/x/y/z/qwerty", b"")?;
+            let links = nlink_at(fs, "foo");
+            if links != 5 {
+                return Err(format!("foo has {links} links, not 5"));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// `touch kept; sync; touch g; fsync g; <damage the log>; mount` → the
+/// mount succeeds with the last commit (`kept`, no `g`), says it threw the
+/// log away, and leaves a clean image without a log. Replay is total: a
+/// log it cannot apply never keeps a filesystem from mounting.
+#[test]
+fn unreplayable_log_is_discarded_and_last_commit_mounts() {
+    let dev = Arc::new(common::memory_fs(IMAGE_BYTES, 5));
+    let fs = mount(dev.clone());
+    fs.create(fs.root_ino(), b"kept", 0o644, 0, 0).unwrap();
+    fs.sync().unwrap();
+    let g = fs.create(fs.root_ino(), b"g", 0o644, 0, 0).unwrap().ino;
+    fs.fsync(g, false).unwrap();
+    std::mem::forget(fs);
+    let sb = birch::fs::read_superblock(dev.as_ref()).unwrap();
+    assert_ne!(sb.log_root_bytenr, 0, "the fsync wrote a log");
+    // Garbage over the log root tree's node: its checksum fails.
+    dev.write_at(&[0x5a; 64], sb.log_root_bytenr + 100).unwrap();
+    let fs = mount(dev.clone());
+    match fs.replay_outcome() {
+        Some(birch::fs::ReplayOutcome::Discarded(why)) => {
+            assert!(why.contains("checksum"), "reason names the damage: {why}")
+        }
+        other => panic!("expected the log to be discarded, got {other:?}"),
+    }
+    let v = common::view(&fs);
+    assert!(v.contains_key("/kept") && !v.contains_key("/g"), "{v:?}");
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the mount that discarded the log");
+    assert_eq!(
+        birch::fs::read_superblock(dev.as_ref())
+            .unwrap()
+            .log_root_bytenr,
+        0,
+        "the mount's commit supersedes the discarded log"
+    );
+}

@@ -1,6 +1,7 @@
 //! Shared by the `mount_*` suites: a scratch directory with an image, the
 //! real `birch` binary serving it through FUSE (`birch mount -f`, a child
-//! of the test), and a guard that always unmounts.
+//! of the test), a simulated power cut (the shutdown ioctl), and a guard
+//! that always unmounts.
 //!
 //! [`Fixture`]'s drop unmounts (plain umount, then a lazy one if something
 //! still sits in the mount, then aborting the FUSE connection as a last
@@ -16,6 +17,7 @@ use std::ffi::CString;
 use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -243,10 +245,25 @@ fn detach_mount(path: &Path) {
     }
 }
 
+/// fstests' shutdown ioctl, `_IOR('X', 125, __u32)`, written out here
+/// rather than taken from birch-fuse so that the test sends what fstests
+/// sends even if birch's own constant were wrong.
+const XFS_IOC_GOINGDOWN: u32 = 2 << 30 | 4 << 16 | (b'X' as u32) << 8 | 125;
+const XFS_FSOP_GOING_FLAGS_NOLOGFLUSH: u32 = 2;
+
+/// Whether a daemon's exit status after the unmount is a verdict.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DaemonExit {
+    MustSucceed,
+    /// After a shutdown its final commit fails by design.
+    MayFail,
+}
+
 /// The running daemon of one mount.
 struct Daemon {
     child: Child,
-    /// The FUSE connection number (minor of the mount's st_dev), for
+    /// The FUSE connection number (the mount's st_dev in the kernel's
+    /// encoding: a fuseblk mount's is its block device's), for
     /// /sys/fs/fuse/connections/N/abort.
     connection: u64,
 }
@@ -312,6 +329,13 @@ impl Fixture {
         self.scratch.path(&format!("daemon-{}.log", self.mounts))
     }
 
+    /// What the daemon of the latest mount has printed so far.
+    pub fn daemon_log(&self) -> String {
+        fs::read(self.log_path())
+            .map(|b| text(&b))
+            .unwrap_or_default()
+    }
+
     /// Starts `birch mount -f IMAGE MNT` and waits until the mount is live.
     pub fn mount(&mut self) {
         assert!(self.daemon.is_none(), "already mounted");
@@ -338,8 +362,9 @@ impl Fixture {
             .expect("start birch mount");
         let start = Instant::now();
         loop {
-            // "fuse.birch", or plain "fuse" where the subtype is not passed.
-            if mount_fstype(&self.mnt).is_some_and(|t| t == "fuse" || t.starts_with("fuse.")) {
+            // "fuseblk.birch" (as root) or "fuse.birch", or plain "fuse"
+            // where the subtype is not passed.
+            if mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
                 break;
             }
             if let Some(status) = child.try_wait().expect("wait for daemon") {
@@ -361,8 +386,8 @@ impl Fixture {
             std::thread::sleep(Duration::from_millis(10));
         }
         let dev = fs::metadata(&self.mnt).expect("stat mount point").dev();
-        // SAFETY: minor() only does arithmetic on the number.
-        let connection = u64::from(libc::minor(dev));
+        // SAFETY: major() and minor() only do arithmetic on the number.
+        let connection = (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev));
         self.daemon = Some(Daemon { child, connection });
     }
 
@@ -370,6 +395,10 @@ impl Fixture {
     /// daemon that fails or hangs) are returned after the mount is gone
     /// by whatever means it takes.
     pub fn try_unmount(&mut self) -> Result<(), String> {
+        self.unmount_and_reap(DaemonExit::MustSucceed)
+    }
+
+    fn unmount_and_reap(&mut self, exit: DaemonExit) -> Result<(), String> {
         let Some(mut daemon) = self.daemon.take() else {
             return Ok(());
         };
@@ -401,7 +430,7 @@ impl Fixture {
         }
         let log = self.log_path();
         match wait_timeout(&mut daemon.child, EXIT_TIMEOUT) {
-            Some(status) if status.success() => {}
+            Some(status) if status.success() || exit == DaemonExit::MayFail => {}
             Some(status) => {
                 problems.push(format!("daemon exited with {status}:\n{}", tail(&log, 40)))
             }
@@ -433,6 +462,49 @@ impl Fixture {
     pub fn unmount(&mut self) {
         if let Err(e) = self.try_unmount() {
             panic!("unmount of {} failed: {e}", self.mnt.display());
+        }
+    }
+
+    /// A power cut through the real mount, as fstests does it: the
+    /// shutdown ioctl on the mount point (from then on birch writes
+    /// nothing to the image and answers every request with EIO), then the
+    /// unmount. The daemon's final commit cannot be written, so its exit
+    /// status says nothing; the image holds what a power cut at the ioctl
+    /// would have left.
+    pub fn power_cut(&mut self) {
+        let mnt = File::open(&self.mnt).expect("open the mount point");
+        // xfs_io's `shutdown` without -f: no log flush first.
+        let mut flags: u32 = XFS_FSOP_GOING_FLAGS_NOLOGFLUSH;
+        // SAFETY: an fd we own and a pointer to a live u32, the ioctl's argument.
+        let rc = unsafe {
+            libc::ioctl(
+                mnt.as_raw_fd(),
+                XFS_IOC_GOINGDOWN as libc::c_ulong,
+                &mut flags as *mut u32,
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "shutdown ioctl on {}: {}",
+            self.mnt.display(),
+            std::io::Error::last_os_error()
+        );
+        drop(mnt);
+        // Proof that the cut took: a change now is refused, not half made.
+        let late = self.mnt.join("created-after-the-cut");
+        let refused = fs::create_dir(&late).map_err(|e| e.raw_os_error());
+        assert_eq!(
+            refused,
+            Err(Some(libc::EIO)),
+            "mkdir {} after the shutdown",
+            late.display()
+        );
+        if let Err(e) = self.unmount_and_reap(DaemonExit::MayFail) {
+            panic!(
+                "unmount of {} after the shutdown failed: {e}",
+                self.mnt.display()
+            );
         }
     }
 

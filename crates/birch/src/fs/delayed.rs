@@ -36,6 +36,13 @@ pub(crate) struct DelayedItems {
     /// Per directory, the inode each committed entry removed in this
     /// transaction named.
     txn_removed: HashMap<u64, BTreeMap<u64, u64>>,
+    /// The same removals by name: `(dir, name)` -> the inode that held it
+    /// in the last commit. A committed directory has each name once, so
+    /// this is a function.
+    removed_by_name: HashMap<(u64, Vec<u8>), u64>,
+    /// The same removals by inode: the committed names each inode lost in
+    /// this transaction.
+    removed_names: HashMap<u64, Vec<(u64, Vec<u8>)>>,
     /// Inodes whose in-memory item is newer than the tree's.
     inodes: BTreeSet<u64>,
     dir_items: usize,
@@ -58,12 +65,17 @@ impl DelayedItems {
     /// Deletes an index: cancels a pending insertion, or records a
     /// deletion of the tree's item. Returns whether the entry was in the
     /// committed tree (not added in this transaction).
-    pub fn delete_index(&mut self, dir: u64, index: u64, ino: u64) -> bool {
+    pub fn delete_index(&mut self, dir: u64, index: u64, ino: u64, name: &[u8]) -> bool {
         let t = self.txn_changes.entry(dir).or_default();
         let committed = t.insertions.remove(&index).is_none();
         if committed {
             t.deletions.insert(index);
             self.txn_removed.entry(dir).or_default().insert(index, ino);
+            self.removed_by_name.insert((dir, name.to_vec()), ino);
+            self.removed_names
+                .entry(ino)
+                .or_default()
+                .push((dir, name.to_vec()));
         }
         self.unlogged.entry(dir).or_default().insert(index);
         let d = self.dirs.entry(dir).or_default();
@@ -97,6 +109,8 @@ impl DelayedItems {
         self.txn_changes.clear();
         self.unlogged.clear();
         self.txn_removed.clear();
+        self.removed_by_name.clear();
+        self.removed_names.clear();
     }
 
     /// The indexes of `dir` changed since it was last logged; forgets them.
@@ -110,6 +124,18 @@ impl DelayedItems {
         self.txn_removed.get(&dir)?.get(&index).copied()
     }
 
+    /// The inode that held `name` in `dir` in the last commit, if this
+    /// transaction removed that entry.
+    pub fn committed_owner_removed(&self, dir: u64, name: &[u8]) -> Option<u64> {
+        self.removed_by_name.get(&(dir, name.to_vec())).copied()
+    }
+
+    /// The `(dir, name)` pairs `ino` had in the last commit and lost in
+    /// this transaction.
+    pub fn committed_names_removed(&self, ino: u64) -> &[(u64, Vec<u8>)] {
+        self.removed_names.get(&ino).map_or(&[], Vec::as_slice)
+    }
+
     /// Marks one index of `dir` as reflected in the log.
     pub fn mark_logged(&mut self, dir: u64, index: u64) {
         if let Some(set) = self.unlogged.get_mut(&dir) {
@@ -120,6 +146,10 @@ impl DelayedItems {
     pub fn forget_inode(&mut self, ino: u64) {
         self.txn_changes.remove(&ino);
         self.txn_removed.remove(&ino);
+        // `removed_by_name` entries of a destroyed directory stay until the
+        // commit: they are only looked up for names of live inodes in a live
+        // directory, and inode numbers are not reused.
+        self.removed_names.remove(&ino);
         self.unlogged.remove(&ino);
         if let Some(d) = self.dirs.remove(&ino) {
             self.dir_items -= d.insertions.len() + d.deletions.len();

@@ -18,6 +18,7 @@ mod types;
 mod xattr;
 
 pub use commit::read_superblock;
+pub use replay::{ReplayOutcome, ReplayReport};
 pub use tree_log::{FallbackReason, LogStats};
 pub use types::*;
 
@@ -58,6 +59,8 @@ pub(crate) struct FsState<D> {
     failed: Option<String>,
     /// `Filesystem::shut_down` ran: every call fails with EIO.
     shut_down: bool,
+    /// What the mount did with the log it found, if any.
+    replay: Option<ReplayOutcome>,
     options: MountOptions,
 }
 
@@ -368,9 +371,27 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     /// Opens the filesystem on `dev`, recovering to its last durable state.
+    ///
+    /// A log is replayed whole or not at all: if replay fails (a bug, or a
+    /// damaged log), the state it half built is thrown away and the last
+    /// commit mounts; [`Self::replay_outcome`] says which happened. A
+    /// read-only mount replays into memory only and writes nothing.
     pub fn open(dev: D, options: MountOptions) -> Result<Self> {
         let dev = Arc::new(dev);
-        let state = mount::open(dev, options.clone())?;
+        let mut state = mount::open(dev.clone(), options.clone())?;
+        let has_log = state.superblock.log_root_bytenr != 0;
+        if has_log {
+            // Replay only changes memory (and reserves space in the
+            // in-memory allocator): a fresh open forgets it entirely.
+            let outcome = match state.replay_log() {
+                Ok(report) => ReplayOutcome::Replayed(report),
+                Err(e) => {
+                    state = mount::open(dev, options.clone())?;
+                    ReplayOutcome::Discarded(e.to_string())
+                }
+            };
+            state.replay = Some(outcome);
+        }
         let store = state.forest.store().clone();
         let sync = SyncProgress {
             durable_generation: state.superblock.generation,
@@ -395,17 +416,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             flusher: None,
             closed: false,
         };
-        let has_log = fs.lock().superblock.log_root_bytenr != 0;
         if options.read_only {
-            if has_log {
-                return Err(Error::corrupt(crate::Corruption::general(
-                    "the filesystem has a log to replay: mount it read-write once",
-                )));
-            }
             return Ok(fs);
         }
         if has_log {
-            fs.lock().replay_log()?;
+            // Replayed or discarded, the log is superseded by this commit.
             fs.commit()?;
         }
         fs.cleanup_orphans()?;
@@ -807,6 +822,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         }
     }
 
+    /// What this mount did with the log the device held: `None` when
+    /// there was none.
+    pub fn replay_outcome(&self) -> Option<ReplayOutcome> {
+        self.lock().replay.clone()
+    }
+
     /// Counters of the fsync path.
     pub fn log_stats(&self) -> LogStats {
         self.lock().log_stats
@@ -931,7 +952,12 @@ impl<D: BlockDevice> FsState<D> {
         self.writeback_all()?;
         self.flush_delayed_items()?;
         self.drop_log()?;
-        if self.forest.dirty_node_count() == 0 && !self.forest.alloc.has_delayed_refs() {
+        // A superblock that points at a log (one replay applied or threw
+        // away) is superseded even when nothing else changed.
+        if self.forest.dirty_node_count() == 0
+            && !self.forest.alloc.has_delayed_refs()
+            && self.superblock.log_root_bytenr == 0
+        {
             return Ok(None);
         }
         let prepared =

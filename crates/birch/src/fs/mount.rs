@@ -171,6 +171,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         log_stats: Default::default(),
         failed: None,
         shut_down: false,
+        replay: None,
         options,
     };
     Ok(state)

@@ -211,7 +211,7 @@ impl<D: BlockDevice> FsState<D> {
             self.forest
                 .put(&mut self.roots.fs, dir_key, encode_dir_items(&entries))?;
         }
-        let committed = self.delayed.delete_index(parent, index, ino);
+        let committed = self.delayed.delete_index(parent, index, ino, name);
         let now = Timespec::now();
         self.update_inode(parent, |p| {
             // Saturating: during log replay a directory's item comes from

@@ -21,6 +21,20 @@ pub struct ReplayReport {
     pub names_removed: u64,
     pub extents: u64,
     pub inodes_deleted: u64,
+    /// Logged names left out because their directory did not exist at
+    /// replay. The logging side logs every new ancestor, so this should
+    /// stay 0; it is counted to make a slip visible.
+    pub names_without_parent: u64,
+}
+
+/// What a mount did with the log it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    /// The whole log was applied.
+    Replayed(ReplayReport),
+    /// Replay failed and none of the log was applied: the last commit was
+    /// mounted. The text says why.
+    Discarded(String),
 }
 
 fn corrupt(reason: String) -> Error {
@@ -246,6 +260,7 @@ impl<D: BlockDevice> FsState<D> {
                 if !exists(self, *parent)?
                     || self.inode(*parent)?.item.file_type() != FileType::Directory
                 {
+                    report.names_without_parent += 1;
                     continue;
                 }
                 if let Some(other) = self.find_entry(*parent, name)? {
@@ -294,7 +309,7 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// `(parent, name)` of every name of `ino` in the fs tree.
-    fn names_of(&self, ino: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+    pub(super) fn names_of(&self, ino: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut names = Vec::new();
         for (key, data) in self.forest.collect_range(
             &self.roots.fs,

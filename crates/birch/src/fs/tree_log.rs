@@ -115,6 +115,10 @@ pub struct LogStats {
     pub fallback_ancestor_chain: u64,
     pub fallback_removed_directory: u64,
     pub fallback_renamed_ancestor: u64,
+    /// Inodes logged because a logged inode took a name they held in the
+    /// last commit, or they took one it gave up (docs/TREE-LOG.md, "Name
+    /// conflicts").
+    pub name_conflict_logs: u64,
     /// Time spent logging inodes (seed 003's figure).
     pub logging_nanos: u64,
 }
@@ -197,7 +201,51 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Logs the inode's current names, replacing what the log had. From
     /// now on name changes of this inode update the log.
+    ///
+    /// Replay gives a logged inode exactly its logged names and takes each
+    /// of them from whichever inode held it in the last commit. So every
+    /// other inode involved in a name this inode took or gave up in this
+    /// transaction is logged too (its names, in exists mode), or replay
+    /// would strip it of a durable name without giving it its new one:
+    /// - the committed owner of a name this inode now has (rename away
+    ///   and reuse, rename over, link): `mv a/foo a/bar; touch a/foo;
+    ///   fsync a/foo` must keep `a/bar`;
+    /// - the inode now holding a committed name this inode gave up:
+    ///   `mv d/foo d/bar; touch d/foo; fsync d/bar` keeps the new `d/foo`.
+    ///
+    /// Those inodes' own names may involve further inodes (swaps through
+    /// a third name, chains of renames): a worklist follows them all.
     pub(crate) fn log_names(&mut self, ino: u64) -> Result<()> {
+        let transid = self.forest.transid();
+        self.log_own_names(ino)?;
+        let mut todo = self.name_conflicts(ino)?;
+        while let Some(other) = todo.pop() {
+            let live = match self.inode(other) {
+                Ok(i) => i.item.nlink > 0,
+                Err(crate::Error::NotFound) => false,
+                Err(e) => return Err(e),
+            };
+            // An unlinked inode has no name to keep; one whose names are
+            // logged is kept current by the hooks (invariant L1).
+            if !live || self.inode(other)?.log.names_logged_trans == transid {
+                continue;
+            }
+            self.log_stats.name_conflict_logs += 1;
+            self.log_exists_item(other)?;
+            self.log_own_names(other)?;
+            if let Some(reason) = self.log_new_ancestors(other)? {
+                // Its new name would be unreachable at replay while its
+                // committed one is taken: no log may be synced until the
+                // commit.
+                self.log.force_commit.get_or_insert(reason);
+            }
+            todo.extend(self.name_conflicts(other)?);
+        }
+        Ok(())
+    }
+
+    /// Copies the inode's current names into the log (nothing else).
+    fn log_own_names(&mut self, ino: u64) -> Result<()> {
         let (start, end) = full_range(ino, item_type::INODE_REF);
         // Nothing of this inode in the log yet: nothing to drop (seed 001).
         if self.inode(ino)?.log.names_logged_trans == self.forest.transid() {
@@ -208,11 +256,38 @@ impl<D: BlockDevice> FsState<D> {
         Ok(())
     }
 
+    /// The other inodes whose names replay would change along with
+    /// `ino`'s (see [`Self::log_names`]).
+    fn name_conflicts(&mut self, ino: u64) -> Result<Vec<u64>> {
+        let mut others = Vec::new();
+        for (parent, name) in self.names_of(ino)? {
+            if let Some(owner) = self.delayed.committed_owner_removed(parent, &name) {
+                if owner != ino {
+                    others.push(owner);
+                }
+            }
+        }
+        for (dir, name) in self.delayed.committed_names_removed(ino).to_vec() {
+            match self.find_entry(dir, &name) {
+                Ok(Some(entry)) if entry.ino != ino => others.push(entry.ino),
+                Ok(_) | Err(crate::Error::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(others)
+    }
+
     /// Logs that the inode exists with its names: what a directory's
     /// new entry, or a new name of a logged inode, needs at replay. A new
     /// inode gets an item (empty, for a file: its data is not promised);
     /// one whose state is logged keeps that.
     pub(crate) fn log_exists(&mut self, ino: u64) -> Result<()> {
+        self.log_exists_item(ino)?;
+        self.log_names(ino)
+    }
+
+    /// The item half of [`Self::log_exists`].
+    fn log_exists_item(&mut self, ino: u64) -> Result<()> {
         let transid = self.forest.transid();
         if self.is_new(ino)? && self.inode(ino)?.log.state_logged_trans != transid {
             let mut item = self.inode(ino)?.item.clone();
@@ -230,7 +305,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             self.log_inode_item(ino, item)?;
         }
-        self.log_names(ino)
+        Ok(())
     }
 
     /// Logs `ino` in exists mode again if its names are in the log: for an
@@ -384,11 +459,34 @@ impl<D: BlockDevice> FsState<D> {
         }
     }
 
-    /// Logs a directory: its item and names, and its entry changes in this
-    /// transaction straight from the delayed dir-index record (seed 003:
-    /// nothing is flushed into the fs tree for this). Only the changes since
-    /// the directory was last logged are written.
+    /// Logs a directory and, as btrfs does, every directory created in
+    /// this transaction below it through new entries, with their entries:
+    /// `mkdir -p d/x/y; ln foo d/x/y/l; fsync d` persists `d/x/y/l`. (The
+    /// inodes those entries name are logged in exists mode; their other
+    /// names in new subdirectories then have a parent at replay.)
     fn log_dir(&mut self, dir: u64) -> Result<()> {
+        let transid = self.forest.transid();
+        let mut todo = vec![dir];
+        while let Some(d) = todo.pop() {
+            for ino in self.log_one_dir(d)? {
+                let inode = self.inode(ino)?;
+                if inode.item.file_type() == FileType::Directory
+                    && inode.log.state_logged_trans != transid
+                    && self.is_new(ino)?
+                {
+                    todo.push(ino);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs one directory: its item and names, and its entry changes in
+    /// this transaction straight from the delayed dir-index record (seed
+    /// 003: nothing is flushed into the fs tree for this). Only the changes
+    /// since the directory was last logged are written. Returns the inodes
+    /// of the entries it added.
+    fn log_one_dir(&mut self, dir: u64) -> Result<Vec<u64>> {
         let transid = self.forest.transid();
         let first_this_trans = self.inode(dir)?.log.state_logged_trans != transid;
         let item = self.inode(dir)?.item.clone();
@@ -422,15 +520,21 @@ impl<D: BlockDevice> FsState<D> {
         }
         // Each new entry's inode must exist at replay, and lose any name it
         // had before (a rename into this directory).
-        for ino in added {
+        for &ino in &added {
             self.log_exists(ino)?;
         }
         let seq = self.inode(dir)?.change_seq;
+        let filling = self.log.filling;
         let inode = self.inode(dir)?;
         inode.log.state_logged_trans = transid;
         inode.log.logged_change_seq = seq;
+        // A subdirectory logged along with its parent is durable with the
+        // same log transaction: its own fsync, finding it unchanged, waits
+        // for that one.
+        inode.log.logged_in = filling;
         self.log_stats.dir_logs += 1;
-        self.log_names(dir)
+        self.log_names(dir)?;
+        Ok(added)
     }
 
     /// The logging half of fsync: what must be logged for `ino`, logged.

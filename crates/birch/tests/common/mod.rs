@@ -9,7 +9,7 @@
 use birch::check::check_device;
 use birch::device::{BlockDevice, CrashPoint, MemoryDevice, RecordingDevice};
 use birch::format::FileType;
-use birch::fs::{Filesystem, MkfsOptions, MountOptions};
+use birch::fs::{Filesystem, MkfsOptions, MountOptions, ReplayOutcome};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -94,6 +94,17 @@ pub fn ino<D: BlockDevice + 'static>(fs: &Filesystem<D>, path: &str) -> u64 {
 /// has one), requires `birch check` to pass before and after the mount
 /// (which may replay and clean up orphans), and returns what it shows.
 pub fn crash_view(rec: &RecordingDevice, point: &CrashPoint) -> View {
+    crash_mount(rec, point, view)
+}
+
+/// The checked mount of [`crash_view`], handing the mounted filesystem to
+/// `inspect`. A log that replay had to throw away fails the test: replay
+/// is total, and discarding a log is a bug's last line of defence.
+pub fn crash_mount<R>(
+    rec: &RecordingDevice,
+    point: &CrashPoint,
+    inspect: impl FnOnce(&Filesystem<Arc<MemoryDevice>>) -> R,
+) -> R {
     let dev = Arc::new(MemoryDevice::from_bytes(rec.crash_image(point)));
     assert_clean(
         dev.as_ref(),
@@ -101,10 +112,20 @@ pub fn crash_view(rec: &RecordingDevice, point: &CrashPoint) -> View {
     );
     let fs = Filesystem::open(dev.clone(), MountOptions::deterministic())
         .unwrap_or_else(|e| panic!("{point:?}: mount failed: {e}"));
-    let v = view(&fs);
+    match fs.replay_outcome() {
+        Some(ReplayOutcome::Discarded(why)) => {
+            panic!("{point:?}: replay discarded the log: {why}")
+        }
+        Some(ReplayOutcome::Replayed(report)) => assert_eq!(
+            report.names_without_parent, 0,
+            "{point:?}: replay dropped logged names: {report:?}"
+        ),
+        None => {}
+    }
+    let result = inspect(&fs);
     fs.close().unwrap();
     assert_clean(dev.as_ref(), &format!("{point:?}: check after mount"));
-    v
+    result
 }
 
 /// Which crash states to take at each flush point of a recording.
@@ -222,6 +243,32 @@ pub fn for_every_crash_after(
     for point in &points {
         let v = crash_view(rec, point);
         if let Err(why) = property(&v) {
+            panic!(
+                "crash at {point:?} (seed {}): {why}\nstate: {:?}",
+                how.seed,
+                v.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+    points.len()
+}
+
+/// Like [`for_every_crash_after`], with the mounted filesystem and the
+/// crash point at hand: a property can look at link counts, and can tell
+/// states before an fsync returned from those after it.
+pub fn for_every_crash_mount_after(
+    rec: &RecordingDevice,
+    from: usize,
+    how: &Enumeration,
+    property: impl Fn(&CrashPoint, &Filesystem<Arc<MemoryDevice>>, &View) -> Result<(), String>,
+) -> usize {
+    let points = crash_points(rec, from, how);
+    for point in &points {
+        let (outcome, v) = crash_mount(rec, point, |fs| {
+            let v = view(fs);
+            (property(point, fs, &v), v)
+        });
+        if let Err(why) = outcome {
             panic!(
                 "crash at {point:?} (seed {}): {why}\nstate: {:?}",
                 how.seed,
