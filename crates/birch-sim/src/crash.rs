@@ -642,21 +642,77 @@ impl Trace {
         in_window.or(before)
     }
 
-    /// The model inodes of the newest commit made before op `p` began (all
-    /// inodes, for none: the mkfs image holds only the root).
-    pub fn committed_inodes_before(&self, p: usize) -> BTreeSet<MIno> {
-        let commit = (0..p).rev().find(|&i| {
+    /// The newest op before op `p` during which a commit was made.
+    fn commit_before(&self, p: usize) -> Option<usize> {
+        (0..p).rev().find(|&i| {
             let before = if i == 0 {
                 self.initial_generation
             } else {
                 self.ops[i - 1].generation_after
             };
             self.ops[i].generation_after != before
-        });
-        match commit {
-            Some(i) => self.ops[i].inos_after.values().copied().collect(),
-            None => BTreeSet::from([crate::model::ROOT]),
+        })
+    }
+
+    /// What an fsync of a directory (op f) persists below its entries, as
+    /// btrfs does: the entries of every subdirectory new since the last
+    /// commit, recursively (a new subtree is logged whole). Returns the op
+    /// whose state that is, and the paths (two or more levels below the
+    /// directory, through new directories only).
+    ///
+    /// btrfs logs a directory only if it changed since it was last logged
+    /// in the transaction; otherwise the fsync returns at once and the
+    /// subtree stays as an earlier fsync of it logged it. So the state is
+    /// that of the earliest fsync of the directory in this transaction
+    /// after which the directory (its path and its entries) stayed the
+    /// same up to op f.
+    pub fn new_subtree(&self, f: usize) -> (usize, Vec<Path>) {
+        let Some((_, Covered::Inode { ino, dir: true, .. })) = &self.ops[f].persist else {
+            return (f, Vec::new());
+        };
+        let ino = *ino;
+        let commit = self.commit_before(f);
+        // The directory's path and entries after op i.
+        let dir_state = |i: usize| -> Option<(Path, Vec<(Path, MIno)>)> {
+            let inos = &self.ops[i].inos_after;
+            let (path, _) = inos.iter().find(|(_, m)| **m == ino)?;
+            let entries = inos
+                .iter()
+                .filter(|(q, _)| q.len() == path.len() + 1 && q.starts_with(path))
+                .map(|(q, m)| (q.clone(), *m))
+                .collect();
+            Some((path.clone(), entries))
+        };
+        let mut at = f;
+        let first = commit.map_or(0, |c| c + 1);
+        while let Some(prev) = (first..at).rev().find(|&i| {
+            matches!(&self.ops[i].persist, Some((_, Covered::Inode { ino: m, .. })) if *m == ino)
+        }) {
+            let now = dir_state(at);
+            if (prev..at).all(|i| dir_state(i) == now) {
+                at = prev;
+            } else {
+                break;
+            }
         }
+        let committed: BTreeSet<MIno> = match commit {
+            Some(c) => self.ops[c].inos_after.values().copied().collect(),
+            None => BTreeSet::from([crate::model::ROOT]),
+        };
+        let inos = &self.ops[at].inos_after;
+        let Some((dir, _)) = dir_state(at) else {
+            return (at, Vec::new());
+        };
+        let below = inos
+            .keys()
+            .filter(|q| q.len() > dir.len() + 1 && q.starts_with(&dir))
+            .filter(|q| {
+                (dir.len() + 1..q.len())
+                    .all(|n| inos.get(&q[..n]).is_some_and(|i| !committed.contains(i)))
+            })
+            .cloned()
+            .collect();
+        (at, below)
     }
 
     /// The op during which flush `k` (1-based count) happened, if any.
@@ -983,23 +1039,21 @@ pub fn check_guarantees(trace: &Trace, k: usize, recovered: &View) -> Result<usi
                         show_path(dir)
                     ));
                 }
-                // Its entries; and, as btrfs logs them, the entries of
-                // every directory below it that is new since the last
-                // commit (a new subtree is persisted whole).
-                let committed = trace.committed_inodes_before(p);
-                for (path, entry) in &rec.view_after.entries {
-                    if path.len() <= dir.len() || !path.starts_with(dir) {
-                        continue;
-                    }
-                    let new_parents = (dir.len() + 1..path.len()).all(|n| {
-                        rec.inos_after
-                            .get(&path[..n])
-                            .is_some_and(|i| !committed.contains(i))
-                    });
-                    if !new_parents {
-                        continue;
-                    }
-                    let kind_stable = later.iter().all(|r| {
+                // Its entries, from its own state; and, as btrfs logs
+                // them, the entries below its new subdirectories, from the
+                // state `new_subtree` names.
+                let (at, below) = trace.new_subtree(p);
+                let direct = rec
+                    .view_after
+                    .entries
+                    .iter()
+                    .filter(|(path, _)| path.len() == dir.len() + 1 && path.starts_with(dir))
+                    .map(|(path, entry)| (p, path, entry));
+                let deeper = below
+                    .iter()
+                    .map(|path| (at, path, &trace.ops[at].view_after.entries[path]));
+                for (from, path, entry) in direct.chain(deeper) {
+                    let kind_stable = trace.ops[from + 1..reach.max(from + 1)].iter().all(|r| {
                         r.view_after
                             .entries
                             .get(path)
@@ -1124,19 +1178,14 @@ pub fn check_durable(
             )) => {
                 let Some(dir) = paths.first() else { continue };
                 make(*ino, f, false, false);
-                let committed = trace.committed_inodes_before(f);
                 for (path, child) in &rec.inos_after {
-                    if path.len() <= dir.len() || !path.starts_with(dir) {
-                        continue;
-                    }
-                    let new_parents = (dir.len() + 1..path.len()).all(|n| {
-                        rec.inos_after
-                            .get(&path[..n])
-                            .is_some_and(|i| !committed.contains(i))
-                    });
-                    if new_parents {
+                    if path.len() == dir.len() + 1 && path.starts_with(dir) {
                         make(*child, f, false, false);
                     }
+                }
+                let (at, below) = trace.new_subtree(f);
+                for path in &below {
+                    make(trace.ops[at].inos_after[path], at, false, false);
                 }
             }
             _ => {}
