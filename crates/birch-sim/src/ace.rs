@@ -1,29 +1,38 @@
 //! Workloads in the style of ACE (CrashMonkey, OSDI'18): every sequence of
 //! one or two core operations over a small fixed set of files and
-//! directories, each op followed by a persistence point.
+//! directories, each followed by a persistence point; and the fixed
+//! workloads of the fsync contract ([`fixed`]).
 //!
 //! The setup ([`setup`]) makes directories `A`, `A/C`, `B` and files `foo`
 //! (8 KiB), `bar` (100 bytes, inline), `A/foo` (5000 bytes), `A/bar`
-//! (empty) and `B/foo` (20000 bytes), then syncs, so every op has
-//! something to act on. The core ops ([`core_ops`]) are creat, mkdir,
-//! write (append, overwrite, unaligned, inline growing past the inline
-//! limit), truncate (shrink, extend: birch has no fallocate), link, unlink,
-//! rename (file and directory, within and across directories, onto a new
-//! name and over an existing one), rmdir and setxattr. Each is followed by
-//! one of its persistence points ([`persistence_points`]): fsync and
-//! fdatasync of the file it touched, fsync of each directory it touched
-//! (the parents of its names, or the directory itself), or sync.
+//! (empty, one xattr) and `B/foo` (20000 bytes, second name `B/bar`), then
+//! syncs, so every op has something to act on. The core ops
+//! ([`core_ops`]) are creat, mkdir, write (append, overwrite, unaligned,
+//! inline growing past the inline limit), truncate (shrink, extend: birch
+//! has no fallocate), link, unlink, rename (file and directory, within and
+//! across directories, onto a new name, over an existing one, exchange),
+//! rmdir, setxattr and removexattr; and short sequences a program runs
+//! without a persistence point in between: a name reused after a rename
+//! (file and directory), swaps through a third name and through links, a
+//! rename chain over a hard link, links over new and old directories, a
+//! deep new subtree with links. Each is followed by one of its persistence
+//! points ([`persistence_points`]): fsync and fdatasync of each file it
+//! leaves (so also of an inode other than the renamed one), fsync of each
+//! directory it touched (the parents of its names, or the directory
+//! itself), or sync.
 //!
 //! A workload is kept only when it is valid by construction: every op
-//! succeeds on the model (run from the setup state) and every fsync target
-//! exists when it runs. Equal op lists are kept once. Each workload has an
-//! id (`seq1:N`, `seq2:N`, its index in the enumeration) that replays it.
+//! succeeds on the model (run from the setup state through the shared
+//! [`Executor`]) and every fsync target exists when it runs. Equal op lists
+//! are kept once. Each workload has an id (`seq1:N`, `seq2:N`, its index in
+//! the enumeration; a fixed workload's name) that replays it.
 //!
 //! Each workload is recorded and every crash state after the setup's sync
 //! is judged by the oracles of [`crate::crash`] (mount + `birch check`,
 //! generation, exact state without a log, the persistence guarantees,
-//! nothing invented) plus [`check_renames`]: a rename leaves the old or the
-//! new name, never neither, and never both for a file with one link.
+//! nothing durable lost, nothing invented) plus [`check_renames`] (a
+//! rename leaves the old or the new name, never neither, and never both for
+//! a file with one link) and, for a fixed workload, [`check_expected`].
 
 use crate::crash::{
     explore_each, record, Covered, CrashConfig, CrashStats, OpSource, StateReport, Trace,
@@ -431,10 +440,14 @@ pub fn enumerate(len: usize) -> Vec<AceWorkload> {
     let core = core_ops();
     let mut out = Vec::new();
     let mut seen = BTreeSet::new();
-    let mut prefix: Vec<(Model, Vec<Op>)> = vec![(setup_model(), Vec::new())];
-    for _ in 0..len {
+    // (the model after the ops: kept only while another step follows, as
+    // tens of thousands of models of the last step would take gigabytes)
+    let mut prefix: Vec<(Option<Model>, Vec<Op>)> = vec![(Some(setup_model()), Vec::new())];
+    for step in 0..len {
+        let last = step + 1 == len;
         let mut next = Vec::new();
         for (model, ops) in &prefix {
+            let model = model.as_ref().expect("a model for every prefix");
             for core_op in &core {
                 let mut m = model.clone();
                 if !core_op.iter().all(|op| model_apply(&mut m, op)) {
@@ -448,7 +461,7 @@ pub fn enumerate(len: usize) -> Vec<AceWorkload> {
                     let mut o = ops.clone();
                     o.extend(core_op.iter().cloned());
                     o.push(pp.clone());
-                    next.push((m2, o));
+                    next.push(((!last).then_some(m2), o));
                 }
             }
         }
@@ -470,8 +483,8 @@ pub fn enumerate(len: usize) -> Vec<AceWorkload> {
 
 /// The fixed workloads: the six sequences of issue 10 ("fsync contract")
 /// in which a power cut after the last fsync lost what was durable before,
-/// each with its own setup and the paths that must come back exactly as
-/// the model has them.
+/// and the ones the explorer found after them; each with its own setup and
+/// the paths that must come back exactly as the model has them.
 pub fn fixed() -> Vec<AceWorkload> {
     let named = |id: &str, setup: Vec<Op>, ops: Vec<Op>, expect: &[&str]| AceWorkload {
         id: id.into(),
@@ -581,6 +594,21 @@ pub fn fixed() -> Vec<AceWorkload> {
                 fsync_dir("d"),
             ],
             &["d", "foo"],
+        ),
+        // Found by the explorer once the six above passed (crash seeds 15,
+        // 28 and 44): a directory logged earlier in the transaction, then
+        // given a new subdirectory with an entry, and fsynced again.
+        named(
+            "dir_fsync_after_earlier_log_keeps_new_subtree",
+            vec![mkdir("d"), Op::Sync],
+            vec![
+                create("d/f"),
+                fsync_dir("d"),
+                mkdir("d/x"),
+                create("d/x/q"),
+                fsync_dir("d"),
+            ],
+            &["d"],
         ),
     ]
 }

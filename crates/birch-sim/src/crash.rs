@@ -22,7 +22,11 @@
 //!    completed sync / fsync / fsync-dir promised is there. This oracle
 //!    does not assume that durable states are commits, so it stays valid
 //!    when fsync writes a log tree instead of committing (the tree-log
-//!    issue), where oracle 3 no longer applies to states with a log.
+//!    issue), where oracle 3 no longer applies to states with a log;
+//! 5. **nothing durable is lost** ([`check_durable`]): every inode durable
+//!    before the crash (followed by inode number, not by name) is still
+//!    reachable with content it had since, unless a removal of it can have
+//!    reached the media.
 //!
 //! docs/CRASH-TESTING.md has the media model, the enumeration and the
 //! oracles in prose.

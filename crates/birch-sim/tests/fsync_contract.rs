@@ -68,3 +68,11 @@ fn fsync_renamed_keeps_new_owner_of_old_name() {
 fn dir_fsync_logs_new_subdirectory_tree() {
     run("dir_fsync_logs_new_subdirectory_tree");
 }
+
+/// Found by the explorer (crash seeds 15, 28, 44) after the six passed:
+/// `d/` (synced); create d/f; fsync d; mkdir d/x; create d/x/q; fsync d →
+/// d/x/q (the new subtree is logged whole on the second fsync too).
+#[test]
+fn dir_fsync_after_earlier_log_keeps_new_subtree() {
+    run("dir_fsync_after_earlier_log_keeps_new_subtree");
+}
