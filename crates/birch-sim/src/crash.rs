@@ -1167,10 +1167,12 @@ pub fn check_durable(
             continue;
         }
         match &rec.persist {
-            Some((Persist::Fsync { datasync }, Covered::Inode { ino, paths, dir })) => {
-                if !paths.is_empty() {
-                    make(*ino, f, !dir, !dir && !datasync);
-                }
+            // An fsync of an inode with no name (open, unlinked) makes
+            // nothing durable that a path could reach.
+            Some((Persist::Fsync { datasync }, Covered::Inode { ino, paths, dir }))
+                if !paths.is_empty() =>
+            {
+                make(*ino, f, !dir, !dir && !datasync);
             }
             Some((
                 Persist::FsyncDir,

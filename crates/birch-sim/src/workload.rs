@@ -907,7 +907,7 @@ impl Generator {
                     mkdir(&n),
                     link(&f, &l1),
                     link(&f, &l2),
-                    self.shape_persist(&[f.clone()], &[n.clone(), old, base]),
+                    self.shape_persist(std::slice::from_ref(&f), &[n.clone(), old, base]),
                 ]
             }
             // A deep new subtree with links of an old file and a new file;

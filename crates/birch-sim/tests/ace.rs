@@ -63,12 +63,13 @@ fn run_all(label: &str, workloads: &[AceWorkload]) -> CrashStats {
         total.add(&stats.crash);
     }
     eprintln!(
-        "{label}: {} workloads ({skipped} excluded), {} flush points, {} crash states ({with_log} replaying a log; largest window {} writes), {} guarantee facts, {renames} rename judgements, {:.2?}",
+        "{label}: {} workloads ({skipped} excluded), {} flush points, {} crash states ({with_log} replaying a log; largest window {} writes), {} guarantee facts, {} durable inodes followed, {renames} rename judgements, {:.2?}",
         total.workloads,
         total.flush_points,
         total.crash_states,
         total.largest_window,
         total.guarantee_facts,
+        total.durable_inodes,
         start.elapsed()
     );
     total
