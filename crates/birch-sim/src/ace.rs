@@ -818,11 +818,18 @@ pub fn check_renames(trace: &Trace, k: usize, recovered: &View) -> Result<usize,
                 if is_dir { "directory" } else { "file" }
             ));
         }
-        let exclusive = if is_dir {
-            !before.entries.contains_key(to)
-        } else {
-            src.nlink == 1
-        };
+        // Both names are wrong only if no state the crash may have
+        // recovered had both: from the sync that made the source durable
+        // on, the file had one link (a second name, dropped later in the
+        // transaction, may still be there: the last commit had it), or the
+        // directory's new name was free.
+        let exclusive = trace.ops[sync..i].iter().all(|r| {
+            if is_dir {
+                !r.view_after.entries.contains_key(to)
+            } else {
+                r.view_after.entries.get(from).is_some_and(|e| e.nlink == 1)
+            }
+        });
         if old && new && exclusive {
             return Err(format!(
                 "`{}` (op #{i}): both {} and {} hold the renamed {}",
