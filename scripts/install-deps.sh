@@ -32,3 +32,6 @@ if [ -f /etc/fuse.conf ] && ! grep -q '^user_allow_other' /etc/fuse.conf; then
     echo user_allow_other >>/etc/fuse.conf
 fi
 [ -e /dev/fuse ] || { echo "error: /dev/fuse is missing: load the fuse module (modprobe fuse)" >&2; exit 1; }
+# Users mount through the setuid fusermount3, which opens /dev/fuse as the
+# user: udev's rule makes it 0666; a machine without udev leaves it 0600.
+[ "$(stat -c %a /dev/fuse)" = 666 ] || chmod 0666 /dev/fuse

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the external tools the FUSE test suites run over a birch mount
 # (crates/birch-cli/tests/mount_tools.rs; docs/FUSE-TESTING.md):
-#   Debian: dbench, fio, fuse3, attr, acl, xfsprogs, and libacl1-dev (the
-#           headers pjdfstest builds against)
+#   Debian: dbench, fio, fuse3, attr, acl, xfsprogs, util-linux (setpriv and
+#           fallocate, for mount_security.rs), e2fsprogs (chattr, for
+#           mount_ops.rs), and libacl1-dev (the headers pjdfstest builds
+#           against)
 #   crates.io: pjdfstest (the Rust port of pjd's POSIX suite) and fsx (the
 #           Rust port of the File System eXerciser), pinned versions
 #   a user and group "tests" (pjdfstest switches to nobody/nogroup and
@@ -16,7 +18,8 @@ FSX_VERSION=0.3.2
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 need_apt=()
-for pair in dbench:dbench fio:fio fusermount3:fuse3 getfattr:attr setfacl:acl mkfs.xfs:xfsprogs; do
+for pair in dbench:dbench fio:fio fusermount3:fuse3 getfattr:attr setfacl:acl mkfs.xfs:xfsprogs \
+    setpriv:util-linux fallocate:util-linux chattr:e2fsprogs; do
     command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/sys/acl.h ] || need_apt+=(libacl1-dev)

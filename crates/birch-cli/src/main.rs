@@ -345,6 +345,11 @@ fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
             )));
         }
     }
+    let options = birch::fs::MkfsOptions {
+        // SAFETY: getuid and getgid have no preconditions.
+        root_owner: unsafe { (libc::getuid(), libc::getgid()) },
+        ..Default::default()
+    };
     match &args.write_log {
         Some(log) => {
             let file = std::fs::File::options()
@@ -361,9 +366,9 @@ fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
                 })?;
             let logged = birch::device::WriteLogDevice::new(&dev, file)
                 .map_err(|e| cleanup(Failure::new(format!("{}: {e}", show(log)))))?;
-            birch::fs::mkfs(&logged, &birch::fs::MkfsOptions::default())
+            birch::fs::mkfs(&logged, &options)
         }
-        None => birch::fs::Filesystem::<FileDevice>::mkfs(&dev, &birch::fs::MkfsOptions::default()),
+        None => birch::fs::Filesystem::<FileDevice>::mkfs(&dev, &options),
     }
     .map_err(|e| cleanup(Failure::new(format!("{p}: {e}"))))?;
     let copies = read_superblock_copies(&dev);

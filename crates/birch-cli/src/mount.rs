@@ -11,7 +11,7 @@
 use crate::loopdev::{self, Backing, LoopDevice};
 use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
-use birch::fs::{Filesystem, MountOptions, ReplayOutcome};
+use birch::fs::{AtimeUpdates, Filesystem, MountOptions, ReplayOutcome};
 use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC};
 use clap::Args;
 use std::ffi::CString;
@@ -38,8 +38,8 @@ pub struct MountArgs {
     pub foreground: bool,
     /// Comma-separated options: ro, rw, threads=N, commit=SECONDS,
     /// entry_ttl=SECONDS, attr_ttl=SECONDS, writeback_cache, no_writeback_cache,
-    /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME; mount(8)'s generic
-    /// options (dev, suid, exec, noatime, ...) are accepted and ignored.
+    /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME; and mount(8)'s
+    /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Record every device write and flush, and a mark at each fsync and
@@ -136,34 +136,60 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             ("buffered", None) => s.direct_io = false,
             ("allow_other", None) => s.fuse.allow_other = true,
             ("fsname", Some(v)) => s.fuse.fsname = v.to_string(),
-            // Generic mount(8) options that the mount helper passes along.
+            // mount(8)'s generic options, in order: a later one overrides
+            // an earlier one, as in mount(8).
+            ("suid", None) => s.fuse.nosuid = false,
+            ("nosuid", None) => s.fuse.nosuid = true,
+            ("dev", None) => s.fuse.nodev = false,
+            ("nodev", None) => s.fuse.nodev = true,
+            ("exec", None) => s.fuse.noexec = false,
+            ("noexec", None) => s.fuse.noexec = true,
+            // fstab's "may be mounted by a user" options imply what a user
+            // mount gets (mount(8)); later options may undo it.
+            ("user" | "users", None) => {
+                s.fuse.nosuid = true;
+                s.fuse.nodev = true;
+                s.fuse.noexec = true;
+            }
+            ("owner" | "group", None) => {
+                s.fuse.nosuid = true;
+                s.fuse.nodev = true;
+            }
+            // As for mount(2): relatime unless noatime or strictatime.
+            ("atime" | "relatime" | "norelatime" | "nostrictatime", None) => {
+                s.fuse.atime = AtimeUpdates::Relative
+            }
+            ("noatime", None) => s.fuse.atime = AtimeUpdates::Never,
+            ("strictatime", None) => s.fuse.atime = AtimeUpdates::Always,
+            ("diratime", None) => s.fuse.nodiratime = false,
+            ("nodiratime", None) => s.fuse.nodiratime = true,
+            ("sync", None) => s.fuse.sync = true,
+            ("async", None) => s.fuse.sync = false,
+            ("dirsync", None) => s.fuse.dirsync = true,
+            // No effect here. lazytime: birch keeps atime updates in memory
+            // until the next commit or fsync anyway. silent/loud: the
+            // kernel's messages at mount, which FUSE does not print. The
+            // rest are for mount(8) and fstab, not the filesystem.
             (
-                "dev"
-                | "nodev"
-                | "suid"
-                | "nosuid"
-                | "exec"
-                | "noexec"
-                | "atime"
-                | "noatime"
-                | "relatime"
-                | "strictatime"
+                "defaults"
                 | "auto"
                 | "noauto"
-                | "user"
                 | "nouser"
-                | "users"
-                | "defaults"
                 | "_netdev"
                 | "nofail"
-                | "async"
+                | "lazytime"
+                | "nolazytime"
+                | "silent"
+                | "loud"
                 | "default_permissions",
                 None,
             ) => {}
+            ("comment", Some(_)) => {}
             (k, _) if k.starts_with("x-") => {}
             _ => return Err(Failure::new(format!("unknown mount option '{opt}'"))),
         }
     }
+    s.engine.atime = s.fuse.atime;
     Ok(s)
 }
 
@@ -232,7 +258,17 @@ fn unmount_on_signal(mountpoint: PathBuf) {
         unsafe { libc::sigwait(&set, &mut sig) };
         let path = CString::new(mountpoint.as_os_str().as_bytes()).expect("mount point has no NUL");
         // SAFETY: a valid C string path.
-        if unsafe { libc::umount2(path.as_ptr(), 0) } != 0 {
+        if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+            return;
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) {
+            // An unprivileged mount: only the setuid fusermount3 may take
+            // it down (lazily, for the reason below).
+            let _ = std::process::Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&mountpoint)
+                .status();
+        } else {
             // Busy (a process sits in it): detach, so the session ends now
             // and the commit below still runs.
             // SAFETY: as above.
@@ -242,7 +278,7 @@ fn unmount_on_signal(mountpoint: PathBuf) {
 }
 
 pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
-    let settings = parse_options(args)?;
+    let mut settings = parse_options(args)?;
     if !args.mountpoint.is_dir() {
         return Err(Failure::new(format!(
             "{}: not a directory",
@@ -252,9 +288,7 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         // Said here, before detaching: a detached daemon's stderr goes nowhere.
-        eprintln!(
-            "birch: not root: a plain FUSE mount; sync(1) and syncfs(2) will not reach birch (use fsync or `birch sync MOUNTPOINT`)"
-        );
+        eprintln!("birch: {}", limit_to_caller(args, &mut settings)?);
     }
     if !args.foreground {
         return detach(args);
@@ -277,6 +311,47 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
         report(&mut ready_pipe, &f.message);
     }
     result
+}
+
+/// Leaves out of an unprivileged mount what fusermount3 grants only to
+/// root, so that a user can mount an image they own with no options, and
+/// says in one line what was left out and why. Fails only if the caller
+/// asked for `allow_other` explicitly and may not have it.
+fn limit_to_caller(args: &MountArgs, settings: &mut Settings) -> Result<String, Failure> {
+    // fusermount3 forces these on for users; asked for, they show in
+    // /proc/mounts as what they are, not as a silently dropped request.
+    settings.fuse.nosuid = true;
+    settings.fuse.nodev = true;
+    let mut note = "not root: a plain FUSE mount with nosuid,nodev (set-ID bits and device \
+                    nodes are honoured only on root's mounts)"
+        .to_string();
+    if !user_allow_other() {
+        let asked = args
+            .options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .any(|o| o == "allow_other");
+        if asked {
+            return Err(Failure::new(
+                "-o allow_other: only root may have it unless /etc/fuse.conf says user_allow_other",
+            ));
+        }
+        settings.fuse.allow_other = false;
+        note.push_str(
+            ", without allow_other (only you can enter it: /etc/fuse.conf has no user_allow_other)",
+        );
+    }
+    note.push_str(
+        "; sync(1) and syncfs(2) will not reach birch (use fsync or `birch sync MOUNTPOINT`)",
+    );
+    Ok(note)
+}
+
+/// Whether fusermount3 lets users ask for allow_other: a line
+/// `user_allow_other` in /etc/fuse.conf.
+fn user_allow_other() -> bool {
+    std::fs::read_to_string("/etc/fuse.conf")
+        .is_ok_and(|conf| conf.lines().any(|l| l.trim() == "user_allow_other"))
 }
 
 /// The device stack of a mount: the image, optionally logged, behind the
@@ -309,11 +384,12 @@ fn open_device(image: &Path, settings: &Settings) -> Result<FileDevice, Failure>
         FileDevice::open_read_only(image)
     } else {
         match FileDevice::open(image, settings.direct_io) {
-            // The filesystem holding the image has no O_DIRECT (tmpfs):
-            // buffered I/O is as safe, only slower to fsync.
+            // The filesystem holding the image has no O_DIRECT: it refuses
+            // the open (tmpfs) or fails the first read (FileDevice::open
+            // probes one). Buffered I/O is as safe, only slower to fsync.
             Err(e) if settings.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
                 eprintln!(
-                    "birch: {}: O_DIRECT is not supported there; using buffered I/O",
+                    "birch: {}: O_DIRECT is not supported there ({e}); using buffered I/O",
                     image.display()
                 );
                 FileDevice::open(image, false)

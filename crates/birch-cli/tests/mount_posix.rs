@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{cstr, errno, skip_unless_root, Fixture};
+use common::{birch, cstr, errno, skip_unless_root, text, Fixture};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -287,6 +287,38 @@ fn renameat2_noreplace_and_exchange() {
     // Unknown flags (RENAME_WHITEOUT needs privileges and overlay support).
     let e = err_of(renameat2(&p("b"), &p("z"), 1 << 7));
     assert_eq!(e, libc::EINVAL, "got {}", errname(e));
+}
+
+/// Thousands of names of one file in one directory (extended refs past
+/// the first item's worth): all listed, counted, removable, and the image
+/// checks clean after unmount.
+#[test]
+fn thousands_of_hard_links_in_one_directory() {
+    if skip_unless_root() {
+        return;
+    }
+    const LINKS: usize = 5000;
+    let mut fx = Fixture::mounted("posix-many-links");
+    let p = |s: &str| fx.path(s);
+    write_file(&p("f"), b"one inode");
+    fs::create_dir(p("d")).unwrap();
+    for i in 0..LINKS {
+        fs::hard_link(p("f"), p(&format!("d/link_{i}"))).unwrap();
+    }
+    assert_eq!(fs::metadata(p("f")).unwrap().nlink() as usize, LINKS + 1);
+    assert_eq!(fs::read_dir(p("d")).unwrap().count(), LINKS);
+    assert_eq!(read_file(&p("d/link_4999")), b"one inode");
+    for i in (0..LINKS).step_by(2) {
+        fs::remove_file(p(&format!("d/link_{i}"))).unwrap();
+    }
+    fs::rename(p("d/link_4001"), p("moved")).unwrap();
+    assert_eq!(
+        fs::metadata(p("moved")).unwrap().nlink() as usize,
+        LINKS / 2 + 1
+    );
+    fx.unmount();
+    let out = birch(&["check", fx.image_str()]);
+    assert!(out.status.success(), "{}", text(&out.stdout));
 }
 
 #[test]

@@ -8,16 +8,21 @@
 //! kernel sending open/release at all (we answer open with ENOSYS: the
 //! kernel then stops asking and keeps its page cache across opens).
 
-use crate::attr::{from_request_time, to_engine_ino, to_fuse_attr, to_fuse_ino};
+use crate::attr::{
+    from_request_time, to_engine_ino, to_fuse_attr, to_fuse_generation, to_fuse_ino,
+};
 use birch::device::BlockDevice;
+use birch::format::ROOT_DIR_INO;
 use birch::fs::{
-    Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr, SetTime, XattrSetMode,
+    inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr,
+    SetTime, XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
     InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow,
+    WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -34,6 +39,19 @@ pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
 /// `_IOR('b', 2, [u8; 4096])`: the filesystem's counters as text
 /// (`birch stats MOUNTPOINT`).
 pub const BIRCH_IOC_STATS: u32 = 2 << 30 | 4096 << 16 | (b'b' as u32) << 8 | 2;
+/// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (`_IOR/_IOW('f', 1/2, long)`):
+/// chattr and lsattr. The kernel sends them from its fileattr code with a
+/// 4-byte argument whatever the `long` in the number says.
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// `FS_IOC_FSGETXATTR` / `FS_IOC_FSSETXATTR` (`struct fsxattr`, 28 bytes):
+/// the kernel reads the old flags this way before every FS_IOC_SETFLAGS,
+/// and xfs_io uses them.
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `fsx_xflags` bits of the two flags birch honours.
+const FS_XFLAG_IMMUTABLE: u32 = 0x8;
+const FS_XFLAG_APPEND: u32 = 0x10;
 
 /// How the mount talks to the kernel. docs/FUSE.md gives the reason and the
 /// measured effect of each default.
@@ -68,6 +86,23 @@ pub struct FuseOptions {
     pub max_write: u32,
     /// Background (readahead, writeback) requests the kernel may have queued.
     pub max_background: u16,
+    /// mount(8)'s per-mount flags, passed to the kernel. The defaults are
+    /// those of a mount by root from the command line: set-ID bits and
+    /// device nodes honoured, programs may run. fusermount3 forces nosuid
+    /// and nodev on for everyone else, so an unprivileged mount asks for
+    /// them.
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+    /// `noatime` / `relatime` / `strictatime` (the engine applies it too:
+    /// FUSE leaves atime updates to the server).
+    pub atime: AtimeUpdates,
+    /// `nodiratime`: listing a directory leaves its atime alone.
+    pub nodiratime: bool,
+    /// `sync`: every change is durable before it is answered.
+    pub sync: bool,
+    /// `dirsync`: every directory change is durable before it is answered.
+    pub dirsync: bool,
 }
 
 impl Default for FuseOptions {
@@ -85,6 +120,13 @@ impl Default for FuseOptions {
             block_device: None,
             max_write: 1 << 20,
             max_background: 128,
+            nosuid: false,
+            nodev: false,
+            noexec: false,
+            atime: AtimeUpdates::Relative,
+            nodiratime: false,
+            sync: false,
+            dirsync: false,
         }
     }
 }
@@ -99,14 +141,47 @@ impl FuseOptions {
             // fusermount3 (unprivileged) takes "subtype=" the same way.
             MountOption::CUSTOM("subtype=birch".into()),
             MountOption::DefaultPermissions,
-            MountOption::Dev,
-            MountOption::Suid,
+            // fuser's own default is nosuid,nodev; mount(8)'s, for root, is
+            // suid,dev,exec: each is stated either way.
+            if self.nosuid {
+                MountOption::NoSuid
+            } else {
+                MountOption::Suid
+            },
+            if self.nodev {
+                MountOption::NoDev
+            } else {
+                MountOption::Dev
+            },
+            if self.noexec {
+                MountOption::NoExec
+            } else {
+                MountOption::Exec
+            },
+            if self.read_only {
+                MountOption::RO
+            } else {
+                MountOption::RW
+            },
         ];
-        options.push(if self.read_only {
-            MountOption::RO
-        } else {
-            MountOption::RW
-        });
+        // The kernel's own atime flags matter little here (see `atime`),
+        // but they show in /proc/mounts as the user asked. relatime is
+        // mount(2)'s default; strictatime and nodiratime, which fuser
+        // cannot pass, are set after the mount (`apply_mount_attributes`).
+        if self.atime == AtimeUpdates::Never {
+            options.push(MountOption::NoAtime);
+        }
+        // MS_SYNCHRONOUS makes the kernel send FSYNC after every write(2)
+        // (and write back its cache first with `writeback_cache`); birch
+        // makes the other changes durable itself (`settle`). MS_DIRSYNC
+        // has no effect in FUSE's kernel side: it is shown, birch does
+        // the work.
+        if self.sync {
+            options.push(MountOption::Sync);
+        }
+        if self.dirsync {
+            options.push(MountOption::DirSync);
+        }
         let mut config = Config::default();
         config.mount_options = options;
         config.acl = if self.allow_other {
@@ -117,6 +192,98 @@ impl FuseOptions {
         config.n_threads = Some(self.threads.max(1));
         config.clone_fd = true;
         config
+    }
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const MOUNT_ATTR_ATIME_MASK: u64 = 0x70;
+const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
+const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
+
+impl FuseOptions {
+    /// Sets the per-mount flags fuser's mount cannot pass (`strictatime`,
+    /// `nodiratime`) on the live mount at `mountpoint`, as mount(8) does.
+    pub(crate) fn apply_mount_attributes(&self, mountpoint: &Path) -> std::io::Result<()> {
+        let mut attr = MountAttr {
+            attr_set: 0,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        if self.atime == AtimeUpdates::Always {
+            attr.attr_clr |= MOUNT_ATTR_ATIME_MASK;
+            attr.attr_set |= MOUNT_ATTR_STRICTATIME;
+        }
+        if self.nodiratime {
+            attr.attr_set |= MOUNT_ATTR_NODIRATIME;
+        }
+        if attr.attr_set == 0 {
+            return Ok(());
+        }
+        let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a valid C string and a mount_attr of the size passed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                0,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+/// The offset of a directory entry as the kernel keeps it (telldir,
+/// seekdir, the next getdents): the entry's position, and where the
+/// listing it belongs to ends. Every rename gives the entry a new, higher
+/// dir index, so a listing that renames each name it reads away and back
+/// would otherwise never end; like btrfs, a listing stops at the first
+/// index that did not exist when it began (offset 0). With no opendir
+/// round trip (NO_OPENDIR_SUPPORT) the offset is the only state a listing
+/// has, so the end travels in it: bit 62 set, the end in bits 31..=61, the
+/// position in bits 0..=30 (positions never exceed the end). A directory
+/// whose indexes have passed 2^31 gets plain positions and unbounded
+/// listings, as before. Offsets stay valid across inserts and deletes:
+/// positions are dir indexes, which never move.
+struct ListingCookie;
+
+impl ListingCookie {
+    const BOUNDED: u64 = 1 << 62;
+    const SHIFT: u32 = 31;
+    const MAX: u64 = (1 << Self::SHIFT) - 1;
+
+    fn encode(position: u64, end: Option<u64>) -> u64 {
+        match end {
+            Some(end) => Self::BOUNDED | end << Self::SHIFT | position,
+            None => position,
+        }
+    }
+
+    /// (position, end)
+    fn decode(offset: u64) -> (u64, Option<u64>) {
+        if offset & Self::BOUNDED != 0 {
+            (
+                offset & Self::MAX,
+                Some((offset & !Self::BOUNDED) >> Self::SHIFT),
+            )
+        } else {
+            (offset, None)
+        }
     }
 }
 
@@ -150,16 +317,43 @@ fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
-/// Mode bits a write or truncate by an unprivileged user must clear:
-/// set-user-ID always, set-group-ID when group-executable (otherwise it
-/// marks mandatory locking, not privilege).
-fn killed_mode(perm: u16) -> Option<u32> {
-    let perm = u32::from(perm);
+/// The mode left when a change by `req`'s caller drops set-ID bits from a
+/// file with `attr`, by the kernel's rules (`setattr_should_drop_suidgid`,
+/// `setattr_should_drop_sgid`): set-user-ID always goes; set-group-ID goes
+/// when the file is group-executable, or when the caller is neither in the
+/// file's group nor privileged (without group-execute the bit would let the
+/// caller keep a group it does not have). `privileged` stands for
+/// CAP_FSETID, which FUSE does not pass: root's uid. None if nothing changes.
+fn dropped_mode(attr: &Attr, req: &Request, privileged: bool) -> Option<u32> {
+    let perm = u32::from(attr.perm);
     let mut kill = libc::S_ISUID;
-    if perm & libc::S_IXGRP != 0 {
+    if perm & libc::S_ISGID != 0
+        && (perm & libc::S_IXGRP != 0 || (!privileged && !in_group(req, attr.gid)))
+    {
         kill |= libc::S_ISGID;
     }
     (perm & kill != 0).then_some(perm & !kill)
+}
+
+/// Whether the caller of `req` is in group `gid`: its own group, or one of
+/// its supplementary groups (FUSE sends only the first; the rest are read
+/// from /proc). If they cannot be read the answer is no, which only ever
+/// drops a set-group-ID bit the kernel might have kept.
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|groups| {
+            groups
+                .split_whitespace()
+                .any(|g| g.parse::<u32>() == Ok(gid))
+        })
 }
 
 impl<D: BlockDevice + 'static> BirchFuse<D> {
@@ -182,6 +376,30 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         Self::reply_empty(result, reply);
     }
 
+    /// `sync` and `dirsync` mounts: makes a change durable before it is
+    /// answered, through fsync's log rather than a commit: the directories
+    /// whose entries changed (`dirsync`, and `sync` which implies it), and
+    /// the inode changed (`sync`).
+    fn settle(&self, dirs: &[u64], ino: Option<u64>) -> birch::Result<()> {
+        if let (true, Some(ino)) = (self.options.sync, ino) {
+            self.fs.fsync(ino, false)?;
+        }
+        if self.options.sync || self.options.dirsync {
+            for &dir in dirs {
+                self.fs.fsync(dir, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`settle`](Self::settle) after a change that gave `parent` a new
+    /// entry, for the inode it names.
+    fn settle_entry(&self, parent: u64, result: birch::Result<Attr>) -> birch::Result<Attr> {
+        let attr = result?;
+        self.settle(&[parent], Some(attr.ino))?;
+        Ok(attr)
+    }
+
     /// The counters `birch stats` prints, as text.
     fn stats_text(&self) -> String {
         format!(
@@ -193,15 +411,37 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
     }
 
     /// Replies with an inode handed to the kernel, taking the hold that the
-    /// kernel's matching forget will drop.
+    /// kernel's matching forget will drop. The root is never forgotten
+    /// (`forget` ignores it), so it takes none: a ".." lookup can return it.
     fn reply_entry(&self, result: birch::Result<Attr>, reply: ReplyEntry) {
-        match result.and_then(|attr| self.fs.open_inode(attr.ino).map(|()| attr)) {
+        let held = result.and_then(|attr| {
+            if attr.ino != ROOT_DIR_INO {
+                self.fs.open_inode(attr.ino)?;
+            }
+            Ok(attr)
+        });
+        match held {
             Ok(attr) => reply.entry(
                 &self.options.entry_ttl,
                 &to_fuse_attr(&attr),
-                Generation(attr.generation),
+                to_fuse_generation(&attr),
             ),
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// The lookups only the kernel's export operations send (a path walk
+    /// resolves "." and ".." itself), with FUSE_EXPORT_SUPPORT: "." with
+    /// the node id of a file handle whose inode the kernel has forgotten
+    /// (`open_by_handle_at`, an NFS client's handle), for any file type;
+    /// ".." of a directory, to reconnect a directory handle to the tree.
+    /// The engine finds either by number whether or not the kernel still
+    /// holds it. `None` for every other name.
+    fn export_lookup(&self, ino: u64, name: &[u8]) -> Option<birch::Result<Attr>> {
+        match name {
+            b"." => Some(self.fs.getattr(ino)),
+            b".." => Some(self.fs.parent_of_dir(ino).and_then(|p| self.fs.getattr(p))),
+            _ => None,
         }
     }
 
@@ -237,30 +477,56 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         plus: bool,
     ) -> birch::Result<()> {
         let dir = to_engine_ino(ino.0);
-        // Offsets: "." is entry 0 -> next 1, ".." is 1 -> next 2, then each
-        // entry's next offset is its dir index + 1 (indexes start at 2).
-        if offset < 1 {
+        // Positions: "." is entry 0 -> next 1, ".." is 1 -> next 2, then
+        // each entry's next position is its dir index + 1 (indexes start at
+        // 2). The offsets handed out also carry where the listing ends
+        // (ListingCookie).
+        let (position, end) = if offset == 0 {
+            if !self.options.nodiratime {
+                self.fs.dir_accessed(dir)?;
+            }
+            (
+                0,
+                Some(self.fs.dir_index_end(dir)?).filter(|&e| e <= ListingCookie::MAX),
+            )
+        } else {
+            ListingCookie::decode(offset)
+        };
+        let cookie = |position: u64| ListingCookie::encode(position, end);
+        if position < 1 {
             let attr = if plus {
                 Some(self.fs.getattr(dir)?)
             } else {
                 None
             };
-            if add(dir, 1, fuser::FileType::Directory, b".", attr.as_ref()) {
+            if add(
+                dir,
+                cookie(1),
+                fuser::FileType::Directory,
+                b".",
+                attr.as_ref(),
+            ) {
                 return Ok(());
             }
         }
-        if offset < 2 {
+        if position < 2 {
             let parent = self.fs.parent_of_dir(dir)?;
             let attr = if plus {
                 Some(self.fs.getattr(parent)?)
             } else {
                 None
             };
-            if add(parent, 2, fuser::FileType::Directory, b"..", attr.as_ref()) {
+            if add(
+                parent,
+                cookie(2),
+                fuser::FileType::Directory,
+                b"..",
+                attr.as_ref(),
+            ) {
                 return Ok(());
             }
         }
-        let mut next = offset.max(2);
+        let mut next = position.max(2);
         loop {
             let batch = self.fs.readdir(dir, next, 128)?;
             if batch.is_empty() {
@@ -268,6 +534,10 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             }
             for e in batch {
                 next = e.next_offset;
+                if end.is_some_and(|end| e.next_offset > end) {
+                    // Added (or renamed in) since the listing began.
+                    return Ok(());
+                }
                 let kind = crate::attr::to_fuse_type(e.file_type);
                 if plus {
                     // The entry may vanish between listing and stat (a
@@ -277,10 +547,10 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                         Err(birch::Error::NotFound) => continue,
                         Err(err) => return Err(err),
                     };
-                    if add(e.ino, e.next_offset, kind, &e.name, Some(&attr)) {
+                    if add(e.ino, cookie(e.next_offset), kind, &e.name, Some(&attr)) {
                         return Ok(());
                     }
-                } else if add(e.ino, e.next_offset, kind, &e.name, None) {
+                } else if add(e.ino, cookie(e.next_offset), kind, &e.name, None) {
                     return Ok(());
                 }
             }
@@ -299,7 +569,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+            | InitFlags::FUSE_NO_OPENDIR_SUPPORT
+            // Lets the kernel resolve a file handle whose inode it has
+            // dropped by asking us (LOOKUP of "." and ".."), so that
+            // open_by_handle_at and an NFS re-export keep working.
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         if self.options.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -315,7 +589,18 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(to_engine_ino(parent.0), name.as_bytes()) {
+        let parent = to_engine_ino(parent.0);
+        if let Some(result) = self.export_lookup(parent, name.as_bytes()) {
+            return match result {
+                // A number with no live inode behind it: the handle names
+                // a file that is gone (its number may come back, but with
+                // another generation, which the kernel then refuses).
+                Err(birch::Error::NotFound) => reply.error(Errno::ESTALE),
+                Ok(attr) if attr.nlink == 0 => reply.error(Errno::ESTALE),
+                other => self.reply_entry(other, reply),
+            };
+        }
+        match self.fs.lookup(parent, name.as_bytes()) {
             // A zero inode with a timeout is a cacheable "no such name".
             Err(birch::Error::NotFound) => {
                 reply.entry(&self.options.negative_ttl, &negative_entry(), Generation(0))
@@ -367,20 +652,55 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 ctime: ctime.map(from_request_time),
             };
             // With HANDLE_KILLPRIV_V2 the kernel leaves clearing set-ID bits
-            // to us: chown of a non-directory always clears them, truncate
-            // by an unprivileged caller does.
-            if changes.mode.is_none()
-                && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0))
-            {
+            // to us (docs/FUSE.md). It asks in three shapes: a chown of a
+            // non-directory; a truncate by a caller without CAP_FSETID
+            // (flagged FATTR_KILL_SUIDGID, which fuser does not pass: a
+            // non-root caller stands for it); and a SETATTR that changes
+            // nothing, which is the kernel's file_remove_privs() (before a
+            // write, a fallocate, a write into the writeback cache) or a
+            // chown(-1, -1), both of which drop the bits. Clearing them in
+            // that SETATTR also hands the kernel the new mode in the reply,
+            // so its cached attributes never keep a stale set-user-ID bit.
+            let nothing = mode.is_none()
+                && uid.is_none()
+                && gid.is_none()
+                && size.is_none()
+                && atime.is_none()
+                && mtime.is_none()
+                && ctime.is_none();
+            let chown = uid.is_some() || gid.is_some() || nothing;
+            if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
                 let current = self.fs.getattr(ino)?;
-                if current.file_type != birch::format::FileType::Directory {
-                    changes.mode = killed_mode(current.perm);
+                let applies = match current.file_type {
+                    birch::format::FileType::Regular => true,
+                    birch::format::FileType::Directory => false,
+                    _ => !nothing,
+                };
+                if applies {
+                    changes.mode = dropped_mode(&current, req, chown && req.uid() == 0);
                 }
             }
-            self.fs.setattr(ino, &changes)
+            let attr = self.fs.setattr(ino, &changes)?;
+            self.settle(&[], Some(ino))?;
+            Ok(attr)
         })();
         match result {
             Ok(a) => reply.attr(&self.options.attr_ttl, &to_fuse_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// statx(2) wanting btime: the inode's creation time (`otime`).
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        match self.fs.getattr(to_engine_ino(ino.0)) {
+            Ok(a) => reply.statx(&self.options.attr_ttl, &to_fuse_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -409,7 +729,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 self.fs
                     .mknod(parent, name.as_bytes(), mode, uid, gid, u64::from(rdev))
             });
-        self.reply_entry(result, reply);
+        self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
     fn mkdir(
@@ -425,19 +745,25 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let result = self
             .new_owner(req, parent, libc::S_IFDIR | mode)
             .and_then(|(uid, gid, mode)| self.fs.mkdir(parent, name.as_bytes(), mode, uid, gid));
-        self.reply_entry(result, reply);
+        self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let parent = to_engine_ino(parent.0);
         Self::reply_empty(
-            self.fs.unlink(to_engine_ino(parent.0), name.as_bytes()),
+            self.fs
+                .unlink(parent, name.as_bytes())
+                .and_then(|()| self.settle(&[parent], None)),
             reply,
         );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let parent = to_engine_ino(parent.0);
         Self::reply_empty(
-            self.fs.rmdir(to_engine_ino(parent.0), name.as_bytes()),
+            self.fs
+                .rmdir(parent, name.as_bytes())
+                .and_then(|()| self.settle(&[parent], None)),
             reply,
         );
     }
@@ -462,7 +788,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     gid,
                 )
             });
-        self.reply_entry(result, reply);
+        self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
     fn rename(
@@ -484,14 +810,22 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
+        let (parent, newparent) = (to_engine_ino(parent.0), to_engine_ino(newparent.0));
+        let dirs: &[u64] = if parent == newparent {
+            &[parent]
+        } else {
+            &[parent, newparent]
+        };
         Self::reply_empty(
-            self.fs.rename(
-                to_engine_ino(parent.0),
-                name.as_bytes(),
-                to_engine_ino(newparent.0),
-                newname.as_bytes(),
-                flags,
-            ),
+            self.fs
+                .rename(
+                    parent,
+                    name.as_bytes(),
+                    newparent,
+                    newname.as_bytes(),
+                    flags,
+                )
+                .and_then(|()| self.settle(dirs, None)),
             reply,
         );
     }
@@ -504,14 +838,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.reply_entry(
-            self.fs.link(
-                to_engine_ino(ino.0),
-                to_engine_ino(newparent.0),
-                newname.as_bytes(),
-            ),
-            reply,
-        );
+        let newparent = to_engine_ino(newparent.0);
+        let result = self
+            .fs
+            .link(to_engine_ino(ino.0), newparent, newname.as_bytes());
+        self.reply_entry(self.settle_entry(newparent, result), reply);
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -556,8 +887,12 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         let ino = to_engine_ino(ino.0);
         let result = (|| {
-            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) && req.uid() != 0 {
-                if let Some(mode) = killed_mode(self.fs.getattr(ino)?.perm) {
+            // The kernel sets KILL_SUIDGID for a caller without CAP_FSETID.
+            // It has normally dropped the bits already (the empty SETATTR
+            // of file_remove_privs, see setattr); this covers a write that
+            // reaches birch without one.
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+                if let Some(mode) = dropped_mode(&self.fs.getattr(ino)?, req, false) {
                     self.fs.setattr(
                         ino,
                         &SetAttr {
@@ -669,7 +1004,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     OsStr::from_bytes(name),
                     &ttl,
                     &to_fuse_attr(attr),
-                    Generation(attr.generation),
+                    to_fuse_generation(attr),
                 );
                 // The kernel counts a lookup for each entry it accepted,
                 // except "." and "..".
@@ -740,9 +1075,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             libc::XATTR_REPLACE => XattrSetMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
+        let ino = to_engine_ino(ino.0);
         Self::reply_empty(
             self.fs
-                .setxattr(to_engine_ino(ino.0), name.as_bytes(), value, mode),
+                .setxattr(ino, name.as_bytes(), value, mode)
+                .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );
     }
@@ -783,8 +1120,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         if let Err(e) = supported_xattr_namespace(name) {
             return reply.error(e);
         }
+        let ino = to_engine_ino(ino.0);
         Self::reply_empty(
-            self.fs.removexattr(to_engine_ino(ino.0), name.as_bytes()),
+            self.fs
+                .removexattr(ino, name.as_bytes())
+                .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );
     }
@@ -807,8 +1147,38 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let parent = to_engine_ino(parent.0);
         let result = self
             .new_owner(req, parent, mode)
-            .and_then(|(uid, gid, mode)| self.fs.mknod(parent, name.as_bytes(), mode, uid, gid, 0))
+            .and_then(|(uid, gid, mode)| {
+                let created = self.fs.mknod(parent, name.as_bytes(), mode, uid, gid, 0);
+                self.settle_entry(parent, created)
+            })
             .and_then(|attr| self.fs.open_inode(attr.ino).map(|()| attr));
+        match result {
+            Ok(attr) => reply.created(
+                &self.options.entry_ttl,
+                &to_fuse_attr(&attr),
+                to_fuse_generation(&attr),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// `open(O_TMPFILE)`: the engine's tmpfile holds the inode once, the
+    /// hold the kernel's lookup count (and its forget) stands for.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let parent = to_engine_ino(parent.0);
+        let result = self
+            .new_owner(req, parent, mode)
+            .and_then(|(uid, gid, mode)| self.fs.tmpfile(parent, mode, uid, gid));
         match result {
             Ok(attr) => reply.created(
                 &self.options.entry_ttl,
@@ -824,15 +1194,75 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
+        in_data: &[u8],
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let ino = to_engine_ino(ino.0);
         match cmd {
+            FS_IOC_GETFLAGS => match self.fs.get_flags(ino) {
+                Ok(flags) => reply.ioctl(0, &flags.to_ne_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            },
+            // Who may change which flag (CAP_LINUX_IMMUTABLE for these
+            // two) the kernel checks before it sends this.
+            FS_IOC_FSGETXATTR => match self.fs.get_flags(ino) {
+                Ok(flags) => {
+                    let mut xflags = 0;
+                    if flags & inode_flags::IMMUTABLE != 0 {
+                        xflags |= FS_XFLAG_IMMUTABLE;
+                    }
+                    if flags & inode_flags::APPEND != 0 {
+                        xflags |= FS_XFLAG_APPEND;
+                    }
+                    let mut fsxattr = [0u8; 28];
+                    fsxattr[..4].copy_from_slice(&xflags.to_ne_bytes());
+                    reply.ioctl(0, &fsxattr);
+                }
+                Err(e) => reply.error(errno(&e)),
+            },
+            FS_IOC_FSSETXATTR => {
+                let word = |i: usize| {
+                    in_data
+                        .get(i * 4..i * 4 + 4)
+                        .map(|b| u32::from_ne_bytes(b.try_into().expect("four bytes")))
+                };
+                // xflags, extsize, nextents, projid, cowextsize: only the
+                // two flags may be set, nothing else birch has.
+                match (word(0), word(1), word(3), word(4)) {
+                    (Some(xflags), Some(0), Some(0), Some(0))
+                        if xflags & !(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND) == 0 =>
+                    {
+                        let mut flags = 0;
+                        if xflags & FS_XFLAG_IMMUTABLE != 0 {
+                            flags |= inode_flags::IMMUTABLE;
+                        }
+                        if xflags & FS_XFLAG_APPEND != 0 {
+                            flags |= inode_flags::APPEND;
+                        }
+                        match self.fs.set_flags(ino, flags) {
+                            Ok(()) => reply.ioctl(0, &[]),
+                            Err(e) => reply.error(errno(&e)),
+                        }
+                    }
+                    (Some(_), Some(_), Some(_), Some(_)) => reply.error(Errno::EOPNOTSUPP),
+                    _ => reply.error(Errno::EINVAL),
+                }
+            }
+            FS_IOC_SETFLAGS => match in_data.get(..4) {
+                Some(bytes) => {
+                    let flags = u32::from_ne_bytes(bytes.try_into().expect("four bytes"));
+                    match self.fs.set_flags(ino, flags) {
+                        Ok(()) => reply.ioctl(0, &[]),
+                        Err(e) => reply.error(errno(&e)),
+                    }
+                }
+                None => reply.error(Errno::EINVAL),
+            },
             BIRCH_IOC_SYNC => match self.fs.sync() {
                 Ok(()) => reply.ioctl(0, &[]),
                 Err(e) => reply.error(errno(&e)),
@@ -870,11 +1300,21 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
                 FallocateMode::PunchHole
             }
+            libc::FALLOC_FL_ZERO_RANGE => FallocateMode::ZeroRange,
+            m if m == libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE => {
+                FallocateMode::ZeroRangeKeepSize
+            }
+            // The kernel's FUSE fallocate refuses these two itself
+            // (EOPNOTSUPP) today; served here for when it passes them on.
+            libc::FALLOC_FL_COLLAPSE_RANGE => FallocateMode::CollapseRange,
+            libc::FALLOC_FL_INSERT_RANGE => FallocateMode::InsertRange,
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
+        let ino = to_engine_ino(ino.0);
         Self::reply_empty(
             self.fs
-                .fallocate(to_engine_ino(ino.0), offset, length, mode),
+                .fallocate(ino, offset, length, mode)
+                .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );
     }
@@ -902,21 +1342,33 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         }
     }
 
+    /// A reflink where the offsets allow it (the engine's
+    /// `copy_file_range`). The reply counts bytes in 32 bits: a longer
+    /// copy is cut at a block boundary and the caller asks for the rest.
     fn copy_file_range(
         &self,
         _req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
+        offset_in: u64,
+        ino_out: INodeNo,
         _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
+        offset_out: u64,
+        len: u64,
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        // The kernel falls back to read + write.
-        reply.error(Errno::ENOSYS);
+        const MAX_REPLY: u64 = u32::MAX as u64 / 4096 * 4096;
+        match self.fs.copy_file_range(
+            to_engine_ino(ino_in.0),
+            offset_in,
+            to_engine_ino(ino_out.0),
+            offset_out,
+            len.min(MAX_REPLY),
+        ) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 }
 
@@ -953,5 +1405,31 @@ fn negative_entry() -> fuser::FileAttr {
         rdev: 0,
         blksize: 4096,
         flags: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ListingCookie;
+
+    #[test]
+    fn listing_cookies_carry_position_and_end() {
+        for (position, end) in [
+            (0, 2),
+            (1, 2),
+            (2, 2),
+            (7, 9000),
+            (ListingCookie::MAX, ListingCookie::MAX),
+        ] {
+            let offset = ListingCookie::encode(position, Some(end));
+            // The kernel keeps offsets in a signed 64-bit file position.
+            assert!(i64::try_from(offset).is_ok());
+            assert_ne!(offset, 0, "0 starts a new listing");
+            assert_eq!(ListingCookie::decode(offset), (position, Some(end)));
+        }
+        // Unbounded listings (huge directories) use plain positions.
+        let huge = 1 << 40;
+        assert_eq!(ListingCookie::encode(huge, None), huge);
+        assert_eq!(ListingCookie::decode(huge), (huge, None));
     }
 }

@@ -21,6 +21,20 @@ pub fn to_fuse_ino(engine_ino: u64) -> fuser::INodeNo {
     })
 }
 
+/// The generation the kernel gets with an inode, and puts in its file
+/// handles: the engine's (the transaction that created the inode), so a
+/// number reused in a later mount, after the inode that had it was
+/// deleted, never matches an old handle. FUSE wants 0 for the root (the
+/// kernel made it with 0 and would call it stale otherwise). The kernel
+/// keeps 32 bits: transactions would have to pass 2^32 to wrap.
+pub fn to_fuse_generation(a: &Attr) -> fuser::Generation {
+    fuser::Generation(if a.ino == ROOT_DIR_INO {
+        0
+    } else {
+        a.generation
+    })
+}
+
 pub fn to_system_time(t: Timespec) -> SystemTime {
     if t.sec >= 0 {
         UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)

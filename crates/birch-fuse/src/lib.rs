@@ -41,6 +41,15 @@ pub fn serve<D: BlockDevice + 'static>(
         }
         None => fuser::Session::new(adapter, mountpoint, &config)?,
     };
+    // On failure a plain fuse session's drop unmounts again; a fuseblk
+    // mount was made here and is detached here.
+    options
+        .apply_mount_attributes(mountpoint)
+        .inspect_err(|_| {
+            if options.block_device.is_some() {
+                fuseblk::detach(mountpoint);
+            }
+        })?;
     ready();
     session.run()?;
     Arc::try_unwrap(fs)

@@ -37,6 +37,7 @@ pub fn fresh_device(bytes: u64) -> Arc<MemoryDevice> {
         &dev,
         &MkfsOptions {
             fsid: Some(SIM_FSID),
+            ..Default::default()
         },
     )
     .expect("mkfs on a memory device");

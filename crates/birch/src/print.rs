@@ -10,9 +10,9 @@ use crate::btree::{read_node_uncached, NodeExpectation};
 use crate::device::BlockDevice;
 use crate::format::node::{BODY_SIZE, HEADER_SIZE, LEAF_ITEM_HEADER_SIZE};
 use crate::format::{
-    decode_dir_items, decode_inode_refs, decode_xattrs, item_type, tree_id, DirEntry, ExtentItem,
-    FileExtent, FileType, InodeItem, Key, KeyPtr, Node, NodeBody, RootItem, Superblock, Timespec,
-    NODE_MAGIC, NODE_SIZE,
+    decode_dir_items, decode_inode_extrefs, decode_inode_refs, decode_xattrs, item_type, tree_id,
+    DirEntry, ExtentItem, FileExtent, FileType, InodeItem, Key, KeyPtr, Node, NodeBody, RootItem,
+    Superblock, Timespec, NODE_MAGIC, NODE_SIZE,
 };
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -188,6 +188,22 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
                 .map(|r| {
                     format!(
                         "inode ref index {} namelen {} name: {}",
+                        r.index,
+                        r.name.len(),
+                        name(&r.name)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n\t\t"),
+            Err(e) => undecodable(&e),
+        },
+        INODE_EXTREF => match decode_inode_extrefs(data) {
+            Ok(refs) => refs
+                .iter()
+                .map(|r| {
+                    format!(
+                        "inode extref parent {} index {} namelen {} name: {}",
+                        r.parent,
                         r.index,
                         r.name.len(),
                         name(&r.name)

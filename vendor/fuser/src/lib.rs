@@ -71,6 +71,8 @@ pub use crate::reply::ReplyLseek;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
+// birch patch: statx replies.
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
@@ -778,6 +780,40 @@ pub trait Filesystem: Send + Sync + 'static {
     /// asking for the rest of the connection.
     fn syncfs(&self, _req: &Request, ino: INodeNo, reply: ReplyEmpty) {
         warn!("[Not Implemented] syncfs(ino: {ino:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// birch patch: create an unnamed regular file in `parent` and open it
+    /// (`open(O_TMPFILE)`). Reply as to [`create`](Self::create); the
+    /// kernel counts one lookup of the new inode. ENOSYS makes the kernel
+    /// answer EOPNOTSUPP itself from then on.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode:#o}, umask: {umask:#o}, flags: {flags:#x})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// birch patch: attributes for statx(2) when the caller wants more than
+    /// the basic stats (btime). `mask` holds the `STATX_*` bits asked for.
+    /// ENOSYS makes the kernel use getattr from then on.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        warn!("[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:#x?}, mask: {mask:#x})");
         reply.error(Errno::ENOSYS);
     }
 

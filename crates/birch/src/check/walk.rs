@@ -11,9 +11,9 @@ use crate::btree::{read_node_uncached, NodeExpectation};
 use crate::error::Error;
 use crate::format::node::MAX_LEVEL;
 use crate::format::{
-    decode_dir_items, decode_inode_refs, decode_xattrs, item_type, item_type_name, name_hash,
-    tree_id, DirEntry, ExtentItem, FileExtent, InodeItem, Key, LeafItem, NodeBody, RootItem,
-    FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
+    decode_dir_items, decode_inode_extrefs, decode_inode_refs, decode_xattrs, extref_hash,
+    item_type, item_type_name, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeItem,
+    Key, LeafItem, NodeBody, RootItem, FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::print::{name, tree_name};
 use std::collections::HashSet;
@@ -518,6 +518,34 @@ impl Checker<'_> {
                     }
                 }
                 Ok(_) => {}
+                Err(e) => self.item_fault(loc, e.to_string()),
+            },
+            INODE_EXTREF => match decode_inode_extrefs(data) {
+                Ok(entries) => {
+                    for e in entries {
+                        let hash = extref_hash(e.parent, &e.name);
+                        if hash != key.offset {
+                            self.fault_at_as(
+                                pass_id::NAMESPACE,
+                                loc,
+                                format!(
+                                    "INODE_EXTREF name {:?} in {} hashes to {hash:#x}, not the key's {:#x}",
+                                    String::from_utf8_lossy(&e.name),
+                                    e.parent,
+                                    key.offset
+                                ),
+                            );
+                        } else if !log {
+                            self.fs.refs.push(RefRec {
+                                ino: key.objectid,
+                                parent: e.parent,
+                                index: e.index,
+                                name: e.name,
+                                loc: *loc,
+                            });
+                        }
+                    }
+                }
                 Err(e) => self.item_fault(loc, e.to_string()),
             },
             DIR_ITEM => match decode_dir_items(data) {

@@ -25,11 +25,30 @@ impl FileDevice {
         }
         let file = options.open(path)?;
         let size_bytes = device_size(&file)?;
-        Ok(FileDevice {
+        let dev = FileDevice {
             file,
             size_bytes,
             direct_io,
-        })
+        };
+        if direct_io {
+            dev.probe_direct_io()?;
+        }
+        Ok(dev)
+    }
+
+    /// Some filesystems accept O_DIRECT at open and then fail every such
+    /// read or write with EINVAL (FUSE without direct I/O support, some
+    /// network filesystems). One aligned read of the first block finds out
+    /// now, with the same EINVAL an open refusing O_DIRECT gives, so the
+    /// caller can fall back to buffered I/O before the filesystem trusts
+    /// the device.
+    fn probe_direct_io(&self) -> io::Result<()> {
+        if self.size_bytes < DIRECT_IO_ALIGN as u64 {
+            // Too small for an aligned read; mounting fails on it anyway.
+            return Ok(());
+        }
+        let mut bounce = AlignedBuffer::new(DIRECT_IO_ALIGN);
+        self.file.read_exact_at(bounce.as_mut(), 0)
     }
 
     /// Opens read-only (for `check` and `dump`, which must never write).

@@ -225,6 +225,47 @@ pub fn encode_inode_refs(entries: &[InodeRefEntry]) -> Vec<u8> {
     out
 }
 
+/// One name of an inode in an INODE_EXTREF item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InodeExtrefEntry {
+    pub parent: u64,
+    pub index: u64,
+    pub name: Vec<u8>,
+}
+
+/// `(ino, INODE_EXTREF, extref_hash(parent, name))`: names of `ino` that
+/// did not fit its INODE_REF item for `parent` (several when hashes
+/// collide).
+pub fn encode_inode_extrefs(entries: &[InodeExtrefEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in entries {
+        put_u64(&mut out, e.parent);
+        put_u64(&mut out, e.index);
+        put_u16(&mut out, e.name.len() as u16);
+        out.extend_from_slice(&e.name);
+    }
+    out
+}
+
+pub fn decode_inode_extrefs(bytes: &[u8]) -> Result<Vec<InodeExtrefEntry>, ItemError> {
+    let mut r = Reader::new(bytes);
+    let mut out = Vec::new();
+    while !r.is_empty() {
+        let parent = r.u64()?;
+        let index = r.u64()?;
+        let name = read_name(&mut r, "inode extref")?;
+        out.push(InodeExtrefEntry {
+            parent,
+            index,
+            name,
+        });
+    }
+    if out.is_empty() {
+        return Err(ItemError("inode extref: no entries".into()));
+    }
+    Ok(out)
+}
+
 pub fn decode_inode_refs(bytes: &[u8]) -> Result<Vec<InodeRefEntry>, ItemError> {
     let mut r = Reader::new(bytes);
     let mut out = Vec::new();
@@ -629,6 +670,23 @@ mod tests {
         bad_mode[44..48].copy_from_slice(&0u32.to_le_bytes());
         assert!(InodeItem::decode(&bad_mode).is_err());
         assert!(decode_inode_refs(&[]).is_err());
+        assert!(decode_inode_extrefs(&[]).is_err());
+        let extrefs = vec![
+            InodeExtrefEntry {
+                parent: 300,
+                index: 4,
+                name: b"x".to_vec(),
+            },
+            InodeExtrefEntry {
+                parent: 301,
+                index: 70,
+                name: b"yz".to_vec(),
+            },
+        ];
+        assert_eq!(
+            decode_inode_extrefs(&encode_inode_extrefs(&extrefs)).unwrap(),
+            extrefs
+        );
         let e = FileExtent::Regular {
             disk_bytenr: 4096,
             disk_num_bytes: 4096,

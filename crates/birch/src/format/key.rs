@@ -14,6 +14,9 @@ pub struct Key {
 pub mod item_type {
     pub const INODE_ITEM: u8 = 1;
     pub const INODE_REF: u8 = 12;
+    /// A name that did not fit its parent's INODE_REF item (thousands of
+    /// hard links in one directory), keyed by `extref_hash(parent, name)`.
+    pub const INODE_EXTREF: u8 = 13;
     pub const XATTR_ITEM: u8 = 24;
     pub const ORPHAN_ITEM: u8 = 48;
     pub const DIR_LOG_INDEX: u8 = 72;
@@ -35,6 +38,7 @@ pub fn item_type_name(t: u8) -> &'static str {
     match t {
         INODE_ITEM => "INODE_ITEM",
         INODE_REF => "INODE_REF",
+        INODE_EXTREF => "INODE_EXTREF",
         XATTR_ITEM => "XATTR_ITEM",
         ORPHAN_ITEM => "ORPHAN_ITEM",
         DIR_LOG_INDEX => "DIR_LOG_INDEX",

@@ -66,3 +66,10 @@ pub const MAX_EXTENT_BYTES: u64 = 128 * 1024 * 1024;
 pub fn name_hash(name: &[u8]) -> u64 {
     u64::from(crc32c::crc32c(name))
 }
+
+/// Offset of the INODE_EXTREF item holding the name `name` in `parent`:
+/// the parent in the high half, so one parent's names sort together, and
+/// the name's crc32c in the low half.
+pub fn extref_hash(parent: u64, name: &[u8]) -> u64 {
+    (u64::from(crc32c::crc32c(&parent.to_le_bytes())) << 32) | name_hash(name)
+}

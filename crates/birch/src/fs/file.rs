@@ -28,7 +28,7 @@ const PAGE: u64 = SECTOR_SIZE;
 const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
 impl<D: BlockDevice> FsState<D> {
-    fn require_regular(&mut self, ino: u64) -> Result<()> {
+    pub(super) fn require_regular(&mut self, ino: u64) -> Result<()> {
         match self.inode(ino)?.item.file_type() {
             FileType::Regular => Ok(()),
             FileType::Directory => Err(Error::IsDir),
@@ -37,7 +37,7 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// The file extent items of `ino` that overlap `[start, end)`.
-    fn extents_overlapping(
+    pub(super) fn extents_overlapping(
         &self,
         ino: u64,
         start: u64,
@@ -109,7 +109,7 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// One page of the file as it is now (dirty copy or disk content).
-    fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
+    pub(super) fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
         if let Some(page) = self.inode(ino)?.pages.get(&index) {
             return Ok(page.clone());
         }
@@ -122,7 +122,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Makes `page` the dirty copy of page `index`. A page not dirty before
     /// takes one page of reservation and may start (or join) a run.
-    fn put_dirty_page(&mut self, ino: u64, index: u64, page: Box<[u8]>) -> Result<()> {
+    pub(super) fn put_dirty_page(&mut self, ino: u64, index: u64, page: Box<[u8]>) -> Result<()> {
         let pages = &mut self.inode(ino)?.pages;
         if let Some(old) = pages.get_mut(&index) {
             *old = page;
@@ -152,7 +152,7 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// Removes the dirty pages with indexes in `range`.
-    fn take_dirty_pages(
+    pub(super) fn take_dirty_pages(
         &mut self,
         ino: u64,
         range: impl std::ops::RangeBounds<u64>,
@@ -222,17 +222,25 @@ impl<D: BlockDevice> FsState<D> {
         Ok(buf[(offset - aligned_start) as usize..(end - aligned_start) as usize].to_vec())
     }
 
-    /// relatime: update atime only if it is older than mtime/ctime or a day.
-    fn touch_atime(&mut self, ino: u64) -> Result<()> {
+    /// An access to `ino` (a read, a directory listing): updates its atime
+    /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says.
+    pub(crate) fn touch_atime(&mut self, ino: u64) -> Result<()> {
         if self.failed.is_some() || self.options.read_only {
             return Ok(());
         }
         let now = Timespec::now();
+        let policy = self.options.atime;
         let item = &self.inode(ino)?.item;
-        if item.atime <= item.mtime
-            || item.atime <= item.ctime
-            || now.sec - item.atime.sec >= 24 * 3600
-        {
+        let update = match policy {
+            super::AtimeUpdates::Never => false,
+            super::AtimeUpdates::Always => true,
+            super::AtimeUpdates::Relative => {
+                item.atime <= item.mtime
+                    || item.atime <= item.ctime
+                    || now.sec - item.atime.sec >= 24 * 3600
+            }
+        };
+        if update {
             self.update_inode(ino, |i| i.atime = now)?;
         }
         Ok(())
@@ -508,7 +516,7 @@ impl<D: BlockDevice> FsState<D> {
     /// Records that `[start, end)` of the file got new extents, for the
     /// next fast log. Kept sorted and merged: page-bounded writeback writes
     /// a file in pieces, in any order.
-    fn note_written_range(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
+    pub(super) fn note_written_range(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
         let transid = self.forest.transid();
         let log = &mut self.inode(ino)?.log;
         if log.ranges_trans != transid {
@@ -644,9 +652,23 @@ impl<D: BlockDevice> FsState<D> {
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or(Error::FileTooBig)?;
         let size = self.inode(ino)?.item.size;
-        if mode == FallocateMode::PunchHole {
-            return self.punch_hole(ino, offset, end.min(size));
-        }
+        let mode = match mode {
+            FallocateMode::PunchHole => return self.punch_hole(ino, offset, end.min(size)),
+            FallocateMode::CollapseRange => return self.collapse_range(ino, offset, len),
+            FallocateMode::InsertRange => return self.insert_range(ino, offset, len),
+            // Zeroing is a punch followed by preallocation of the range:
+            // it reads as zeros and a later write into it cannot fail for
+            // space (as ext4 and xfs promise).
+            FallocateMode::ZeroRange => {
+                self.punch_hole(ino, offset, end.min(size))?;
+                FallocateMode::Allocate
+            }
+            FallocateMode::ZeroRangeKeepSize => {
+                self.punch_hole(ino, offset, end.min(size))?;
+                FallocateMode::AllocateKeepSize
+            }
+            other => other,
+        };
         // Preallocated extents may not sit beside an inline extent: the
         // inline data goes out as a regular extent at the next writeback.
         if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
@@ -706,14 +728,21 @@ impl<D: BlockDevice> FsState<D> {
         if len == 0 {
             return Ok(Need::NONE);
         }
-        if mode == FallocateMode::PunchHole {
-            return Ok(Need::urgent_items(4).plus_bytes(2 * PAGE));
-        }
-        let holes: u64 = self
-            .prealloc_holes(ino, offset, end)?
-            .iter()
-            .map(|(a, b)| b - a)
-            .sum();
+        let holes: u64 = match mode {
+            FallocateMode::PunchHole => return Ok(Need::urgent_items(4).plus_bytes(2 * PAGE)),
+            FallocateMode::CollapseRange | FallocateMode::InsertRange => {
+                return self.shift_need(ino, offset)
+            }
+            // After the punch the whole range is a hole.
+            FallocateMode::ZeroRange | FallocateMode::ZeroRangeKeepSize => {
+                end.div_ceil(PAGE) * PAGE - offset / PAGE * PAGE + 2 * PAGE
+            }
+            FallocateMode::Allocate | FallocateMode::AllocateKeepSize => self
+                .prealloc_holes(ino, offset, end)?
+                .iter()
+                .map(|(a, b)| b - a)
+                .sum(),
+        };
         let extents = holes.div_ceil(MAX_EXTENT_BYTES) + 1;
         Ok(Need::items(2 * extents + 1).plus_bytes(holes + PAGE))
     }
@@ -760,7 +789,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Zeroes `[start, end)`: whole pages lose their extents and dirty
     /// copies; partial pages at the edges are zeroed in place.
-    fn punch_hole(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
+    pub(super) fn punch_hole(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
         if start >= end {
             return Ok(());
         }

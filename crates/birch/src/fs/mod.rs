@@ -5,8 +5,10 @@
 //! transaction under that lock and then writes it without holding it, so
 //! requests keep running while a commit's I/O is in flight.
 
+mod attr_flags;
 mod commit;
 mod delayed;
+mod extent_ops;
 mod file;
 mod inode;
 mod mount;
@@ -556,7 +558,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         // A truncate frees space: it may use the global reserve.
         self.change_with(
             |_| Ok(Need::urgent_items(4).plus_bytes(SECTOR_SIZE)),
-            |s| s.setattr(ino, changes),
+            |s| {
+                // Append-only files keep everything but their times set to
+                // "now" (touch); immutable ones keep everything.
+                let only_now = changes.mode.is_none()
+                    && changes.uid.is_none()
+                    && changes.gid.is_none()
+                    && changes.size.is_none()
+                    && !matches!(changes.atime, Some(SetTime::At(_)))
+                    && !matches!(changes.mtime, Some(SetTime::At(_)));
+                s.deny_if_flagged(ino, only_now)?;
+                s.setattr(ino, changes)
+            },
         )
     }
 
@@ -573,7 +586,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     ) -> Result<Attr> {
         self.change_with(
             |_| Ok(Need::items(6)),
-            |s| s.create_node(parent, name, mode, uid, gid, rdev),
+            |s| {
+                s.deny_if_flagged(parent, true)?;
+                s.create_node(parent, name, mode, uid, gid, rdev)
+            },
         )
     }
 
@@ -585,7 +601,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
         self.change_with(
             |_| Ok(Need::items(6)),
-            |s| s.create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0),
+            |s| {
+                s.deny_if_flagged(parent, true)?;
+                s.create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0)
+            },
         )
     }
 
@@ -599,7 +618,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     ) -> Result<Attr> {
         self.change_with(
             |_| Ok(Need::items(7)),
-            |s| s.symlink(parent, name, target, uid, gid),
+            |s| {
+                s.deny_if_flagged(parent, true)?;
+                s.symlink(parent, name, target, uid, gid)
+            },
         )
     }
 
@@ -610,16 +632,32 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
         self.change_with(
             |_| Ok(Need::items(5)),
-            |s| s.link(ino, new_parent, new_name),
+            |s| {
+                s.deny_if_flagged(ino, false)?;
+                s.deny_if_flagged(new_parent, true)?;
+                s.link(ino, new_parent, new_name)
+            },
         )
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.change_with(|_| Ok(Need::urgent_items(6)), |s| s.unlink(parent, name))
+        self.change_with(
+            |_| Ok(Need::urgent_items(6)),
+            |s| {
+                s.deny_remove(parent, name)?;
+                s.unlink(parent, name)
+            },
+        )
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.change_with(|_| Ok(Need::urgent_items(6)), |s| s.rmdir(parent, name))
+        self.change_with(
+            |_| Ok(Need::urgent_items(6)),
+            |s| {
+                s.deny_remove(parent, name)?;
+                s.rmdir(parent, name)
+            },
+        )
     }
 
     pub fn rename(
@@ -632,7 +670,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     ) -> Result<()> {
         self.change_with(
             |_| Ok(Need::items(10)),
-            |s| s.rename(parent, name, new_parent, new_name, flags),
+            |s| {
+                // The source leaves its directory, a replaced target
+                // leaves the other; an exchange does both.
+                s.deny_remove(parent, name)?;
+                if flags.exchange || s.find_entry(new_parent, new_name)?.is_some() {
+                    s.deny_remove(new_parent, new_name)?;
+                } else {
+                    s.deny_if_flagged(new_parent, true)?;
+                }
+                s.rename(parent, name, new_parent, new_name, flags)
+            },
         )
     }
 
@@ -640,6 +688,23 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// "." and ".." are not included), at most `limit` of them.
     pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
         self.read(|s| s.readdir(ino, offset, limit))
+    }
+
+    /// The dir index the next name added to `ino` will get: a listing that
+    /// stops before it ends even while names are renamed in and out behind
+    /// it (each gets a new, higher index), as btrfs ends a listing at the
+    /// last index that existed when it began.
+    pub fn dir_index_end(&self, ino: u64) -> Result<u64> {
+        self.read(|s| {
+            s.require_dir(ino)?;
+            s.peek_dir_index(ino)
+        })
+    }
+
+    /// A listing of directory `ino` began: updates its atime as the
+    /// mount's [`AtimeUpdates`] says.
+    pub fn dir_accessed(&self, ino: u64) -> Result<()> {
+        self.read(|s| s.touch_atime(ino))
     }
 
     /// The parent of a directory (the root's parent is itself).
@@ -702,7 +767,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             let chunk = &data[done..done + piece];
             match self.change_reserving(
                 |s| s.write_need(ino, at, chunk.len() as u64),
-                |s| s.write_file(ino, at, chunk),
+                |s| {
+                    s.deny_write(ino, at)?;
+                    s.write_file(ino, at, chunk)
+                },
             ) {
                 Ok(n) => done += n,
                 // A piece that does not fit may fit in part: ENOSPC only
@@ -736,7 +804,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
         self.change_with(
             |s| s.fallocate_need(ino, offset, len, mode),
-            |s| s.fallocate(ino, offset, len, mode),
+            |s| {
+                let grows_only = matches!(
+                    mode,
+                    FallocateMode::Allocate | FallocateMode::AllocateKeepSize
+                );
+                s.deny_if_flagged(ino, grows_only)?;
+                s.fallocate(ino, offset, len, mode)
+            },
         )
     }
 
@@ -756,6 +831,80 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         )
     }
 
+    /// `copy_file_range`: copies up to `len` bytes (fewer at the source's
+    /// EOF) and returns how many. Where both offsets lie at the same place
+    /// within a block, whole blocks are shared with the source (a reflink:
+    /// the destination's extents point at the source's data, copy on
+    /// write); otherwise, and at partial blocks, bytes are copied.
+    pub fn copy_file_range(
+        &self,
+        src: u64,
+        src_offset: u64,
+        dst: u64,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let len = self.read(|s| {
+            s.deny_if_flagged(dst, false)?;
+            s.check_copy(src, src_offset, dst, dst_offset, len)
+        })?;
+        if len == 0 {
+            return Ok(0);
+        }
+        if src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
+            return self.change_with(
+                |s| s.clone_need(src, src_offset, len),
+                |s| {
+                    s.deny_if_flagged(dst, false)?;
+                    s.clone_range(src, src_offset, dst, dst_offset, len)
+                },
+            );
+        }
+        let mut done = 0;
+        while done < len {
+            let piece = (len - done).min(space::WRITE_CHUNK);
+            let data = self.read_file(src, src_offset + done, piece as usize)?;
+            if data.is_empty() {
+                break;
+            }
+            let n = self.write_file(dst, dst_offset + done, &data)? as u64;
+            done += n;
+            if n < data.len() as u64 {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    // ----- inode flags, unnamed files -----
+
+    /// The inode's flags as FS_IOC_GETFLAGS reports them
+    /// ([`inode_flags`]).
+    pub fn get_flags(&self, ino: u64) -> Result<u32> {
+        self.read(|s| s.get_flags(ino))
+    }
+
+    /// FS_IOC_SETFLAGS: only [`inode_flags::SUPPORTED`] may be set
+    /// (EOPNOTSUPP otherwise). Permission is the caller's to check.
+    pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
+        self.change_with(|_| Ok(Need::items(1)), |s| s.set_flags(ino, flags))
+    }
+
+    /// `open(dir, O_TMPFILE)`: a regular file with no name, held once
+    /// (drop the hold with [`release`](Self::release) or
+    /// [`forget`](Self::forget); it is then freed unless
+    /// [`link`](Self::link) gave it a name). A crash before either leaves
+    /// nothing behind.
+    pub fn tmpfile(&self, dir: u64, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.change_with(
+            |_| Ok(Need::items(4)),
+            |s| {
+                let ino = s.tmpfile(dir, mode, uid, gid)?;
+                s.getattr(ino)
+            },
+        )
+    }
+
     // ----- xattrs -----
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
@@ -765,7 +914,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
         self.change_with(
             |_| Ok(Need::items(3)),
-            |s| s.setxattr(ino, name, value, mode),
+            |s| {
+                s.deny_if_flagged(ino, false)?;
+                s.setxattr(ino, name, value, mode)
+            },
         )
     }
 
@@ -774,7 +926,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        self.change_with(|_| Ok(Need::urgent_items(2)), |s| s.removexattr(ino, name))
+        self.change_with(
+            |_| Ok(Need::urgent_items(2)),
+            |s| {
+                s.deny_if_flagged(ino, false)?;
+                s.removexattr(ino, name)
+            },
+        )
     }
 
     // ----- whole filesystem -----

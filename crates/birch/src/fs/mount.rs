@@ -58,6 +58,8 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         transid,
         nlink: 2,
         mode: libc::S_IFDIR | 0o755,
+        uid: options.root_owner.0,
+        gid: options.root_owner.1,
         atime: now,
         mtime: now,
         ctime: now,

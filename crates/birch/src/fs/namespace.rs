@@ -11,9 +11,10 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
 use crate::format::{
-    decode_dir_items, decode_inode_refs, encode_dir_items, encode_inode_refs, item_type, name_hash,
-    DirEntry, FileExtent, FileType, InodeRefEntry, Key, Timespec, FIRST_DIR_INDEX, NAME_MAX,
-    ROOT_DIR_INO, SYMLINK_MAX,
+    decode_dir_items, decode_inode_extrefs, decode_inode_refs, encode_dir_items,
+    encode_inode_extrefs, encode_inode_refs, extref_hash, item_type, name_hash, DirEntry,
+    FileExtent, FileType, InodeExtrefEntry, InodeRefEntry, Key, Timespec, FIRST_DIR_INDEX,
+    NAME_MAX, ROOT_DIR_INO, SYMLINK_MAX,
 };
 use std::ops::ControlFlow;
 
@@ -44,7 +45,7 @@ fn validate_new_name(name: &[u8]) -> Result<()> {
 }
 
 impl<D: BlockDevice> FsState<D> {
-    fn require_dir(&mut self, ino: u64) -> Result<()> {
+    pub(crate) fn require_dir(&mut self, ino: u64) -> Result<()> {
         if self.inode(ino)?.item.file_type() != FileType::Directory {
             return Err(Error::NotDir);
         }
@@ -100,8 +101,14 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
+        let next = self.peek_dir_index(dir)?;
+        self.inode(dir)?.next_index = Some(next + 1);
+        Ok(next)
+    }
+
+    /// The index [`next_dir_index`](Self::next_dir_index) will hand out next.
+    pub(crate) fn peek_dir_index(&mut self, dir: u64) -> Result<u64> {
         if let Some(next) = self.inode(dir)?.next_index {
-            self.inode(dir)?.next_index = Some(next + 1);
             return Ok(next);
         }
         let last = self.forest.last_at_or_before(
@@ -121,7 +128,7 @@ impl<D: BlockDevice> FsState<D> {
         {
             next = next.max(pending + 1);
         }
-        self.inode(dir)?.next_index = Some(next + 1);
+        self.inode(dir)?.next_index = Some(next);
         Ok(next)
     }
 
@@ -144,6 +151,7 @@ impl<D: BlockDevice> FsState<D> {
             name: name.to_vec(),
         });
         let refs = encode_inode_refs(&refs);
+        let ref_full = refs.len() > MAX_ITEM_DATA;
         let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
         let mut entries = match self.forest.get(&self.roots.fs, &dir_key)? {
             Some(data) => decode_item(&dir_key, decode_dir_items(&data))?,
@@ -156,10 +164,14 @@ impl<D: BlockDevice> FsState<D> {
         };
         entries.push(entry.clone());
         let entries = encode_dir_items(&entries);
-        if refs.len() > MAX_ITEM_DATA || entries.len() > MAX_ITEM_DATA {
+        if entries.len() > MAX_ITEM_DATA {
             return Err(Error::TooManyLinks);
         }
-        self.forest.put(&mut self.roots.fs, ref_key, refs)?;
+        if ref_full {
+            self.add_extref(ino, parent, name, index)?;
+        } else {
+            self.forest.put(&mut self.roots.fs, ref_key, refs)?;
+        }
         self.forest.put(&mut self.roots.fs, dir_key, entries)?;
         self.delayed.insert_index(parent, index, entry.clone());
         let now = Timespec::now();
@@ -173,6 +185,78 @@ impl<D: BlockDevice> FsState<D> {
         Ok(index)
     }
 
+    /// Records a name of `ino` whose parent's INODE_REF item is full in an
+    /// INODE_EXTREF item (btrfs's extended refs): an inode can then have
+    /// up to `LINK_MAX` names in one directory.
+    fn add_extref(&mut self, ino: u64, parent: u64, name: &[u8], index: u64) -> Result<()> {
+        let key = Key::new(ino, item_type::INODE_EXTREF, extref_hash(parent, name));
+        let mut entries = match self.forest.get(&self.roots.fs, &key)? {
+            Some(data) => decode_item(&key, decode_inode_extrefs(&data))?,
+            None => Vec::new(),
+        };
+        entries.push(InodeExtrefEntry {
+            parent,
+            index,
+            name: name.to_vec(),
+        });
+        let encoded = encode_inode_extrefs(&entries);
+        // Only names whose hashes collide share an item.
+        if encoded.len() > MAX_ITEM_DATA {
+            return Err(Error::TooManyLinks);
+        }
+        self.forest.put(&mut self.roots.fs, key, encoded)
+    }
+
+    /// Removes the extended ref of `name` in `parent`; returns its index,
+    /// or `None` when there is none.
+    fn remove_extref(&mut self, ino: u64, parent: u64, name: &[u8]) -> Result<Option<u64>> {
+        let key = Key::new(ino, item_type::INODE_EXTREF, extref_hash(parent, name));
+        let Some(data) = self.forest.get(&self.roots.fs, &key)? else {
+            return Ok(None);
+        };
+        let mut entries = decode_item(&key, decode_inode_extrefs(&data))?;
+        let Some(pos) = entries
+            .iter()
+            .position(|e| e.parent == parent && e.name == name)
+        else {
+            return Ok(None);
+        };
+        let index = entries.remove(pos).index;
+        if entries.is_empty() {
+            self.forest.delete(&mut self.roots.fs, &key)?;
+        } else {
+            self.forest
+                .put(&mut self.roots.fs, key, encode_inode_extrefs(&entries))?;
+        }
+        Ok(Some(index))
+    }
+
+    /// `(parent, name)` of every name of `ino` in the fs tree: its
+    /// INODE_REF items, then its INODE_EXTREF items.
+    pub(crate) fn names_of(&self, ino: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut names = Vec::new();
+        for (key, data) in self.forest.collect_range(
+            &self.roots.fs,
+            Key::new(ino, item_type::INODE_REF, 0),
+            Key::new(ino, item_type::INODE_EXTREF, u64::MAX),
+        )? {
+            if key.item_type == item_type::INODE_REF {
+                names.extend(
+                    decode_item(&key, decode_inode_refs(&data))?
+                        .into_iter()
+                        .map(|r| (key.offset, r.name)),
+                );
+            } else {
+                names.extend(
+                    decode_item(&key, decode_inode_extrefs(&data))?
+                        .into_iter()
+                        .map(|e| (e.parent, e.name)),
+                );
+            }
+        }
+        Ok(names)
+    }
+
     /// Removes the name `name` of `ino` from `parent`.
     pub(crate) fn remove_name(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
         let ref_key = Key::new(ino, item_type::INODE_REF, parent);
@@ -182,22 +266,32 @@ impl<D: BlockDevice> FsState<D> {
                 String::from_utf8_lossy(name)
             )))
         };
-        let data = self
-            .forest
-            .get(&self.roots.fs, &ref_key)?
-            .ok_or_else(missing)?;
-        let mut refs = decode_item(&ref_key, decode_inode_refs(&data))?;
-        let pos = refs
-            .iter()
-            .position(|r| r.name == name)
-            .ok_or_else(missing)?;
-        let index = refs.remove(pos).index;
-        if refs.is_empty() {
-            self.forest.delete(&mut self.roots.fs, &ref_key)?;
-        } else {
-            self.forest
-                .put(&mut self.roots.fs, ref_key, encode_inode_refs(&refs))?;
-        }
+        let in_ref = match self.forest.get(&self.roots.fs, &ref_key)? {
+            Some(data) => {
+                let mut refs = decode_item(&ref_key, decode_inode_refs(&data))?;
+                match refs.iter().position(|r| r.name == name) {
+                    Some(pos) => {
+                        let index = refs.remove(pos).index;
+                        if refs.is_empty() {
+                            self.forest.delete(&mut self.roots.fs, &ref_key)?;
+                        } else {
+                            self.forest.put(
+                                &mut self.roots.fs,
+                                ref_key,
+                                encode_inode_refs(&refs),
+                            )?;
+                        }
+                        Some(index)
+                    }
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        let index = match in_ref {
+            Some(index) => index,
+            None => self.remove_extref(ino, parent, name)?.ok_or_else(missing)?,
+        };
         let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
         let data = self
             .forest
@@ -328,6 +422,10 @@ impl<D: BlockDevice> FsState<D> {
             i.nlink += 1;
             i.ctime = now;
         })?;
+        if item.nlink == 0 {
+            // An O_TMPFILE file (linkat) takes its first name.
+            self.inode_relinked(ino)?;
+        }
         self.getattr(ino)
     }
 

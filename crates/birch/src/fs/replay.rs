@@ -8,8 +8,8 @@ use crate::btree::TreeRoot;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    decode_inode_refs, decode_xattrs, encode_xattrs, item_type, tree_id, DirEntry, FileExtent,
-    FileType, InodeItem, Key, RootItem, Xattr, ROOT_DIR_INO,
+    decode_inode_extrefs, decode_inode_refs, decode_xattrs, encode_xattrs, item_type, tree_id,
+    DirEntry, FileExtent, FileType, InodeItem, Key, RootItem, Xattr, ROOT_DIR_INO,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -145,6 +145,14 @@ impl<D: BlockDevice> FsState<D> {
                         decode_item(&key, decode_inode_refs(&data))?
                             .into_iter()
                             .map(|r| (key.offset, r.name)),
+                    );
+                }
+                item_type::INODE_EXTREF => {
+                    let names = entry.names.get_or_insert_with(Vec::new);
+                    names.extend(
+                        decode_item(&key, decode_inode_extrefs(&data))?
+                            .into_iter()
+                            .map(|e| (e.parent, e.name)),
                     );
                 }
                 item_type::XATTR_ITEM => entry
@@ -306,23 +314,6 @@ impl<D: BlockDevice> FsState<D> {
             }
         }
         Ok(report)
-    }
-
-    /// `(parent, name)` of every name of `ino` in the fs tree.
-    pub(super) fn names_of(&self, ino: u64) -> Result<Vec<(u64, Vec<u8>)>> {
-        let mut names = Vec::new();
-        for (key, data) in self.forest.collect_range(
-            &self.roots.fs,
-            Key::new(ino, item_type::INODE_REF, 0),
-            Key::new(ino, item_type::INODE_REF, u64::MAX),
-        )? {
-            names.extend(
-                decode_item(&key, decode_inode_refs(&data))?
-                    .into_iter()
-                    .map(|r| (key.offset, r.name)),
-            );
-        }
-        Ok(names)
     }
 
     fn replace_xattrs(&mut self, ino: u64, xattrs: &[Xattr]) -> Result<()> {

@@ -9,7 +9,6 @@ use crate::btree::TreeRoot;
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::format::{item_type, tree_id, FileExtent, FileType, InodeItem, Key, RootItem};
-use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 /// What the log knows of one inode in the running transaction.
@@ -244,9 +243,11 @@ impl<D: BlockDevice> FsState<D> {
         Ok(())
     }
 
-    /// Copies the inode's current names into the log (nothing else).
+    /// Copies the inode's current names (INODE_REF and INODE_EXTREF items,
+    /// adjacent in key order) into the log (nothing else).
     fn log_own_names(&mut self, ino: u64) -> Result<()> {
-        let (start, end) = full_range(ino, item_type::INODE_REF);
+        let start = Key::new(ino, item_type::INODE_REF, 0);
+        let end = Key::new(ino, item_type::INODE_EXTREF, u64::MAX);
         // Nothing of this inode in the log yet: nothing to drop (seed 001).
         if self.inode(ino)?.log.names_logged_trans == self.forest.transid() {
             self.log_delete_range(start, end)?;
@@ -369,14 +370,14 @@ impl<D: BlockDevice> FsState<D> {
 
     /// The directories `ino` has names in.
     fn parents_of(&self, ino: u64) -> Result<Vec<u64>> {
-        let (start, end) = full_range(ino, item_type::INODE_REF);
-        let mut parents = Vec::new();
-        self.forest.scan(&self.roots.fs, start, end, &mut |k, _| {
-            if k.offset != ino {
-                parents.push(k.offset);
-            }
-            Ok(ControlFlow::Continue(()))
-        })?;
+        let mut parents: Vec<u64> = self
+            .names_of(ino)?
+            .into_iter()
+            .map(|(parent, _)| parent)
+            .filter(|&parent| parent != ino)
+            .collect();
+        parents.sort_unstable();
+        parents.dedup();
         Ok(parents)
     }
 

@@ -114,6 +114,9 @@ pub enum XattrSetMode {
 pub struct MkfsOptions {
     /// Filesystem id; random when `None`.
     pub fsid: Option<[u8; 16]>,
+    /// Owner and group of the root directory (`birch mkfs` gives it to
+    /// whoever runs it, so a user can write into an image they made).
+    pub root_owner: (u32, u32),
 }
 
 #[derive(Debug, Clone)]
@@ -138,6 +141,24 @@ pub struct MountOptions {
     pub background_flusher: bool,
     /// Refuse every change (EROFS) and never write to the device.
     pub read_only: bool,
+    /// When a read (or a directory listing) updates the access time. FUSE
+    /// leaves atime to the server: reads the kernel serves from its page
+    /// cache never reach birch, and the kernel's own `noatime`/`relatime`
+    /// flags are not sent with a read, so the mount passes its choice here.
+    pub atime: AtimeUpdates,
+}
+
+/// mount(8)'s access-time options, as the kernel defines them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AtimeUpdates {
+    /// `noatime`: never.
+    Never,
+    /// `relatime`: when the atime is not newer than mtime or ctime, or is a
+    /// day old.
+    #[default]
+    Relative,
+    /// `strictatime`: at every access.
+    Always,
 }
 
 impl Default for MountOptions {
@@ -149,6 +170,7 @@ impl Default for MountOptions {
             delayed_items_limit: 16 * 1024,
             background_flusher: true,
             read_only: false,
+            atime: AtimeUpdates::Relative,
         }
     }
 }
@@ -247,6 +269,28 @@ pub enum FallocateMode {
     AllocateKeepSize,
     /// FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE: drop the range's data.
     PunchHole,
+    /// FALLOC_FL_ZERO_RANGE: the range reads as zeros and is allocated;
+    /// the file grows to cover it.
+    ZeroRange,
+    /// FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE.
+    ZeroRangeKeepSize,
+    /// FALLOC_FL_COLLAPSE_RANGE: remove the (block-aligned) range, moving
+    /// the data after it down; the file shrinks by its length.
+    CollapseRange,
+    /// FALLOC_FL_INSERT_RANGE: insert a (block-aligned) hole, moving the
+    /// data from the offset up; the file grows by its length.
+    InsertRange,
+}
+
+/// Inode flags birch honours (`FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS`, the
+/// `chattr` letters `a` and `i`); kept in the inode item's `flags`.
+pub mod inode_flags {
+    /// FS_IMMUTABLE_FL: no change at all (data, attributes, names, xattrs).
+    pub const IMMUTABLE: u32 = 0x10;
+    /// FS_APPEND_FL: data may only be appended; no other change.
+    pub const APPEND: u32 = 0x20;
+    /// Every flag birch honours; setting any other fails (EOPNOTSUPP).
+    pub const SUPPORTED: u32 = IMMUTABLE | APPEND;
 }
 
 /// `lseek` whence values that look at the file's layout.

@@ -120,6 +120,50 @@ impl ResponseStruct<abi::fuse_attr_out> {
     }
 }
 
+// birch patch: the reply to FUSE_STATX: the basic stats and btime.
+impl ResponseStruct<abi::fuse_statx_out> {
+    pub(crate) fn new_statx(ttl: &Duration, attr: &crate::FileAttr) -> Self {
+        let time = |t: &std::time::SystemTime| {
+            let (tv_sec, tv_nsec) = time_from_system_time(t);
+            abi::fuse_sx_time {
+                tv_sec,
+                tv_nsec,
+                reserved: 0,
+            }
+        };
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                // STATX_BASIC_STATS | STATX_BTIME
+                mask: 0x7ff | 0x800,
+                blksize: attr.blksize,
+                attributes: 0,
+                nlink: attr.nlink,
+                uid: attr.uid,
+                gid: attr.gid,
+                mode: mode_from_kind_and_perm(attr.kind, attr.perm) as u16,
+                spare0: 0,
+                ino: attr.ino.0,
+                size: attr.size,
+                blocks: attr.blocks,
+                attributes_mask: 0,
+                atime: time(&attr.atime),
+                btime: time(&attr.crtime),
+                ctime: time(&attr.ctime),
+                mtime: time(&attr.mtime),
+                rdev_major: libc::major(attr.rdev.into()),
+                rdev_minor: libc::minor(attr.rdev.into()),
+                dev_major: 0,
+                dev_minor: 0,
+                spare2: [0; 14],
+            },
+        })
+    }
+}
+
 #[cfg(target_os = "macos")]
 impl ResponseStruct<abi::fuse_getxtimes_out> {
     pub(crate) fn new_xtimes(bkuptime: SystemTime, crtime: SystemTime) -> Self {

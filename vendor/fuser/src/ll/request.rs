@@ -1530,6 +1530,53 @@ mod op {
         header: &'a fuse_in_header,
     }
 
+    /// birch patch: create an unnamed file in a directory and open it
+    /// (`O_TMPFILE`, protocol 7.37). Same body as [`Create`]; the name is
+    /// the kernel's placeholder ("/") and means nothing.
+    #[derive(Debug)]
+    pub(crate) struct Tmpfile<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_create_in,
+        #[expect(dead_code)]
+        name: &'a Path,
+    }
+    impl Tmpfile<'_> {
+        pub(crate) fn mode(&self) -> u32 {
+            self.arg.mode
+        }
+        pub(crate) fn flags(&self) -> i32 {
+            self.arg.flags
+        }
+        pub(crate) fn umask(&self) -> u32 {
+            self.arg.umask
+        }
+    }
+
+    /// birch patch: statx(2) asking for more than the basic stats (the
+    /// kernel sends it when btime is wanted; protocol 7.39).
+    #[derive(Debug)]
+    pub(crate) struct Statx<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_statx_in,
+    }
+    impl Statx<'_> {
+        pub(crate) fn file_handle(&self) -> Option<FileHandle> {
+            GetattrFlags::from_bits_retain(self.arg.getattr_flags)
+                .contains(GetattrFlags::FUSE_GETATTR_FH)
+                .then_some(FileHandle(self.arg.fh))
+        }
+        /// The `STATX_*` fields the caller asked for.
+        pub(crate) fn mask(&self) -> u32 {
+            self.arg.sx_mask
+        }
+        /// The caller's `AT_STATX_*` flags.
+        pub(crate) fn flags(&self) -> u32 {
+            self.arg.sx_flags
+        }
+    }
+
     /// Copy the specified range from the source inode to the destination inode
     #[derive(Debug, Clone, Copy)]
     pub(crate) struct CopyFileRangeFile {
@@ -1862,6 +1909,15 @@ mod op {
                 arg: data.fetch()?,
             }),
             fuse_opcode::FUSE_SYNCFS => Operation::SyncFs(SyncFs { header }),
+            fuse_opcode::FUSE_TMPFILE => Operation::Tmpfile(Tmpfile {
+                header,
+                arg: data.fetch()?,
+                name: data.fetch_str()?.as_ref(),
+            }),
+            fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
+                header,
+                arg: data.fetch()?,
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1937,6 +1993,8 @@ pub(crate) enum Operation<'a> {
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
     SyncFs(#[expect(dead_code)] SyncFs<'a>),
+    Tmpfile(Tmpfile<'a>),
+    Statx(Statx<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2107,6 +2165,8 @@ impl fmt::Display for Operation<'_> {
                 x.whence()
             ),
             Operation::SyncFs(_) => write!(f, "SYNCFS"),
+            Operation::Tmpfile(x) => write!(f, "TMPFILE mode {:#05o}, flags {:#x}", x.mode(), x.flags()),
+            Operation::Statx(x) => write!(f, "STATX mask {:#x}, flags {:#x}", x.mask(), x.flags()),
             Operation::CopyFileRange(x) => write!(
                 f,
                 "COPY_FILE_RANGE src {:?}, dest {:?}, len {}",

@@ -1,0 +1,407 @@
+//! Linux operations tools expect (issue 11), through a real mount:
+//! O_TMPFILE and linkat, statx btime, chattr/lsattr (append-only and
+//! immutable), fallocate modes, copy_file_range as a reflink. Crash cases
+//! cut the power with the shutdown ioctl and kill the daemon, as
+//! mount_sync does; the engine's crash-state enumeration of the same
+//! cases is in crates/birch/tests/ops.rs.
+//!
+//! Needs root and /dev/fuse (skips otherwise, fails with
+//! BIRCH_REQUIRE_MOUNT=1).
+
+mod common;
+
+use common::{cstr, errno, skip_unless_root, Fixture};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::process::Command;
+
+const XFS_IOC_GOINGDOWN: libc::c_ulong = 0x8004_587d;
+const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+const FS_IMMUTABLE_FL: libc::c_int = 0x10;
+
+fn fixture(tag: &str) -> Fixture {
+    let mut fx = Fixture::new(tag, "512M");
+    fx.options = vec!["commit=0".into()];
+    fx.mount();
+    fx
+}
+
+/// Nothing more reaches the device, the daemon dies without committing.
+fn power_cut(fx: &mut Fixture) {
+    let dir = File::open(&fx.mnt).unwrap();
+    let mut flags = 0u32;
+    // SAFETY: the ioctl reads or writes one u32, which `flags` is.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), XFS_IOC_GOINGDOWN, &mut flags) };
+    assert_eq!(rc, 0, "shutdown ioctl: {}", std::io::Error::last_os_error());
+    drop(dir);
+    fx.kill_daemon();
+    fx.assert_clean();
+}
+
+/// A power cut, then the image mounted again (replaying the log).
+fn power_cut_and_remount(fx: &mut Fixture) {
+    power_cut(fx);
+    fx.mount();
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i >> 12) as u8 ^ (i as u8).wrapping_mul(29) ^ seed)
+        .collect()
+}
+
+fn open_tmpfile(dir: &std::path::Path) -> File {
+    let path = cstr(dir);
+    // SAFETY: a valid C path; the new fd is owned by the File below.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o640) };
+    assert!(
+        fd >= 0,
+        "open O_TMPFILE: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
+}
+
+#[test]
+fn tmpfile_linkat_then_fsync_survives_power_cut() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("ops-tmpfile");
+    fs::create_dir(fx.path("d")).unwrap();
+    fx.sync();
+    let data = pattern(70_000, 1);
+    let f = open_tmpfile(&fx.path("d"));
+    f.write_all_at(&data, 0).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    // linkat(fd, "", ..., AT_EMPTY_PATH), as root.
+    let name = cstr(&fx.path("d/f"));
+    let empty = c"";
+    // SAFETY: valid fd and C strings.
+    let rc = unsafe {
+        libc::linkat(
+            f.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            name.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "linkat AT_EMPTY_PATH: {}",
+        std::io::Error::last_os_error()
+    );
+    // And the /proc/self/fd way, which needs no privilege.
+    let proc_path = cstr(std::path::Path::new(&format!(
+        "/proc/self/fd/{}",
+        f.as_raw_fd()
+    )));
+    let second = cstr(&fx.path("d/g"));
+    // SAFETY: valid C strings.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_path.as_ptr(),
+            libc::AT_FDCWD,
+            second.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "linkat /proc/self/fd: {}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(f.metadata().unwrap().nlink(), 2);
+    f.sync_all().unwrap();
+    drop(f);
+    // A tmpfile never linked: gone with its last close, and after a crash.
+    let lost = open_tmpfile(&fx.path("d"));
+    lost.write_all_at(&pattern(50_000, 2), 0).unwrap();
+    lost.sync_all().unwrap();
+    power_cut(&mut fx);
+    // Closed only now: the dead mount (and the image's lock) stays while
+    // it is open.
+    drop(lost);
+    fx.mount();
+    assert_eq!(fs::read(fx.path("d/f")).unwrap(), data);
+    assert_eq!(fs::read(fx.path("d/g")).unwrap(), data);
+    let names: Vec<_> = fs::read_dir(fx.path("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
+#[test]
+fn statx_reports_btime() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("ops-statx");
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    fs::write(fx.path("f"), b"x").unwrap();
+    let statx = |path: &std::path::Path| {
+        let c = cstr(path);
+        // SAFETY: statx fills the zeroed struct we pass.
+        let mut st: libc::statx = unsafe { std::mem::zeroed() };
+        let rc = unsafe {
+            libc::statx(
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                0,
+                libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+                &mut st,
+            )
+        };
+        assert_eq!(rc, 0, "statx: {}", std::io::Error::last_os_error());
+        st
+    };
+    let st = statx(&fx.path("f"));
+    assert_ne!(st.stx_mask & libc::STATX_BTIME, 0, "no btime in the mask");
+    assert!(
+        st.stx_btime.tv_sec >= before,
+        "btime {} before creation",
+        st.stx_btime.tv_sec
+    );
+    assert!(st.stx_btime.tv_sec <= st.stx_mtime.tv_sec);
+    let btime = (st.stx_btime.tv_sec, st.stx_btime.tv_nsec);
+    // A later change moves ctime and mtime, never btime.
+    fs::write(fx.path("f"), b"changed").unwrap();
+    let after = statx(&fx.path("f"));
+    assert_eq!((after.stx_btime.tv_sec, after.stx_btime.tv_nsec), btime);
+    assert_eq!(after.stx_size, 7);
+}
+
+fn chattr(args: &[&str]) -> std::process::Output {
+    Command::new("chattr")
+        .args(args)
+        .output()
+        .expect("run chattr (e2fsprogs)")
+}
+
+#[test]
+fn chattr_append_only_and_immutable() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("ops-chattr");
+    fs::create_dir(fx.path("d")).unwrap();
+    fs::write(fx.path("d/f"), b"log:").unwrap();
+    let f = fx.path("d/f");
+    let fs_ = f.to_str().unwrap();
+
+    assert!(chattr(&["+a", fs_]).status.success());
+    let lsattr = Command::new("lsattr").arg(fs_).output().unwrap();
+    let flags = String::from_utf8_lossy(&lsattr.stdout)
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        flags.contains('a') && !flags.contains('i'),
+        "lsattr: {flags}"
+    );
+    OpenOptions::new()
+        .append(true)
+        .open(&f)
+        .unwrap()
+        .write_all(b" one")
+        .unwrap();
+    let perm = |r: std::io::Result<()>| {
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EPERM));
+    };
+    perm(
+        OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .and_then(|mut w| w.write_all(b"X")),
+    );
+    perm(
+        OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&f)
+            .map(|_| ()),
+    );
+    perm(fs::remove_file(&f));
+    perm(fs::rename(&f, fx.path("g")));
+    perm(fs::hard_link(&f, fx.path("g")));
+
+    assert!(chattr(&["-a", "+i", fs_]).status.success());
+    let file = File::open(&f).unwrap();
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int.
+    assert_eq!(
+        unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags) },
+        0
+    );
+    assert_eq!(flags, FS_IMMUTABLE_FL);
+    perm(
+        OpenOptions::new()
+            .append(true)
+            .open(&f)
+            .and_then(|mut w| w.write_all(b"X")),
+    );
+    perm(fs::set_permissions(
+        &f,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    ));
+    perm(fs::remove_file(&f));
+    let name = cstr(&f);
+    // SAFETY: valid C strings.
+    let rc = unsafe {
+        libc::setxattr(
+            name.as_ptr(),
+            c"user.k".as_ptr(),
+            b"v".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+    assert_eq!((rc, errno()), (-1, libc::EPERM));
+    // A flag birch does not honour is refused, not ignored.
+    let out = chattr(&["+C", fs_]);
+    assert!(!out.status.success(), "chattr +C succeeded");
+    let mut nocow: libc::c_int = FS_IMMUTABLE_FL | 0x0080_0000;
+    // SAFETY: FS_IOC_SETFLAGS reads one int.
+    assert_eq!(
+        unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_SETFLAGS, &mut nocow) },
+        -1
+    );
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+    drop(file);
+
+    // The flag is in the inode: it survives an fsync and a power cut.
+    File::open(&f).unwrap().sync_all().unwrap();
+    power_cut_and_remount(&mut fx);
+    perm(fs::remove_file(&f));
+    assert!(chattr(&["-i", fs_]).status.success());
+    assert_eq!(fs::read(&f).unwrap(), b"log: one");
+    fs::remove_file(&f).unwrap();
+
+    // Only root may set them (the kernel checks CAP_LINUX_IMMUTABLE).
+    fs::write(fx.path("d/mine"), b"").unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "chattr",
+            "+i",
+        ])
+        .arg(fx.path("d/mine"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "an unprivileged chattr +i succeeded");
+}
+
+#[test]
+fn fallocate_modes() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("ops-fallocate");
+    let data = pattern(5 * 4096, 3);
+    fs::write(fx.path("f"), &data).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fx.path("f"))
+        .unwrap();
+    let fd = f.as_raw_fd();
+    // SAFETY: fallocate on an fd we own.
+    let falloc = |mode, off, len| unsafe { libc::fallocate(fd, mode, off, len) };
+    assert_eq!(
+        falloc(libc::FALLOC_FL_ZERO_RANGE, 100, 5000),
+        0,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(
+        falloc(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            3 * 4096,
+            4096
+        ),
+        0
+    );
+    assert_eq!(falloc(libc::FALLOC_FL_ZERO_RANGE, 5 * 4096, 4096), 0);
+    let mut want = data.clone();
+    want[100..5100].fill(0);
+    want[3 * 4096..4 * 4096].fill(0);
+    want.resize(6 * 4096, 0);
+    assert_eq!(fs::read(fx.path("f")).unwrap(), want);
+    // The kernel's FUSE fallocate refuses these itself (the engine has
+    // them: crates/birch/tests/ops.rs).
+    for mode in [libc::FALLOC_FL_COLLAPSE_RANGE, libc::FALLOC_FL_INSERT_RANGE] {
+        assert_eq!((falloc(mode, 4096, 4096), errno()), (-1, libc::EOPNOTSUPP));
+    }
+}
+
+#[test]
+fn copy_file_range_is_a_reflink_and_survives_power_cut() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("ops-reflink");
+    let data = pattern(8 << 20, 4);
+    fs::write(fx.path("a"), &data).unwrap();
+    fx.sync();
+    let free = |fx: &Fixture| {
+        let c = cstr(&fx.mnt);
+        // SAFETY: statvfs fills the zeroed struct.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        st.f_bfree * st.f_frsize
+    };
+    let before = free(&fx);
+    let a = File::open(fx.path("a")).unwrap();
+    let b = File::create(fx.path("b")).unwrap();
+    let mut left = data.len();
+    while left > 0 {
+        // SAFETY: copy_file_range between fds we own, at their offsets.
+        let n = unsafe {
+            libc::copy_file_range(
+                a.as_raw_fd(),
+                std::ptr::null_mut(),
+                b.as_raw_fd(),
+                std::ptr::null_mut(),
+                left,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        left -= n as usize;
+    }
+    b.sync_all().unwrap();
+    drop((a, b));
+    let used = before.saturating_sub(free(&fx));
+    assert!(used < 1 << 20, "an 8 MiB reflink used {used} bytes");
+    power_cut_and_remount(&mut fx);
+    assert_eq!(fs::read(fx.path("b")).unwrap(), data);
+    // Copy on write: changing b leaves a alone.
+    OpenOptions::new()
+        .write(true)
+        .open(fx.path("b"))
+        .unwrap()
+        .write_all_at(&[0xee; 10_000], 4000)
+        .unwrap();
+    fx.sync();
+    assert_eq!(fs::read(fx.path("a")).unwrap(), data);
+}

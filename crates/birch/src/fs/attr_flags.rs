@@ -1,0 +1,87 @@
+//! Inode flags (`chattr` / `lsattr`: FS_IOC_GETFLAGS, FS_IOC_SETFLAGS) and
+//! unnamed files (`O_TMPFILE`).
+//!
+//! Only the flags birch enforces exist: immutable and append-only, kept in
+//! the inode item's `flags` (so fsync logs them with the inode). The VFS
+//! enforces them for kernel filesystems from `inode->i_flags`, which FUSE
+//! never sets: birch refuses the changes itself, here, for every user of
+//! the engine.
+
+use super::types::inode_flags::{APPEND, IMMUTABLE, SUPPORTED};
+use super::FsState;
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::{item_type, FileType, Key, ORPHAN_OBJECTID};
+
+impl<D: BlockDevice> FsState<D> {
+    pub(crate) fn get_flags(&mut self, ino: u64) -> Result<u32> {
+        Ok(self.inode(ino)?.item.flags as u32 & SUPPORTED)
+    }
+
+    /// Sets the inode's flags. Who may is the caller's business (the
+    /// kernel requires CAP_LINUX_IMMUTABLE to change these two).
+    pub(crate) fn set_flags(&mut self, ino: u64, flags: u32) -> Result<()> {
+        if flags & !SUPPORTED != 0 {
+            return Err(Error::NotSupported("inode flag birch does not honour"));
+        }
+        let now = crate::format::Timespec::now();
+        self.update_inode(ino, |i| {
+            i.flags = u64::from(flags);
+            i.ctime = now;
+        })
+    }
+
+    /// Fails with EPERM if `ino` is immutable, or append-only and the
+    /// change is not an append (`append_ok`).
+    pub(crate) fn deny_if_flagged(&mut self, ino: u64, append_ok: bool) -> Result<()> {
+        let flags = self.inode(ino)?.item.flags as u32;
+        if flags & IMMUTABLE != 0 || (flags & APPEND != 0 && !append_ok) {
+            return Err(Error::NotPermitted);
+        }
+        Ok(())
+    }
+
+    /// A write: nothing into an immutable file, only at EOF into an
+    /// append-only one.
+    pub(crate) fn deny_write(&mut self, ino: u64, offset: u64) -> Result<()> {
+        let at_eof = offset == self.inode(ino)?.item.size;
+        self.deny_if_flagged(ino, at_eof)
+    }
+
+    /// Removing the entry `name` of `dir`: the directory may not be
+    /// immutable or append-only, nor may the inode the entry names.
+    pub(crate) fn deny_remove(&mut self, dir: u64, name: &[u8]) -> Result<()> {
+        self.deny_if_flagged(dir, false)?;
+        if let Some(entry) = self.find_entry(dir, name)? {
+            self.deny_if_flagged(entry.ino, false)?;
+        }
+        Ok(())
+    }
+
+    /// A new inode with no name, held once (the caller's open handle),
+    /// recorded as an orphan so a crash before it is linked or released
+    /// cannot leak it. `link` gives it a name (and drops the orphan item).
+    pub(crate) fn tmpfile(&mut self, dir: u64, mode: u32, uid: u32, gid: u32) -> Result<u64> {
+        if self.inode(dir)?.item.file_type() != FileType::Directory {
+            return Err(Error::NotDir);
+        }
+        self.deny_if_flagged(dir, true)?;
+        self.ensure_space(0)?;
+        let mut item = self.new_inode_item(libc::S_IFREG | (mode & 0o7777), uid, gid, 0);
+        item.nlink = 0;
+        let ino = self.add_new_inode(item);
+        self.open_inode(ino)?;
+        self.inode_unlinked(ino)?;
+        Ok(ino)
+    }
+
+    /// An inode without names (a tmpfile, or a file unlinked while open)
+    /// got one again: it is no orphan any more.
+    pub(crate) fn inode_relinked(&mut self, ino: u64) -> Result<()> {
+        self.forest.delete(
+            &mut self.roots.fs,
+            &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,410 @@
+//! Linux operations tools expect (issue 11), in the engine: O_TMPFILE and
+//! linking it, fallocate's zero/collapse/insert ranges, copy_file_range as
+//! a reflink, inode flags. Each change fsync persists has a crash case
+//! here, named as in docs/TREE-LOG.md's contract table: crash states are
+//! enumerated from the moment the fsync returned (and, where the steps
+//! start from a commit, from that commit: nothing committed may be lost).
+
+mod common;
+
+use birch::device::RecordingDevice;
+use birch::fs::{inode_flags, FallocateMode, Filesystem, SetAttr, XattrSetMode};
+use birch::Error;
+use common::{assert_clean, ino, mount, Enumeration, View};
+use std::sync::Arc;
+
+const IMAGE_BYTES: u64 = 32 << 20;
+const PAGE: usize = 4096;
+
+fn recorder() -> Arc<RecordingDevice> {
+    common::recorder(IMAGE_BYTES, 11)
+}
+
+fn for_every_crash_after(
+    rec: &RecordingDevice,
+    from: usize,
+    property: impl Fn(&View) -> Result<(), String>,
+) -> usize {
+    common::for_every_crash_after(rec, from, &Enumeration::sampled(from as u64), property)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i / PAGE) as u8 ^ (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+fn expect_file(v: &View, path: &str, want: &[u8]) -> Result<(), String> {
+    match v.get(path) {
+        Some(got) if got == want => Ok(()),
+        Some(got) => Err(format!(
+            "{path}: {} bytes, not the expected {}",
+            got.len(),
+            want.len()
+        )),
+        None => Err(format!("{path} missing")),
+    }
+}
+
+#[test]
+fn tmpfile_linked_then_fsync() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    let t = fs.tmpfile(d, 0o600, 0, 0).unwrap();
+    assert_eq!(t.nlink, 0);
+    let data = pattern(3 * PAGE + 77, 1);
+    fs.write_file(t.ino, 0, &data).unwrap();
+    // The orphan item is committed: a crash from here on must find the
+    // nameless file gone, and after the link and fsync below, named.
+    fs.sync().unwrap();
+    let committed = rec.flush_count();
+    fs.link(t.ino, d, b"f").unwrap();
+    fs.fsync(t.ino, false).unwrap();
+    let synced = rec.flush_count();
+    fs.release(t.ino).unwrap();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, committed, |v| match v.get("/d/f") {
+        None => Ok(()),
+        Some(_) => expect_file(v, "/d/f", &data),
+    });
+    for_every_crash_after(&rec, synced, |v| expect_file(v, "/d/f", &data));
+}
+
+#[test]
+fn tmpfile_without_name_is_gone_after_crash() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let t = fs.tmpfile(fs.root_ino(), 0o600, 0, 0).unwrap();
+    fs.write_file(t.ino, 0, &pattern(5 * PAGE, 2)).unwrap();
+    fs.sync().unwrap();
+    let committed = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, committed, &Enumeration::sampled(7), |_, fs, v| {
+        if !v.is_empty() {
+            return Err(format!("unexpected names {v:?}"));
+        }
+        match fs.getattr(t.ino) {
+            Err(Error::NotFound) => Ok(()),
+            other => Err(format!("tmpfile inode still there: {other:?}")),
+        }
+    });
+}
+
+/// A committed file of five pages, then `op`, then fsync: every crash
+/// state after the fsync shows `want`.
+fn fallocate_case(op: impl Fn(&Filesystem<Arc<RecordingDevice>>, u64), want: &[u8]) {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &pattern(5 * PAGE, 3)).unwrap();
+    fs.sync().unwrap();
+    let committed = rec.flush_count();
+    op(&fs, f);
+    assert_eq!(
+        fs.read_file(f, 0, 1 << 20).unwrap(),
+        want,
+        "before the crash"
+    );
+    fs.fsync(f, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    let old = pattern(5 * PAGE, 3);
+    for_every_crash_after(&rec, committed, |v| {
+        expect_file(v, "/f", &old).or_else(|_| expect_file(v, "/f", want))
+    });
+    for_every_crash_after(&rec, synced, |v| expect_file(v, "/f", want));
+}
+
+#[test]
+fn zero_range_then_fsync() {
+    let mut want = pattern(5 * PAGE, 3);
+    want[100..2 * PAGE + 9].fill(0);
+    want.resize(6 * PAGE, 0);
+    fallocate_case(
+        |fs, f| {
+            fs.fallocate(f, 100, 2 * PAGE as u64 - 91, FallocateMode::ZeroRange)
+                .unwrap();
+            // Beyond EOF, without KEEP_SIZE: the file grows.
+            fs.fallocate(f, 5 * PAGE as u64, PAGE as u64, FallocateMode::ZeroRange)
+                .unwrap();
+        },
+        &want,
+    );
+}
+
+#[test]
+fn punch_hole_then_fsync() {
+    let mut want = pattern(5 * PAGE, 3);
+    want[PAGE - 10..3 * PAGE + 10].fill(0);
+    fallocate_case(
+        |fs, f| {
+            fs.fallocate(
+                f,
+                PAGE as u64 - 10,
+                2 * PAGE as u64 + 20,
+                FallocateMode::PunchHole,
+            )
+            .unwrap()
+        },
+        &want,
+    );
+}
+
+#[test]
+fn collapse_range_then_fsync() {
+    let old = pattern(5 * PAGE, 3);
+    let want = [&old[..PAGE], &old[3 * PAGE..]].concat();
+    fallocate_case(
+        |fs, f| {
+            // A dirty page after the range must move with it.
+            fs.write_file(f, 4 * PAGE as u64, &old[4 * PAGE..4 * PAGE + 10])
+                .unwrap();
+            fs.fallocate(
+                f,
+                PAGE as u64,
+                2 * PAGE as u64,
+                FallocateMode::CollapseRange,
+            )
+            .unwrap()
+        },
+        &want,
+    );
+}
+
+#[test]
+fn insert_range_then_fsync() {
+    let old = pattern(5 * PAGE, 3);
+    let want = [&old[..2 * PAGE], &[0u8; PAGE][..], &old[2 * PAGE..]].concat();
+    fallocate_case(
+        |fs, f| {
+            fs.fallocate(f, 2 * PAGE as u64, PAGE as u64, FallocateMode::InsertRange)
+                .unwrap()
+        },
+        &want,
+    );
+}
+
+#[test]
+fn collapse_and_insert_refuse_what_ext4_refuses() {
+    let fs = mount(common::memory_fs(IMAGE_BYTES, 12));
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &pattern(4 * PAGE, 4)).unwrap();
+    let p = PAGE as u64;
+    for (offset, len, mode) in [
+        (1, p, FallocateMode::CollapseRange),
+        (p, 100, FallocateMode::CollapseRange),
+        (2 * p, 2 * p, FallocateMode::CollapseRange), // reaches EOF
+        (p, 1, FallocateMode::InsertRange),
+        (4 * p, p, FallocateMode::InsertRange), // at EOF
+    ] {
+        assert!(
+            matches!(
+                fs.fallocate(f, offset, len, mode),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{mode:?} {offset}+{len}"
+        );
+    }
+    assert_eq!(fs.read_file(f, 0, 1 << 20).unwrap(), pattern(4 * PAGE, 4));
+}
+
+#[test]
+fn copy_file_range_then_fsync() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let data = pattern(8 * PAGE + 300, 5);
+    fs.write_file(a, 0, &data).unwrap();
+    fs.sync().unwrap();
+    // A second source not yet committed: its extents are new in this
+    // transaction when b shares them.
+    let c = fs.create(fs.root_ino(), b"c", 0o644, 0, 0).unwrap().ino;
+    let cdata = pattern(3 * PAGE, 6);
+    fs.write_file(c, 0, &cdata).unwrap();
+    let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(
+        fs.copy_file_range(a, 0, b, 0, 1 << 30).unwrap(),
+        data.len() as u64
+    );
+    assert_eq!(
+        fs.copy_file_range(c, 0, b, data.len() as u64 + 10, cdata.len() as u64)
+            .unwrap(),
+        cdata.len() as u64
+    );
+    let mut want = data.clone();
+    want.resize(data.len() + 10, 0);
+    want.extend_from_slice(&cdata);
+    assert_eq!(fs.read_file(b, 0, 1 << 20).unwrap(), want);
+    fs.fsync(b, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(
+        &rec,
+        synced,
+        &Enumeration::sampled(synced as u64),
+        |_, fs, v| {
+            expect_file(v, "/b", &want)?;
+            expect_file(v, "/a", &data)?;
+            // Copy on write: b's new data leaves a as it was.
+            let b = fs
+                .lookup(fs.root_ino(), b"b")
+                .map_err(|e| e.to_string())?
+                .ino;
+            fs.write_file(b, 10, &[0xee; 2 * PAGE])
+                .map_err(|e| e.to_string())?;
+            fs.sync().map_err(|e| e.to_string())?;
+            let a = fs
+                .lookup(fs.root_ino(), b"a")
+                .map_err(|e| e.to_string())?
+                .ino;
+            if fs.read_file(a, 0, 1 << 20).map_err(|e| e.to_string())? != data {
+                return Err("writing b changed a".into());
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn copy_file_range_shares_extents_and_copies_edges() {
+    let dev = common::memory_fs(IMAGE_BYTES, 13);
+    let fs = mount(dev.clone());
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let data = pattern(64 * PAGE, 7);
+    fs.write_file(a, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let used = fs.statfs().unwrap().blocks_free;
+    let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+    // Same place within a page: shared; the ragged ends are copied.
+    assert_eq!(
+        fs.copy_file_range(a, 100, b, 100, 60 * PAGE as u64)
+            .unwrap(),
+        60 * PAGE as u64
+    );
+    fs.sync().unwrap();
+    let shared_cost = used - fs.statfs().unwrap().blocks_free;
+    assert!(
+        shared_cost < 16,
+        "a 60-page reflink took {shared_cost} blocks: not shared"
+    );
+    let mut want = vec![0u8; 100];
+    want.extend_from_slice(&data[100..100 + 60 * PAGE]);
+    assert_eq!(fs.read_file(b, 0, 1 << 20).unwrap(), want);
+    // Different places within a page: bytes are copied.
+    let c = fs.create(fs.root_ino(), b"c", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(
+        fs.copy_file_range(a, 5, c, 0, 3 * PAGE as u64).unwrap(),
+        3 * PAGE as u64
+    );
+    assert_eq!(fs.read_file(c, 0, 1 << 20).unwrap(), &data[5..5 + 3 * PAGE]);
+    // Overlapping ranges of one file are refused, as the kernel does.
+    assert!(matches!(
+        fs.copy_file_range(a, 0, a, PAGE as u64, 2 * PAGE as u64),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Removing the source keeps b's data, and the checker accepts both
+    // the shared and the orphaned-by-source extents.
+    fs.sync().unwrap();
+    assert_clean(dev.as_ref(), "shared extents");
+    fs.unlink(fs.root_ino(), b"a").unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.read_file(b, 0, 1 << 20).unwrap(), want);
+    fs.close().unwrap();
+    assert_clean(dev.as_ref(), "source removed");
+}
+
+#[test]
+fn inode_flags_then_fsync() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    fs.set_flags(f, inode_flags::IMMUTABLE).unwrap();
+    fs.fsync(f, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(
+        &rec,
+        synced,
+        &Enumeration::sampled(synced as u64),
+        |_, fs, _| {
+            let f = fs
+                .lookup(fs.root_ino(), b"f")
+                .map_err(|e| e.to_string())?
+                .ino;
+            match fs.get_flags(f) {
+                Ok(inode_flags::IMMUTABLE) => Ok(()),
+                other => Err(format!("flags {other:?}")),
+            }
+        },
+    );
+}
+
+#[test]
+fn immutable_and_append_only_are_enforced() {
+    let fs = mount(common::memory_fs(IMAGE_BYTES, 14));
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, b"hello").unwrap();
+    fs.setxattr(f, b"user.x", b"1", XattrSetMode::CreateOrReplace)
+        .unwrap();
+    assert!(matches!(
+        fs.set_flags(f, 0x0080_0000), // FS_NOCOW_FL: not honoured, refused
+        Err(Error::NotSupported(_))
+    ));
+    let perm = |r: birch::Result<_>| assert!(matches!(r, Err(Error::NotPermitted)), "{r:?}");
+
+    fs.set_flags(f, inode_flags::APPEND).unwrap();
+    assert_eq!(fs.write_file(f, 5, b" world").unwrap(), 6);
+    perm(fs.write_file(f, 0, b"J").map(|_| ()));
+    perm(fs.truncate(f, 0).map(|_| ()));
+    perm(fs.unlink(d, b"f"));
+    perm(fs.rename(d, b"f", root, b"g", Default::default()));
+    perm(fs.link(f, root, b"g").map(|_| ()));
+    perm(fs.setxattr(f, b"user.x", b"2", XattrSetMode::CreateOrReplace));
+    perm(fs.removexattr(f, b"user.x"));
+    perm(fs.fallocate(f, 0, 4096, FallocateMode::PunchHole));
+    perm(
+        fs.setattr(
+            f,
+            &SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .map(|_| ()),
+    );
+
+    fs.set_flags(f, inode_flags::IMMUTABLE).unwrap();
+    perm(fs.write_file(f, 11, b"!").map(|_| ()));
+    perm(fs.fallocate(f, 0, 8192, FallocateMode::AllocateKeepSize));
+    perm(
+        fs.setattr(
+            f,
+            &SetAttr {
+                atime: Some(birch::fs::SetTime::Now),
+                ..Default::default()
+            },
+        )
+        .map(|_| ()),
+    );
+    let g = fs.create(root, b"g", 0o644, 0, 0).unwrap().ino;
+    perm(fs.copy_file_range(g, 0, f, 0, 1).map(|_| ()));
+
+    // An immutable directory: no entry comes or goes.
+    fs.set_flags(f, 0).unwrap();
+    fs.set_flags(d, inode_flags::IMMUTABLE).unwrap();
+    perm(fs.create(d, b"new", 0o644, 0, 0).map(|_| ()));
+    perm(fs.unlink(d, b"f"));
+    perm(fs.rename(root, b"g", d, b"g", Default::default()));
+    // An append-only directory: entries come, none go.
+    fs.set_flags(d, inode_flags::APPEND).unwrap();
+    fs.create(d, b"new", 0o644, 0, 0).unwrap();
+    perm(fs.unlink(d, b"new"));
+    fs.set_flags(d, 0).unwrap();
+    fs.unlink(d, b"new").unwrap();
+    assert_eq!(fs.read_file(f, 0, 100).unwrap(), b"hello world");
+    assert_eq!(ino(&fs, "d/f"), f);
+}
