@@ -199,6 +199,10 @@ pub struct OpRecord {
     pub view_after: View,
     /// The model inode at each path of `view_after`.
     pub inos_after: BTreeMap<Path, MIno>,
+    /// One path of each model inode of `view_after` (the first).
+    pub path_of: HashMap<MIno, Path>,
+    /// For an fsync of a directory: [`Trace::new_subtree`], computed once.
+    pub subtree: Option<(usize, Vec<Path>)>,
     /// For persistence ops: what they covered.
     pub persist: Option<(Persist, Covered)>,
 }
@@ -326,6 +330,15 @@ fn paths_of(model: &Model, ino: MIno) -> Vec<Path> {
         .collect()
 }
 
+/// The first path of each inode.
+fn first_paths(inos: &BTreeMap<Path, MIno>) -> HashMap<MIno, Path> {
+    let mut out = HashMap::new();
+    for (path, ino) in inos {
+        out.entry(*ino).or_insert_with(|| path.clone());
+    }
+    out
+}
+
 /// The model inode at each reachable path.
 fn inos_of(model: &Model) -> BTreeMap<Path, MIno> {
     model.paths().into_iter().map(|(p, i, _)| (p, i)).collect()
@@ -441,8 +454,10 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
             generation_after: now,
             ok,
             view_after: sim.model().view(),
+            path_of: first_paths(&inos_after),
             inos_after,
             persist,
+            subtree: None,
         });
     }
     // Unmount: the final commit is part of the trace.
@@ -467,8 +482,10 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
         generation_after: final_generation,
         ok: true,
         view_after: view,
+        path_of: first_paths(&inos_after),
         inos_after,
         persist: Some((Persist::Sync, Covered::All)),
+        subtree: None,
     });
     let events = dev.inner().events();
     let flush_events = events
@@ -482,7 +499,7 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
         check_image(dev.inner())
             .map_err(|r| fail(&ops, format!("check after the recorded workload:\n{r}")))?,
     );
-    Ok(Trace {
+    let mut trace = Trace {
         seed: cfg.seed,
         initial,
         events,
@@ -495,7 +512,17 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
         engine_inos: engine_of.into_iter().map(|(m, e)| (e, m)).collect(),
         unit: cfg.split_writes,
         recording: dev,
-    })
+    };
+    // The oracles ask for it in every crash state.
+    for f in 0..trace.ops.len() {
+        if matches!(
+            &trace.ops[f].persist,
+            Some((_, Covered::Inode { dir: true, .. }))
+        ) {
+            trace.ops[f].subtree = Some(trace.new_subtree(f));
+        }
+    }
+    Ok(trace)
 }
 
 impl Trace {
@@ -1046,7 +1073,7 @@ pub fn check_guarantees(trace: &Trace, k: usize, recovered: &View) -> Result<usi
                 // Its entries, from its own state; and, as btrfs logs
                 // them, the entries below its new subdirectories, from the
                 // state `new_subtree` names.
-                let (at, below) = trace.new_subtree(p);
+                let (at, below) = rec.subtree.clone().unwrap_or_default();
                 let direct = rec
                     .view_after
                     .entries
@@ -1189,7 +1216,7 @@ pub fn check_durable(
                         make(*child, f, false, false);
                     }
                 }
-                let (at, below) = trace.new_subtree(f);
+                let (at, below) = rec.subtree.clone().unwrap_or_default();
                 for path in &below {
                     make(trace.ops[at].inos_after[path], at, false, false);
                 }
@@ -1223,7 +1250,7 @@ pub fn check_durable(
             let removed = trace.ops[d.since + 1..reach.max(d.since + 1)]
                 .iter()
                 .any(|r| {
-                    !r.inos_after.values().any(|i| *i == ino)
+                    !r.path_of.contains_key(&ino)
                         && last_on_media.is_some_and(|w| w >= r.events_before)
                 });
             if removed {
@@ -1242,10 +1269,7 @@ pub fn check_durable(
         let states = |from: usize| {
             trace.ops[from..reach.max(from + 1)]
                 .iter()
-                .filter_map(move |r| {
-                    let p = r.inos_after.iter().find(|(_, i)| **i == ino)?.0;
-                    r.view_after.entries.get(p)
-                })
+                .filter_map(move |r| r.view_after.entries.get(r.path_of.get(&ino)?))
         };
         if let Some(from) = d.data {
             if entry.kind == Kind::File
