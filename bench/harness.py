@@ -457,6 +457,26 @@ class Mounted:
         else:
             syncfs(path or self.mnt, quiet=quiet, timeout=timeout)
 
+    def fuse_requests(self):
+        """birch's count of the FUSE requests this mount received so far, by
+        opcode (`birch stats`); None for kernel filesystems."""
+        if self.spec["kind"] == "kernel" or not self.ctx.birch_bin:
+            return None
+        try:
+            _, out, _ = run([self.ctx.birch_bin, "stats", self.mnt], quiet=True, timeout=60)
+        except CmdError:
+            return None
+        return parsers.parse_birch_requests(out)
+
+    def requests_since(self, before):
+        """The requests received since `before` (a fuse_requests() result),
+        without zeros; None for kernel filesystems."""
+        after = self.fuse_requests()
+        if before is None or after is None:
+            return None
+        delta = {k: n - before.get(k, 0) for k, n in after.items()}
+        return {k: n for k, n in delta.items() if n > 0}
+
     def fstype(self):
         """The type /proc/self/mountinfo lists for the mount ("" if none)."""
         return next((t for mp, t in mountinfo() if mp == self.mnt), "")
@@ -693,12 +713,16 @@ def w_dbench(ctx, fs, cfg, clients, sync_dirs, rep, rec):
         if sync_dirs:
             cmd.append("-S")
         cmd.append(str(clients))
+        before = m.fuse_requests()
         run(cmd, out_path=raw, timeout=ctx.duration * 3 + 600)
+        requests = m.requests_since(before)
         with open(raw, errors="replace") as f:
             parsed = parsers.parse_dbench(f.read())
     if parsed["clients"] != clients or parsed["sync_dirs"] != sync_dirs:
         raise CmdError("dbench reported %s clients sync=%s, expected %s sync=%s" % (
             parsed["clients"], parsed["sync_dirs"], clients, sync_dirs))
+    if requests:
+        parsed["fuse_requests"] = requests
     return parsed
 
 
@@ -766,7 +790,11 @@ def w_dirlog(ctx, fs, rep, rec):
             os.rmdir(base)
     else:
         with Mounted(fs, FS_TABLE[fs], ctx.main_size, "main", ctx) as m:
+            before = m.fuse_requests()
             res = dirlog_workload(m.mnt, ctx.dirlog_files, 100, m.sync)
+            requests = m.requests_since(before)
+        if requests:
+            res["fuse_requests"] = requests
     with open(raw, "w") as f:
         json.dump(res, f, indent=1)
     res.pop("_fsync_latencies_s")
@@ -933,11 +961,13 @@ def w_untar(ctx, fs, which, rep, rec):
         _warm(ctx.tarball)
         dest = os.path.join(m.mnt, "untar")
         os.mkdir(dest)
+        before = m.fuse_requests()
         t0 = time.perf_counter()
         run(["tar", "xf", ctx.tarball, "-C", dest], out_path=raw, timeout=3600)
         t1 = time.perf_counter()
         m.sync(dest, quiet=False, timeout=3600)
         t2 = time.perf_counter()
+        requests = m.requests_since(before)
         st = os.statvfs(m.mnt)
         used1 = (st.f_blocks - st.f_bfree) * st.f_frsize
         # not part of total_s: a FUSE filesystem may only make everything
@@ -947,6 +977,8 @@ def w_untar(ctx, fs, which, rep, rec):
                "fs_bytes": total, "used_before_bytes": used0, "filler_bytes": filler,
                "used_after_bytes": used1, "used_after_pct": 100.0 * used1 / total if total else None,
                "tree_files": ctx.tar_stats["files"], "tree_bytes": ctx.tar_stats["bytes"]}
+        if requests:
+            res["fuse_requests"] = requests
     with open(raw, "a") as f:
         f.write("\n# tar xf + sync timing\n" + json.dumps(res, indent=1) + "\n")
     return res

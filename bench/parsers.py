@@ -13,6 +13,7 @@ __all__ = [
     "parse_dbench",
     "format_dbench_table",
     "parse_fio",
+    "parse_birch_requests",
     "summarize",
 ]
 
@@ -187,3 +188,17 @@ def summarize(values):
     if not vals:
         return None
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+# ----------------------------------------------------------------------------
+# birch stats: FUSE requests by opcode
+# ----------------------------------------------------------------------------
+
+def parse_birch_requests(text):
+    """The `FuseRequests { total: N, LOOKUP: n, ... }` block of `birch
+    stats`: {opcode name: count}, "total" included. None if absent (an
+    older birch)."""
+    m = re.search(r"^FuseRequests \{\n(.*?)^\}", text, re.M | re.S)
+    if not m:
+        return None
+    return {k: int(v) for k, v in re.findall(r"^\s*([A-Za-z_0-9]+): (\d+),$", m.group(1), re.M)}

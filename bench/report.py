@@ -356,6 +356,27 @@ def _reps(d):
     return ", ".join("%s %d" % (w, n) for w, n in counts.items())
 
 
+def requests_rows(d):
+    """One row per (workload, config, fs) whose records carry birch's
+    request counts (metrics["fuse_requests"])."""
+    rows = []
+    seen = set()
+    for r in d.records:
+        counts = (r.get("metrics") or {}).get("fuse_requests")
+        key = (r["workload"], r["config"], r["fs"])
+        if not counts or key in seen:
+            continue
+        seen.add(key)
+        met = r["metrics"]
+        units = {"dirlog": 2 * (met.get("files") or 0), "untar": met.get("tree_files")}.get(r["workload"])
+        total = counts.get("total") or sum(counts.values())
+        per = (lambda n: "%.2f" % (n / units)) if units else (lambda n: "—")
+        mix = ", ".join("%s %d (%s)" % (k, n, per(n)) for k, n in
+                        sorted(counts.items(), key=lambda kv: -kv[1]) if k != "total")
+        rows.append(["%s %s" % key[:2], key[2], str(total), per(total), mix])
+    return rows
+
+
 def write_report(out_dir, plots=True, no_plots_reason=None):
     with open(os.path.join(out_dir, "results.json")) as f:
         d = Data(json.load(f))
@@ -609,6 +630,21 @@ def write_report(out_dir, plots=True, no_plots_reason=None):
                 add("")
                 add("- rep %s failed: %s" % (r["rep"], (r.get("error") or "").splitlines()[0]))
     add("")
+
+    # ---- FUSE requests ---------------------------------------------------
+    req_rows = requests_rows(d)
+    if req_rows:
+        add("## Requests per operation (birch)")
+        add("")
+        add("FUSE requests the kernel sent birch during each workload, by opcode, as birch counts "
+            "them (`birch stats`, FuseRequests; first repetition). Per unit: per file for the untar "
+            "(tree files), per create or rename for seed 003; dbench runs for a fixed time, so its "
+            "counts are totals. docs/FUSE.md explains each request and which ones birch avoids. "
+            "FUSE transport: /dev/fuse.")
+        add("")
+        add(md_table(["workload", "fs", "total", "per unit", "mix (count, per unit)"], req_rows,
+                     ["---", "---", "--:", "--:", "---"]))
+        add("")
 
     # ---- failures & files -------------------------------------------------
     fails = [r for r in d.records if r.get("ok") is False]

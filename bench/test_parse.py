@@ -31,6 +31,25 @@ def read(name):
         return f.read()
 
 
+class BirchRequests(unittest.TestCase):
+    STATS = ("SpaceStats {\n    enospc: 0,\n}\nFuseRequests {\n    total: 7,\n    GETATTR: 4,\n"
+             "    LOOKUP: 3,\n}\nFuseInit { transport: \"/dev/fuse\", negotiated: InitFlags(0x0) }\n")
+
+    def test_parse(self):
+        self.assertEqual(parsers.parse_birch_requests(self.STATS),
+                         {"total": 7, "GETATTR": 4, "LOOKUP": 3})
+        self.assertIsNone(parsers.parse_birch_requests("SpaceStats {\n}\n"))
+
+    def test_report_rows(self):
+        rec = {"workload": "dirlog", "config": "seed003", "fs": "birch", "ok": True,
+               "metrics": {"files": 10, "fuse_requests": {"total": 40, "LOOKUP": 20, "GETATTR": 20}}}
+        d = report.Data({"meta": {}, "records": [rec, dict(rec)]})
+        rows = report.requests_rows(d)
+        self.assertEqual(len(rows), 1)
+        self.assertEqual(rows[0][:4], ["dirlog seed003", "birch", "40", "2.00"])
+        self.assertIn("LOOKUP 20 (1.00)", rows[0][4])
+
+
 class DbenchParser(unittest.TestCase):
     def test_plain_run(self):
         p = parsers.parse_dbench(read("dbench-btrfs-4clients.txt"))

@@ -11,6 +11,7 @@
 use crate::attr::{
     from_request_time, to_engine_ino, to_fuse_attr, to_fuse_generation, to_fuse_ino,
 };
+use crate::requests::RequestCounts;
 use birch::device::BlockDevice;
 use birch::format::ROOT_DIR_INO;
 use birch::fs::{
@@ -304,6 +305,11 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     fs: Arc<Filesystem<D>>,
     options: FuseOptions,
     control: Arc<dyn MountControl>,
+    /// Requests received, by opcode (`birch stats`).
+    requests: RequestCounts,
+    /// The capabilities both we and the kernel wanted at INIT: what is
+    /// really in force, as opposed to what we asked for.
+    negotiated: InitFlags,
 }
 
 fn errno(e: &birch::Error) -> Errno {
@@ -366,6 +372,8 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             fs,
             options,
             control,
+            requests: RequestCounts::default(),
+            negotiated: InitFlags::empty(),
         }
     }
 
@@ -403,10 +411,12 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
     /// The counters `birch stats` prints, as text.
     fn stats_text(&self) -> String {
         format!(
-            "{:#?}\n{:#?}\n{:#?}\n",
+            "{:#?}\n{:#?}\n{:#?}\n{}FuseInit {{ transport: \"/dev/fuse\", negotiated: {:?} }}\n",
             self.fs.stats(),
             self.fs.log_stats(),
-            self.fs.space_stats()
+            self.fs.space_stats(),
+            self.requests.text(),
+            self.negotiated,
         )
     }
 
@@ -581,11 +591,16 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             wanted |= InitFlags::FUSE_NO_OPEN_SUPPORT;
         }
         let offered = config.capabilities();
-        let _ = config.add_capabilities(wanted & offered);
+        self.negotiated = wanted & offered;
+        let _ = config.add_capabilities(self.negotiated);
         let _ = config.set_max_write(self.options.max_write);
         let _ = config.set_max_readahead(self.options.max_write);
         let _ = config.set_max_background(self.options.max_background);
         Ok(())
+    }
+
+    fn request_received(&self, opcode: u32) {
+        self.requests.record(opcode);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

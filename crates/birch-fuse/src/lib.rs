@@ -6,6 +6,7 @@
 mod adapter;
 mod attr;
 mod fuseblk;
+mod requests;
 
 pub use adapter::{
     BirchFuse, FuseOptions, MountControl, NoControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC,
@@ -51,7 +52,48 @@ pub fn serve<D: BlockDevice + 'static>(
             }
         })?;
     ready();
+    if options.no_open && !options.read_only {
+        let mountpoint = mountpoint.to_path_buf();
+        // The open it makes is served by the session's threads, which start
+        // in run() below: it must not run on this thread.
+        std::thread::spawn(move || prime_no_open(&mountpoint));
+    }
     session.run()?;
     Arc::try_unwrap(fs)
         .map_err(|_| io::Error::other("filesystem still referenced after the FUSE session ended"))
+}
+
+/// Teaches the kernel that birch has no open. The kernel learns it only
+/// from an ENOSYS answer to a FUSE_OPEN; until the first one, every file
+/// opened by CREATE is released with a RELEASE request at its last close,
+/// which on fuseblk is a synchronous round trip: one per created file on
+/// an untar or seed 003 (docs/FUSE.md, "Requests per operation"). No
+/// regular file need exist for this: a nameless one (O_TMPFILE; the
+/// engine frees it at the kernel's forget) is opened again through
+/// /proc/self/fd, which is a plain open. Best effort: if any step fails
+/// the mount only keeps the RELEASEs.
+fn prime_no_open(mountpoint: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    const FUSE_SUPER_MAGIC: libc::c_long = 0x6573_5546;
+    let Ok(root) = std::fs::File::open(mountpoint) else {
+        return;
+    };
+    // SAFETY: all-zero bytes are a valid statfs (plain integers).
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: an open descriptor and a statfs for the kernel to fill.
+    let rc = unsafe { libc::fstatfs(root.as_raw_fd(), &mut st) };
+    // Only on our mount: if it is already gone, the directory is the one
+    // underneath, which this must not touch.
+    if rc != 0 || st.f_type as libc::c_long != FUSE_SUPER_MAGIC {
+        return;
+    }
+    let Ok(nameless) = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(format!("/proc/self/fd/{}", root.as_raw_fd()))
+    else {
+        return;
+    };
+    let _ = std::fs::File::open(format!("/proc/self/fd/{}", nameless.as_raw_fd()));
 }

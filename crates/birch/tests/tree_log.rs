@@ -904,3 +904,84 @@ fn many_links_in_one_directory_survive_fsync() {
         Ok(())
     });
 }
+
+/// `write f; setfattr 1500 xattrs on f; sync; remove every other one, set
+/// 600 new ones and change one; fsync f; <cut>` → exactly the new set of
+/// names and values: the log copies all of f's xattr items and replay
+/// replaces the committed ones.
+#[test]
+fn many_xattrs_survive_fsync() {
+    use birch::fs::XattrSetMode;
+    use std::collections::BTreeMap;
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, b"has many xattrs").unwrap();
+    let mut want: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    for i in 0..1500 {
+        let (name, value) = (format!("user.attr_{i:05}"), format!("value {i}"));
+        fs.setxattr(
+            f,
+            name.as_bytes(),
+            value.as_bytes(),
+            XattrSetMode::default(),
+        )
+        .unwrap();
+        want.insert(name.into_bytes(), value.into_bytes());
+    }
+    fs.sync().unwrap();
+    let committed = want.clone();
+    let start = rec.flush_count();
+    for i in (0..1500).step_by(2) {
+        let name = format!("user.attr_{i:05}");
+        fs.removexattr(f, name.as_bytes()).unwrap();
+        want.remove(name.as_bytes());
+    }
+    for i in 0..600 {
+        let (name, value) = (format!("user.new_{i:04}"), vec![b'n'; i % 200 + 1]);
+        fs.setxattr(f, name.as_bytes(), &value, XattrSetMode::default())
+            .unwrap();
+        want.insert(name.into_bytes(), value);
+    }
+    fs.setxattr(f, b"user.attr_00001", b"changed", XattrSetMode::default())
+        .unwrap();
+    want.insert(b"user.attr_00001".to_vec(), b"changed".to_vec());
+    fs.fsync(f, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    let read_all = |fs: &birch::fs::Filesystem<_>| -> BTreeMap<Vec<u8>, Vec<u8>> {
+        let f = ino(fs, "f");
+        fs.listxattr(f)
+            .unwrap()
+            .into_iter()
+            .map(|name| {
+                let value = fs.getxattr(f, &name).unwrap();
+                (name, value)
+            })
+            .collect()
+    };
+    let how = Enumeration::budgeted(60, 23);
+    common::for_every_crash_mount_after(&rec, start, &how, |p, fs, _| {
+        let got = read_all(fs);
+        let expected = if p.flushes_completed >= synced {
+            &want
+        } else if got == committed {
+            return Ok(());
+        } else {
+            &want
+        };
+        if &got != expected {
+            return Err(format!(
+                "{} xattrs, not the {} {}",
+                got.len(),
+                expected.len(),
+                if p.flushes_completed >= synced {
+                    "fsynced"
+                } else {
+                    "committed or fsynced"
+                }
+            ));
+        }
+        Ok(())
+    });
+}

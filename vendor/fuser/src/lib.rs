@@ -774,6 +774,12 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// birch patch: called with the kernel's opcode of every request that
+    /// reaches dispatch (all but INIT and DESTROY, answered by the session),
+    /// before the request's own method, so a filesystem can count requests
+    /// by type. Must be cheap: it runs on every request.
+    fn request_received(&self, _opcode: u32) {}
+
     /// birch patch: make everything written so far durable (`syncfs(2)`,
     /// `sync(1)`, and a remount read-only). The kernel sends this only to
     /// fuseblk and virtiofs connections. Replying ENOSYS makes it stop

@@ -102,6 +102,8 @@ impl<'a> RequestWithSender<'a> {
             error!("bug: filesystem must be initialized in dispatch_req");
             return Err(Errno::EIO);
         };
+        // birch patch: per-opcode request counts (`Filesystem::request_received`).
+        filesystem.request_received(self.request.header().opcode);
 
         match op {
             // Filesystem initialization - should not happen after handshake completed
