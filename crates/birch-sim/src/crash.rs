@@ -22,12 +22,16 @@
 //!    completed sync / fsync / fsync-dir promised is there. This oracle
 //!    does not assume that durable states are commits, so it stays valid
 //!    when fsync writes a log tree instead of committing (the tree-log
-//!    issue), where oracle 3 no longer applies to states with a log.
+//!    issue), where oracle 3 no longer applies to states with a log;
+//! 5. **nothing durable is lost** ([`check_durable`]): every inode durable
+//!    before the crash (followed by inode number, not by name) is still
+//!    reachable with content it had since, unless a removal of it can have
+//!    reached the media.
 //!
 //! docs/CRASH-TESTING.md has the media model, the enumeration and the
 //! oracles in prose.
 
-use crate::extract::engine_view;
+use crate::extract::engine_view_with_inos;
 use crate::harness::{check_image, Sim};
 use crate::model::{diff_entry, diff_views, show_path, Kind, MIno, Model, Path, View};
 use crate::overlay::OverlayDevice;
@@ -38,7 +42,7 @@ use birch::format::{Superblock, NODE_MAGIC, NODE_SIZE, SUPERBLOCK_OFFSETS, SUPER
 use birch::fs::{Filesystem, MountOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -171,7 +175,11 @@ pub enum Covered {
     /// Everything.
     All,
     /// An inode: its paths at the time (empty if it had none).
-    Inode { paths: Vec<Path>, dir: bool },
+    Inode {
+        ino: MIno,
+        paths: Vec<Path>,
+        dir: bool,
+    },
 }
 
 /// One op of a recorded workload.
@@ -189,6 +197,12 @@ pub struct OpRecord {
     pub ok: bool,
     /// The model's view after the op.
     pub view_after: View,
+    /// The model inode at each path of `view_after`.
+    pub inos_after: BTreeMap<Path, MIno>,
+    /// One path of each model inode of `view_after` (the first).
+    pub path_of: HashMap<MIno, Path>,
+    /// For an fsync of a directory: [`Trace::new_subtree`], computed once.
+    pub subtree: Option<(usize, Vec<Path>)>,
     /// For persistence ops: what they covered.
     pub persist: Option<(Persist, Covered)>,
 }
@@ -221,6 +235,9 @@ pub struct Trace {
     pub initial_generation: u64,
     /// Known engine bugs tolerated while recording.
     pub tolerated: Vec<String>,
+    /// Engine inode number -> model inode (found by path after every op;
+    /// the engine never reuses a number within one mount).
+    pub engine_inos: HashMap<u64, MIno>,
     /// Writes are split into units of this many bytes, each kept or lost
     /// on its own (torn multi-sector writes); `None`: whole writes.
     pub unit: Option<usize>,
@@ -313,6 +330,20 @@ fn paths_of(model: &Model, ino: MIno) -> Vec<Path> {
         .collect()
 }
 
+/// The first path of each inode.
+fn first_paths(inos: &BTreeMap<Path, MIno>) -> HashMap<MIno, Path> {
+    let mut out = HashMap::new();
+    for (path, ino) in inos {
+        out.entry(*ino).or_insert_with(|| path.clone());
+    }
+    out
+}
+
+/// The model inode at each reachable path.
+fn inos_of(model: &Model) -> BTreeMap<Path, MIno> {
+    model.paths().into_iter().map(|(p, i, _)| (p, i)).collect()
+}
+
 /// Runs a workload on a recording device and returns its trace.
 pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
     assert!(
@@ -328,13 +359,15 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
     let dev = Arc::new(Counted::new(RecordingDevice::new(initial.clone())));
     let mut sim = Sim::open(dev.clone(), cfg.mount.clone(), cfg.workload.handles)?;
     let mut snapshots = BTreeMap::new();
-    snapshots.insert(initial_generation, sim.model.view());
+    snapshots.insert(initial_generation, sim.model().view());
     let mut generation = sim.generation();
     if generation != initial_generation {
         return Err(format!(
             "mount changed the generation from {initial_generation} to {generation}"
         ));
     }
+    // Model inode -> engine inode, for every inode that ever had a name.
+    let mut engine_of = HashMap::from([(crate::model::ROOT, sim.fs().root_ino())]);
     let mut gen = Generator::new(cfg.seed, cfg.workload.clone());
     let script = match source {
         OpSource::Generated if cfg.prepopulate > 0 => {
@@ -355,19 +388,20 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
     for i in 0..count {
         let op = match script.as_ref().and_then(|s| s[i].clone()) {
             Some(op) => op,
-            None => gen.next_op(&sim.model),
+            None => gen.next_op(sim.model()),
         };
         assert!(op != Op::Remount, "crash workloads do not remount");
         let covered = match &op {
             Op::Sync => Some(Covered::All),
             Op::Fsync { target, .. } | Op::FsyncDir { target } => {
                 let ino = match target {
-                    Target::Path(p) => sim.model.resolve(p).ok(),
-                    Target::Handle(h) => sim.handle(*h).map(|(_, m)| m),
+                    Target::Path(p) => sim.model().resolve(p).ok(),
+                    Target::Handle(h) => sim.model_handle(*h),
                 };
                 ino.map(|ino| Covered::Inode {
-                    paths: paths_of(&sim.model, ino),
-                    dir: sim.model.inode(ino).is_some_and(|n| n.kind == Kind::Dir),
+                    ino,
+                    paths: paths_of(sim.model(), ino),
+                    dir: sim.model().inode(ino).is_some_and(|n| n.kind == Kind::Dir),
                 })
             }
             _ => None,
@@ -386,10 +420,25 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
                 ));
             }
             generation = now;
-            snapshots.insert(now, sim.model.view());
+            snapshots.insert(now, sim.model().view());
             if cfg.verify_live_views {
                 sim.compare_views()
                     .map_err(|e| fail(&ops, format!("after op #{i} `{op}` (commit {now}): {e}")))?;
+            }
+        }
+        let inos_after = inos_of(sim.model());
+        for (path, ino) in &inos_after {
+            if !engine_of.contains_key(ino) {
+                let e = sim
+                    .engine_ino(path)
+                    .map_err(|e| fail(&ops, e))?
+                    .ok_or_else(|| {
+                        fail(
+                            &ops,
+                            format!("after op #{i} `{op}` the engine has no {}", show_path(path)),
+                        )
+                    })?;
+                engine_of.insert(*ino, e);
             }
         }
         let ok = outcome.is_ok();
@@ -404,12 +453,16 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
             flushes_after,
             generation_after: now,
             ok,
-            view_after: sim.model.view(),
+            view_after: sim.model().view(),
+            path_of: first_paths(&inos_after),
+            inos_after,
             persist,
+            subtree: None,
         });
     }
     // Unmount: the final commit is part of the trace.
-    let view = sim.model.view();
+    let view = sim.model().view();
+    let inos_after = inos_of(sim.model());
     let (events_before, flushes_before) = dev.position();
     let mut tolerated = std::mem::take(&mut sim.tolerated);
     sim.close().map_err(|e| fail(&ops, format!("close: {e}")))?;
@@ -429,7 +482,10 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
         generation_after: final_generation,
         ok: true,
         view_after: view,
+        path_of: first_paths(&inos_after),
+        inos_after,
         persist: Some((Persist::Sync, Covered::All)),
+        subtree: None,
     });
     let events = dev.inner().events();
     let flush_events = events
@@ -443,7 +499,7 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
         check_image(dev.inner())
             .map_err(|r| fail(&ops, format!("check after the recorded workload:\n{r}")))?,
     );
-    Ok(Trace {
+    let mut trace = Trace {
         seed: cfg.seed,
         initial,
         events,
@@ -453,9 +509,20 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
         sb_writes,
         initial_generation,
         tolerated,
+        engine_inos: engine_of.into_iter().map(|(m, e)| (e, m)).collect(),
         unit: cfg.split_writes,
         recording: dev,
-    })
+    };
+    // The oracles ask for it in every crash state.
+    for f in 0..trace.ops.len() {
+        if matches!(
+            &trace.ops[f].persist,
+            Some((_, Covered::Inode { dir: true, .. }))
+        ) {
+            trace.ops[f].subtree = Some(trace.new_subtree(f));
+        }
+    }
+    Ok(trace)
 }
 
 impl Trace {
@@ -569,6 +636,116 @@ impl Trace {
         image
     }
 
+    /// How many ops may have reached the media in a crash at flush k: those
+    /// that began before the end of window k.
+    pub fn reach(&self, k: usize) -> usize {
+        let end = self.window_end_event(k);
+        self.ops
+            .iter()
+            .rposition(|r| r.events_before < end)
+            .map_or(0, |i| i + 1)
+    }
+
+    /// The event index of the newest write on the media after a crash at
+    /// flush k keeping `kept` of window k (`None`: no write at all).
+    pub fn last_write_on_media(&self, k: usize, kept: &[usize]) -> Option<usize> {
+        let start = if k == 0 {
+            0
+        } else {
+            self.flush_events[k - 1] + 1
+        };
+        let end = self.window_end_event(k);
+        // The event of each unit of the window, in window order.
+        let mut unit_event = Vec::new();
+        for (i, e) in self.events[start..end].iter().enumerate() {
+            if let DeviceEvent::Write { bytes, .. } = e {
+                let units = self.unit.map_or(1, |u| bytes.len().div_ceil(u));
+                unit_event.extend(std::iter::repeat_n(start + i, units));
+            }
+        }
+        let in_window = kept
+            .iter()
+            .filter_map(|&u| unit_event.get(u).copied())
+            .max();
+        let before = self.events[..start.saturating_sub(1)]
+            .iter()
+            .rposition(|e| matches!(e, DeviceEvent::Write { .. }));
+        in_window.or(before)
+    }
+
+    /// The newest op before op `p` during which a commit was made.
+    fn commit_before(&self, p: usize) -> Option<usize> {
+        (0..p).rev().find(|&i| {
+            let before = if i == 0 {
+                self.initial_generation
+            } else {
+                self.ops[i - 1].generation_after
+            };
+            self.ops[i].generation_after != before
+        })
+    }
+
+    /// What an fsync of a directory (op f) persists below its entries, as
+    /// btrfs does: the entries of every subdirectory new since the last
+    /// commit, recursively (a new subtree is logged whole). Returns the op
+    /// whose state that is, and the paths (two or more levels below the
+    /// directory, through new directories only).
+    ///
+    /// btrfs logs a directory only if it changed since it was last logged
+    /// in the transaction; otherwise the fsync returns at once and the
+    /// subtree stays as an earlier fsync of it logged it. So the state is
+    /// that of the earliest fsync of the directory in this transaction
+    /// after which the directory (its path and its entries) stayed the
+    /// same up to op f.
+    pub fn new_subtree(&self, f: usize) -> (usize, Vec<Path>) {
+        let Some((_, Covered::Inode { ino, dir: true, .. })) = &self.ops[f].persist else {
+            return (f, Vec::new());
+        };
+        let ino = *ino;
+        let commit = self.commit_before(f);
+        // The directory's path and entries after op i.
+        let dir_state = |i: usize| -> Option<(Path, Vec<(Path, MIno)>)> {
+            let inos = &self.ops[i].inos_after;
+            let (path, _) = inos.iter().find(|(_, m)| **m == ino)?;
+            let entries = inos
+                .iter()
+                .filter(|(q, _)| q.len() == path.len() + 1 && q.starts_with(path))
+                .map(|(q, m)| (q.clone(), *m))
+                .collect();
+            Some((path.clone(), entries))
+        };
+        let mut at = f;
+        let first = commit.map_or(0, |c| c + 1);
+        while let Some(prev) = (first..at).rev().find(|&i| {
+            matches!(&self.ops[i].persist, Some((_, Covered::Inode { ino: m, .. })) if *m == ino)
+        }) {
+            let now = dir_state(at);
+            if (prev..at).all(|i| dir_state(i) == now) {
+                at = prev;
+            } else {
+                break;
+            }
+        }
+        let committed: BTreeSet<MIno> = match commit {
+            Some(c) => self.ops[c].inos_after.values().copied().collect(),
+            None => BTreeSet::from([crate::model::ROOT]),
+        };
+        let inos = &self.ops[at].inos_after;
+        let Some((dir, _)) = dir_state(at) else {
+            return (at, Vec::new());
+        };
+        let below = inos
+            .keys()
+            .filter(|q| q.len() > dir.len() + 1 && q.starts_with(&dir))
+            .filter(|q| {
+                (dir.len() + 1..q.len())
+                    .all(|n| inos.get(&q[..n]).is_some_and(|i| !committed.contains(i)))
+            })
+            .cloned()
+            .collect();
+        (at, below)
+    }
+
     /// The op during which flush `k` (1-based count) happened, if any.
     pub fn op_of_flush(&self, flushes: usize) -> Option<usize> {
         self.ops
@@ -673,6 +850,8 @@ pub struct StateReport {
     pub has_log: bool,
     /// Facts the persistence-guarantee oracle checked.
     pub guarantees: usize,
+    /// Durable inodes the no-loss oracle followed.
+    pub durable_inodes: usize,
     pub tolerated: Vec<String>,
 }
 
@@ -727,8 +906,8 @@ pub fn check_state_on(
     // 1. It mounts.
     let fs = Filesystem::open(dev.clone(), MountOptions::deterministic())
         .map_err(|e| format!("mount failed: {e}"))?;
-    let view =
-        engine_view(&fs).map_err(|e| format!("recovered filesystem is inconsistent: {e}"))?;
+    let (view, inos) = engine_view_with_inos(&fs)
+        .map_err(|e| format!("recovered filesystem is inconsistent: {e}"))?;
     // 3. Exactly the state of commit g.
     if !has_log {
         let snapshot = trace
@@ -743,6 +922,8 @@ pub fn check_state_on(
     }
     // 4. Every completed persistence point's promise holds.
     let guarantees = check_guarantees(trace, k, &view)?;
+    // 5. Nothing durable is lost.
+    let durable_inodes = check_durable(trace, k, kept, &view, &inos)?;
     if !has_log {
         check_nothing_invented(trace, k, &view)?;
     }
@@ -756,6 +937,7 @@ pub fn check_state_on(
         view,
         has_log,
         guarantees,
+        durable_inodes,
         tolerated,
     })
 }
@@ -822,7 +1004,12 @@ pub fn check_guarantees(trace: &Trace, k: usize, recovered: &View) -> Result<usi
                     }
                 }
             }
-            (Persist::Fsync { .. } | Persist::FsyncDir, Covered::Inode { paths, dir: false }) => {
+            (
+                Persist::Fsync { .. } | Persist::FsyncDir,
+                Covered::Inode {
+                    paths, dir: false, ..
+                },
+            ) => {
                 let Some(first) = paths.first() else { continue };
                 let entry = &rec.view_after.entries[first];
                 let same_data = |a: &crate::model::Entry, b: &crate::model::Entry| {
@@ -856,7 +1043,12 @@ pub fn check_guarantees(trace: &Trace, k: usize, recovered: &View) -> Result<usi
                     ));
                 }
             }
-            (Persist::Fsync { .. } | Persist::FsyncDir, Covered::Inode { paths, dir: true }) => {
+            (
+                Persist::Fsync { .. } | Persist::FsyncDir,
+                Covered::Inode {
+                    paths, dir: true, ..
+                },
+            ) => {
                 let Some(dir) = paths.first() else { continue };
                 // The directory itself, where it was, if it stayed there.
                 let dir_stable = later.iter().all(|r| {
@@ -878,11 +1070,21 @@ pub fn check_guarantees(trace: &Trace, k: usize, recovered: &View) -> Result<usi
                         show_path(dir)
                     ));
                 }
-                for (path, entry) in &rec.view_after.entries {
-                    if path.len() != dir.len() + 1 || !path.starts_with(dir) {
-                        continue;
-                    }
-                    let kind_stable = later.iter().all(|r| {
+                // Its entries, from its own state; and, as btrfs logs
+                // them, the entries below its new subdirectories, from the
+                // state `new_subtree` names.
+                let (at, below) = rec.subtree.clone().unwrap_or_default();
+                let direct = rec
+                    .view_after
+                    .entries
+                    .iter()
+                    .filter(|(path, _)| path.len() == dir.len() + 1 && path.starts_with(dir))
+                    .map(|(path, entry)| (p, path, entry));
+                let deeper = below
+                    .iter()
+                    .map(|path| (at, path, &trace.ops[at].view_after.entries[path]));
+                for (from, path, entry) in direct.chain(deeper) {
+                    let kind_stable = trace.ops[from + 1..reach.max(from + 1)].iter().all(|r| {
                         r.view_after
                             .entries
                             .get(path)
@@ -908,6 +1110,197 @@ pub fn check_guarantees(trace: &Trace, k: usize, recovered: &View) -> Result<usi
         }
     }
     Ok(facts)
+}
+
+/// Oracle 5, nothing durable is lost: every inode that was durable before a
+/// crash at flush k (keeping `kept` of window k) is still reachable by some
+/// path, with content it had since it was made durable, unless the
+/// workload removed it in a way that may have reached the media.
+///
+/// Inodes are followed by identity (the engine's inode number, mapped to
+/// the model's), never by name, so a name taken over by another inode
+/// (renamed away and reused) does not hide a loss. An inode I is
+/// *durable* when
+/// - it had a name at the last sync that completed (all its flushes
+///   among the first k): its names, data and xattrs are durable from
+///   there;
+/// - or a later fsync / fdatasync of it completed while it had a name:
+///   durable from that op, its data too (and its xattrs, for fsync);
+/// - or a later fsync of a directory completed while I was an entry of
+///   it (or, for a subtree new since the last commit, below it): I is
+///   durable from that op, its content not (btrfs logs such an entry's
+///   inode as existing, not its data).
+///
+/// Then, for each durable I:
+/// - **reachable**: some recovered path names I; or else I lost its
+///   last name at some op j after it became durable, and some write the
+///   engine issued after op j began is on the media (only such a write
+///   can carry the removal; without one, the removal cannot have reached
+///   the media and the loss is a bug);
+/// - **content**: where its data is durable from op d, the recovered
+///   size and pages are those I had after some op in d..reach (reach:
+///   the ops that began before the end of window k); likewise its
+///   xattrs where they are durable. Any state in that range is allowed,
+///   because a later commit or log may have made any of them durable.
+///
+/// The path where I is found is not judged (a log replay may put an
+/// fsync'd inode under a parent's committed name); the rename oracle and
+/// the persistence guarantees judge names. Returns the inodes checked.
+pub fn check_durable(
+    trace: &Trace,
+    k: usize,
+    kept: &[usize],
+    recovered: &View,
+    recovered_inos: &BTreeMap<Path, u64>,
+) -> Result<usize, String> {
+    #[derive(Default)]
+    struct Durable {
+        /// The op from which it is durable.
+        since: usize,
+        /// The op from which its data (and xattrs) are durable.
+        data: Option<usize>,
+        xattrs: Option<usize>,
+        /// The op that made it durable (for the report).
+        by: usize,
+    }
+    let reach = trace.reach(k);
+    let completed = |r: &OpRecord| r.ok && r.flushes_after <= k;
+    let sync = trace
+        .ops
+        .iter()
+        .rposition(|r| completed(r) && matches!(r.persist, Some((Persist::Sync, _))));
+    let mut durable: BTreeMap<MIno, Durable> = BTreeMap::new();
+    let mut make = |ino: MIno, at: usize, data: bool, xattrs: bool| {
+        let d = durable.entry(ino).or_insert(Durable {
+            since: at,
+            by: at,
+            ..Default::default()
+        });
+        if data {
+            d.data = Some(at);
+        }
+        if xattrs {
+            d.xattrs = Some(at);
+        }
+    };
+    if let Some(b) = sync {
+        for ino in trace.ops[b].inos_after.values() {
+            make(*ino, b, true, true);
+        }
+    }
+    let first = sync.map_or(0, |b| b + 1);
+    for (f, rec) in trace.ops.iter().enumerate().skip(first) {
+        if !completed(rec) {
+            continue;
+        }
+        match &rec.persist {
+            // An fsync of an inode with no name (open, unlinked) makes
+            // nothing durable that a path could reach.
+            Some((Persist::Fsync { datasync }, Covered::Inode { ino, paths, dir }))
+                if !paths.is_empty() =>
+            {
+                make(*ino, f, !dir, !dir && !datasync);
+            }
+            Some((
+                Persist::FsyncDir,
+                Covered::Inode {
+                    ino,
+                    paths,
+                    dir: true,
+                },
+            )) => {
+                let Some(dir) = paths.first() else { continue };
+                make(*ino, f, false, false);
+                for (path, child) in &rec.inos_after {
+                    if path.len() == dir.len() + 1 && path.starts_with(dir) {
+                        make(*child, f, false, false);
+                    }
+                }
+                let (at, below) = rec.subtree.clone().unwrap_or_default();
+                for path in &below {
+                    make(trace.ops[at].inos_after[path], at, false, false);
+                }
+            }
+            _ => {}
+        }
+    }
+    // Where each model inode is after the crash.
+    let mut found: HashMap<MIno, &Path> = HashMap::new();
+    for (path, e) in recovered_inos {
+        if let Some(m) = trace.engine_inos.get(e) {
+            found.entry(*m).or_insert(path);
+        }
+    }
+    let last_on_media = trace.last_write_on_media(k, kept);
+    let names_of = |ino: MIno, at: usize| -> Vec<String> {
+        trace.ops[at]
+            .inos_after
+            .iter()
+            .filter(|(_, i)| **i == ino)
+            .map(|(p, _)| show_path(p))
+            .collect()
+    };
+    let mut checked = 0;
+    for (&ino, d) in &durable {
+        if ino == crate::model::ROOT {
+            continue;
+        }
+        checked += 1;
+        let Some(path) = found.get(&ino) else {
+            let removed = trace.ops[d.since + 1..reach.max(d.since + 1)]
+                .iter()
+                .any(|r| {
+                    !r.path_of.contains_key(&ino)
+                        && last_on_media.is_some_and(|w| w >= r.events_before)
+                });
+            if removed {
+                continue;
+            }
+            return Err(format!(
+                "an inode durable since `{}` (op #{}), named {:?} then and {:?} at the crash, is lost: no path reaches it, and no removal of it can have reached the media",
+                trace.ops[d.by].op,
+                d.by,
+                names_of(ino, d.by),
+                names_of(ino, reach.max(1) - 1)
+            ));
+        };
+        let entry = &recovered.entries[*path];
+        // The states I had from op `from` on (where it had a name).
+        let states = |from: usize| {
+            trace.ops[from..reach.max(from + 1)]
+                .iter()
+                .filter_map(move |r| r.view_after.entries.get(r.path_of.get(&ino)?))
+        };
+        if let Some(from) = d.data {
+            if entry.kind == Kind::File
+                && !states(from).any(|s| s.size == entry.size && s.content == entry.content)
+            {
+                return Err(format!(
+                    "{} (an inode whose data is durable since `{}`, op #{from}) holds {} bytes that it never held since",
+                    show_path(path),
+                    trace.ops[from].op,
+                    entry.size.unwrap_or(0)
+                ));
+            }
+            if entry.kind == Kind::Symlink && !states(from).any(|s| s.target == entry.target) {
+                return Err(format!(
+                    "{}: symlink target differs from the durable one",
+                    show_path(path)
+                ));
+            }
+        }
+        if let Some(from) = d.xattrs {
+            if !states(from).any(|s| s.xattrs == entry.xattrs) {
+                return Err(format!(
+                    "{} (an inode whose xattrs are durable since `{}`, op #{from}) has xattrs {:?} that it never had since",
+                    show_path(path),
+                    trace.ops[from].op,
+                    entry.xattrs.keys().map(|n| crate::model::show_name(n)).collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
+    Ok(checked)
 }
 
 /// Nothing appears that no state since the last completed sync had: every
@@ -1000,6 +1393,8 @@ pub struct CrashStats {
     pub largest_window: usize,
     /// Facts checked by the persistence-guarantee oracle, over all states.
     pub guarantee_facts: u64,
+    /// Durable inodes followed by the no-loss oracle, over all states.
+    pub durable_inodes: u64,
     pub tolerated: Vec<String>,
     pub elapsed: Duration,
 }
@@ -1013,6 +1408,7 @@ impl CrashStats {
         self.states_at_older_generation += o.states_at_older_generation;
         self.largest_window = self.largest_window.max(o.largest_window);
         self.guarantee_facts += o.guarantee_facts;
+        self.durable_inodes += o.durable_inodes;
         self.tolerated.extend(o.tolerated.iter().cloned());
         self.elapsed += o.elapsed;
     }
@@ -1146,6 +1542,7 @@ pub fn explore_each(
             also(k, &kept, &report).map_err(&fail)?;
             stats.crash_states += 1;
             stats.guarantee_facts += report.guarantees as u64;
+            stats.durable_inodes += report.durable_inodes as u64;
             if report.generation < trace.issued_generation(k) {
                 stats.states_at_older_generation += 1;
             }

@@ -19,6 +19,15 @@ const READ_CHUNK: usize = 1 << 20;
 
 /// The canonical view of a live filesystem, or what is inconsistent in it.
 pub fn engine_view<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> Result<View, String> {
+    engine_view_with_inos(fs).map(|(view, _)| view)
+}
+
+/// [`engine_view`], and the engine's inode number at each path (the crash
+/// oracles follow inodes, not names, across a crash: replay keeps inode
+/// numbers).
+pub fn engine_view_with_inos<D: BlockDevice + 'static>(
+    fs: &Filesystem<D>,
+) -> Result<(View, BTreeMap<Path, u64>), String> {
     let mut raw = BTreeMap::new();
     let mut dirs_seen = HashSet::new();
     let root = fs.root_ino();
@@ -96,7 +105,8 @@ pub fn engine_view<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> Result<View,
         }
         raw.insert(path, (ino, entry));
     }
-    Ok(View::from_raw(raw))
+    let inos = raw.iter().map(|(p, (ino, _))| (p.clone(), *ino)).collect();
+    Ok((View::from_raw(raw), inos))
 }
 
 /// The entries of a directory (name, inode), checked against `lookup` and

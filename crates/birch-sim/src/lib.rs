@@ -5,6 +5,7 @@
 //!   compared in;
 //! - [`extract`]: the same view read out of a live `Filesystem`;
 //! - [`workload`]: seeded random op sequences over a small pool of names;
+//! - [`exec`]: the one executor of ops, shared by model, engine and host;
 //! - [`harness`]: runs ops on engine and model together and compares;
 //! - [`ace`]: CrashMonkey/ACE-style seq-1 and seq-2 workloads;
 //! - [`crash`]: records a workload on a `RecordingDevice` and checks every
@@ -15,6 +16,7 @@
 
 pub mod ace;
 pub mod crash;
+pub mod exec;
 pub mod extract;
 pub mod harness;
 pub mod model;

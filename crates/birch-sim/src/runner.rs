@@ -119,7 +119,7 @@ pub fn run_model(test: &str, run: &ModelRun) -> Result<ModelStats, String> {
     let mut log = Vec::new();
     let mut stats = ModelStats::default();
     for i in 0..run.ops {
-        let op = gen.next_op(&sim.model);
+        let op = gen.next_op(sim.model());
         log.push(op.to_string());
         let outcome = sim
             .step(&op)
@@ -142,7 +142,7 @@ pub fn run_model(test: &str, run: &ModelRun) -> Result<ModelStats, String> {
     let n = run.ops;
     sim.compare_views()
         .map_err(|e| failure(test, run.seed, n, &log, &e))?;
-    stats.final_entries = sim.model.view().len();
+    stats.final_entries = sim.model().view().len();
     sim.remount()
         .map_err(|e| failure(test, run.seed, n, &log, &format!("final remount: {e}")))?;
     stats.commits = sim.generation() - first_generation;

@@ -304,6 +304,12 @@ pub struct WorkloadConfig {
     pub remount_weight: u32,
     /// Relative weight of read-only ops (stat, read, readdir, ...).
     pub read_weight: u32,
+    /// Relative weight of shapes: short op sequences in which crashes lose
+    /// durable data (names reused after renames, swaps through a third
+    /// name, links over new directories, deep new subtrees), each ending
+    /// with a persistence point. 0 keeps the op stream of a seed as it was
+    /// before shapes existed (the model tests' seeds).
+    pub shape_weight: u32,
     /// Use setuid and sticky bits in modes.
     pub special_perms: bool,
     /// Allow truncates past the largest file size (EFBIG).
@@ -321,6 +327,7 @@ impl Default for WorkloadConfig {
             persist_weight: 4,
             remount_weight: 1,
             read_weight: 10,
+            shape_weight: 0,
             special_perms: true,
             huge_truncates: true,
         }
@@ -340,6 +347,7 @@ impl WorkloadConfig {
             persist_weight: 12,
             remount_weight: 0,
             read_weight: 2,
+            shape_weight: 4,
             special_perms: true,
             huge_truncates: true,
         }
@@ -373,6 +381,8 @@ pub struct Generator {
     rng: ChaCha8Rng,
     pub cfg: WorkloadConfig,
     pool: Vec<Vec<u8>>,
+    /// The rest of a shape being emitted.
+    pending: std::collections::VecDeque<Op>,
 }
 
 impl Generator {
@@ -381,6 +391,7 @@ impl Generator {
             rng: ChaCha8Rng::seed_from_u64(seed),
             cfg,
             pool: name_pool(),
+            pending: Default::default(),
         }
     }
 
@@ -521,8 +532,11 @@ impl Generator {
 
     /// The next op, chosen with `model` as it is now.
     pub fn next_op(&mut self, model: &Model) -> Op {
+        if let Some(op) = self.pending.pop_front() {
+            return op;
+        }
         let c = &self.cfg;
-        let weights: [(u32, u8); 26] = [
+        let weights: [(u32, u8); 27] = [
             (10, 0),                            // create
             (6, 1),                             // mkdir
             (1, 2),                             // mkfifo
@@ -549,6 +563,7 @@ impl Generator {
             (c.persist_weight.div_ceil(4), 23), // fsync dir
             (c.persist_weight.div_ceil(4), 24), // sync
             (c.remount_weight, 25),             // remount
+            (c.shape_weight, 26),               // a shape
         ];
         let total: u32 = weights.iter().map(|w| w.0).sum();
         let mut pick = self.rng.gen_range(0..total);
@@ -721,7 +736,236 @@ impl Generator {
                 Op::FsyncDir { target }
             }
             24 => Op::Sync,
-            _ => Op::Remount,
+            25 => Op::Remount,
+            _ => {
+                self.pending = self.shape(model).into();
+                self.pending.pop_front().expect("a shape has ops")
+            }
+        }
+    }
+
+    /// A name in directory `dir` that is free there (a short pool name),
+    /// or a taken one when all are (the op then fails alike on both sides).
+    fn free_name(&mut self, model: &Model, dir: &[Vec<u8>]) -> Path {
+        let taken = |n: &[u8]| {
+            let mut p = dir.to_vec();
+            p.push(n.to_vec());
+            model.resolve(&p).is_ok()
+        };
+        let free: Vec<Vec<u8>> = self.pool[..5]
+            .iter()
+            .filter(|n| !taken(n))
+            .cloned()
+            .collect();
+        let mut p = dir.to_vec();
+        p.push(if free.is_empty() {
+            self.pool[self.rng.gen_range(0..5)].clone()
+        } else {
+            free[self.rng.gen_range(0..free.len())].clone()
+        });
+        p
+    }
+
+    fn existing_dir(&mut self, model: &Model) -> Path {
+        self.existing(model, |k| k == Kind::Dir).unwrap_or_default()
+    }
+
+    /// A persistence point over `files` and `dirs`: fsync or fdatasync of
+    /// one of the files, fsync of one of the directories, or sync.
+    fn shape_persist(&mut self, files: &[Path], dirs: &[Path]) -> Op {
+        let n = files.len() + dirs.len();
+        let i = self.rng.gen_range(0..=n);
+        if i < files.len() {
+            Op::Fsync {
+                target: Target::Path(files[i].clone()),
+                datasync: self.rng.gen_ratio(1, 4),
+            }
+        } else if i < n {
+            Op::FsyncDir {
+                target: Target::Path(dirs[i - files.len()].clone()),
+            }
+        } else {
+            Op::Sync
+        }
+    }
+
+    /// A shape: a short sequence of ops in which a crash loses what was
+    /// durable if the engine gets a reused name, a link or a new subtree
+    /// wrong, ending with a persistence point (docs/CRASH-TESTING.md).
+    fn shape(&mut self, model: &Model) -> Vec<Op> {
+        let parent = |p: &Path| p[..p.len().saturating_sub(1)].to_vec();
+        let rename = |from: &Path, to: &Path| Op::Rename {
+            from: from.clone(),
+            to: to.clone(),
+            flags: RenameFlags::default(),
+        };
+        let create = |p: &Path| Op::Create {
+            path: p.clone(),
+            perm: 0o644,
+        };
+        let mkdir = |p: &Path| Op::Mkdir {
+            path: p.clone(),
+            perm: 0o755,
+        };
+        let link = |from: &Path, to: &Path| Op::Link {
+            from: from.clone(),
+            to: to.clone(),
+        };
+        let file = self.existing(model, |k| k == Kind::File);
+        match (self.rng.gen_range(0..8), file) {
+            // A file's name reused after a rename (to a new name, or over
+            // an existing file), the new file maybe written.
+            (0 | 1, Some(f)) => {
+                let to = if self.rng.gen_ratio(1, 3) {
+                    self.existing(model, |k| k == Kind::File)
+                        .unwrap_or_else(|| self.free_name(model, &parent(&f)))
+                } else {
+                    let dir = if self.rng.gen_ratio(3, 4) {
+                        parent(&f)
+                    } else {
+                        self.existing_dir(model)
+                    };
+                    self.free_name(model, &dir)
+                };
+                let mut ops = vec![rename(&f, &to), create(&f)];
+                if self.rng.gen_ratio(1, 2) {
+                    ops.push(Op::Write {
+                        target: Target::Path(f.clone()),
+                        offset: 0,
+                        len: self.rng.gen_range(1..20000),
+                        fill: self.rng.gen(),
+                    });
+                }
+                ops.push(self.shape_persist(&[f.clone(), to.clone()], &[parent(&f), parent(&to)]));
+                ops
+            }
+            // A directory's name reused after a rename.
+            (2, _) => {
+                let d = self.existing_dir(model);
+                if d.is_empty() {
+                    return vec![self.shape_persist(&[], &[d])];
+                }
+                let to = self.free_name(model, &parent(&d));
+                let mut ops = vec![rename(&d, &to), mkdir(&d)];
+                if self.rng.gen_ratio(1, 2) {
+                    let mut f = d.clone();
+                    f.push(b"n".to_vec());
+                    ops.push(create(&f));
+                }
+                ops.push(self.shape_persist(&[], &[d.clone(), to, parent(&d)]));
+                ops
+            }
+            // Two names swapped through a third.
+            (3, Some(a)) => {
+                let b = self
+                    .existing(model, |k| k != Kind::Dir)
+                    .unwrap_or_else(|| a.clone());
+                let t = self.free_name(model, &parent(&a));
+                vec![
+                    rename(&a, &t),
+                    rename(&b, &a),
+                    rename(&t, &b),
+                    self.shape_persist(&[a.clone(), b.clone()], &[parent(&a), parent(&b)]),
+                ]
+            }
+            // Swapped through new names and a hard link, a name reused.
+            (4, Some(f1)) => {
+                let f2 = self
+                    .existing(model, |k| k == Kind::File)
+                    .unwrap_or_else(|| f1.clone());
+                let f3 = self.free_name(model, &parent(&f1));
+                let f4 = self.free_name(model, &parent(&f2));
+                vec![
+                    rename(&f1, &f3),
+                    rename(&f2, &f4),
+                    link(&f3, &f2),
+                    create(&f1),
+                    self.shape_persist(&[f1.clone(), f3.clone(), f4.clone()], &[parent(&f1)]),
+                ]
+            }
+            // A rename chain over a hard link: f -> q, its second name
+            // l -> f, and l reused.
+            (5, Some(f)) => {
+                let l = self.free_name(model, &parent(&f));
+                let q = self.free_name(model, &parent(&f));
+                let mut ops = vec![link(&f, &l)];
+                if self.rng.gen_ratio(1, 2) {
+                    ops.push(Op::Sync);
+                }
+                ops.extend([rename(&f, &q), rename(&l, &f), create(&l)]);
+                ops.push(self.shape_persist(&[l.clone(), q.clone()], &[parent(&f)]));
+                ops
+            }
+            // Hard links over a new and an old directory.
+            (6, Some(f)) => {
+                let base = self.existing_dir(model);
+                let n = self.free_name(model, &base);
+                let old = self.existing_dir(model);
+                let l1 = self.free_name(model, &n);
+                let l2 = self.free_name(model, &old);
+                vec![
+                    mkdir(&n),
+                    link(&f, &l1),
+                    link(&f, &l2),
+                    self.shape_persist(std::slice::from_ref(&f), &[n.clone(), old, base]),
+                ]
+            }
+            // A deep new subtree with links of an old file and a new file;
+            // then an fsync of the directory above it, mostly.
+            (_, Some(f)) => {
+                let top = self.existing_dir(model);
+                let mut ops = vec![link(&f, &self.free_name(model, &top))];
+                let mut dir = top.clone();
+                for depth in 0..3 {
+                    dir.push([b"x", b"y", b"z"][depth].to_vec());
+                    ops.push(mkdir(&dir));
+                    if self.rng.gen_ratio(1, 2) {
+                        let mut l = dir.clone();
+                        l.push(b"l".to_vec());
+                        ops.push(link(&f, &l));
+                    }
+                }
+                dir.push(b"q".to_vec());
+                ops.push(create(&dir));
+                if self.rng.gen_ratio(1, 3) {
+                    ops.push(Op::SetXattr {
+                        target: Target::Path(dir.clone()),
+                        name: self.xattr_name(),
+                        value_len: 30,
+                        fill: self.rng.gen(),
+                        mode: XattrMode::Any,
+                    });
+                }
+                ops.push(if self.rng.gen_ratio(3, 4) {
+                    Op::FsyncDir {
+                        target: Target::Path(top),
+                    }
+                } else {
+                    self.shape_persist(&[f.clone(), dir], &[])
+                });
+                ops
+            }
+            // No file yet: an xattr set and removed on a directory.
+            (_, None) => {
+                let d = self.existing_dir(model);
+                let name = self.xattr_name();
+                vec![
+                    Op::SetXattr {
+                        target: Target::Path(d.clone()),
+                        name: name.clone(),
+                        value_len: 20,
+                        fill: self.rng.gen(),
+                        mode: XattrMode::Any,
+                    },
+                    Op::RemoveXattr {
+                        target: Target::Path(d.clone()),
+                        name,
+                    },
+                    Op::FsyncDir {
+                        target: Target::Path(d),
+                    },
+                ]
+            }
         }
     }
 

@@ -7,11 +7,12 @@
 use birch::device::DeviceEvent;
 use birch::format::{Superblock, NODE_SIZE};
 use birch_sim::crash::{
-    check_guarantees, check_state, explore, explore_each, record, run_seed, CrashConfig,
-    CrashStats, OpSource, StateHook, Trace,
+    check_durable, check_guarantees, check_state, explore, explore_each, record, run_seed,
+    CrashConfig, CrashStats, OpSource, StateHook, Trace,
 };
-use birch_sim::model::{Path, RenameFlags};
+use birch_sim::model::{Path, RenameFlags, View};
 use birch_sim::workload::{pattern, seed_override, Op, Target};
+use std::collections::BTreeMap;
 
 fn long_mode() -> bool {
     std::env::var("BIRCH_CRASH_LONG").is_ok_and(|v| v != "0" && !v.is_empty())
@@ -477,4 +478,91 @@ fn canary_explore_fails_when_the_device_loses_a_flushed_write() {
     let failure = explore(&trace, &cfg).expect_err("exploring a trace with lost writes must fail");
     assert!(failure.message.contains("generation"), "{failure}");
     assert!(failure.to_string().contains("seed=7"));
+}
+
+/// The model's state after op `at` with the engine's inode numbers, as a
+/// crash state recovered exactly there would read.
+fn state_after(trace: &Trace, at: usize) -> (View, BTreeMap<Path, u64>) {
+    let engine: BTreeMap<_, _> = trace.engine_inos.iter().map(|(e, m)| (*m, *e)).collect();
+    let r = &trace.ops[at];
+    let inos = r
+        .inos_after
+        .iter()
+        .map(|(path, m)| (path.clone(), engine[m]))
+        .collect();
+    (r.view_after.clone(), inos)
+}
+
+/// The no-loss oracle on its own: a durable file renamed away and its name
+/// reused, then lost (the engine bug of `fsync_contract`), or back with
+/// data it never held since it was synced, fails; a durable file whose
+/// unlink may have reached the media may be gone, one whose unlink cannot
+/// have may not.
+#[test]
+fn canary_durable_oracle_notices_a_lost_inode() {
+    let (trace, _) = scripted(
+        8,
+        vec![
+            Op::Mkdir {
+                path: p("d"),
+                perm: 0o755,
+            },
+            Op::Create {
+                path: p("d/a"),
+                perm: 0o644,
+            },
+            write("d/a", 0, 9000, 21),
+            Op::Create {
+                path: p("d/u"),
+                perm: 0o644,
+            },
+            Op::Sync,
+            Op::Rename {
+                from: p("d/a"),
+                to: p("d/b"),
+                flags: RenameFlags::default(),
+            },
+            Op::Create {
+                path: p("d/a"),
+                perm: 0o644,
+            },
+            Op::Unlink { path: p("d/u") },
+            Op::Fsync {
+                target: tp("d/a"),
+                datasync: false,
+            },
+        ],
+    );
+    let fsync = 8;
+    let k = trace.ops[fsync].flushes_after;
+    let (view, inos) = state_after(&trace, fsync);
+    // d, the renamed file, d/u (its unlink may be on the media: still judged,
+    // allowed to be gone) and the fsynced new file.
+    assert_eq!(check_durable(&trace, k, &[], &view, &inos), Ok(4));
+    // The renamed file is gone; the new d/a took its name.
+    let (mut lost, mut lost_inos) = (view.clone(), inos.clone());
+    lost.entries.remove(&p("d/b"));
+    lost_inos.remove(&p("d/b"));
+    let e = check_durable(&trace, k, &[], &lost, &lost_inos).unwrap_err();
+    assert!(e.contains("is lost") && e.contains("/d/b"), "{e}");
+    // It is there, but with the new file's (empty) data.
+    let mut wrong = view.clone();
+    let empty = view.entries[&p("d/a")].clone();
+    let b = wrong.entries.get_mut(&p("d/b")).unwrap();
+    (b.size, b.content) = (empty.size, empty.content);
+    let e = check_durable(&trace, k, &[], &wrong, &inos).unwrap_err();
+    assert!(e.contains("never held"), "{e}");
+    // d/u was unlinked before the fsync wrote anything: its removal may
+    // be on the media after the fsync, not after the sync alone.
+    let synced = trace.ops[4].flushes_after;
+    let (at_sync, at_sync_inos) = state_after(&trace, 4);
+    assert_eq!(
+        check_durable(&trace, synced, &[], &at_sync, &at_sync_inos),
+        Ok(3)
+    );
+    let (mut no_u, mut no_u_inos) = (at_sync.clone(), at_sync_inos.clone());
+    no_u.entries.remove(&p("d/u"));
+    no_u_inos.remove(&p("d/u"));
+    let e = check_durable(&trace, synced, &[], &no_u, &no_u_inos).unwrap_err();
+    assert!(e.contains("is lost"), "{e}");
 }

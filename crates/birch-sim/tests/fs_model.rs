@@ -430,8 +430,8 @@ fn canary_view_comparison_notices_a_difference() {
         },
     );
     sim.compare_views().unwrap();
-    let ino = sim.model.resolve(&p("f")).unwrap();
-    sim.model.write(ino, 5000, b"!").unwrap();
+    let ino = sim.model().resolve(&p("f")).unwrap();
+    sim.model_mut().write(ino, 5000, b"!").unwrap();
     let err = sim
         .compare_views()
         .expect_err("a changed byte must be noticed");
@@ -445,7 +445,7 @@ fn canary_view_comparison_notices_a_difference() {
         })
         .expect_err("a read of the changed byte must differ");
     assert!(err.contains("read /f"), "{err}");
-    sim.model.mkdir(&p("ghost"), 0o755, 0, 0).unwrap();
+    sim.model_mut().mkdir(&p("ghost"), 0o755, 0, 0).unwrap();
     let err = sim
         .compare_views()
         .expect_err("a missing directory must be noticed");

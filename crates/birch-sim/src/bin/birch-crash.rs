@@ -3,7 +3,7 @@
 //! ```text
 //! birch-crash [--seeds N] [--first-seed S] [--seed S] [--ops N] [--long]
 //!             [--exhaustive N] [--samples N] [--quiet] [--keep-going]
-//! birch-crash --ace seq1|seq2 [--exhaustive N] [--samples N] [--quiet] [--keep-going]
+//! birch-crash --ace seq1|seq2|fixed [--exhaustive N] [--samples N] [--quiet] [--keep-going]
 //! birch-crash --ace-workload ID
 //! ```
 //! Records N seeded workloads (or the one `--seed`) on a recording device
@@ -13,8 +13,9 @@
 //! on bad arguments.
 //!
 //! `--ace seq1|seq2` runs every CrashMonkey/ACE-style workload of one or
-//! two ops instead (`birch_sim::ace`); `--ace-workload seq2:123` replays
-//! one of them (as printed by a failure).
+//! two ops instead (`birch_sim::ace`), `--ace fixed` the fixed workloads of
+//! the fsync contract; `--ace-workload seq2:123` (or a fixed workload's
+//! name) replays one of them (as printed by a failure).
 
 use birch_sim::ace;
 use birch_sim::crash::{run_seed, CrashConfig, CrashStats};
@@ -48,10 +49,12 @@ const USAGE: &str = "usage: birch-crash [--seeds N] [--first-seed S] [--seed S] 
   --samples N      random subsets tried in a window over --exhaustive writes
   --quiet          print only the summary
   --keep-going     go on after a failing seed; list the failing seeds at the end
-  --ace seq1|seq2  run every ACE-style workload of 1 or 2 ops (every subset of
+  --ace seq1|seq2|fixed  run every ACE-style workload of 1 or 2 ops, or the
+                   fixed workloads of the fsync contract (every subset of
                    windows up to --exhaustive writes, default 10; else
                    --samples structured + random subsets, default 64)
-  --ace-workload ID  run one ACE workload (seq1:N, seq2:N or setup)";
+  --ace-workload ID  run one ACE workload (seq1:N, seq2:N, setup, or a fixed
+                   workload's name)";
 
 fn parse_num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
     let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -83,9 +86,9 @@ fn parse() -> Result<Args, String> {
             "--exhaustive" => a.exhaustive = Some(parse_num(&flag, it.next())?),
             "--samples" => a.samples = Some(parse_num(&flag, it.next())?),
             "--ace" => {
-                let v = it.next().ok_or("--ace needs seq1 or seq2")?;
-                if v != "seq1" && v != "seq2" {
-                    return Err(format!("--ace: {v} is not seq1 or seq2"));
+                let v = it.next().ok_or("--ace needs seq1, seq2 or fixed")?;
+                if !["seq1", "seq2", "fixed"].contains(&v.as_str()) {
+                    return Err(format!("--ace: {v} is not seq1, seq2 or fixed"));
                 }
                 a.ace = Some(v);
             }
@@ -172,11 +175,13 @@ fn main() -> ExitCode {
         println!("tolerated {t}");
     }
     println!(
-        "checked {} workloads ({} ops), {} flush points, {} crash states in {:.2?} (largest window {} writes)",
+        "checked {} workloads ({} ops), {} flush points, {} crash states, {} guarantee facts, {} durable inodes followed in {:.2?} (largest window {} writes)",
         total.workloads,
         total.ops,
         total.flush_points,
         total.crash_states,
+        total.guarantee_facts,
+        total.durable_inodes,
         start.elapsed(),
         total.largest_window
     );
@@ -201,6 +206,7 @@ fn run_ace(args: &Args) -> ExitCode {
             }
         },
         (None, Some("seq1")) => ace::enumerate(1),
+        (None, Some("fixed")) => ace::fixed(),
         (None, _) => ace::enumerate(2),
     };
     let cfg = ace::config(args.exhaustive.unwrap_or(10), args.samples.unwrap_or(64));
@@ -242,11 +248,12 @@ fn run_ace(args: &Args) -> ExitCode {
         }
     }
     println!(
-        "checked {} ACE workloads, {} flush points, {} crash states ({with_log} replaying a log), {} guarantee facts, {renames} rename judgements in {:.2?} (largest window {} writes)",
+        "checked {} ACE workloads, {} flush points, {} crash states ({with_log} replaying a log), {} guarantee facts, {} durable inodes followed, {renames} rename judgements in {:.2?} (largest window {} writes)",
         total.workloads,
         total.flush_points,
         total.crash_states,
         total.guarantee_facts,
+        total.durable_inodes,
         start.elapsed(),
         total.largest_window
     );
