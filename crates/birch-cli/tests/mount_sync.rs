@@ -23,9 +23,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// `_IOR('X', 125, __u32)`, fstests' shutdown ioctl.
-const XFS_IOC_GOINGDOWN: libc::c_ulong = 0x8004_587d;
-
 /// How long a loop device may take to go away once its last user is gone
 /// (a bound for a hung test, not a performance claim).
 const DETACH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -62,16 +59,10 @@ fn assert_changes_present(fx: &Fixture) {
     );
 }
 
-/// Power cut: nothing more reaches the device, then the daemon dies
-/// without committing. The image must be clean as the cut left it.
+/// Power cut through the mount (`Fixture::power_cut`: the shutdown ioctl,
+/// proof that it took, unmount); the image must be clean as the cut left it.
 fn power_cut(fx: &mut Fixture) {
-    let dir = File::open(&fx.mnt).unwrap();
-    let mut flags = 0u32;
-    // SAFETY: the ioctl reads or writes one u32, which `flags` is.
-    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), XFS_IOC_GOINGDOWN, &mut flags) };
-    assert_eq!(rc, 0, "shutdown ioctl: {}", std::io::Error::last_os_error());
-    drop(dir);
-    fx.kill_daemon();
+    fx.power_cut();
     fx.assert_clean();
 }
 
