@@ -821,13 +821,16 @@ pub fn check_renames(trace: &Trace, k: usize, recovered: &View) -> Result<usize,
         // Both names are wrong only if no state the crash may have
         // recovered had both: from the sync that made the source durable
         // on, the file had one link (a second name, dropped later in the
-        // transaction, may still be there: the last commit had it), or the
-        // directory's new name was free.
+        // transaction, may still be there: the last commit had it) and the
+        // new name did not hold the same data already (a replaced target
+        // alike in content, e.g. two empty files: the views compare data,
+        // not inodes), or the directory's new name was free.
         let exclusive = trace.ops[sync..i].iter().all(|r| {
             if is_dir {
                 !r.view_after.entries.contains_key(to)
             } else {
                 r.view_after.entries.get(from).is_some_and(|e| e.nlink == 1)
+                    && !matches(r.view_after.entries.get(to))
             }
         });
         if old && new && exclusive {
