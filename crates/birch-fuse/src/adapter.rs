@@ -1236,7 +1236,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             Ok(attr) => reply.created(
                 &self.options.entry_ttl,
                 &to_fuse_attr(&attr),
-                Generation(attr.generation),
+                to_fuse_generation(&attr),
                 FileHandle(0),
                 FopenFlags::FOPEN_KEEP_CACHE,
             ),
