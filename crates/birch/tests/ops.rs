@@ -34,18 +34,6 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn expect_file(v: &View, path: &str, want: &[u8]) -> Result<(), String> {
-    match v.get(path) {
-        Some(got) if got == want => Ok(()),
-        Some(got) => Err(format!(
-            "{path}: {} bytes, not the expected {}",
-            got.len(),
-            want.len()
-        )),
-        None => Err(format!("{path} missing")),
-    }
-}
-
 #[test]
 fn tmpfile_linked_then_fsync() {
     let rec = recorder();
@@ -66,9 +54,9 @@ fn tmpfile_linked_then_fsync() {
     std::mem::forget(fs);
     for_every_crash_after(&rec, committed, |v| match v.get("/d/f") {
         None => Ok(()),
-        Some(_) => expect_file(v, "/d/f", &data),
+        Some(_) => common::require_content(v, "/d/f", &data),
     });
-    for_every_crash_after(&rec, synced, |v| expect_file(v, "/d/f", &data));
+    for_every_crash_after(&rec, synced, |v| common::require_content(v, "/d/f", &data));
 }
 
 #[test]
@@ -111,9 +99,9 @@ fn fallocate_case(op: impl Fn(&Filesystem<Arc<RecordingDevice>>, u64), want: &[u
     std::mem::forget(fs);
     let old = pattern(5 * PAGE, 3);
     for_every_crash_after(&rec, committed, |v| {
-        expect_file(v, "/f", &old).or_else(|_| expect_file(v, "/f", want))
+        common::require_content(v, "/f", &old).or_else(|_| common::require_content(v, "/f", want))
     });
-    for_every_crash_after(&rec, synced, |v| expect_file(v, "/f", want));
+    for_every_crash_after(&rec, synced, |v| common::require_content(v, "/f", want));
 }
 
 #[test]
@@ -244,8 +232,8 @@ fn copy_file_range_then_fsync() {
         synced,
         &Enumeration::sampled(synced as u64),
         |_, fs, v| {
-            expect_file(v, "/b", &want)?;
-            expect_file(v, "/a", &data)?;
+            common::require_content(v, "/b", &want)?;
+            common::require_content(v, "/a", &data)?;
             // Copy on write: b's new data leaves a as it was.
             let b = fs
                 .lookup(fs.root_ino(), b"b")

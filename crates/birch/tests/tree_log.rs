@@ -516,18 +516,6 @@ fn require_reachable(v: &common::View, what: &[(&str, &[u8])]) -> Result<(), Str
     Ok(())
 }
 
-fn require_content(v: &common::View, path: &str, data: &[u8]) -> Result<(), String> {
-    match v.get(path) {
-        Some(d) if d.as_slice() == data => Ok(()),
-        Some(d) => Err(format!(
-            "{path}: {} bytes, not the expected {}",
-            d.len(),
-            data.len()
-        )),
-        None => Err(format!("{path} missing")),
-    }
-}
-
 fn nlink_at<D: BlockDevice + 'static>(fs: &birch::fs::Filesystem<D>, path: &str) -> u32 {
     fs.getattr(ino(fs, path)).unwrap().nlink
 }
@@ -565,8 +553,8 @@ fn rename_away_then_reuse_name() {
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(7), |p, _, v| {
         require_reachable(v, &[("a/foo's 16 KiB", &old)])?;
         if p.flushes_completed >= synced {
-            require_content(v, "/a/bar", &old)?;
-            require_content(v, "/a/foo", &new)?;
+            common::require_content(v, "/a/bar", &old)?;
+            common::require_content(v, "/a/foo", &new)?;
         }
         Ok(())
     });
@@ -596,9 +584,9 @@ fn rename_dir_away_then_mkdir_same_name() {
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(8), |p, _, v| {
         require_reachable(v, &[("a/x/p", &p_data), ("a/x/q", &q_data)])?;
         if p.flushes_completed >= synced {
-            require_content(v, "/a/y/p", &p_data)?;
-            require_content(v, "/a/y/q", &q_data)?;
-            require_content(v, "/a/x", b"<dir>")?;
+            common::require_content(v, "/a/y/p", &p_data)?;
+            common::require_content(v, "/a/y/q", &q_data)?;
+            common::require_content(v, "/a/x", b"<dir>")?;
             if v.keys().any(|k| k.starts_with("/a/x/")) {
                 return Err("the new a/x is not empty".into());
             }
@@ -634,10 +622,10 @@ fn swap_names_through_links() {
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(9), |p, fs, v| {
         require_reachable(v, &[("t/f1", b"foo"), ("t/f2", b"hello")])?;
         if p.flushes_completed >= synced {
-            require_content(v, "/t/f1", b"new")?;
-            require_content(v, "/t/f2", b"foo")?;
-            require_content(v, "/t/f3", b"foo")?;
-            require_content(v, "/t/f4", b"hello")?;
+            common::require_content(v, "/t/f1", b"new")?;
+            common::require_content(v, "/t/f2", b"foo")?;
+            common::require_content(v, "/t/f3", b"foo")?;
+            common::require_content(v, "/t/f4", b"hello")?;
             if ino(fs, "t/f2") != ino(fs, "t/f3") || nlink_at(fs, "t/f3") != 2 {
                 return Err("f2 and f3 are not one inode with two links".into());
             }
@@ -670,9 +658,9 @@ fn rename_chain_over_hard_link() {
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(10), |p, fs, v| {
         require_reachable(v, &[("t/foo", &data)])?;
         if p.flushes_completed >= synced {
-            require_content(v, "/t/qwerty", &data)?;
-            require_content(v, "/t/foo", &data)?;
-            require_content(v, "/t/bar", b"")?;
+            common::require_content(v, "/t/qwerty", &data)?;
+            common::require_content(v, "/t/foo", &data)?;
+            common::require_content(v, "/t/bar", b"")?;
             if nlink_at(fs, "t/qwerty") != 2 {
                 return Err("qwerty and foo are not one inode with two links".into());
             }
@@ -703,8 +691,8 @@ fn fsync_renamed_keeps_new_owner_of_old_name() {
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(11), |p, _, v| {
         require_reachable(v, &[("dir/foo", &data)])?;
         if p.flushes_completed >= synced {
-            require_content(v, "/dir/bar", &data)?;
-            require_content(v, "/dir/foo", b"")?;
+            common::require_content(v, "/dir/bar", &data)?;
+            common::require_content(v, "/dir/foo", b"")?;
         }
         Ok(())
     });
@@ -737,12 +725,12 @@ fn dir_fsync_logs_new_subdirectory_tree() {
     let synced = rec.flush_count();
     std::mem::forget(fs);
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(12), |p, fs, v| {
-        require_content(v, "/foo", &data)?;
+        common::require_content(v, "/foo", &data)?;
         if p.flushes_completed >= synced {
             for path in ["/d/l1", "/d/l2", "/d/x/y/l3", "/d/x/y/z/l4"] {
-                require_content(v, path, &data)?;
+                common::require_content(v, path, &data)?;
             }
-            require_content(v, "/d/x/y/z/qwerty", b"")?;
+            common::require_content(v, "/d/x/y/z/qwerty", b"")?;
             let links = nlink_at(fs, "foo");
             if links != 5 {
                 return Err(format!("foo has {links} links, not 5"));
@@ -815,8 +803,8 @@ fn rename_exchange_then_fsync() {
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(13), |p, _, v| {
         require_reachable(v, &[("t/a", &first), ("t/b", &second)])?;
         if p.flushes_completed >= synced {
-            require_content(v, "/t/a", &second)?;
-            require_content(v, "/t/b", &first)?;
+            common::require_content(v, "/t/a", &second)?;
+            common::require_content(v, "/t/b", &first)?;
         }
         Ok(())
     });
@@ -845,7 +833,7 @@ fn rename_over_existing_then_fsync() {
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(14), |p, _, v| {
         require_reachable(v, &[("dir/a", &source)])?;
         if p.flushes_completed >= synced {
-            require_content(v, "/dir/b", &source)?;
+            common::require_content(v, "/dir/b", &source)?;
             if v.contains_key("/dir/a") {
                 return Err("dir/a is back".into());
             }
@@ -889,7 +877,7 @@ fn many_links_in_one_directory_survive_fsync() {
     std::mem::forget(fs);
     let how = Enumeration::budgeted(40, 22);
     common::for_every_crash_mount_after(&rec, start, &how, |p, fs, v| {
-        require_content(v, "/f", &data)?;
+        common::require_content(v, "/f", &data)?;
         let links = fs.getattr(ino(fs, "f")).unwrap().nlink as usize;
         let listed = v.keys().filter(|k| k.starts_with("/d/")).count();
         if listed + 1 + usize::from(v.contains_key("/moved")) != links {
@@ -1119,10 +1107,10 @@ fn dir_fsync_after_earlier_log_keeps_new_subtree() {
     let synced = rec.flush_count();
     std::mem::forget(fs);
     common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(24), |p, _, v| {
-        require_content(v, "/d", b"<dir>")?;
+        common::require_content(v, "/d", b"<dir>")?;
         if p.flushes_completed >= synced {
             for path in ["/d/f", "/d/x/q", "/d/x/y/r"] {
-                require_content(v, path, b"")?;
+                common::require_content(v, path, b"")?;
             }
         }
         Ok(())

@@ -281,3 +281,16 @@ pub fn for_every_crash_mount_after(
     }
     points.len()
 }
+
+/// `path` in the view holds exactly `data` (for a directory: `<dir>`).
+pub fn require_content(v: &View, path: &str, data: &[u8]) -> Result<(), String> {
+    match v.get(path) {
+        Some(d) if d.as_slice() == data => Ok(()),
+        Some(d) => Err(format!(
+            "{path}: {} bytes, not the expected {}",
+            d.len(),
+            data.len()
+        )),
+        None => Err(format!("{path} missing")),
+    }
+}
