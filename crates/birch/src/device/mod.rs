@@ -38,6 +38,17 @@ pub trait BlockDevice: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`. Not durable until [`flush`](Self::flush).
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes every `(offset, bytes)` pair, in no promised order; like
+    /// [`write_at`](Self::write_at), none is durable until a flush. A
+    /// device may keep them all in flight at once (an O_DIRECT
+    /// [`FileDevice`] does, through io_uring), so that the writes of a log
+    /// sync or a commit cost about one write's latency instead of the sum.
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        for (offset, buf) in writes {
+            self.write_at(buf, *offset)?;
+        }
+        Ok(())
+    }
     /// Durability barrier: every write that returned before this call is
     /// on stable media when it returns.
     fn flush(&self) -> io::Result<()>;
@@ -58,6 +69,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         (**self).write_at(buf, offset)
     }
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        (**self).write_batch(writes)
+    }
     fn flush(&self) -> io::Result<()> {
         (**self).flush()
     }
@@ -75,6 +89,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         (**self).write_at(buf, offset)
+    }
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        (**self).write_batch(writes)
     }
     fn flush(&self) -> io::Result<()> {
         (**self).flush()
@@ -107,6 +124,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for &D {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         (**self).write_at(buf, offset)
+    }
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        (**self).write_batch(writes)
     }
     fn flush(&self) -> io::Result<()> {
         (**self).flush()

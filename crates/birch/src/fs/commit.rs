@@ -225,6 +225,9 @@ pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
 }
 
 /// Writes nodes to their blocks (adjacent ones in one write), no barrier.
+/// The runs go to the device in batches it may keep in flight together
+/// ([`BlockDevice::write_batch`]), at most [`NODE_BATCH_BYTES`] encoded at
+/// a time so a large commit does not hold all its nodes twice in memory.
 pub(crate) fn write_nodes<D: BlockDevice + ?Sized>(
     dev: &D,
     nodes: &HashMap<u64, Arc<Node>>,
@@ -232,33 +235,68 @@ pub(crate) fn write_nodes<D: BlockDevice + ?Sized>(
 ) -> Result<u64> {
     let mut nodes: Vec<&Arc<Node>> = nodes.values().collect();
     nodes.sort_by_key(|n| n.bytenr);
-    let mut run: Vec<u8> = Vec::new();
-    let mut run_start = 0;
+    let mut runs = RunBatch::default();
     for node in &nodes {
-        if !run.is_empty() && run_start + run.len() as u64 != node.bytenr {
-            dev.write_at(&run, run_start)?;
-            run.clear();
-        }
-        if run.is_empty() {
-            run_start = node.bytenr;
-        }
-        run.extend_from_slice(&node.encode(fsid));
-        if run.len() >= 64 * NODE_SIZE {
-            dev.write_at(&run, run_start)?;
-            run.clear();
+        runs.add(node.bytenr, &node.encode(fsid));
+        if runs.bytes >= NODE_BATCH_BYTES {
+            runs.write(dev)?;
         }
     }
-    if !run.is_empty() {
-        dev.write_at(&run, run_start)?;
-    }
+    runs.write(dev)?;
     Ok(nodes.len() as u64)
+}
+
+/// Encoded node bytes [`write_nodes`] hands the device in one batch.
+const NODE_BATCH_BYTES: usize = 16 << 20;
+
+/// Longest run of adjacent nodes written with one call.
+const MAX_RUN_BYTES: usize = 64 * NODE_SIZE;
+
+/// Runs of adjacent encoded nodes waiting to be written.
+#[derive(Default)]
+struct RunBatch {
+    runs: Vec<(u64, Vec<u8>)>,
+    bytes: usize,
+}
+
+impl RunBatch {
+    /// Appends a node at `bytenr` (callers go in address order).
+    fn add(&mut self, bytenr: u64, encoded: &[u8]) {
+        match self.runs.last_mut() {
+            Some((start, run))
+                if *start + run.len() as u64 == bytenr && run.len() < MAX_RUN_BYTES =>
+            {
+                run.extend_from_slice(encoded)
+            }
+            _ => self.runs.push((bytenr, encoded.to_vec())),
+        }
+        self.bytes += encoded.len();
+    }
+
+    fn write<D: BlockDevice + ?Sized>(&mut self, dev: &D) -> Result<()> {
+        let writes: Vec<(u64, &[u8])> = self
+            .runs
+            .iter()
+            .map(|(start, run)| (*start, run.as_slice()))
+            .collect();
+        dev.write_batch(&writes)?;
+        self.runs.clear();
+        self.bytes = 0;
+        Ok(())
+    }
 }
 
 /// Writes both superblock copies and flushes.
 pub(crate) fn write_superblocks<D: BlockDevice + ?Sized>(dev: &D, sb: &Superblock) -> Result<()> {
-    for offset in SUPERBLOCK_OFFSETS {
-        dev.write_at(&sb.encode(offset), offset)?;
-    }
+    let copies: Vec<(u64, Vec<u8>)> = SUPERBLOCK_OFFSETS
+        .iter()
+        .map(|&offset| (offset, sb.encode(offset)))
+        .collect();
+    let writes: Vec<(u64, &[u8])> = copies
+        .iter()
+        .map(|(offset, bytes)| (*offset, bytes.as_slice()))
+        .collect();
+    dev.write_batch(&writes)?;
     dev.flush()?;
     Ok(())
 }

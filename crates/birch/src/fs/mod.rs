@@ -35,7 +35,7 @@ use space::Need;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Pages a commit writes back per state-lock hold before it seals.
 const COMMIT_WRITEBACK_BATCH_PAGES: u64 = 256;
@@ -303,8 +303,11 @@ impl<D: BlockDevice> Shared<D> {
         };
         let dev = self.store.device().as_ref();
         let fsid = *self.store.fsid();
+        let mut phases = LogSyncPhases::start();
         commit::write_nodes(dev, &sealed.nodes, &fsid)?;
+        phases.lap(|p| &mut p.write);
         dev.flush()?;
+        phases.lap(|p| &mut p.nodes_flush);
         // Seed 002: only this write waits for the commit the log is based on.
         {
             let mut sync = self.lock_sync();
@@ -330,10 +333,13 @@ impl<D: BlockDevice> Shared<D> {
                 ..state.superblock.clone()
             })
         };
+        phases.lap(|p| &mut p.base_wait);
         if let Some(sb) = &superblock {
             commit::write_superblocks(dev, sb)?;
         }
+        phases.lap(|p| &mut p.superblock);
         let mut state = self.lock_state();
+        phases.add_to(&mut state.log_stats);
         state.forest.end_log_write();
         state.forest.alloc.unpin(sealed.released);
         match superblock {
@@ -344,6 +350,42 @@ impl<D: BlockDevice> Shared<D> {
             None => state.log_stats.log_syncs_superseded += 1,
         }
         Ok(sealed.id)
+    }
+}
+
+/// Where a log sync's time went, added to [`LogStats`] once it is done.
+struct LogSyncPhases {
+    lap_started: Instant,
+    write: Duration,
+    nodes_flush: Duration,
+    base_wait: Duration,
+    superblock: Duration,
+}
+
+impl LogSyncPhases {
+    fn start() -> Self {
+        LogSyncPhases {
+            lap_started: Instant::now(),
+            write: Duration::ZERO,
+            nodes_flush: Duration::ZERO,
+            base_wait: Duration::ZERO,
+            superblock: Duration::ZERO,
+        }
+    }
+
+    /// Charges the time since the previous lap to one phase.
+    fn lap(&mut self, phase: impl FnOnce(&mut Self) -> &mut Duration) {
+        let now = Instant::now();
+        let since = now - self.lap_started;
+        self.lap_started = now;
+        *phase(self) += since;
+    }
+
+    fn add_to(&self, stats: &mut LogStats) {
+        stats.log_write_nanos += self.write.as_nanos() as u64;
+        stats.log_nodes_flush_nanos += self.nodes_flush.as_nanos() as u64;
+        stats.log_base_wait_nanos += self.base_wait.as_nanos() as u64;
+        stats.log_superblock_nanos += self.superblock.as_nanos() as u64;
     }
 }
 
@@ -1038,6 +1080,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn fsync(&self, ino: u64, _datasync: bool) -> Result<()> {
         // The log's nodes: fsync must not fail for space, it may use the
         // global reserve (a reclaim commit makes it durable anyway).
+        let started = Instant::now();
         let outcome = self.change_with(
             |_| Ok(Need::urgent_items(8)),
             |s| {
@@ -1045,11 +1088,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 s.log_for_fsync(ino)
             },
         )?;
-        match outcome {
+        let durable = match outcome {
             tree_log::LogOutcome::Nothing => Ok(()),
             tree_log::LogOutcome::Logged(id) => self.shared.wait_log(id),
             tree_log::LogOutcome::NeedCommit => self.commit(),
-        }
+        };
+        self.lock().log_stats.fsync_nanos += started.elapsed().as_nanos() as u64;
+        durable
     }
 
     /// What this mount did with the log the device held: `None` when
