@@ -126,13 +126,13 @@ counter_table! {
         delayed_items_flushed: Transactions Count Total, "Items those passes wrote.", "Divided by `delayed_item_flushes`: how much each batch saved.";
         data_bytes_written: Transactions Bytes Total, "File data written to the device.", "The data rate the device sees; against what the workload wrote it shows write amplification.";
         nodes_written: Transactions Count Total, "Tree nodes written by commits.", "The metadata cost of commits; per commit, how much of the trees each one copies.";
-        fsyncs: Fsync Count Total, "fsync and fsyncdir calls.", "The base the other fsync counters are shares of.";
+        fsyncs: Fsync Count Total, "fsync and fsyncdir calls (and those a `sync` or `dirsync` mount makes for each change).", "The base the other fsync counters are shares of.";
     }
     log_stats -> LogStats "" {
-        logged_fsyncs: Fsync Count Total, "fsyncs answered by the log tree instead of a commit.", "Should be `fsyncs` minus `noop_fsyncs` minus the fallbacks; the fast path of fsync.";
-        noop_fsyncs: Fsync Count Total, "fsyncs that found everything already durable.", "Many: the workload fsyncs files that did not change.";
-        full_logs: Fsync Count Total, "Inodes logged with all their extents (first log of the inode in a transaction).", "Full logs copy every extent: many on large files make fsync slow.";
-        fast_logs: Fsync Count Total, "Inodes logged with only the ranges changed since their last log.", "The cheap way to log a file; most logs of a rewritten file should be these.";
+        logged_fsyncs: Fsync Count Total, "fsyncs that logged their inode: answered by a log sync instead of a commit.", "The fast path of fsync. An fsync of an inode logged and unchanged since is in neither this nor `noop_fsyncs`: it waits for that log.";
+        noop_fsyncs: Fsync Count Total, "fsyncs of an inode unlinked, or unchanged since the last commit: nothing to write.", "Many: the workload fsyncs files that did not change.";
+        full_logs: Fsync Count Total, "Files logged with all their extents: new in this transaction at their first log, or changed in a way a range log cannot express (extents dropped, inode reloaded from disk).", "Full logs copy every extent: many on large files make fsync slow.";
+        fast_logs: Fsync Count Total, "Files logged with only the ranges written back since their last log.", "The cheap way to log a file; most logs of a file rewritten between fsyncs should be these.";
         dir_logs: Fsync Count Total, "Directories logged (their entries changed in this transaction).", "What directory fsyncs, and new names of fsynced files, cost.";
         log_syncs: Fsync Count Total, "Log syncs written: log nodes, then the superblock pointing to them (two device flushes).", "The device flushes fsync costs; below `logged_fsyncs` when concurrent fsyncs share a sync (group commit).";
         log_syncs_superseded: Fsync Count Total, "Log syncs whose base commit was overtaken by a newer commit: no superblock written.", "fsyncs racing commits; their work was done by the commit.";
@@ -160,19 +160,19 @@ counter_table! {
         throttle_pages: Writeback Pages Total, "Pages written back by throttled writers themselves.", "Writeback on the writers' path: the flusher is not keeping up.";
         commit_pages: Writeback Pages Total, "Pages written back by commits.", "Dirty data a commit had to write first: commits get slower with it.";
         fsync_pages: Writeback Pages Total, "Pages written back by fsync.", "Data fsync had to write itself.";
-        range_pages: Writeback Pages Total, "Pages written back by range flushes (sync_file_range-like requests).", "Writeback asked for by a caller, a range at a time.";
+        range_pages: Writeback Pages Total, "Pages written back by range flushes (`Filesystem::flush_range`, like sync_file_range).", "Writeback asked for by a caller, a range at a time.";
     }
     space_usage -> SpaceUsage "space_" {
         total: SpaceNow Bytes Now, "Size of the filesystem.", "The base for the other space figures.";
         free: SpaceNow Bytes Now, "Bytes in the allocator's free map.", "Free space before reservations.";
         pinned: SpaceNow Bytes Now, "Freed bytes held until the commit that freed them is durable.", "Space a commit would give back.";
         dirty_data: SpaceNow Bytes Now, "Dirty file data in memory, not yet written (a page reserved for each page).", "What the next commit or fsync has to write.";
-        delalloc_metadata: SpaceNow Bytes Now, "Metadata reserved for the extents the dirty data will become.", "Part of what makes `df` lower than `space_free`.";
+        delalloc_metadata: SpaceNow Bytes Now, "Metadata reserved (worst case) for the extents the dirty data will become.", "Held until the data is written back; `df` counts `space_settled_metadata` instead.";
         transaction_metadata: SpaceNow Bytes Now, "Worst-case metadata the running transaction may still copy.", "Reserved until the commit; large after many small changes.";
         granted: SpaceNow Bytes Now, "Space granted to waiting writers, not used yet.", "Non-zero only under space pressure.";
         settled_metadata: SpaceNow Bytes Now, "What the metadata reservations will leave allocated once committed.", "What `df` counts instead of the worst cases above.";
-        global_reserve: SpaceNow Bytes Now, "Reserve kept for commits, fsync and unlink when space is short.", "Fixed at mount; `space_available` may dip into it.";
-        available: SpaceNow Bytes Now, "What an ordinary change may still reserve.", "Negative: over-committed into the global reserve, reclaim is due.";
+        global_reserve: SpaceNow Bytes Now, "Kept back from ordinary reservations (1/32 of the size, 4 MiB to 512 MiB) so that a full filesystem can still be emptied and commit; urgent changes such as fsync's log may use it.", "Not free for `df`; `space_available` below zero means it is being used.";
+        available: SpaceNow Bytes Now, "What an ordinary change may still reserve.", "Near zero, writers queue tickets and reclaim runs; negative: over-committed into the global reserve.";
         tickets_waiting: SpaceNow Count Now, "Writers waiting for space right now.", "Non-zero: writers are stalled on reclaim this moment.";
     }
 }
