@@ -109,6 +109,8 @@ macro_rules! counter_table {
         fn read_counters<D: BlockDevice>(fs: &Filesystem<D>) -> Vec<i128> {
             let mut values = Vec::with_capacity(COUNTERS.len());
             $(
+                // An error here (rustc says "pattern requires `..`" or
+                // "does not mention field") is a counter without its line.
                 let $source { $($field),* } = fs.$getter();
                 values.extend([$(i128::from($field)),*]);
             )*
