@@ -459,11 +459,11 @@ class Mounted:
 
     def fuse_requests(self):
         """birch's count of the FUSE requests this mount received so far, by
-        opcode (`birch stats`); None for kernel filesystems."""
+        opcode (`birch stats --json`); None for kernel filesystems."""
         if self.spec["kind"] == "kernel" or not self.ctx.birch_bin:
             return None
         try:
-            _, out, _ = run([self.ctx.birch_bin, "stats", self.mnt], quiet=True, timeout=60)
+            _, out, _ = run([self.ctx.birch_bin, "stats", "--json", self.mnt], quiet=True, timeout=60)
         except CmdError:
             return None
         return parsers.parse_birch_requests(out)

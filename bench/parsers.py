@@ -195,10 +195,15 @@ def summarize(values):
 # ----------------------------------------------------------------------------
 
 def parse_birch_requests(text):
-    """The `FuseRequests { total: N, LOOKUP: n, ... }` block of `birch
-    stats`: {opcode name: count}, "total" included. None if absent (an
-    older birch)."""
-    m = re.search(r"^FuseRequests \{\n(.*?)^\}", text, re.M | re.S)
-    if not m:
+    """The FUSE requests of `birch stats --json`: {opcode name: count} for
+    the opcodes received, "total" included. None if the output is not that
+    JSON (an older birch) or has no request counts."""
+    try:
+        stats = json.loads(text)
+    except ValueError:
         return None
-    return {k: int(v) for k, v in re.findall(r"^\s*([A-Za-z_0-9]+): (\d+),$", m.group(1), re.M)}
+    if not isinstance(stats, dict) or "fuse_requests" not in stats:
+        return None
+    counts = {k: n for k, n in stats["fuse_requests"].items() if n > 0}
+    counts["total"] = stats["fuse_requests_total"]
+    return counts

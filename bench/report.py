@@ -637,7 +637,7 @@ def write_report(out_dir, plots=True, no_plots_reason=None):
         add("## Requests per operation (birch)")
         add("")
         add("FUSE requests the kernel sent birch during each workload, by opcode, as birch counts "
-            "them (`birch stats`, FuseRequests; first repetition). Per unit: per file for the untar "
+            "them (`birch stats --json`, fuse_requests; first repetition). Per unit: per file for the untar "
             "(tree files), per create or rename for seed 003; dbench runs for a fixed time, so its "
             "counts are totals. docs/FUSE.md explains each request and which ones birch avoids. "
             "FUSE transport: /dev/fuse.")

@@ -32,13 +32,17 @@ def read(name):
 
 
 class BirchRequests(unittest.TestCase):
-    STATS = ("SpaceStats {\n    enospc: 0,\n}\nFuseRequests {\n    total: 7,\n    GETATTR: 4,\n"
-             "    LOOKUP: 3,\n}\nFuseInit { transport: \"/dev/fuse\", negotiated: InitFlags(0x0) }\n")
+    # `birch stats --json`, shortened.
+    STATS = ('{\n  "uptime_seconds": 2.187,\n  "commits": 1,\n  "fuse_requests_total": 7,\n'
+             '  "fuse_requests": {\n    "LOOKUP": 3,\n    "GETATTR": 4,\n    "READ": 0,\n'
+             '    "other": 0\n  }\n}\n')
 
     def test_parse(self):
         self.assertEqual(parsers.parse_birch_requests(self.STATS),
                          {"total": 7, "GETATTR": 4, "LOOKUP": 3})
+        # The Debug text of a birch from before --json.
         self.assertIsNone(parsers.parse_birch_requests("SpaceStats {\n}\n"))
+        self.assertIsNone(parsers.parse_birch_requests('{"commits": 1}'))
 
     def test_report_rows(self):
         rec = {"workload": "dirlog", "config": "seed003", "fs": "birch", "ok": True,

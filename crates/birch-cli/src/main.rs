@@ -6,6 +6,7 @@
 //! birch dump IMAGE [super | tree [ID|NAME] | block BYTENR]
 //! birch mount IMAGE MOUNTPOINT [-f] [-o OPTIONS]
 //! birch sync MOUNTPOINT
+//! birch stats [--json] MOUNTPOINT
 //! ```
 //! Every failure is one line on stderr naming the image and what is wrong;
 //! bad arguments get clap's usage error (exit 2).
@@ -13,6 +14,7 @@
 mod loopdev;
 mod mount;
 mod replay;
+mod stats;
 
 use birch::check::{
     check_device, newest_valid_copy, read_superblock_copies, tree_roots, SuperblockCopy,
@@ -55,8 +57,8 @@ enum Command {
     Sync(mount::SyncArgs),
     /// List a write log, or rebuild the device as it was at a flush or mark
     Replay(replay::ReplayArgs),
-    /// Print a mounted filesystem's counters (commits, log syncs, fallbacks...)
-    Stats(mount::StatsArgs),
+    /// Print a mounted filesystem's counters by section, with rates since mount (--json for scripts)
+    Stats(stats::StatsArgs),
 }
 
 /// The IMAGE argument, the same in every subcommand.
@@ -173,7 +175,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => ("mount", mount::mount(&args)),
         Command::Sync(args) => ("sync", mount::sync(&args)),
         Command::Replay(args) => ("replay", replay::replay(&args)),
-        Command::Stats(args) => ("stats", mount::stats(&args)),
+        Command::Stats(args) => ("stats", stats::stats(&args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

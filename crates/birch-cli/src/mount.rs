@@ -12,7 +12,8 @@ use crate::loopdev::{self, Backing, LoopDevice};
 use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
 use birch::fs::{AtimeUpdates, Filesystem, MountOptions, ReplayOutcome};
-use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC};
+use birch_fuse::stats::ImageInfo;
+use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_SYNC};
 use clap::Args;
 use std::ffi::CString;
 use std::fs::File;
@@ -51,13 +52,6 @@ pub struct MountArgs {
     /// File descriptor on which a detached daemon reports readiness (internal).
     #[arg(long, hide = true)]
     pub ready_fd: Option<i32>,
-}
-
-#[derive(Args)]
-pub struct StatsArgs {
-    /// Where a birch filesystem is mounted
-    #[arg(value_name = "MOUNTPOINT")]
-    pub mountpoint: PathBuf,
 }
 
 #[derive(Args)]
@@ -358,10 +352,12 @@ fn user_allow_other() -> bool {
 /// gate the shutdown ioctl closes.
 type MountDevice = Arc<ShutdownGate<Box<dyn BlockDevice>>>;
 
-/// Tells the write log about fsync replies and closes the gate on shutdown.
+/// Tells the write log about fsync replies, closes the gate on shutdown
+/// and names the image for `birch stats`.
 struct Control {
     gate: MountDevice,
     write_log: Option<Arc<WriteLogDevice<FileDevice>>>,
+    image: ImageInfo,
 }
 
 impl MountControl for Control {
@@ -375,6 +371,10 @@ impl MountControl for Control {
 
     fn stop_device(&self) {
         self.gate.trip();
+    }
+
+    fn image(&self) -> Option<ImageInfo> {
+        Some(self.image.clone())
     }
 }
 
@@ -497,6 +497,14 @@ fn open_and_lock(
 fn serve(args: &MountArgs, mut settings: Settings, ready: &mut dyn FnMut()) -> Result<u8, Failure> {
     let image = &args.image;
     let (dev, _attached) = open_and_lock(image, &mut settings)?;
+    let image_info = ImageInfo {
+        path: image
+            .canonicalize()
+            .unwrap_or_else(|_| image.clone())
+            .display()
+            .to_string(),
+        direct_io: dev.direct_io(),
+    };
     let (inner, write_log): (Box<dyn BlockDevice>, _) = match &args.write_log {
         Some(path) => {
             let file = File::options()
@@ -523,6 +531,7 @@ fn serve(args: &MountArgs, mut settings: Settings, ready: &mut dyn FnMut()) -> R
     let control = Arc::new(Control {
         gate: gate.clone(),
         write_log,
+        image: image_info,
     });
     unmount_on_signal(args.mountpoint.clone());
     let fs = Filesystem::open(gate, settings.engine)
@@ -656,25 +665,4 @@ fn ioctl_failure(mountpoint: &Path) -> Failure {
         e.to_string()
     };
     Failure::new(format!("{}: {why}", mountpoint.display()))
-}
-
-pub fn stats(args: &StatsArgs) -> Result<u8, Failure> {
-    let dir = File::open(&args.mountpoint)
-        .map_err(|e| Failure::new(format!("{}: {e}", args.mountpoint.display())))?;
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: the kernel writes at most 4096 bytes (the size encoded in the
-    // command) into `buf`, which is that long.
-    let rc = unsafe {
-        libc::ioctl(
-            dir.as_raw_fd(),
-            BIRCH_IOC_STATS as libc::c_ulong,
-            buf.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(ioctl_failure(&args.mountpoint));
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    print!("{}", String::from_utf8_lossy(&buf[..end]));
-    Ok(0)
 }

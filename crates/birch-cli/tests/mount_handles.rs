@@ -230,10 +230,10 @@ fn deleted_file_handle_is_stale() {
 /// operation") has taken its inode number, so the numbers this test's
 /// files get do not depend on that timing.
 fn settle_mount_file(fx: &Fixture) {
-    let mnt = fx.mnt.to_str().expect("mount point is UTF-8");
     for _ in 0..200 {
-        let stats = common::birch(&["stats", mnt]);
-        if common::text(&stats.stdout).contains("TMPFILE:") {
+        let stats = common::stats_json(&fx.mnt);
+        let tmpfiles = stats.get("fuse_requests").and_then(|r| r.get("TMPFILE"));
+        if tmpfiles.and_then(common::json::Value::as_u64) > Some(0) {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));

@@ -3,11 +3,15 @@
 //! The request counts come from `birch stats` and are exact: these tests
 //! assert counts, never timings.
 //!
+//! Also what `birch stats` shows, for people and as JSON.
+//!
 //! Run: `cargo test -p birch-cli --test mount_requests` as root.
 
 mod common;
 
-use common::{birch, skip_unless_root, text, Fixture};
+use birch_fuse::stats::{Group, COUNTERS};
+use common::json::Value;
+use common::{birch, skip_unless_root, stats_json, text, Fixture};
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -15,22 +19,20 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// `birch stats`' FuseRequests: requests received so far, by opcode.
+/// `birch stats --json`'s fuse_requests: requests received so far, by
+/// opcode.
 fn requests(fx: &Fixture) -> BTreeMap<String, u64> {
-    let out = birch(&["stats", fx.mnt.to_str().unwrap()]);
-    assert!(out.status.success(), "birch stats: {}", text(&out.stderr));
-    let stats = text(&out.stdout);
-    let block = stats
-        .split("FuseRequests {")
-        .nth(1)
-        .and_then(|rest| rest.split('}').next())
-        .unwrap_or_else(|| panic!("no FuseRequests in birch stats:\n{stats}"));
-    block
-        .lines()
-        .filter_map(|l| {
-            let (name, n) = l.trim().trim_end_matches(',').split_once(": ")?;
-            Some((name.to_string(), n.parse().ok()?))
+    let stats = stats_json(&fx.mnt);
+    let Some(Value::Object(by_opcode)) = stats.get("fuse_requests") else {
+        panic!("no fuse_requests in birch stats --json: {stats:?}");
+    };
+    by_opcode
+        .iter()
+        .map(|(opcode, n)| {
+            let n = n.as_u64().unwrap_or_else(|| panic!("{opcode}: {n:?}"));
+            (opcode.clone(), n)
         })
+        .filter(|&(_, n)| n > 0)
         .collect()
 }
 
@@ -147,4 +149,81 @@ fn negative_entries_are_cached_and_replaced_by_creates() {
     let mut want: Vec<&str> = names.iter().copied().chain(["d", "source"]).collect();
     want.sort();
     assert_eq!(listed, want);
+}
+
+/// `birch stats` lays the counters out in their sections, with the mount's
+/// facts first and the requests last; `--json` is one JSON object with
+/// every counter of the table under its name, the mount's facts and the
+/// request counts, and its numbers follow what was done.
+#[test]
+fn stats_shows_every_section_and_json_every_counter() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("requests-stats");
+    let mut f = fs::File::create(fx.path("f")).expect("create");
+    f.write_all(b"data").expect("write");
+    f.sync_all().expect("fsync");
+
+    let out = birch(&["stats", fx.mnt.to_str().unwrap()]);
+    assert!(out.status.success(), "birch stats: {}", text(&out.stderr));
+    let human = text(&out.stdout);
+    let mut headings = vec!["mount", "FUSE requests:"];
+    headings.extend(Group::ALL.map(Group::title));
+    for heading in headings {
+        assert!(
+            human.lines().any(|l| l.starts_with(heading)),
+            "no section {heading:?} in birch stats:\n{human}"
+        );
+    }
+    let image = fx.image.canonicalize().expect("image path");
+    assert!(
+        human.contains(&format!("  image       {} (", image.display())),
+        "{human}"
+    );
+    assert!(
+        human
+            .lines()
+            .any(|l| l.trim_start().starts_with("fsyncs ") && l.ends_with("/s")),
+        "fsyncs with a rate: {human}"
+    );
+
+    let stats = stats_json(&fx.mnt);
+    for counter in COUNTERS {
+        assert!(
+            matches!(stats.get(counter.name), Some(Value::Number(_))),
+            "{} is not a number in birch stats --json: {stats:?}",
+            counter.name
+        );
+    }
+    let number = |key: &str| {
+        stats
+            .get(key)
+            .and_then(Value::as_u64)
+            .unwrap_or_else(|| panic!("{key}: {stats:?}"))
+    };
+    assert!(matches!(stats.get("uptime_seconds"), Some(Value::Number(s)) if *s > 0.0));
+    assert_eq!(
+        stats.get("image"),
+        Some(&Value::String(image.display().to_string()))
+    );
+    assert!(matches!(stats.get("init_flags"), Some(Value::Array(flags)) if !flags.is_empty()));
+    assert_eq!(stats.get("read_only"), Some(&Value::Bool(false)));
+    assert!(number("fsyncs") >= 1 && number("logged_fsyncs") >= 1);
+    assert!(number("space_total") >= 1 << 30);
+    let Some(Value::Object(by_opcode)) = stats.get("fuse_requests") else {
+        panic!("no fuse_requests: {stats:?}");
+    };
+    let sent = |op: &str| stats.get("fuse_requests").and_then(|r| r.get(op));
+    assert!(
+        sent("FSYNC").and_then(Value::as_u64) >= Some(1),
+        "{by_opcode:?}"
+    );
+    assert_eq!(
+        number("fuse_requests_total"),
+        by_opcode
+            .iter()
+            .filter_map(|(_, n)| n.as_u64())
+            .sum::<u64>()
+    );
 }

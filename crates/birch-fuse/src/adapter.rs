@@ -13,6 +13,7 @@ use crate::attr::{
 };
 use crate::remount::RemountWatch;
 use crate::requests::RequestCounts;
+use crate::stats::{self, ImageInfo, StatsReport};
 use birch::device::BlockDevice;
 use birch::format::ROOT_DIR_INO;
 use birch::fs::{
@@ -30,7 +31,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `_IO('b', 1)`: commit now (what `birch sync MOUNTPOINT` sends, since the
 /// kernel does not pass syncfs to a plain FUSE mount).
@@ -38,9 +39,12 @@ pub const BIRCH_IOC_SYNC: u32 = (b'b' as u32) << 8 | 1;
 /// `_IOR('X', 125, __u32)`: fstests' shutdown ioctl. From then on birch
 /// writes nothing to the device and every call fails with EIO.
 pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
-/// `_IOR('b', 2, [u8; 4096])`: the filesystem's counters as text
-/// (`birch stats MOUNTPOINT`).
-pub const BIRCH_IOC_STATS: u32 = 2 << 30 | 4096 << 16 | (b'b' as u32) << 8 | 2;
+/// The largest reply the stats ioctl takes: the most an ioctl number can
+/// encode (14 bits). A report is about 2.7 KiB (a real mount: 2,653 bytes).
+pub const BIRCH_STATS_MAX: usize = (1 << 14) - 1;
+/// `_IOR('b', 2, [u8; BIRCH_STATS_MAX])`: the mount's [`StatsReport`],
+/// encoded (`birch stats MOUNTPOINT`).
+pub const BIRCH_IOC_STATS: u32 = 2 << 30 | (BIRCH_STATS_MAX as u32) << 16 | (b'b' as u32) << 8 | 2;
 /// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (`_IOR/_IOW('f', 1/2, long)`):
 /// chattr and lsattr. The kernel sends them from its fileattr code with a
 /// 4-byte argument whatever the `long` in the number says.
@@ -298,6 +302,10 @@ pub trait MountControl: Send + Sync {
     fn fsync_answered(&self, _ino: u64) {}
     /// The shutdown ioctl: stop every write to the device, now.
     fn stop_device(&self) {}
+    /// The image being served, for `birch stats`.
+    fn image(&self) -> Option<ImageInfo> {
+        None
+    }
 }
 
 /// A mount nobody watches.
@@ -310,6 +318,9 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     control: Arc<dyn MountControl>,
     /// Requests received, by opcode (`birch stats`).
     requests: RequestCounts,
+    /// When the kernel's INIT arrived: the mount went live (`birch stats`'
+    /// uptime and rates).
+    mounted_at: Instant,
     /// The capabilities both we and the kernel wanted at INIT: what is
     /// really in force, as opposed to what we asked for.
     negotiated: InitFlags,
@@ -379,6 +390,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             options,
             control,
             requests: RequestCounts::default(),
+            mounted_at: Instant::now(),
             negotiated: InitFlags::empty(),
             remount: None,
         }
@@ -430,16 +442,30 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         Ok(attr)
     }
 
-    /// The counters `birch stats` prints, as text.
-    fn stats_text(&self) -> String {
-        format!(
-            "{:#?}\n{:#?}\n{:#?}\n{}FuseInit {{ transport: \"/dev/fuse\", negotiated: {:?} }}\n",
-            self.fs.stats(),
-            self.fs.log_stats(),
-            self.fs.space_stats(),
-            self.requests.text(),
-            self.negotiated,
-        )
+    /// What `birch stats` shows.
+    fn stats_report(&self) -> StatsReport {
+        StatsReport {
+            uptime: self.mounted_at.elapsed(),
+            image: self.control.image(),
+            block_device: self
+                .options
+                .block_device
+                .as_ref()
+                .map(|d| d.display().to_string()),
+            options: stats::describe_options(&self.options),
+            init_flags: self
+                .negotiated
+                .iter_names()
+                .map(|(name, _)| name.trim_start_matches("FUSE_").to_string())
+                .collect(),
+            requests: self
+                .requests
+                .by_opcode()
+                .into_iter()
+                .map(|(name, n)| (name.to_string(), n))
+                .collect(),
+            ..StatsReport::of_engine(&self.fs)
+        }
     }
 
     /// Replies with an inode handed to the kernel, taking the hold that the
@@ -614,6 +640,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         }
         let offered = config.capabilities();
         self.negotiated = wanted & offered;
+        self.mounted_at = Instant::now();
         let _ = config.add_capabilities(self.negotiated);
         let _ = config.set_max_write(self.options.max_write);
         let _ = config.set_max_readahead(self.options.max_write);
@@ -1324,9 +1351,13 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 Err(e) => reply.error(errno(&e)),
             },
             BIRCH_IOC_STATS => {
-                let text = self.stats_text();
-                let n = text.len().min(out_size as usize);
-                reply.ioctl(0, &text.as_bytes()[..n]);
+                let text = self.stats_report().encode();
+                // Cut short, the last counter would read as a wrong number.
+                if text.len() > out_size as usize {
+                    reply.error(Errno::EOVERFLOW);
+                } else {
+                    reply.ioctl(0, text.as_bytes());
+                }
             }
             XFS_IOC_GOINGDOWN => {
                 // Whatever the flags (FUSE passes none for this _IOR

@@ -8,10 +8,11 @@ mod attr;
 mod fuseblk;
 mod remount;
 mod requests;
+pub mod stats;
 
 pub use adapter::{
     BirchFuse, FuseOptions, MountControl, NoControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC,
-    XFS_IOC_GOINGDOWN,
+    BIRCH_STATS_MAX, XFS_IOC_GOINGDOWN,
 };
 
 use birch::device::BlockDevice;

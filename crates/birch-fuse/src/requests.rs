@@ -8,7 +8,6 @@
 //! per mount and shown by `birch stats`. One relaxed atomic add per
 //! request.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One past the highest opcode counted (FUSE_STATX = 52); higher ones
@@ -93,37 +92,20 @@ impl RequestCounts {
         slot.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The counts that are not zero, most frequent first (ties by name);
-    /// opcodes without a name are summed as "other".
-    pub fn nonzero(&self) -> Vec<(&'static str, u64)> {
+    /// Every named opcode's count, zeros included, in opcode order, then
+    /// "other" (the opcodes without a name, summed).
+    pub fn by_opcode(&self) -> Vec<(&'static str, u64)> {
         let mut other = self.other.load(Ordering::Relaxed);
         let mut counts = Vec::new();
         for (op, n) in self.by_opcode.iter().enumerate() {
             let n = n.load(Ordering::Relaxed);
             match opcode_name(op) {
-                Some(name) if n > 0 => counts.push((name, n)),
-                Some(_) => {}
+                Some(name) => counts.push((name, n)),
                 None => other += n,
             }
         }
-        if other > 0 {
-            counts.push(("other", other));
-        }
-        counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        counts.push(("other", other));
         counts
-    }
-
-    /// `FuseRequests { total: N, LOOKUP: n, ... }`, one per line like the
-    /// engine's counters in `birch stats` (bench/harness.py parses it).
-    pub fn text(&self) -> String {
-        let counts = self.nonzero();
-        let total: u64 = counts.iter().map(|&(_, n)| n).sum();
-        let mut out = format!("FuseRequests {{\n    total: {total},\n");
-        for (name, n) in counts {
-            let _ = writeln!(out, "    {name}: {n},");
-        }
-        out.push_str("}\n");
-        out
     }
 }
 
@@ -132,18 +114,23 @@ mod tests {
     use super::RequestCounts;
 
     #[test]
-    fn counts_by_opcode_most_frequent_first() {
+    fn counts_every_opcode_in_order() {
         let counts = RequestCounts::default();
         for op in [1, 3, 3, 35, 3, 1, 99, 7] {
             counts.record(op);
         }
         // 7 has no name (CUSE's unused slot) and 99 is beyond the table.
+        let by_opcode = counts.by_opcode();
+        let nonzero: Vec<_> = by_opcode.iter().filter(|c| c.1 > 0).collect();
         assert_eq!(
-            counts.nonzero(),
-            vec![("GETATTR", 3), ("LOOKUP", 2), ("other", 2), ("CREATE", 1)]
+            nonzero,
+            [
+                &("LOOKUP", 2),
+                &("GETATTR", 3),
+                &("CREATE", 1),
+                &("other", 2)
+            ]
         );
-        assert!(counts
-            .text()
-            .starts_with("FuseRequests {\n    total: 8,\n    GETATTR: 3,\n"));
+        assert_eq!(by_opcode.len(), 51, "50 named opcodes and other");
     }
 }

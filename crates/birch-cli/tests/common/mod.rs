@@ -13,6 +13,8 @@
 //! them each test prints why and returns (see [`skip_unless_root`]).
 #![allow(dead_code)] // each suite uses a different subset
 
+pub mod json;
+
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
@@ -69,6 +71,22 @@ pub fn exclusive() -> MutexGuard<'static, ()> {
 
 pub fn birch(args: &[&str]) -> Output {
     Command::new(BIRCH).args(args).output().expect("run birch")
+}
+
+/// `birch stats --json MOUNTPOINT`, parsed.
+pub fn stats_json(mnt: &Path) -> json::Value {
+    let out = birch(&[
+        "stats",
+        "--json",
+        mnt.to_str().expect("mount point is UTF-8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "birch stats --json: {}",
+        text(&out.stderr)
+    );
+    let stdout = text(&out.stdout);
+    json::parse(&stdout).unwrap_or_else(|e| panic!("birch stats --json: {e}:\n{stdout}"))
 }
 
 pub fn text(bytes: &[u8]) -> String {

@@ -88,6 +88,11 @@ impl FileDevice {
         &self.file
     }
 
+    /// Whether accesses bypass the page cache (O_DIRECT), as opened.
+    pub fn direct_io(&self) -> bool {
+        self.direct_io
+    }
+
     fn aligned(offset: u64, len: usize) -> bool {
         offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN)
     }

@@ -97,7 +97,8 @@ pub(crate) struct LogState {
     pub force_commit: Option<FallbackReason>,
 }
 
-/// Counters of the fsync path.
+/// Counters of the fsync path. `birch stats` shows each through its line in
+/// crates/birch-fuse/src/stats.rs (a new field needs one there).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogStats {
     /// fsyncs answered by the log.

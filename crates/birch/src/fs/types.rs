@@ -187,7 +187,8 @@ impl MountOptions {
     }
 }
 
-/// Counters of work done since mount.
+/// Counters of work done since mount. `birch stats` shows each through its
+/// line in crates/birch-fuse/src/stats.rs (a new field needs one there).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FsStats {
     pub commits: u64,
@@ -199,7 +200,8 @@ pub struct FsStats {
 }
 
 /// Counters of delayed allocation and space reservation since mount
-/// (docs/DELALLOC.md).
+/// (docs/DELALLOC.md). `birch stats` shows each through its line in
+/// crates/birch-fuse/src/stats.rs (a new field needs one there).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpaceStats {
     /// Times reclaim asked the writeback for a number of pages.

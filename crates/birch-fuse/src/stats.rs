@@ -1,0 +1,455 @@
+//! What `birch stats MOUNTPOINT` reports: the engine's counters, described
+//! once in [`COUNTERS`], and the mount around them ([`StatsReport`]).
+//!
+//! The daemon puts a report together when the stats ioctl arrives and sends
+//! it as lines of text ([`StatsReport::encode`]); the CLI reads it back
+//! ([`StatsReport::decode`]) and lays it out for people or as JSON. The
+//! table below is the one place a counter is described: its group, unit and
+//! the README's two sentences about it all come from its line, and the
+//! README's counter table is checked against it (a unit test).
+
+use crate::FuseOptions;
+use birch::device::BlockDevice;
+use birch::fs::{AtimeUpdates, Filesystem, FsStats, LogStats, SpaceStats, SpaceUsage};
+use std::fmt::Write;
+use std::time::Duration;
+
+/// The sections `birch stats` shows the engine's counters in, in display
+/// order ([`Group::ALL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    Transactions,
+    Fsync,
+    FsyncFallbacks,
+    Writeback,
+    Reservations,
+    SpaceNow,
+}
+
+impl Group {
+    pub const ALL: [Group; 6] = [
+        Group::Transactions,
+        Group::Fsync,
+        Group::FsyncFallbacks,
+        Group::Writeback,
+        Group::Reservations,
+        Group::SpaceNow,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Group::Transactions => "transactions & commits",
+            Group::Fsync => "fsync / tree log",
+            Group::FsyncFallbacks => "fsync fallbacks to a commit, by reason",
+            Group::Writeback => "writeback",
+            Group::Reservations => "space reservations",
+            Group::SpaceNow => "space now",
+        }
+    }
+}
+
+/// What one unit of a counter is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Count,
+    Bytes,
+    /// Pages of 4 KiB.
+    Pages,
+    Micros,
+    Nanos,
+}
+
+/// How a counter's value relates to time, which decides whether a rate
+/// since mount means anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    /// A sum since mount: shown with its rate.
+    Total,
+    /// The largest single value since mount.
+    Peak,
+    /// A gauge: the value right now.
+    Now,
+}
+
+/// One engine counter as `birch stats` and the README present it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Counter {
+    /// Its key in `birch stats --json` (snake_case, stable).
+    pub name: &'static str,
+    pub group: Group,
+    pub unit: Unit,
+    pub measure: Measure,
+    /// What it counts.
+    pub counts: &'static str,
+    /// Why you would look at it.
+    pub why: &'static str,
+}
+
+/// Builds [`COUNTERS`] and [`read_counters`] from one list, so the two
+/// cannot disagree on order or membership.
+macro_rules! counter_table {
+    ($( $getter:ident -> $source:ident $prefix:literal {
+        $( $field:ident: $group:ident $unit:ident $measure:ident, $counts:literal, $why:literal; )*
+    } )*) => {
+        /// Every engine counter `birch stats` shows, in display order
+        /// within each group.
+        pub const COUNTERS: &[Counter] = &[$($(Counter {
+            name: concat!($prefix, stringify!($field)),
+            group: Group::$group,
+            unit: Unit::$unit,
+            measure: Measure::$measure,
+            counts: $counts,
+            why: $why,
+        },)*)*];
+
+        /// The engine's counters now, in the order of [`COUNTERS`]. Each
+        /// struct is taken apart without `..`, so a counter added to the
+        /// engine without its line in the table does not compile. i128
+        /// holds every u64 counter and the one signed gauge losslessly.
+        fn read_counters<D: BlockDevice>(fs: &Filesystem<D>) -> Vec<i128> {
+            let mut values = Vec::with_capacity(COUNTERS.len());
+            $(
+                // An error here (rustc says "pattern requires `..`" or
+                // "does not mention field") is a counter without its line.
+                let $source { $($field),* } = fs.$getter();
+                values.extend([$(i128::from($field)),*]);
+            )*
+            values
+        }
+    };
+}
+
+// One line per counter: `field: Group Unit Measure, "what it counts", "why
+// you would look at it";`. The JSON key is the prefix plus the field name.
+counter_table! {
+    stats -> FsStats "" {
+        commits: Transactions Count Total, "Transactions committed (a superblock written): periodic, by `birch sync`/syncfs, by space reclaim, or in place of an fsync the log could not answer.", "Each commit writes every changed tree path and the superblock; far more than uptime / commit interval means something is forcing them (see the fallbacks and `reclaim_commits`).";
+        delayed_item_flushes: Transactions Count Total, "Passes that wrote the pending directory-index items and dirty inode items into the trees (at commit, or by the background worker once `delayed_items_limit` are pending).", "Many more than `commits` means the delayed-item batching is cut short.";
+        delayed_items_flushed: Transactions Count Total, "Items those passes wrote.", "Divided by `delayed_item_flushes`: how much each batch saved.";
+        data_bytes_written: Transactions Bytes Total, "File data written to the device.", "The data rate the device sees; against what the workload wrote it shows write amplification.";
+        nodes_written: Transactions Count Total, "Tree nodes written by commits.", "The metadata cost of commits; per commit, how much of the trees each one copies.";
+        fsyncs: Fsync Count Total, "fsync and fsyncdir calls (and those a `sync` or `dirsync` mount makes for each change).", "The base the other fsync counters are shares of.";
+    }
+    log_stats -> LogStats "" {
+        logged_fsyncs: Fsync Count Total, "fsyncs that logged their inode: answered by a log sync instead of a commit.", "The fast path of fsync. An fsync of an inode logged and unchanged since is in neither this nor `noop_fsyncs`: it waits for that log.";
+        noop_fsyncs: Fsync Count Total, "fsyncs of an inode unlinked, or unchanged since the last commit: nothing to write.", "Many: the workload fsyncs files that did not change.";
+        full_logs: Fsync Count Total, "Files logged with all their extents: new in this transaction at their first log, or changed in a way a range log cannot express (extents dropped, inode reloaded from disk).", "Full logs copy every extent: many on large files make fsync slow.";
+        fast_logs: Fsync Count Total, "Files logged with only the ranges written back since their last log.", "The cheap way to log a file; most logs of a file rewritten between fsyncs should be these.";
+        dir_logs: Fsync Count Total, "Directories logged (their entries changed in this transaction).", "What directory fsyncs, and new names of fsynced files, cost.";
+        log_syncs: Fsync Count Total, "Log syncs written: log nodes, then the superblock pointing to them (two device flushes).", "The device flushes fsync costs; below `logged_fsyncs` when concurrent fsyncs share a sync (group commit).";
+        log_syncs_superseded: Fsync Count Total, "Log syncs whose base commit was overtaken by a newer commit: no superblock written.", "fsyncs racing commits; their work was done by the commit.";
+        fallback_ancestor_chain: FsyncFallbacks Count Total, "fsyncs that committed because a chain of directories new in this transaction deeper than 64 had to be logged.", "Each fallback makes an fsync pay a full commit (docs/TREE-LOG.md, \"Fallbacks to a full commit\").";
+        fallback_removed_directory: FsyncFallbacks Count Total, "fsyncs that committed because a committed directory was removed from a directory whose changes are logged.", "As above: rmdir and rename-over of directories during fsync-heavy work.";
+        fallback_renamed_ancestor: FsyncFallbacks Count Total, "fsyncs that committed because a directory above the inode was renamed in this transaction.", "As above: directory renames during fsync-heavy work.";
+        name_conflict_logs: Fsync Count Total, "Inodes logged because a logged inode took a name they held at the last commit, or they took one it gave up.", "Extra log work from renames and name reuse (docs/TREE-LOG.md, \"Name conflicts\").";
+        logging_nanos: Fsync Nanos Total, "Time spent logging inodes.", "The CPU side of fsync's cost (seed 003's figure); per logged fsync, how long a log takes.";
+    }
+    space_stats -> SpaceStats "" {
+        reclaim_requests: Reservations Count Total, "Times space reclaim asked the writeback for a number of pages.", "Non-zero: writers ran short of unreserved space and reclaim had to make room (docs/DELALLOC.md).";
+        reclaim_pages: Reservations Pages Total, "Pages written back by reclaim requests.", "How much writeback space pressure caused.";
+        reclaim_pages_max: Reservations Pages Peak, "Most pages one reclaim request wrote back.", "Large: writers waited behind a long writeback.";
+        reclaim_commits: Reservations Count Total, "Commits reclaim made because page writeback could not cover the shortfall.", "Costly; frequent ones mean the filesystem is nearly full.";
+        tickets_queued: Reservations Count Total, "Writers that had to queue a ticket and wait for space.", "How often writers felt space pressure.";
+        tickets_granted: Reservations Count Total, "Queued tickets that got their space.", "With `tickets_failed`: what became of the queued writers.";
+        tickets_failed: Reservations Count Total, "Queued tickets that ended in ENOSPC.", "Writers that waited and still failed.";
+        tickets_out_of_order: Reservations Count Total, "Tickets served (granted or failed) before an older one.", "Always 0: anything else is a fairness bug.";
+        ticket_wait_total_us: Reservations Micros Total, "Time queued tickets waited, summed.", "The latency space pressure added to writes.";
+        ticket_wait_max_us: Reservations Micros Peak, "Longest time one ticket waited.", "The worst write stall space pressure caused.";
+        enospc: Reservations Count Total, "ENOSPC errors returned to callers.", "The filesystem is full, or its reservations estimate too much.";
+        throttled_writes: Writeback Count Total, "Writes that found dirty memory over its limit and waited (or wrote back themselves, without the flusher).", "Write latency caused by the dirty-memory limit.";
+        throttle_wait_max_us: Writeback Micros Peak, "Longest wait of a throttled write.", "The worst write stall the dirty-memory limit caused.";
+        background_pages: Writeback Pages Total, "Pages written back by the flusher to keep dirty memory down.", "Writeback off the writers' path: the normal case.";
+        throttle_pages: Writeback Pages Total, "Pages written back by throttled writers themselves.", "Writeback on the writers' path: the flusher is not keeping up.";
+        commit_pages: Writeback Pages Total, "Pages written back by commits.", "Dirty data a commit had to write first: commits get slower with it.";
+        fsync_pages: Writeback Pages Total, "Pages written back by fsync.", "Data fsync had to write itself.";
+        range_pages: Writeback Pages Total, "Pages written back by range flushes (`Filesystem::flush_range`, like sync_file_range).", "Writeback asked for by a caller, a range at a time.";
+    }
+    space_usage -> SpaceUsage "space_" {
+        total: SpaceNow Bytes Now, "Size of the filesystem.", "The base for the other space figures.";
+        free: SpaceNow Bytes Now, "Bytes in the allocator's free map.", "Free space before reservations.";
+        pinned: SpaceNow Bytes Now, "Freed bytes held until the commit that freed them is durable.", "Space a commit would give back.";
+        dirty_data: SpaceNow Bytes Now, "Dirty file data in memory, not yet written (a page reserved for each page).", "What the next commit or fsync has to write.";
+        delalloc_metadata: SpaceNow Bytes Now, "Metadata reserved (worst case) for the extents the dirty data will become.", "Held until the data is written back; `df` counts `space_settled_metadata` instead.";
+        transaction_metadata: SpaceNow Bytes Now, "Worst-case metadata the running transaction may still copy.", "Reserved until the commit; large after many small changes.";
+        granted: SpaceNow Bytes Now, "Space granted to waiting writers, not used yet.", "Non-zero only under space pressure.";
+        settled_metadata: SpaceNow Bytes Now, "What the metadata reservations will leave allocated once committed.", "What `df` counts instead of the worst cases above.";
+        global_reserve: SpaceNow Bytes Now, "Kept back from ordinary reservations (1/32 of the size, 4 MiB to 512 MiB) so that a full filesystem can still be emptied and commit; urgent changes such as fsync's log may use it.", "Not free for `df`; `space_available` below zero means it is being used.";
+        available: SpaceNow Bytes Now, "What an ordinary change may still reserve.", "Near zero, writers queue tickets and reclaim runs; negative: over-committed into the global reserve.";
+        tickets_waiting: SpaceNow Count Now, "Writers waiting for space right now.", "Non-zero: writers are stalled on reclaim this moment.";
+    }
+}
+
+/// The image a mount serves, as its owner describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub path: String,
+    /// Whether birch reads and writes it with O_DIRECT.
+    pub direct_io: bool,
+}
+
+/// Everything `birch stats` shows about one mount.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatsReport {
+    /// Since the kernel's INIT (the mount went live).
+    pub uptime: Duration,
+    pub image: Option<ImageInfo>,
+    /// The block device of a `fuseblk` mount; `None` for plain `fuse`.
+    pub block_device: Option<String>,
+    /// Whether the engine is read-only now (it follows `remount,rw`).
+    pub read_only: bool,
+    /// The FUSE-side mount options, as `-o` would say them.
+    pub options: String,
+    /// The INIT capabilities really in force (asked for and offered by the
+    /// kernel), without their `FUSE_` prefix.
+    pub init_flags: Vec<String>,
+    /// The last durable commit.
+    pub generation: u64,
+    pub counters: Vec<(&'static Counter, i128)>,
+    /// FUSE requests received, by opcode name: every opcode (zeros too),
+    /// in opcode order, then "other".
+    pub requests: Vec<(String, u64)>,
+}
+
+/// The line keys of the encoded report.
+const UPTIME_US: &str = "uptime_us";
+const IMAGE: &str = "image";
+const IMAGE_DIRECT_IO: &str = "image_direct_io";
+const BLOCK_DEVICE: &str = "block_device";
+const READ_ONLY: &str = "read_only";
+const OPTIONS: &str = "options";
+const INIT_FLAGS: &str = "init_flags";
+const GENERATION: &str = "generation";
+const COUNTER: &str = "counter";
+const REQUEST: &str = "request";
+
+impl StatsReport {
+    /// The engine's side of the report; the caller fills in the mount's.
+    pub(crate) fn of_engine<D: BlockDevice>(fs: &Filesystem<D>) -> StatsReport {
+        StatsReport {
+            uptime: Duration::ZERO,
+            image: None,
+            block_device: None,
+            read_only: fs.is_read_only(),
+            options: String::new(),
+            init_flags: Vec::new(),
+            generation: fs.generation(),
+            counters: COUNTERS.iter().zip(read_counters(fs)).collect(),
+            requests: Vec::new(),
+        }
+    }
+
+    /// One `key value` line per fact. Values are single-line: a newline in
+    /// a path is sent as `\n` (shown, not parsed).
+    pub fn encode(&self) -> String {
+        let one_line = |s: &str| s.replace('\n', "\\n");
+        let mut out = String::new();
+        let _ = writeln!(out, "{UPTIME_US} {}", self.uptime.as_micros());
+        if let Some(image) = &self.image {
+            let _ = writeln!(out, "{IMAGE} {}", one_line(&image.path));
+            let _ = writeln!(out, "{IMAGE_DIRECT_IO} {}", u8::from(image.direct_io));
+        }
+        if let Some(device) = &self.block_device {
+            let _ = writeln!(out, "{BLOCK_DEVICE} {}", one_line(device));
+        }
+        let _ = writeln!(out, "{READ_ONLY} {}", u8::from(self.read_only));
+        let _ = writeln!(out, "{OPTIONS} {}", one_line(&self.options));
+        let _ = writeln!(out, "{INIT_FLAGS} {}", self.init_flags.join(" "));
+        let _ = writeln!(out, "{GENERATION} {}", self.generation);
+        for (counter, value) in &self.counters {
+            let _ = writeln!(out, "{COUNTER} {} {value}", counter.name);
+        }
+        for (opcode, n) in &self.requests {
+            let _ = writeln!(out, "{REQUEST} {opcode} {n}");
+        }
+        out
+    }
+
+    /// Reads [`encode`](Self::encode)'s text. Counters this build does not
+    /// know (a daemon from a newer birch) are left out.
+    pub fn decode(text: &str) -> Result<StatsReport, String> {
+        let number = |line: &str, s: &str| {
+            s.parse::<i128>()
+                .map_err(|_| format!("unreadable stats line: {line:?}"))
+        };
+        let mut report = StatsReport {
+            uptime: Duration::ZERO,
+            image: None,
+            block_device: None,
+            read_only: false,
+            options: String::new(),
+            init_flags: Vec::new(),
+            generation: 0,
+            counters: Vec::new(),
+            requests: Vec::new(),
+        };
+        let mut image_direct_io = false;
+        for line in text.lines() {
+            let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+            match key {
+                UPTIME_US => {
+                    let us = u64::try_from(number(line, value)?).unwrap_or(0);
+                    report.uptime = Duration::from_micros(us);
+                }
+                IMAGE => {
+                    report.image = Some(ImageInfo {
+                        path: value.to_string(),
+                        direct_io: false,
+                    })
+                }
+                IMAGE_DIRECT_IO => image_direct_io = value == "1",
+                BLOCK_DEVICE => report.block_device = Some(value.to_string()),
+                READ_ONLY => report.read_only = value == "1",
+                OPTIONS => report.options = value.to_string(),
+                INIT_FLAGS => {
+                    report.init_flags = value.split_whitespace().map(str::to_string).collect()
+                }
+                GENERATION => report.generation = u64::try_from(number(line, value)?).unwrap_or(0),
+                COUNTER | REQUEST => {
+                    let (name, n) = value
+                        .split_once(' ')
+                        .ok_or_else(|| format!("unreadable stats line: {line:?}"))?;
+                    let n = number(line, n)?;
+                    if key == REQUEST {
+                        report
+                            .requests
+                            .push((name.to_string(), u64::try_from(n).unwrap_or(0)));
+                    } else if let Some(counter) = COUNTERS.iter().find(|c| c.name == name) {
+                        report.counters.push((counter, n));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(image) = &mut report.image {
+            image.direct_io = image_direct_io;
+        }
+        Ok(report)
+    }
+}
+
+/// The mount options that change how the mount behaves, as `-o` says them
+/// (ro/rw is shown apart: it can change after mount).
+pub(crate) fn describe_options(o: &FuseOptions) -> String {
+    let mut parts = vec![
+        format!("threads={}", o.threads),
+        format!("entry_ttl={}", o.entry_ttl.as_secs()),
+        format!("attr_ttl={}", o.attr_ttl.as_secs()),
+    ];
+    let flags = [
+        (o.writeback_cache, "writeback_cache"),
+        (o.no_open, "no_open"),
+        (o.allow_other, "allow_other"),
+        (o.nosuid, "nosuid"),
+        (o.nodev, "nodev"),
+        (o.noexec, "noexec"),
+        (o.nodiratime, "nodiratime"),
+        (o.sync, "sync"),
+        (o.dirsync, "dirsync"),
+    ];
+    parts.extend(flags.iter().filter(|f| f.0).map(|f| f.1.to_string()));
+    parts.push(
+        match o.atime {
+            AtimeUpdates::Never => "noatime",
+            AtimeUpdates::Relative => "relatime",
+            AtimeUpdates::Always => "strictatime",
+        }
+        .to_string(),
+    );
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The JSON keys: snake_case, unique.
+    #[test]
+    fn counter_names_are_unique_snake_case() {
+        for (i, c) in COUNTERS.iter().enumerate() {
+            assert!(
+                c.name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{} is not snake_case",
+                c.name
+            );
+            assert!(
+                COUNTERS[..i].iter().all(|d| d.name != c.name),
+                "{} twice",
+                c.name
+            );
+        }
+    }
+
+    #[test]
+    fn report_survives_encoding() {
+        let report = StatsReport {
+            uptime: Duration::from_micros(83_214_567),
+            image: Some(ImageInfo {
+                path: "/var/tmp/an image".into(),
+                direct_io: true,
+            }),
+            block_device: Some("/dev/loop3".into()),
+            read_only: true,
+            options: "threads=8,no_open".into(),
+            init_flags: vec!["ASYNC_READ".into(), "BIG_WRITES".into()],
+            generation: 17,
+            counters: COUNTERS.iter().zip((0..).map(|n| n - 3)).collect(),
+            requests: vec![("LOOKUP".into(), 3), ("other".into(), 0)],
+        };
+        assert_eq!(StatsReport::decode(&report.encode()), Ok(report));
+        assert!(StatsReport::decode("counter commits many\n").is_err());
+    }
+
+    /// The README's counter table is this table, rendered: a counter added
+    /// here fails this test until the README documents it. The expected
+    /// text is printed, ready to paste between the markers.
+    #[test]
+    fn readme_documents_every_counter() {
+        let readme = include_str!("../../../README.md");
+        let table = readme_table();
+        let section = readme
+            .split_once(README_BEGIN)
+            .and_then(|(_, rest)| rest.split_once(README_END))
+            .map(|(inside, _)| inside);
+        assert!(
+            section == Some(table.as_str()),
+            "README.md's counter table (between {README_BEGIN} and {README_END}) \
+             does not match crates/birch-fuse/src/stats.rs; it should read:\n{table}"
+        );
+    }
+
+    const README_BEGIN: &str =
+        "<!-- birch stats counters: generated from crates/birch-fuse/src/stats.rs -->";
+    const README_END: &str = "<!-- end of birch stats counters -->";
+
+    fn readme_table() -> String {
+        let mut out = String::from("\n");
+        for group in Group::ALL {
+            let _ = writeln!(out, "\n**{}**\n", group.title());
+            out.push_str("| counter | unit | what it counts | why you would look at it |\n");
+            out.push_str("|---|---|---|---|\n");
+            for c in COUNTERS.iter().filter(|c| c.group == group) {
+                let unit = match c.unit {
+                    Unit::Count => "count",
+                    Unit::Bytes => "bytes",
+                    Unit::Pages => "4 KiB pages",
+                    Unit::Micros => "µs",
+                    Unit::Nanos => "ns",
+                };
+                let measure = match c.measure {
+                    Measure::Total => "",
+                    Measure::Peak => ", largest",
+                    Measure::Now => ", now",
+                };
+                let _ = writeln!(
+                    out,
+                    "| `{}` | {unit}{measure} | {} | {} |",
+                    c.name, c.counts, c.why
+                );
+            }
+        }
+        out.push('\n');
+        out
+    }
+}
