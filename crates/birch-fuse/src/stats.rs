@@ -142,7 +142,12 @@ counter_table! {
         fallback_removed_directory: FsyncFallbacks Count Total, "fsyncs that committed because a committed directory was removed from a directory whose changes are logged.", "As above: rmdir and rename-over of directories during fsync-heavy work.";
         fallback_renamed_ancestor: FsyncFallbacks Count Total, "fsyncs that committed because a directory above the inode was renamed in this transaction.", "As above: directory renames during fsync-heavy work.";
         name_conflict_logs: Fsync Count Total, "Inodes logged because a logged inode took a name they held at the last commit, or they took one it gave up.", "Extra log work from renames and name reuse (docs/TREE-LOG.md, \"Name conflicts\").";
-        logging_nanos: Fsync Nanos Total, "Time spent logging inodes.", "The CPU side of fsync's cost (seed 003's figure); per logged fsync, how long a log takes.";
+        logging_nanos: Fsync Nanos Total, "Time spent logging inodes, the fsynced file's data writeback included.", "The CPU side of fsync's cost (seed 003's figure); per logged fsync, how long a log takes.";
+        fsync_nanos: Fsync Nanos Total, "Time in the engine's fsync from entry to durable, waits for other syncs included.", "Divided by fsyncs: the engine's share of an fsync; the rest of what the caller sees is FUSE (docs/FUSE.md, \"Where an fsync's time goes\").";
+        log_write_nanos: Fsync Nanos Total, "Log syncs: writing the sealed log's nodes.", "Per log sync, the device's write latency for the log.";
+        log_nodes_flush_nanos: Fsync Nanos Total, "Log syncs: the flush that makes data and log nodes durable.", "Per log sync, the device's flush latency.";
+        log_base_wait_nanos: Fsync Nanos Total, "Log syncs: waiting for the commit the log is based on.", "Large: fsyncs queue behind a commit in flight (seed 002).";
+        log_superblock_nanos: Fsync Nanos Total, "Log syncs: the superblock write and its flush.", "Per log sync, the second write + flush a log sync needs.";
     }
     space_stats -> SpaceStats "" {
         reclaim_requests: Reservations Count Total, "Times space reclaim asked the writeback for a number of pages.", "Non-zero: writers ran short of unreserved space and reclaim had to make room (docs/DELALLOC.md).";
