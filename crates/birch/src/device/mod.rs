@@ -2,15 +2,18 @@
 //!
 //! Every byte birch reads or writes goes through [`BlockDevice`]. The engine is
 //! generic over it, so the same code runs on an image file, a block device, an
-//! in-memory buffer, or a [`RecordingDevice`] that lets tests rebuild the
-//! device as it would be after a power cut at any point.
+//! in-memory buffer, a [`RecordingDevice`] that lets tests rebuild the
+//! device as it would be after a power cut at any point, or a
+//! [`FaultyDevice`] that fails or corrupts chosen calls.
 
+mod faulty;
 mod file;
 mod gate;
 mod memory;
 mod recording;
 mod write_log;
 
+pub use faulty::{FaultHandle, FaultPlan, FaultedOp, FaultyDevice, InjectedFault, IoCounts};
 pub use file::FileDevice;
 pub use gate::ShutdownGate;
 pub use memory::MemoryDevice;
