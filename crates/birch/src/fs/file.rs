@@ -23,6 +23,14 @@ use crate::format::{
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
+/// How far a writeback got through its runs of pages: run `run` is
+/// recorded up to byte `done`, the runs before it entirely.
+#[derive(Default)]
+struct RunProgress {
+    run: usize,
+    done: u64,
+}
+
 const PAGE: u64 = SECTOR_SIZE;
 /// Largest file size (as btrfs: offsets must fit an i64).
 const MAX_FILE_SIZE: u64 = i64::MAX as u64;
@@ -607,9 +615,36 @@ impl<D: BlockDevice> FsState<D> {
             }
         }
         let mut added = 0;
-        for (start, bytes) in runs {
-            let mut done = 0u64;
-            while done < bytes.len() as u64 {
+        let mut progress = RunProgress::default();
+        if let Err(e) = self.write_runs(ino, &runs, &mut progress, &mut added) {
+            // The caller fails the filesystem, which then still serves
+            // reads: the pages not written stay dirty, so that reads show
+            // what the application wrote, not what the disk held before.
+            self.update_inode(ino, |i| i.nbytes += added)?;
+            for (i, (start, bytes)) in runs.iter().enumerate().skip(progress.run) {
+                let from = if i == progress.run { progress.done } else { 0 };
+                self.redirty(ino, start + from, &bytes[from as usize..])?;
+            }
+            return Err(e);
+        }
+        self.update_inode(ino, |i| i.nbytes += added)?;
+        Ok(written)
+    }
+
+    /// Writes runs of contiguous pages (file offset, bytes) to new extents
+    /// and records them in the tree, `progress` following the first byte
+    /// not yet recorded.
+    fn write_runs(
+        &mut self,
+        ino: u64,
+        runs: &[(u64, Vec<u8>)],
+        progress: &mut RunProgress,
+        added: &mut u64,
+    ) -> Result<()> {
+        for (run, (start, bytes)) in runs.iter().enumerate() {
+            *progress = RunProgress { run, done: 0 };
+            while progress.done < bytes.len() as u64 {
+                let done = progress.done;
                 let want = bytes.len() as u64 - done;
                 let (bytenr, got) = self.forest.alloc.alloc_data(want, ino)?;
                 let chunk = &bytes[done as usize..(done + got) as usize];
@@ -628,12 +663,20 @@ impl<D: BlockDevice> FsState<D> {
                     }),
                 )?;
                 self.note_written_range(ino, file_offset, file_offset + got)?;
-                added += got;
-                done += got;
+                *added += got;
+                progress.done += got;
             }
         }
-        self.update_inode(ino, |i| i.nbytes += added)?;
-        Ok(written)
+        Ok(())
+    }
+
+    /// Puts pages whose writeback failed back into the dirty set.
+    fn redirty(&mut self, ino: u64, file_offset: u64, bytes: &[u8]) -> Result<()> {
+        for (i, page) in bytes.chunks(PAGE as usize).enumerate() {
+            let index = file_offset / PAGE + i as u64;
+            self.put_dirty_page(ino, index, page.into())?;
+        }
+        Ok(())
     }
 
     pub(crate) fn fallocate(

@@ -480,6 +480,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.lock().options.read_only
     }
 
+    /// Why the filesystem turned read-only, if a write, flush or read
+    /// while changing it failed (docs/IO-ERRORS.md): changes fail with
+    /// EROFS and commits and fsyncs with EIO from then on.
+    pub fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
     /// Turns a read-only open into a read-write one, as if it had been
     /// opened read-write: the log found at open (replayed into memory
     /// only) is committed, orphans are freed, the background commit worker
