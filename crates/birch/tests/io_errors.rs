@@ -16,7 +16,7 @@ use birch::device::{
 };
 use birch::fs::{Filesystem, MountOptions};
 use birch::{Error, Result};
-use common::{crash_view, ino, View};
+use common::{crash_view, ino, view, View};
 use std::sync::Arc;
 
 const IMAGE_BYTES: u64 = 16 << 20;
@@ -470,4 +470,170 @@ fn corrupted_node_read_is_reported_never_served() {
         nodes.len()
     );
     assert!(nodes.len() >= 4 && failed_reads >= nodes.len());
+}
+
+// ----- mount with a log to replay -----
+
+/// A device left by a power cut right after the file fsync: its
+/// superblock points at a log. Mounting it replays the log and commits.
+fn image_with_log() -> (Vec<u8>, View) {
+    let Run {
+        rec, fs, result, ..
+    } = run(&FILE_FSYNC, FaultPlan::none());
+    result.unwrap();
+    let point = image_point(&rec, rec.flush_count(), false);
+    let promised = crash_view(&rec, &point);
+    drop(fs);
+    (rec.crash_image(&point), promised)
+}
+
+/// Mounts (read-write, so replay commits) the image with `plan` armed;
+/// returns the recording of what the mount wrote, the mount's outcome and
+/// the injected faults.
+fn mount_log_image(
+    image: &[u8],
+    plan: FaultPlan,
+) -> (
+    Arc<RecordingDevice>,
+    Result<Fs>,
+    Vec<birch::device::InjectedFault>,
+    birch::device::IoCounts,
+) {
+    let rec = Arc::new(RecordingDevice::new(image.to_vec()));
+    let dev = FaultyDevice::new(rec.clone());
+    let faults = dev.faults();
+    faults.arm(plan);
+    let fs = Filesystem::open(dev, MountOptions::deterministic());
+    (rec, fs, faults.injected(), faults.counts())
+}
+
+#[test]
+fn failed_io_during_replay_keeps_the_log() {
+    let (image, promised) = image_with_log();
+    let (_, fs, _, counts) = mount_log_image(&image, FaultPlan::none());
+    let fs = fs.unwrap();
+    assert!(matches!(
+        fs.replay_outcome(),
+        Some(birch::fs::ReplayOutcome::Replayed(_))
+    ));
+    drop(fs);
+    let plans = (0..counts.reads)
+        .map(FaultPlan::fail_read)
+        .chain((0..counts.writes).map(FaultPlan::fail_write))
+        .chain((0..counts.flushes).map(FaultPlan::fail_flush));
+    let mut failed_mounts = 0;
+    for plan in plans {
+        let (rec, fs, injected, _) = mount_log_image(&image, plan.clone());
+        let at = format!(
+            "mount with {}",
+            injected
+                .first()
+                .map_or("no fault".into(), |f| f.to_string())
+        );
+        match fs {
+            // A fault the mount never noticed (a read it retried, say)
+            // must leave a complete mount.
+            Ok(fs) => {
+                assert_eq!(
+                    fs.replay_outcome()
+                        .map(|o| matches!(o, birch::fs::ReplayOutcome::Replayed(_))),
+                    Some(true),
+                    "{at}: {:?}",
+                    fs.replay_outcome()
+                );
+                let shown = view(&fs);
+                assert!(
+                    shown == promised,
+                    "{at}: {:?}",
+                    differences(&shown, &promised)
+                );
+                drop(fs);
+            }
+            Err(e) => {
+                failed_mounts += 1;
+                assert_eq!(e.errno(), libc::EIO, "{at}: {e}");
+                let fault = injected
+                    .first()
+                    .unwrap_or_else(|| panic!("{at}: failed: {e}"));
+                assert!(e.to_string().contains(&fault.to_string()), "{at}: {e}");
+            }
+        }
+        let flushes = rec.flush_count();
+        for keep_pending in [true, false] {
+            let v = crash_view(&rec, &image_point(&rec, flushes, keep_pending));
+            assert!(
+                v == promised,
+                "{at}: the device (pending writes kept: {keep_pending}) lost what the fsync \
+                 promised: {:?}",
+                differences(&v, &promised)
+            );
+        }
+    }
+    eprintln!(
+        "replay: {} reads, {} writes, {} flushes failed in turn; {failed_mounts} mounts failed",
+        counts.reads, counts.writes, counts.flushes
+    );
+    assert!(failed_mounts > 0);
+}
+
+// ----- a change outside a transaction's usual path -----
+
+/// `/big` (open, unlinked: an orphan) with 300 extents over several
+/// leaves, committed; nodes are cached two at a time so that freeing it
+/// reads them from the device.
+fn orphan_with_many_extents() -> (Arc<RecordingDevice>, Fs, birch::device::FaultHandle, u64) {
+    let rec = common::recorder(IMAGE_BYTES, 15);
+    let dev = FaultyDevice::new(rec.clone());
+    let faults = dev.faults();
+    let options = MountOptions {
+        cache_nodes: 2,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev, options).unwrap();
+    let root = fs.root_ino();
+    durable_base(&fs);
+    let big = fs.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+    for page in 0..300u64 {
+        // Every other page: each written page is its own extent.
+        fs.write_file(big, page * 8192, &data(4096, page as u8))
+            .unwrap();
+    }
+    fs.sync().unwrap();
+    fs.open_inode(big).unwrap();
+    fs.unlink(root, b"big").unwrap();
+    fs.sync().unwrap();
+    (rec, fs, faults, big)
+}
+
+#[test]
+fn failed_read_while_freeing_an_orphan_turns_read_only() {
+    let (rec, fs, faults, big) = orphan_with_many_extents();
+    let durable = crash_view(&rec, &image_point(&rec, rec.flush_count(), false));
+    faults.arm(FaultPlan::none());
+    fs.release(big).unwrap();
+    let reads = faults.counts().reads;
+    assert!(reads > 0, "freeing the orphan read no node");
+    fs.close().unwrap();
+    for index in 0..reads {
+        let (rec, fs, faults, big) = orphan_with_many_extents();
+        faults.arm(FaultPlan::fail_read(index));
+        let at = format!("freeing an orphan with read #{index} failing");
+        let result = fs.release(big);
+        if let Err(e) = &result {
+            assert_eq!(e.errno(), libc::EIO, "{at}: {e}");
+            let why = fs.failure().unwrap_or_else(|| {
+                panic!("{at}: release failed ({e}) but the filesystem stays writable")
+            });
+            assert!(why.contains(&format!("read #{index}")), "{at}: {why}");
+            assert!(fs.sync().is_err(), "{at}: sync after the failure succeeded");
+        }
+        drop(fs);
+        // Failed or not, the orphan is gone at the next mount (its orphan
+        // item finishes it) and the rest is as it was.
+        let flushes = rec.flush_count();
+        for keep_pending in [true, false] {
+            let v = crash_view(&rec, &image_point(&rec, flushes, keep_pending));
+            assert!(v == durable, "{at}: {:?}", differences(&v, &durable));
+        }
+    }
 }

@@ -2,8 +2,8 @@
 //!
 //! [`FaultyDevice`] passes every call to the device it wraps, counts the
 //! reads, writes and flushes it sees, and injects the faults of the
-//! [`FaultPlan`] armed through its [`FaultHandle`]: EIO on the Nth write or
-//! flush, EIO on reads or writes touching a byte range, flipped bytes in
+//! [`FaultPlan`] armed through its [`FaultHandle`]: EIO on the Nth read,
+//! write or flush, EIO on reads or writes touching a byte range, flipped bytes in
 //! what reads of a range return. The handle is shared, so a test arms a plan
 //! while the filesystem owns the device: first with no fault to learn how
 //! many writes and flushes an operation issues, then failing each in turn.
@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// The faults to inject, counted from the moment the plan is armed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaultPlan {
+    /// The read with this index (0 = the first read after arming) fails.
+    pub fail_read: Option<u64>,
     /// The write with this index (0 = the first write after arming) fails.
     pub fail_write: Option<u64>,
     /// The flush with this index fails.
@@ -39,6 +41,13 @@ impl FaultPlan {
     /// A plan that injects nothing: arm it to count an operation's I/O.
     pub fn none() -> Self {
         FaultPlan::default()
+    }
+
+    pub fn fail_read(index: u64) -> Self {
+        FaultPlan {
+            fail_read: Some(index),
+            ..FaultPlan::default()
+        }
     }
 
     pub fn fail_write(index: u64) -> Self {
@@ -208,7 +217,8 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
             let mut state = self.faults.lock();
             let index = state.counts.reads;
             state.counts.reads += 1;
-            let fail = overlaps(&state.plan.fail_reads_in, &bytes);
+            let fail =
+                state.plan.fail_read == Some(index) || overlaps(&state.plan.fail_reads_in, &bytes);
             (index, fail, state.plan.corrupt_reads_in.clone())
         };
         if fail {
@@ -335,18 +345,18 @@ mod tests {
         let dev = FaultyDevice::new(MemoryDevice::new(16));
         dev.write_at(&[7; 16], 0).unwrap();
         let faults = dev.faults();
-        faults.arm(FaultPlan {
-            fail_writes_in: vec![4..6],
-            fail_reads_in: vec![12..13],
-            corrupt_reads_in: vec![2..4],
-            ..FaultPlan::none()
-        });
+        let mut plan = FaultPlan::fail_writes_in(4..6);
+        plan.fail_reads_in.push(12..13);
+        plan.corrupt_reads_in.push(2..4);
+        plan.fail_read = Some(2);
+        faults.arm(plan);
         assert!(dev.write_at(&[1; 2], 5).is_err());
         dev.write_at(&[1; 2], 6).unwrap();
         assert!(dev.read_at(&mut [0u8; 4], 10).is_err());
         let mut buf = [0u8; 4];
         dev.read_at(&mut buf, 0).unwrap();
         assert_eq!(buf, [7, 7, !7, !7]);
+        assert!(dev.read_at(&mut buf, 0).is_err());
         faults.disarm();
         let mut buf = [0u8; 8];
         dev.read_at(&mut buf, 0).unwrap();
@@ -354,7 +364,12 @@ mod tests {
         let ops: Vec<FaultedOp> = faults.injected().iter().map(|f| f.op).collect();
         assert_eq!(
             ops,
-            [FaultedOp::Write, FaultedOp::Read, FaultedOp::CorruptedRead]
+            [
+                FaultedOp::Write,
+                FaultedOp::Read,
+                FaultedOp::CorruptedRead,
+                FaultedOp::Read
+            ]
         );
     }
 }

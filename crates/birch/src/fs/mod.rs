@@ -427,7 +427,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     ///
     /// A log is replayed whole or not at all: if replay fails (a bug, or a
     /// damaged log), the state it half built is thrown away and the last
-    /// commit mounts; [`Self::replay_outcome`] says which happened. A
+    /// commit mounts; [`Self::replay_outcome`] says which happened. A read
+    /// error (EIO) during replay fails the open instead: the log stays. A
     /// read-only mount replays into memory only and writes nothing until
     /// [`Self::remount_read_write`].
     pub fn open(dev: D, options: MountOptions) -> Result<Self> {
@@ -439,6 +440,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             // in-memory allocator): a fresh open forgets it entirely.
             let outcome = match state.replay_log() {
                 Ok(report) => ReplayOutcome::Replayed(report),
+                // The device failed to read, the log itself may be fine:
+                // discarding it (and committing without it) would turn a
+                // read error into the loss of what fsync made durable.
+                Err(Error::Io(e)) => {
+                    return Err(Error::Io(std::io::Error::new(
+                        e.kind(),
+                        format!("replaying the fsync log: {e}; the log is kept, mount again once the device reads"),
+                    )))
+                }
                 Err(e) => {
                     state = mount::open(dev, options.clone())?;
                     ReplayOutcome::Discarded(e.to_string())
@@ -633,9 +643,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             let (result, over_limit) = {
                 let mut state = self.shared.reserve(&need)?;
                 let result = f(&mut state);
-                if let Err(e @ (Error::Io(_) | Error::Corrupt(_))) = &result {
-                    state.failed = Some(e.to_string());
-                }
+                state.fail_on_device_error(&result);
                 self.shared.space_changed(&mut state);
                 (
                     result,
@@ -844,6 +852,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn release(&self, ino: u64) -> Result<()> {
         self.read(|s| {
             let r = s.release_inode(ino);
+            s.fail_on_device_error(&r);
             self.shared.space_changed(s);
             r
         })
@@ -860,6 +869,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     break;
                 }
             }
+            s.fail_on_device_error(&r);
             self.shared.space_changed(s);
             r
         })
@@ -1234,6 +1244,15 @@ fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>) {
 }
 
 impl<D: BlockDevice> FsState<D> {
+    /// After a change met an I/O error or corruption: what is in memory
+    /// may be half changed and must never be committed, so the
+    /// filesystem turns read-only, keeping the first reason.
+    fn fail_on_device_error<T>(&mut self, result: &Result<T>) {
+        if let Err(e @ (Error::Io(_) | Error::Corrupt(_))) = result {
+            self.failed.get_or_insert_with(|| e.to_string());
+        }
+    }
+
     fn prepare_commit(&mut self) -> Result<Option<commit::PreparedCommit>> {
         self.writeback_all()?;
         self.flush_delayed_items()?;
