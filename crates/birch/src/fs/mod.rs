@@ -156,9 +156,11 @@ impl<D: BlockDevice> Shared<D> {
                 ))));
             }
             let covering = state.log.filling;
+            let generation = state.forest.transid();
             match state.prepare_commit() {
                 Ok(p) => Ok(p.map(|p| (p, covering))),
                 Err(e) => {
+                    let e = io_step(e, &format!("commit of generation {generation}"));
                     state.failed = Some(e.to_string());
                     Err(e)
                 }
@@ -185,6 +187,10 @@ impl<D: BlockDevice> Shared<D> {
                     .expect("superblock lock poisoned");
                 commit::write_superblocks(dev, &prepared.superblock)?;
                 Ok(n)
+            })
+            .map_err(|e| {
+                let step = format!("commit of generation {}", prepared.superblock.generation);
+                io_step(e, &step)
             });
         let generation = prepared.superblock.generation;
         let result = {
@@ -233,6 +239,8 @@ impl<D: BlockDevice> Shared<D> {
                 let written = match state.writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES)) {
                     Ok(n) => n,
                     Err(e) => {
+                        let generation = state.forest.transid();
+                        let e = io_step(e, &format!("commit of generation {generation}"));
                         state.failed = Some(e.to_string());
                         return Err(e);
                     }
@@ -304,9 +312,13 @@ impl<D: BlockDevice> Shared<D> {
         let dev = self.store.device().as_ref();
         let fsid = *self.store.fsid();
         let mut phases = LogSyncPhases::start();
-        commit::write_nodes(dev, &sealed.nodes, &fsid)?;
+        let step = format!(
+            "log sync {} (on generation {})",
+            sealed.id, sealed.base_generation
+        );
+        commit::write_nodes(dev, &sealed.nodes, &fsid).map_err(|e| io_step(e, &step))?;
         phases.lap(|p| &mut p.write);
-        dev.flush()?;
+        dev.flush().map_err(|e| io_step(e.into(), &step))?;
         phases.lap(|p| &mut p.nodes_flush);
         // Seed 002: only this write waits for the commit the log is based on.
         {
@@ -335,7 +347,7 @@ impl<D: BlockDevice> Shared<D> {
         };
         phases.lap(|p| &mut p.base_wait);
         if let Some(sb) = &superblock {
-            commit::write_superblocks(dev, sb)?;
+            commit::write_superblocks(dev, sb).map_err(|e| io_step(e, &step))?;
         }
         phases.lap(|p| &mut p.superblock);
         let mut state = self.lock_state();
@@ -386,6 +398,15 @@ impl LogSyncPhases {
         stats.log_nodes_flush_nanos += self.nodes_flush.as_nanos() as u64;
         stats.log_base_wait_nanos += self.base_wait.as_nanos() as u64;
         stats.log_superblock_nanos += self.superblock.as_nanos() as u64;
+    }
+}
+
+/// Names the commit or log sync a device error interrupted, so that the
+/// reason the filesystem turned read-only says what failed.
+fn io_step(e: Error, step: &str) -> Error {
+    match e {
+        Error::Io(io) => Error::Io(std::io::Error::new(io.kind(), format!("{step}: {io}"))),
+        other => other,
     }
 }
 
