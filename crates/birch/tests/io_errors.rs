@@ -12,9 +12,10 @@
 mod common;
 
 use birch::device::{
-    CrashPoint, DeviceEvent, FaultPlan, FaultyDevice, MemoryDevice, RecordingDevice,
+    CrashPoint, DeviceEvent, FaultHandle, FaultPlan, FaultyDevice, InjectedFault, IoCounts,
+    MemoryDevice, RecordingDevice,
 };
-use birch::fs::{Filesystem, MountOptions};
+use birch::fs::{Filesystem, MountOptions, ReplayOutcome};
 use birch::{Error, Result};
 use common::{crash_view, ino, view, View};
 use std::sync::Arc;
@@ -114,7 +115,7 @@ const DIR_FSYNC: Scenario = Scenario {
 struct Run {
     rec: Arc<RecordingDevice>,
     fs: Fs,
-    faults: birch::device::FaultHandle,
+    faults: FaultHandle,
     /// Flushes on the recording when the durable state was reached.
     durable_flushes: usize,
     result: Result<()>,
@@ -126,7 +127,9 @@ fn run(scenario: &Scenario, plan: FaultPlan) -> Run {
     let faults = dev.faults();
     let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
     let target = (scenario.prepare)(&fs);
-    let durable_flushes = last_sync_flushes(&rec);
+    // `prepare` ends its durable part with a sync and keeps its later
+    // changes in memory: the last flush marks the durable state.
+    let durable_flushes = rec.flush_count();
     faults.arm(plan);
     let result = (scenario.operation)(&fs, target);
     Run {
@@ -136,12 +139,6 @@ fn run(scenario: &Scenario, plan: FaultPlan) -> Run {
         durable_flushes,
         result,
     }
-}
-
-/// Flushes up to the last one: `prepare` ends its durable part with a
-/// sync and makes no flush after it (its changes stay in memory).
-fn last_sync_flushes(rec: &RecordingDevice) -> usize {
-    rec.flush_count()
 }
 
 /// The image with nothing after flush `flushes` (the writes pending there
@@ -498,16 +495,16 @@ fn image_with_log() -> (Vec<u8>, View) {
 }
 
 /// Mounts (read-write, so replay commits) the image with `plan` armed;
-/// returns the recording of what the mount wrote, the mount's outcome and
-/// the injected faults.
+/// returns the recording of what the mount wrote, the mount's outcome, the
+/// injected faults and the I/O the mount issued.
 fn mount_log_image(
     image: &[u8],
     plan: FaultPlan,
 ) -> (
     Arc<RecordingDevice>,
     Result<Fs>,
-    Vec<birch::device::InjectedFault>,
-    birch::device::IoCounts,
+    Vec<InjectedFault>,
+    IoCounts,
 ) {
     let rec = Arc::new(RecordingDevice::new(image.to_vec()));
     let dev = FaultyDevice::new(rec.clone());
@@ -524,7 +521,7 @@ fn failed_io_during_replay_keeps_the_log() {
     let fs = fs.unwrap();
     assert!(matches!(
         fs.replay_outcome(),
-        Some(birch::fs::ReplayOutcome::Replayed(_))
+        Some(ReplayOutcome::Replayed(_))
     ));
     drop(fs);
     let plans = (0..counts.reads)
@@ -541,12 +538,12 @@ fn failed_io_during_replay_keeps_the_log() {
                 .map_or("no fault".into(), |f| f.to_string())
         );
         match fs {
-            // A fault the mount never noticed (a read it retried, say)
-            // must leave a complete mount.
+            // A fault the mount could do without (a read of one of the
+            // two superblock copies, say) must leave a complete mount.
             Ok(fs) => {
                 assert_eq!(
                     fs.replay_outcome()
-                        .map(|o| matches!(o, birch::fs::ReplayOutcome::Replayed(_))),
+                        .map(|o| matches!(o, ReplayOutcome::Replayed(_))),
                     Some(true),
                     "{at}: {:?}",
                     fs.replay_outcome()
@@ -591,7 +588,7 @@ fn failed_io_during_replay_keeps_the_log() {
 /// `/big` (open, unlinked: an orphan) with 300 extents over several
 /// leaves, committed; nodes are cached two at a time so that freeing it
 /// reads them from the device.
-fn orphan_with_many_extents() -> (Arc<RecordingDevice>, Fs, birch::device::FaultHandle, u64) {
+fn orphan_with_many_extents() -> (Arc<RecordingDevice>, Fs, FaultHandle, u64) {
     let rec = common::recorder(IMAGE_BYTES, 15);
     let dev = FaultyDevice::new(rec.clone());
     let faults = dev.faults();
