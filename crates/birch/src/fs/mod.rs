@@ -282,7 +282,9 @@ impl<D: BlockDevice> Shared<D> {
                 match result {
                     Ok(written) => sync.durable_log = sync.durable_log.max(written),
                     Err(e) => {
-                        self.lock_state().failed = Some(e.to_string());
+                        self.lock_state()
+                            .failed
+                            .get_or_insert_with(|| e.to_string());
                         sync.failed = Some(e.to_string());
                     }
                 }
@@ -302,6 +304,13 @@ impl<D: BlockDevice> Shared<D> {
     fn write_log(&self) -> Result<u64> {
         let sealed = {
             let mut state = self.lock_state();
+            // A change that failed since this log was filled may have left
+            // it half changed (logged names are kept current in it).
+            if let Some(why) = &state.failed {
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "filesystem is read-only after an earlier failure: {why}"
+                ))));
+            }
             let filling = state.log.filling;
             match state.seal_log()? {
                 Some(s) => s,
@@ -1303,5 +1312,36 @@ impl<D: BlockDevice> FsState<D> {
         self.stats.commits += 1;
         self.stats.nodes_written += nodes_written;
         self.evict_clean_inodes();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{FaultPlan, FaultyDevice, MemoryDevice};
+
+    /// A change running while an fsync waits for its log sync can fail
+    /// part-way, leaving the log half changed (logged inodes' names are
+    /// kept current in it): the log sync must then write nothing. Threads
+    /// make that race; this takes its steps in order.
+    #[test]
+    fn log_sync_after_a_failed_change_writes_nothing() {
+        let dev = MemoryDevice::new(16 << 20);
+        mkfs(&dev, &MkfsOptions::default()).unwrap();
+        let dev = FaultyDevice::new(dev);
+        let faults = dev.faults();
+        let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+        let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, b"logged").unwrap();
+        let logged = fs.lock().log_for_fsync(f).unwrap();
+        let tree_log::LogOutcome::Logged(id) = logged else {
+            panic!("fsync of a new file did not log it");
+        };
+        fs.lock().failed = Some("a concurrent change failed part-way".into());
+        faults.arm(FaultPlan::none());
+        let err = fs.shared.wait_log(id).unwrap_err();
+        assert!(err.to_string().contains("failed part-way"), "{err}");
+        let io = faults.counts();
+        assert_eq!((io.writes, io.flushes), (0, 0), "the log sync wrote");
     }
 }
