@@ -12,8 +12,8 @@
 mod common;
 
 use birch::device::{
-    CrashPoint, DeviceEvent, FaultHandle, FaultPlan, FaultyDevice, InjectedFault, IoCounts,
-    MemoryDevice, RecordingDevice,
+    CrashPoint, DeviceEvent, FaultHandle, FaultPlan, FaultedOp, FaultyDevice, InjectedFault,
+    IoCounts, MemoryDevice, RecordingDevice,
 };
 use birch::fs::{Filesystem, MountOptions, ReplayOutcome};
 use birch::{Error, Result};
@@ -125,7 +125,12 @@ fn run(scenario: &Scenario, plan: FaultPlan) -> Run {
     let rec = common::recorder(IMAGE_BYTES, 13);
     let dev = FaultyDevice::new(rec.clone());
     let faults = dev.faults();
-    let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+    // A small node cache, so that the operation reads nodes too.
+    let options = MountOptions {
+        cache_nodes: 1,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev, options).unwrap();
     let target = (scenario.prepare)(&fs);
     // `prepare` ends its durable part with a sync and keeps its later
     // changes in memory: the last flush marks the durable state.
@@ -162,6 +167,7 @@ struct Baseline {
     after: View,
     /// What the filesystem shows once the operation returned.
     live: View,
+    reads: u64,
     writes: u64,
     flushes: u64,
 }
@@ -189,6 +195,7 @@ fn baseline(scenario: &Scenario) -> Baseline {
         before,
         after,
         live,
+        reads: counts.reads,
         writes: counts.writes,
         flushes: counts.flushes,
     }
@@ -224,8 +231,14 @@ fn assert_fault_contract(scenario: &Scenario, base: &Baseline, plan: FaultPlan) 
     let why = fs
         .failure()
         .unwrap_or_else(|| panic!("{at}: the filesystem did not turn read-only"));
+    // A read fails where the operation reads, before it writes.
+    let step = if fault.op == FaultedOp::Read {
+        ""
+    } else {
+        scenario.step
+    };
     assert!(
-        why.contains(&fault.to_string()) && why.contains(scenario.step),
+        why.contains(&fault.to_string()) && why.contains(step),
         "{at}: failure says {why}"
     );
     let io_at_error = faults.counts();
@@ -283,8 +296,8 @@ fn differences(a: &View, b: &View) -> Vec<String> {
         .collect()
 }
 
-/// Fails each write, then each flush, of the operation in turn; returns
-/// how many faults were injected.
+/// Fails each write, then each flush, then each read of the operation in
+/// turn; returns how many faults were injected.
 fn fail_every_write_and_flush(scenario: &Scenario) -> u64 {
     let base = baseline(scenario);
     assert!(
@@ -298,11 +311,14 @@ fn fail_every_write_and_flush(scenario: &Scenario) -> u64 {
     for index in 0..base.flushes {
         assert_fault_contract(scenario, &base, FaultPlan::fail_flush(index));
     }
+    for index in 0..base.reads {
+        assert_fault_contract(scenario, &base, FaultPlan::fail_read(index));
+    }
     eprintln!(
-        "{}: {} writes and {} flushes, each failed in turn",
-        scenario.name, base.writes, base.flushes
+        "{}: {} writes, {} flushes and {} node reads, each failed in turn",
+        scenario.name, base.writes, base.flushes, base.reads
     );
-    base.writes + base.flushes
+    base.writes + base.flushes + base.reads
 }
 
 #[test]
