@@ -8,6 +8,10 @@
 //! while the filesystem owns the device: first with no fault to learn how
 //! many writes and flushes an operation issues, then failing each in turn.
 //!
+//! A `write_batch` is taken write by write (the trait's default), so each
+//! write of a batch is counted and can fail on its own; the writes before
+//! it reached the device, those after it are not issued.
+//!
 //! A failed write or flush does not reach the wrapped device at all: over a
 //! [`super::RecordingDevice`], the writes issued since the last flush that
 //! reached it are exactly the ones a failed flush may or may not have made
