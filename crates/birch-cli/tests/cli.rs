@@ -290,9 +290,9 @@ fn dump_super_lists_backup_roots() {
     image_with_damaged_newest_root(&img);
     let out = stdout(&birch(&["dump", &img, "super"]));
     for want in [
-        "backup_root 0: generation 3 root_tree",
-        "backup_root 1: generation 2 root_tree",
-        "backup_root 2: generation 1 root_tree",
+        "backup_root 0: generation 3 root_tree_bytenr",
+        "backup_root 1: generation 2 root_tree_bytenr",
+        "backup_root 2: generation 1 root_tree_bytenr",
         "backup_root 3: empty",
     ] {
         assert!(out.contains(want), "dump lacks '{want}':\n{out}");

@@ -152,7 +152,7 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
         }
         let _ = writeln!(
             s,
-            "\tbackup_root {slot}: generation {} root_tree {} level {} extent {} level {} gen {} fs {} level {} gen {} bytes_used {}",
+            "\tbackup_root {slot}: generation {} root_tree_bytenr {} level {} extent_root_bytenr {} level {} gen {} fs_root_bytenr {} level {} gen {} bytes_used {}",
             backup.generation,
             backup.root_tree_bytenr,
             backup.root_tree_level,
