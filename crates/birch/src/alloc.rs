@@ -385,9 +385,15 @@ impl Allocator {
 
     /// At mount: holds `[start, start+len)`, free in the mounted commit but
     /// used by the commit before it, until the next commit is durable.
-    /// Returns false (and holds nothing) unless all of it is free.
+    /// Returns false (and holds nothing) unless it is a whole number of
+    /// sectors, all of it free: the range comes from an older commit's
+    /// extent tree, which nothing else has validated.
     pub fn hold_free_range(&mut self, start: u64, len: u64) -> bool {
-        if !self.free.is_free(start, len) {
+        let whole_sectors = len > 0
+            && start.is_multiple_of(SECTOR_SIZE)
+            && len.is_multiple_of(SECTOR_SIZE)
+            && start.checked_add(len).is_some();
+        if !whole_sectors || !self.free.is_free(start, len) {
             return false;
         }
         self.free.remove(start, len);
