@@ -171,7 +171,11 @@ fn two_commits() -> (Arc<MemoryDevice>, View, u64, u64) {
 /// The extents (data and nodes) the commit of `backup` uses, from its
 /// extent tree on `image`.
 fn extents_of(image: Vec<u8>, backup: &BackupRoot, fsid: [u8; 16]) -> Vec<(u64, u64)> {
-    let dev = Arc::new(MemoryDevice::from_bytes(image));
+    extents_on(Arc::new(MemoryDevice::from_bytes(image)), backup, fsid)
+}
+
+/// [`extents_of`] on a device.
+fn extents_on(dev: Arc<MemoryDevice>, backup: &BackupRoot, fsid: [u8; 16]) -> Vec<(u64, u64)> {
     let total = dev.size_bytes();
     let store = Arc::new(NodeStore::new(dev, fsid, 64));
     let forest = Forest::new(store, Allocator::new(FreeSpace::default(), 0, total), 1);
@@ -592,4 +596,86 @@ fn check_rejects_backup_slots_out_of_order() {
             .any(|f| f.contains("slot 1") && f.contains("out of order")),
         "{report}"
     );
+}
+
+#[test]
+fn no_write_touches_the_two_newest_commits_of_a_nearly_full_filesystem() {
+    const FILLED: usize = 23;
+    const REWRITTEN: usize = 4;
+    let initial = memory_fs(32 << 20, 0xB8).snapshot();
+    let rec = Arc::new(RecordingDevice::new(initial.clone()));
+    let fs = Filesystem::open(rec.clone(), deterministic()).unwrap();
+    let root = fs.root_ino();
+    // Nearly full, then rewrites, fsyncs and deletes with a commit after
+    // each round: space is short, so freed space is reused as soon as the
+    // allocator may reuse it (ENOSPC on the way is allowed).
+    let write = |name: &str, data: &[u8]| -> Option<u64> {
+        let ino = match fs.lookup(root, name.as_bytes()) {
+            Ok(attr) => attr.ino,
+            Err(_) => fs.create(root, name.as_bytes(), 0o644, 0, 0).ok()?.ino,
+        };
+        fs.write_file(ino, 0, data).ok().map(|_| ino)
+    };
+    for i in 0..FILLED {
+        write(&format!("f{i}"), &content("fill", i, 1 << 20));
+    }
+    fs.sync().unwrap();
+    for round in 0..12 {
+        for k in 0..REWRITTEN {
+            let i = (round * REWRITTEN + k) % FILLED;
+            if let Some(ino) = write(&format!("f{i}"), &content("round", round * 10 + k, 1 << 20)) {
+                let _ = fs.fsync(ino, false);
+            }
+        }
+        let _ = fs.unlink(root, format!("s{}", round % 3).as_bytes());
+        write(&format!("s{}", round % 3), &content("small", round, 60_000));
+        let _ = fs.sync();
+    }
+    assert_eq!(fs.space_stats().enospc, 0);
+    fs.close().unwrap();
+    assert!(fs_commits(&rec) > 12);
+
+    // Replay the recording: from each superblock on, the commits of its
+    // slots 0 and 1 are protected until the next superblock.
+    let image = Arc::new(MemoryDevice::from_bytes(initial));
+    let protected_by = |image: &Arc<MemoryDevice>| -> Vec<(u64, u64)> {
+        let sb = read_superblock(image.as_ref()).unwrap();
+        sb.backup_roots[..2]
+            .iter()
+            .filter(|b| !b.is_empty())
+            .flat_map(|b| extents_on(image.clone(), b, sb.fsid))
+            .collect()
+    };
+    let mut protected = protected_by(&image);
+    for (at, event) in rec.events().iter().enumerate() {
+        let DeviceEvent::Write { offset, bytes } = event else {
+            continue;
+        };
+        let end = offset + bytes.len() as u64;
+        if SUPERBLOCK_OFFSETS.contains(offset) {
+            image.write_at(bytes, *offset).unwrap();
+            protected = protected_by(&image);
+            continue;
+        }
+        if let Some(hit) = protected.iter().find(|&&(s, l)| *offset < s + l && s < end) {
+            panic!("write {at} to [{offset}, {end}) overwrote {hit:?}, used by one of the two newest commits");
+        }
+        image.write_at(bytes, *offset).unwrap();
+    }
+}
+
+/// Commits a recording holds: superblock writes to the first copy with a
+/// new generation.
+fn fs_commits(rec: &RecordingDevice) -> usize {
+    let mut generations = std::collections::BTreeSet::new();
+    for event in rec.events() {
+        if let DeviceEvent::Write { offset, bytes } = event {
+            if offset == SUPERBLOCK_OFFSETS[0] {
+                if let Ok(sb) = Superblock::decode(&bytes, offset) {
+                    generations.insert(sb.generation);
+                }
+            }
+        }
+    }
+    generations.len()
 }
