@@ -11,7 +11,7 @@
 use crate::loopdev::{self, Backing, LoopDevice};
 use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
-use birch::fs::{AtimeUpdates, Filesystem, MountOptions, ReplayOutcome};
+use birch::fs::{AtimeUpdates, BackupRootUsed, Filesystem, MountOptions, ReplayOutcome, Rescue};
 use birch_fuse::stats::ImageInfo;
 use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_SYNC};
 use clap::Args;
@@ -39,7 +39,9 @@ pub struct MountArgs {
     pub foreground: bool,
     /// Comma-separated options: ro, rw, threads=N, commit=SECONDS,
     /// entry_ttl=SECONDS, attr_ttl=SECONDS, writeback_cache, no_writeback_cache,
-    /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME; and mount(8)'s
+    /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME,
+    /// rescue=usebackuproot (if the newest commit cannot be read, mount the newest older
+    /// one the superblock records, read-only unless `rw` is given too); and mount(8)'s
     /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -87,6 +89,10 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
         // docs/FUSE.md).
         direct_io: true,
     };
+    // Whether `rw` was asked for (after any `ro`): it makes a rescue
+    // mount's rollback writable.
+    let mut asked_rw = false;
+    let mut use_backup_root = false;
     let seconds = |key: &str, v: &str| {
         v.parse::<u64>()
             .map(Duration::from_secs)
@@ -105,8 +111,15 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             ("ro", None) => {
                 s.fuse.read_only = true;
                 s.engine.read_only = true;
+                asked_rw = false;
             }
-            ("rw", None) => {}
+            ("rw", None) => asked_rw = true,
+            ("rescue", Some("usebackuproot")) => use_backup_root = true,
+            ("rescue", Some(v)) => {
+                return Err(Failure::new(format!(
+                    "-o rescue={v}: the only rescue birch has is usebackuproot"
+                )))
+            }
             ("threads", Some(v)) => {
                 s.fuse.threads = v
                     .parse()
@@ -184,6 +197,9 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
         }
     }
     s.engine.atime = s.fuse.atime;
+    if use_backup_root {
+        s.engine.rescue = Rescue::UseBackupRoot { writable: asked_rw };
+    }
     Ok(s)
 }
 
@@ -297,8 +313,8 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
             let _ = p.write_all(message.as_bytes());
         }
     };
-    let result = serve(args, settings, &mut || {
-        report(&mut ready_pipe, "ready\n");
+    let result = serve(args, settings, &mut |warnings: &str| {
+        report(&mut ready_pipe, &format!("ready\n{warnings}"));
         ready_pipe = None;
     });
     if let Err(f) = &result {
@@ -494,7 +510,13 @@ fn open_and_lock(
     Ok((dev, None))
 }
 
-fn serve(args: &MountArgs, mut settings: Settings, ready: &mut dyn FnMut()) -> Result<u8, Failure> {
+/// `ready` runs once the mount is live, with the warnings the mount
+/// printed that a detached daemon's parent must print in its place.
+fn serve(
+    args: &MountArgs,
+    mut settings: Settings,
+    ready: &mut dyn FnMut(&str),
+) -> Result<u8, Failure> {
     let image = &args.image;
     let (dev, _attached) = open_and_lock(image, &mut settings)?;
     let image_info = ImageInfo {
@@ -537,13 +559,25 @@ fn serve(args: &MountArgs, mut settings: Settings, ready: &mut dyn FnMut()) -> R
     let fs = Filesystem::open(gate, settings.engine)
         .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
     report_replay(image, fs.replay_outcome());
-    let fs =
-        birch_fuse::serve(fs, &args.mountpoint, &settings.fuse, control, ready).map_err(|e| {
-            Failure::new(format!(
-                "{}: FUSE session failed: {e}",
-                args.mountpoint.display()
-            ))
-        })?;
+    let warnings = match fs.backup_root_used() {
+        Some(used) => {
+            let warning = backup_root_warning(image, &used, fs.is_read_only());
+            eprintln!("{warning}");
+            format!("{warning}\n")
+        }
+        None => String::new(),
+    };
+    // A rollback mounted read-only is read-only for the kernel too.
+    settings.fuse.read_only |= fs.is_read_only();
+    let fs = birch_fuse::serve(fs, &args.mountpoint, &settings.fuse, control, || {
+        ready(&warnings)
+    })
+    .map_err(|e| {
+        Failure::new(format!(
+            "{}: FUSE session failed: {e}",
+            args.mountpoint.display()
+        ))
+    })?;
     fs.close().map_err(|e| {
         Failure::new(format!(
             "{}: commit at unmount failed: {e}",
@@ -570,6 +604,21 @@ fn report_replay(image: &Path, outcome: Option<ReplayOutcome>) {
         ),
         _ => {}
     }
+}
+
+/// Says that the mount fell back to an older commit, and what that lost.
+fn backup_root_warning(image: &Path, used: &BackupRootUsed, read_only: bool) -> String {
+    format!(
+        "birch: {}: WARNING: {}; {}",
+        image.display(),
+        used,
+        if read_only {
+            "mounted read-only (unmounting leaves the image as it was; `-o \
+             rescue=usebackuproot,rw` makes the rollback permanent)"
+        } else {
+            "mounted read-write: the rollback is committed, the newer commits are gone"
+        }
+    )
 }
 
 /// Starts this command again in the foreground as a daemon in its own
@@ -622,7 +671,9 @@ fn detach(args: &MountArgs) -> Result<u8, Failure> {
     drop(write_end);
     let mut message = String::new();
     let _ = read_end.read_to_string(&mut message);
-    if message.starts_with("ready") {
+    if let Some(warnings) = message.strip_prefix("ready\n") {
+        // The daemon's stderr goes nowhere: its warnings are said here.
+        eprint!("{warnings}");
         return Ok(0);
     }
     let status = child.wait().ok();

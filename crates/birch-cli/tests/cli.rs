@@ -1,8 +1,10 @@
 //! The `birch` binary end to end: exit codes, one-line errors, output.
 
+use birch::check::fixture::corrupt_node;
 use birch::check::{newest_valid_copy, read_superblock_copies, tree_roots};
 use birch::device::FileDevice;
 use birch::format::tree_id;
+use birch::fs::{read_superblock, Filesystem, MountOptions};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -262,4 +264,57 @@ fn dump_prints_super_trees_and_blocks() {
     assert_one_line_error(&birch(&["dump", &img, "tree", "log"]), 1, &["no tree log"]);
     let missing = s.path("missing.img");
     assert_one_line_error(&birch(&["dump", &missing]), 2, &[&missing]);
+}
+
+/// An image with three commits whose newest root tree root is damaged:
+/// the superblock records two older commits.
+fn image_with_damaged_newest_root(img: &str) {
+    mkfs(img, "16M");
+    let dev = FileDevice::open(Path::new(img), false).unwrap();
+    let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+    for name in ["one", "two"] {
+        fs.create(fs.root_ino(), name.as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.sync().unwrap();
+    }
+    fs.close().unwrap();
+    let dev = FileDevice::open(Path::new(img), false).unwrap();
+    let sb = read_superblock(&dev).unwrap();
+    corrupt_node(&dev, sb.root_tree_bytenr);
+}
+
+#[test]
+fn dump_super_lists_backup_roots() {
+    let s = Scratch::new();
+    let img = s.path("a.img");
+    image_with_damaged_newest_root(&img);
+    let out = stdout(&birch(&["dump", &img, "super"]));
+    for want in [
+        "backup_root 0: generation 3 root_tree_bytenr",
+        "backup_root 1: generation 2 root_tree_bytenr",
+        "backup_root 2: generation 1 root_tree_bytenr",
+        "backup_root 3: empty",
+    ] {
+        assert!(out.contains(want), "dump lacks '{want}':\n{out}");
+    }
+}
+
+#[test]
+fn mount_of_an_unreadable_root_suggests_the_backup_root_rescue() {
+    let s = Scratch::new();
+    let img = s.path("a.img");
+    let mnt = s.path("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    image_with_damaged_newest_root(&img);
+    let o = birch(&["mount", &img, &mnt, "-f", "-o", "rescue=bogus"]);
+    assert_one_line_error(&o, 1, &["rescue=bogus", "usebackuproot"]);
+    let o = birch(&["mount", &img, &mnt, "-f"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("corrupt node: tree=root(1)")
+            && err.contains("2 older commits as backup roots")
+            && err.contains("-o rescue=usebackuproot"),
+        "{err}"
+    );
 }

@@ -19,6 +19,9 @@
 
 mod common;
 
+use birch::check::fixture::corrupt_node;
+use birch::device::FileDevice;
+use birch::fs::read_superblock;
 use common::{cstr, exclusive, skip_unless_root, Fixture};
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -755,4 +758,85 @@ fn truncate_then_write_then_fsync() {
 
     assert_file(&run.path("f"), &want, 1);
     run.finish();
+}
+
+/// Unmounts a mount whose daemon this test did not start (a detached
+/// `birch mount`), waiting out a busy mount briefly.
+fn unmount_detached(mnt: &Path) {
+    let target = cstr(mnt);
+    for _ in 0..100 {
+        // SAFETY: a valid C string.
+        if unsafe { libc::umount2(target.as_ptr(), 0) } == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("{} stayed mounted", mnt.display());
+}
+
+/// docs/BACKUP-ROOTS.md through the real mount: with the newest commit's
+/// root tree root unreadable, a plain mount fails suggesting the rescue;
+/// `-o rescue=usebackuproot` mounts the previous commit read-only, says so
+/// (a detached mount through its caller) and writes nothing;
+/// `rescue=usebackuproot,rw` makes the rollback durable, and it checks
+/// clean and mounts plainly afterwards.
+#[test]
+fn rescue_usebackuproot_mounts_the_previous_commit() {
+    if skip_unless_root() {
+        return;
+    }
+    let _one_at_a_time = exclusive();
+    let mut fx = Fixture::new("rescue", "64M");
+    fx.mount();
+    write_file(&fx.path("a"), b"committed first");
+    fx.sync();
+    write_file(&fx.path("b"), b"committed second");
+    fx.sync();
+    fx.unmount();
+    {
+        let dev = FileDevice::open(&fx.image, false).unwrap();
+        let sb = read_superblock(&dev).unwrap();
+        corrupt_node(&dev, sb.root_tree_bytenr);
+    }
+    fx.check_at_drop = false;
+    let damaged = fs::read(&fx.image).unwrap();
+    let mnt = fx.mnt.to_str().unwrap().to_string();
+
+    let out = common::birch(&["mount", fx.image_str(), &mnt, "-f"]);
+    let err = common::text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("-o rescue=usebackuproot"), "{err}");
+
+    let out = common::birch(&["mount", fx.image_str(), &mnt, "-o", "rescue=usebackuproot"]);
+    let err = common::text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("WARNING") && err.contains("rolled back") && err.contains("read-only"),
+        "{err}"
+    );
+    assert_eq!(read_file(&fx.path("a")), b"committed first");
+    let refused = File::create(fx.path("new")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    unmount_detached(&fx.mnt);
+    assert!(
+        fs::read(&fx.image).unwrap() == damaged,
+        "a read-only rescue wrote to the image"
+    );
+
+    fx.options = vec!["rescue=usebackuproot,rw".into()];
+    fx.mount();
+    let log = fx.daemon_log();
+    assert!(
+        log.contains("WARNING") && log.contains("read-write"),
+        "{log}"
+    );
+    assert_eq!(read_file(&fx.path("a")), b"committed first");
+    write_file(&fx.path("c"), b"after the rollback");
+    fx.unmount();
+    fx.options.clear();
+    fx.assert_clean();
+    fx.check_at_drop = true;
+    fx.mount();
+    assert_eq!(read_file(&fx.path("a")), b"committed first");
+    assert_eq!(read_file(&fx.path("c")), b"after the rollback");
 }

@@ -12,7 +12,9 @@
 //! - a byte is in exactly one of: free, pinned (this or the committing
 //!   transaction), or referenced by an extent item / a delayed ref;
 //! - nothing referenced by the last durable superblock is ever free;
-//! - pinned space becomes free only after the commit that freed it is durable.
+//! - pinned space becomes free only after the commit that freed it is
+//!   durable, and then stays held until the next commit is durable too, so
+//!   the previous commit (the newest backup root) stays intact.
 
 use crate::error::{Error, Result};
 use crate::format::{NODE_SIZE, SECTOR_SIZE};
@@ -152,6 +154,10 @@ pub struct Allocator {
     pinned: Vec<(u64, u64)>,
     /// Log nodes a durable log superblock may still reference.
     log_pinned: Vec<(u64, u64)>,
+    /// Freed by the newest durable commit: the commit before it (its first
+    /// older backup root) still references them, so they are not reused
+    /// until the next commit is durable (docs/BACKUP-ROOTS.md).
+    held: Vec<(u64, u64)>,
     delayed_refs: BTreeMap<u64, DelayedRef>,
     /// Next-fit cursors: metadata and data are laid out in separate runs so
     /// data extents stay contiguous.
@@ -172,6 +178,7 @@ impl Allocator {
             free,
             pinned: Vec::new(),
             log_pinned: Vec::new(),
+            held: Vec::new(),
             delayed_refs: BTreeMap::new(),
             metadata_cursor: first,
             data_cursor: first + (total_bytes - first) / 4,
@@ -202,6 +209,11 @@ impl Allocator {
 
     pub fn pinned_bytes(&self) -> u64 {
         self.pinned.iter().map(|&(_, l)| l).sum()
+    }
+
+    /// Space held for the previous commit (see [`Self::commit_durable`]).
+    pub fn held_bytes(&self) -> u64 {
+        self.held.iter().map(|&(_, l)| l).sum()
     }
 
     /// Freed log nodes waiting for the next log sync or commit.
@@ -362,7 +374,35 @@ impl Allocator {
         std::mem::take(&mut self.pinned)
     }
 
-    /// Called once the commit that pinned `ranges` is durable.
+    /// Called once a commit is durable, with the ranges it freed (taken
+    /// by [`Self::take_pinned`]): those are held, because the commit before
+    /// it, now the newest backup root, still references them; what the
+    /// previous commit freed, referenced only by older backups, is free.
+    pub fn commit_durable(&mut self, freed: Vec<(u64, u64)>) {
+        let released = std::mem::replace(&mut self.held, freed);
+        self.unpin(released);
+    }
+
+    /// At mount: holds `[start, start+len)`, free in the mounted commit but
+    /// used by the commit before it, until the next commit is durable.
+    /// Returns false (and holds nothing) unless it is a whole number of
+    /// sectors, all of it free: the range comes from an older commit's
+    /// extent tree, which nothing else has validated.
+    pub fn hold_free_range(&mut self, start: u64, len: u64) -> bool {
+        let whole_sectors = len > 0
+            && start.is_multiple_of(SECTOR_SIZE)
+            && len.is_multiple_of(SECTOR_SIZE)
+            && start.checked_add(len).is_some();
+        if !whole_sectors || !self.free.is_free(start, len) {
+            return false;
+        }
+        self.free.remove(start, len);
+        self.held.push((start, len));
+        true
+    }
+
+    /// Returns ranges to the free map: log nodes no durable superblock
+    /// references any more.
     pub fn unpin(&mut self, ranges: Vec<(u64, u64)>) {
         for (start, len) in ranges {
             self.free.add(start, len);
@@ -459,7 +499,7 @@ mod tests {
     }
 
     #[test]
-    fn freed_nodes_stay_pinned_until_unpinned() {
+    fn freed_nodes_stay_unusable_until_the_next_commit_is_durable() {
         let mut free = FreeSpace::default();
         free.add(1 << 20, 1 << 20);
         let mut a = Allocator::new(free, 0, 2 << 20);
@@ -469,7 +509,21 @@ mod tests {
         let pinned = a.take_pinned();
         assert_eq!(pinned, vec![(n, NODE_SIZE as u64)]);
         assert_eq!(a.free_bytes(), (1 << 20) - NODE_SIZE as u64);
-        a.unpin(pinned);
-        assert_eq!(a.free_bytes(), 1 << 20);
+        // Durable: held for the previous commit, still not free.
+        a.commit_durable(pinned);
+        assert_eq!(a.held_bytes(), NODE_SIZE as u64);
+        assert_eq!(a.free_bytes(), (1 << 20) - NODE_SIZE as u64);
+        // Nothing else is free: the held node is not handed out.
+        let rest = a.free_bytes() / NODE_SIZE as u64;
+        for _ in 0..rest {
+            assert_ne!(a.alloc_node(5, 0).unwrap(), n);
+        }
+        assert!(matches!(a.alloc_node(5, 0), Err(Error::NoSpace)));
+        a.take_delayed_refs();
+        // The next commit durable: free.
+        a.commit_durable(Vec::new());
+        assert_eq!(a.held_bytes(), 0);
+        assert_eq!(a.free_bytes(), NODE_SIZE as u64);
+        assert_eq!(a.alloc_node(5, 0).unwrap(), n);
     }
 }

@@ -145,6 +145,26 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
         "\tlog_root_bytenr {} level {} log_generation {}",
         sb.log_root_bytenr, sb.log_root_level, sb.log_generation
     );
+    for (slot, backup) in sb.backup_roots.iter().enumerate() {
+        if backup.is_empty() {
+            let _ = writeln!(s, "\tbackup_root {slot}: empty");
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "\tbackup_root {slot}: generation {} root_tree_bytenr {} level {} extent_root_bytenr {} level {} gen {} fs_root_bytenr {} level {} gen {} bytes_used {}",
+            backup.generation,
+            backup.root_tree_bytenr,
+            backup.root_tree_level,
+            backup.extent_root.bytenr,
+            backup.extent_root.level,
+            backup.extent_root.generation,
+            backup.fs_root.bytenr,
+            backup.fs_root.level,
+            backup.fs_root.generation,
+            backup.bytes_used
+        );
+    }
     s
 }
 

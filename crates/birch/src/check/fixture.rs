@@ -6,15 +6,15 @@
 //!
 //! Test support, not part of the engine: panics on misuse.
 
-use crate::device::MemoryDevice;
+use crate::device::{BlockDevice, MemoryDevice};
 use crate::format::node::BODY_SIZE;
 use crate::format::node::{LEAF_ITEM_HEADER_SIZE, MAX_KEY_PTRS};
 use crate::format::{
     decode_dir_items, decode_inode_refs, decode_xattrs, encode_dir_items, encode_inode_refs,
-    encode_xattrs, item_type, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, FileType,
-    InodeItem, InodeRefEntry, Key, KeyPtr, LeafItem, Node, NodeBody, RootItem, Superblock,
-    Timespec, Xattr, FIRST_ALLOCATABLE_BYTE, FIRST_DIR_INDEX, FIRST_FREE_INO, NODE_SIZE,
-    ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE, SUPERBLOCK_OFFSETS,
+    encode_xattrs, item_type, name_hash, tree_id, BackupRoot, DirEntry, ExtentItem, FileExtent,
+    FileType, InodeItem, InodeRefEntry, Key, KeyPtr, LeafItem, Node, NodeBody, RootItem,
+    Superblock, Timespec, Xattr, BACKUP_ROOT_COUNT, FIRST_ALLOCATABLE_BYTE, FIRST_DIR_INDEX,
+    FIRST_FREE_INO, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE, SUPERBLOCK_OFFSETS,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -481,6 +481,7 @@ impl FsBuilder {
             log_root_bytenr: 0,
             log_root_level: 0,
             log_generation: 0,
+            backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
         };
         let mut fx = Fixture {
             image: vec![0; self.total_bytes as usize],
@@ -704,4 +705,19 @@ pub fn sample() -> FsBuilder {
     let o = b.orphan(libc::S_IFREG | 0o600);
     b.prealloc(o, 0, 4096);
     b
+}
+
+/// Damages the tree node at `bytenr` on `dev` so that it fails validation
+/// (its checksum), as a bad sector or a lost write would. Every test that
+/// damages a node of a real image goes through here: when metadata has
+/// two copies (DUP), this is the one place that must damage both.
+pub fn corrupt_node(dev: &dyn BlockDevice, bytenr: u64) {
+    let mut node = vec![0u8; NODE_SIZE];
+    dev.read_at(&mut node, bytenr)
+        .expect("read of the node to damage");
+    for byte in &mut node[200..264] {
+        *byte ^= 0xa5;
+    }
+    dev.write_at(&node, bytenr)
+        .expect("write of the damaged node");
 }

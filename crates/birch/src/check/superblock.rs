@@ -126,6 +126,8 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         );
     }
 
+    check_backup_roots(c, &sb);
+
     let s = &mut c.report.summary;
     s.superblock_copy = Some(current.bytenr);
     s.fsid = sb.fsid;
@@ -134,4 +136,56 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     s.bytes_used_recorded = sb.bytes_used;
     c.sb = Some(sb);
     PassStatus::Ran
+}
+
+/// The backup-root slots (docs/BACKUP-ROOTS.md): filled slots first, in
+/// strictly decreasing generation, none newer than the superblock, and a
+/// slot of the superblock's own generation records its roots. Whether the
+/// older commits are still readable is not checked: only the previous one
+/// is guaranteed, and a mount tells by trying.
+fn check_backup_roots(c: &mut Checker<'_>, sb: &Superblock) {
+    let mut newer: Option<u64> = None;
+    let mut seen_empty = false;
+    for (slot, backup) in sb.backup_roots.iter().enumerate() {
+        if backup.is_empty() {
+            seen_empty = true;
+            continue;
+        }
+        let out_of_order = seen_empty
+            || backup.generation > sb.generation
+            || newer.is_some_and(|g| backup.generation >= g);
+        if out_of_order {
+            c.fault_tree(
+                None,
+                format!(
+                    "backup root slot {slot} (generation {}) is out of order: filled slots \
+                     come first, newest first, none newer than the superblock's generation {}",
+                    backup.generation, sb.generation
+                ),
+            );
+        }
+        if backup.generation == sb.generation
+            && (
+                backup.root_tree_bytenr,
+                backup.root_tree_level,
+                backup.bytes_used,
+            ) != (sb.root_tree_bytenr, sb.root_tree_level, sb.bytes_used)
+        {
+            c.fault_tree(
+                None,
+                format!(
+                    "backup root slot {slot} records generation {} with root tree {} level {} \
+                     and bytes_used {}, the superblock {} level {} and {}",
+                    backup.generation,
+                    backup.root_tree_bytenr,
+                    backup.root_tree_level,
+                    backup.bytes_used,
+                    sb.root_tree_bytenr,
+                    sb.root_tree_level,
+                    sb.bytes_used
+                ),
+            );
+        }
+        newer = Some(backup.generation);
+    }
 }

@@ -13,7 +13,10 @@ mod superblock;
 pub use items::*;
 pub use key::{item_type, item_type_name, Key};
 pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
-pub use superblock::{Superblock, SuperblockError};
+pub use superblock::{
+    BackupRoot, Superblock, SuperblockError, BACKUP_ROOTS_OFFSET, BACKUP_ROOT_COUNT,
+    BACKUP_ROOT_SIZE,
+};
 
 /// Allocation unit for data and metadata.
 pub const SECTOR_SIZE: u64 = 4096;

@@ -19,11 +19,116 @@
 //! 104 log_generation    u64  log transaction that wrote the log root
 //! 112 incompat_flags    u64  must be 0 for this version
 //! 120 reserved (zeroes)
+//! 256 backup_roots      4 x 64 bytes, newest first (BackupRoot)
+//! 512 reserved (zeroes)
 //! ```
 
 use super::bytes::{put_u32, put_u64, Reader};
+use super::items::RootItem;
 use super::{NODE_SIZE, SECTOR_SIZE, SUPERBLOCK_MAGIC, SUPERBLOCK_SIZE};
 use std::fmt;
+
+/// Where the backup-root array starts (bytes 120..256 are kept for other
+/// fields).
+pub const BACKUP_ROOTS_OFFSET: usize = 256;
+/// Commits whose roots the superblock keeps (btrfs keeps 4 too).
+pub const BACKUP_ROOT_COUNT: usize = 4;
+/// Bytes of one backup-root slot.
+pub const BACKUP_ROOT_SIZE: usize = 64;
+
+/// The roots of one commit, enough to mount it without the newer ones
+/// (docs/BACKUP-ROOTS.md). Layout (64 bytes):
+///
+/// ```text
+/// 0  generation              u64  0 = empty slot
+/// 8  root_tree_bytenr        u64
+/// 16 extent_root_bytenr      u64
+/// 24 extent_root_generation  u64
+/// 32 fs_root_bytenr          u64
+/// 40 fs_root_generation      u64
+/// 48 bytes_used              u64
+/// 56 root_tree_level         u8
+/// 57 extent_root_level       u8
+/// 58 fs_root_level           u8
+/// 59 reserved                5 bytes
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackupRoot {
+    pub generation: u64,
+    pub root_tree_bytenr: u64,
+    pub root_tree_level: u8,
+    pub extent_root: RootItem,
+    pub fs_root: RootItem,
+    pub bytes_used: u64,
+}
+
+impl BackupRoot {
+    /// A slot no commit filled (images made before backup roots existed
+    /// have only these).
+    pub const EMPTY: BackupRoot = BackupRoot {
+        generation: 0,
+        root_tree_bytenr: 0,
+        root_tree_level: 0,
+        extent_root: RootItem {
+            bytenr: 0,
+            generation: 0,
+            level: 0,
+        },
+        fs_root: RootItem {
+            bytenr: 0,
+            generation: 0,
+            level: 0,
+        },
+        bytes_used: 0,
+    };
+
+    pub fn is_empty(&self) -> bool {
+        self.generation == 0
+    }
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.generation);
+        put_u64(out, self.root_tree_bytenr);
+        put_u64(out, self.extent_root.bytenr);
+        put_u64(out, self.extent_root.generation);
+        put_u64(out, self.fs_root.bytenr);
+        put_u64(out, self.fs_root.generation);
+        put_u64(out, self.bytes_used);
+        out.extend_from_slice(&[
+            self.root_tree_level,
+            self.extent_root.level,
+            self.fs_root.level,
+        ]);
+        out.extend_from_slice(&[0; 5]);
+    }
+
+    fn decode(bytes: &[u8]) -> Result<BackupRoot, SuperblockError> {
+        let field = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let level = |at: usize| {
+            Some(bytes[at])
+                .filter(|&l| l <= super::node::MAX_LEVEL)
+                .ok_or_else(|| {
+                    SuperblockError::Unsupported(format!("backup root level {}", bytes[at]))
+                })
+        };
+        Ok(BackupRoot {
+            generation: field(0),
+            root_tree_bytenr: field(8),
+            extent_root: RootItem {
+                bytenr: field(16),
+                generation: field(24),
+                level: level(57)?,
+            },
+            fs_root: RootItem {
+                bytenr: field(32),
+                generation: field(40),
+                level: level(58)?,
+            },
+            bytes_used: field(48),
+            root_tree_level: level(56)?,
+        })
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
@@ -36,6 +141,9 @@ pub struct Superblock {
     pub log_root_bytenr: u64,
     pub log_root_level: u8,
     pub log_generation: u64,
+    /// The roots of the last commits, newest first; slot 0 is this
+    /// superblock's own commit once written by a birch that keeps them.
+    pub backup_roots: [BackupRoot; BACKUP_ROOT_COUNT],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +189,10 @@ impl Superblock {
         put_u64(&mut out, u64::from(self.log_root_level));
         put_u64(&mut out, self.log_generation);
         put_u64(&mut out, 0);
+        out.resize(BACKUP_ROOTS_OFFSET, 0);
+        for backup in &self.backup_roots {
+            backup.encode_into(&mut out);
+        }
         out.resize(SUPERBLOCK_SIZE, 0);
         let csum = crc32c::crc32c(&out[4..]);
         out[0..4].copy_from_slice(&csum.to_le_bytes());
@@ -139,6 +251,11 @@ impl Superblock {
         let log_root_level = level(log_root_level).ok_or_else(|| {
             SuperblockError::Unsupported(format!("log root level {log_root_level}"))
         })?;
+        let mut backup_roots = [BackupRoot::EMPTY; BACKUP_ROOT_COUNT];
+        for (i, slot) in backup_roots.iter_mut().enumerate() {
+            let at = BACKUP_ROOTS_OFFSET + i * BACKUP_ROOT_SIZE;
+            *slot = BackupRoot::decode(&bytes[at..at + BACKUP_ROOT_SIZE])?;
+        }
         Ok(Superblock {
             fsid,
             generation,
@@ -149,7 +266,16 @@ impl Superblock {
             log_root_bytenr,
             log_root_level,
             log_generation,
+            backup_roots,
         })
+    }
+
+    /// The filled backup slots of commits older than this superblock's,
+    /// newest first: what a rescue mount may fall back to.
+    pub fn older_backup_roots(&self) -> impl Iterator<Item = &BackupRoot> + '_ {
+        self.backup_roots
+            .iter()
+            .filter(move |b| !b.is_empty() && b.generation < self.generation)
     }
 }
 
@@ -169,8 +295,30 @@ mod tests {
             log_root_bytenr: 0,
             log_root_level: 0,
             log_generation: 0,
+            backup_roots: [
+                BackupRoot {
+                    generation: 9,
+                    root_tree_bytenr: 1 << 20,
+                    root_tree_level: 1,
+                    extent_root: RootItem {
+                        bytenr: 2 << 20,
+                        generation: 8,
+                        level: 2,
+                    },
+                    fs_root: RootItem {
+                        bytenr: 3 << 20,
+                        generation: 9,
+                        level: 3,
+                    },
+                    bytes_used: 65536,
+                },
+                BackupRoot::EMPTY,
+                BackupRoot::EMPTY,
+                BackupRoot::EMPTY,
+            ],
         };
         let bytes = sb.encode(65536);
+        assert!(bytes[120..BACKUP_ROOTS_OFFSET].iter().all(|&b| b == 0));
         assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), sb);
         assert_eq!(
             Superblock::decode(&bytes, 262144),

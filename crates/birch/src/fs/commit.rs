@@ -10,20 +10,23 @@
 //!                           repeat until nothing changes (each pass may copy more nodes)
 //!                         hand the dirty nodes to the commit; transaction T+1 starts
 //! without the lock:       write every node of T; FLUSH; write both superblocks; FLUSH
-//! under the state lock:   unpin the space T freed; T's nodes become clean cache entries
+//! under the state lock:   hold the space T freed, release what T-1 freed;
+//!                         T's nodes become clean cache entries
 //! ```
 //! A crash before the superblock write leaves the previous superblock, whose
 //! trees were never overwritten (T only wrote blocks that were free in T-1);
-//! a crash after it leaves T. Space T freed stays pinned until the second
-//! flush, so T+1 cannot overwrite anything T-1 still references.
+//! a crash after it leaves T. Space T freed stays pinned until T's second
+//! flush and then held until T+1's: so T+1 cannot overwrite anything T-1
+//! still references, and T-1, T's first older backup root, stays mountable
+//! while T is the newest commit (docs/BACKUP-ROOTS.md).
 
 use crate::alloc::{DelayedRef, ExtentKind};
 use crate::btree::{Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    item_type, tree_id, ExtentItem, Key, Node, RootItem, Superblock, NODE_SIZE, SUPERBLOCK_OFFSETS,
-    SUPERBLOCK_SIZE,
+    item_type, tree_id, BackupRoot, ExtentItem, Key, Node, RootItem, Superblock, BACKUP_ROOT_COUNT,
+    NODE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,7 +44,13 @@ pub(crate) struct Roots {
 pub(crate) struct PreparedCommit {
     pub nodes: Arc<HashMap<u64, Arc<Node>>>,
     pub superblock: Superblock,
+    /// Space the transaction freed: the previous commit (this one's
+    /// first older backup root) still uses it, so it is held until the
+    /// commit after this one is durable (docs/BACKUP-ROOTS.md).
     pub pinned: Vec<(u64, u64)>,
+    /// Log nodes the superblock no longer points at: free once this commit
+    /// is durable.
+    pub log_released: Vec<(u64, u64)>,
 }
 
 /// Applies delayed extent refs and root items until the trees stop
@@ -65,11 +74,7 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         // Root items are written every pass; the first write copies the
         // root tree's path, so its root always carries this transid.
         for tree in [roots.extent, roots.fs] {
-            let item = RootItem {
-                bytenr: tree.bytenr,
-                generation: tree.generation,
-                level: tree.level,
-            };
+            let item = root_item(&tree);
             let key = Key::new(tree.id, item_type::ROOT_ITEM, 0);
             if forest.get(&roots.root, &key)?.as_deref() != Some(&item.encode()[..]) || passes == 1
             {
@@ -81,6 +86,17 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         }
     }
     debug_assert_eq!(roots.root.generation, transid);
+    // This commit's roots go in front; the oldest slot falls off.
+    let mut backup_roots = [BackupRoot::EMPTY; BACKUP_ROOT_COUNT];
+    backup_roots[0] = BackupRoot {
+        generation: transid,
+        root_tree_bytenr: roots.root.bytenr,
+        root_tree_level: roots.root.level,
+        extent_root: root_item(&roots.extent),
+        fs_root: root_item(&roots.fs),
+        bytes_used: forest.alloc.bytes_used(),
+    };
+    backup_roots[1..].copy_from_slice(&template.backup_roots[..BACKUP_ROOT_COUNT - 1]);
     let superblock = Superblock {
         generation: transid,
         root_tree_bytenr: roots.root.bytenr,
@@ -89,27 +105,34 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         log_root_bytenr: 0,
         log_root_level: 0,
         log_generation: 0,
+        backup_roots,
         ..template.clone()
     };
-    let mut pinned = forest.alloc.take_pinned();
+    let pinned = forest.alloc.take_pinned();
     // The dropped log's written nodes: free once this commit (whose
-    // superblock no longer points at the log) is durable.
-    pinned.extend(forest.alloc.take_log_pinned());
+    // superblock no longer points at the log) is durable. No commit's
+    // trees use them, so no backup root needs them kept.
+    let log_released = forest.alloc.take_log_pinned();
     let nodes = forest.begin_commit();
     Ok(PreparedCommit {
         nodes,
         superblock,
         pinned,
+        log_released,
     })
+}
+
+fn root_item(tree: &TreeRoot) -> RootItem {
+    RootItem {
+        bytenr: tree.bytenr,
+        generation: tree.generation,
+        level: tree.level,
+    }
 }
 
 fn root_items_current<D: BlockDevice>(forest: &Forest<D>, roots: &Roots) -> Result<bool> {
     for tree in [roots.extent, roots.fs] {
-        let item = RootItem {
-            bytenr: tree.bytenr,
-            generation: tree.generation,
-            level: tree.level,
-        };
+        let item = root_item(&tree);
         if forest
             .get(&roots.root, &Key::new(tree.id, item_type::ROOT_ITEM, 0))?
             .as_deref()

@@ -63,7 +63,20 @@ pub(crate) struct FsState<D> {
     shut_down: bool,
     /// What the mount did with the log it found, if any.
     replay: Option<ReplayOutcome>,
+    /// Set when the newest commit could not be read and an older one was
+    /// mounted (`Rescue::UseBackupRoot`).
+    backup_root_used: Option<BackupRootUsed>,
     options: MountOptions,
+}
+
+/// Why a commit runs: what it must do even when nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// Make changes durable: nothing changed, nothing to write.
+    Durability,
+    /// Give space back (reclaim, ENOSPC retry): also release the space held
+    /// for the previous commit, which takes a commit of its own.
+    Space,
 }
 
 /// Where log syncs and commits stand; see docs/TREE-LOG.md "Log sync".
@@ -132,6 +145,17 @@ impl<D: BlockDevice> Shared<D> {
     /// releases what it freed. The log of the running transaction is
     /// dropped: the commit makes its content durable.
     fn commit(&self) -> Result<()> {
+        self.commit_with(Purpose::Durability)
+    }
+
+    /// A commit to get space back: unlike [`Self::commit`] it also runs
+    /// when nothing changed but space is held for the previous commit,
+    /// which only a commit releases.
+    fn commit_for_space(&self) -> Result<()> {
+        self.commit_with(Purpose::Space)
+    }
+
+    fn commit_with(&self, purpose: Purpose) -> Result<()> {
         let _commit = self.commit_lock.lock().expect("commit lock poisoned");
         self.write_back_before_seal()?;
         {
@@ -157,7 +181,7 @@ impl<D: BlockDevice> Shared<D> {
             }
             let covering = state.log.filling;
             let generation = state.forest.transid();
-            match state.prepare_commit() {
+            match state.prepare_commit(purpose) {
                 Ok(p) => Ok(p.map(|p| (p, covering))),
                 Err(e) => {
                     let e = io_step(e, &format!("commit of generation {generation}"));
@@ -460,10 +484,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// commit mounts; [`Self::replay_outcome`] says which happened. A read
     /// error (EIO) during replay fails the open instead: the log stays. A
     /// read-only mount replays into memory only and writes nothing until
-    /// [`Self::remount_read_write`].
+    /// [`Self::remount_read_write`]. If the newest commit's roots cannot be
+    /// read, `options.rescue` decides whether an older commit recorded in
+    /// the superblock is mounted instead ([`Self::backup_root_used`]).
     pub fn open(dev: D, options: MountOptions) -> Result<Self> {
         let dev = Arc::new(dev);
         let mut state = mount::open(dev.clone(), options.clone())?;
+        // A rescue mount that fell back to an older commit may have made
+        // itself read-only.
+        let read_only = state.options.read_only;
         let has_log = state.superblock.log_root_bytenr != 0;
         if has_log {
             // Replay only changes memory (and reserves space in the
@@ -509,7 +538,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             threads: Mutex::new(BackgroundThreads::default()),
             closed: false,
         };
-        if !options.read_only {
+        if !read_only {
             fs.start_writing(&mut fs.lock_threads())?;
         }
         Ok(fs)
@@ -682,7 +711,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             };
             if matches!(result, Err(Error::NoSpace)) && !retried {
                 retried = true;
-                self.commit()?;
+                self.shared.commit_for_space()?;
                 continue;
             }
             if over_limit {
@@ -1150,6 +1179,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.lock().replay.clone()
     }
 
+    /// Set when the newest commit could not be read and the mount fell
+    /// back to an older one (`Rescue::UseBackupRoot`): which, and what was
+    /// lost.
+    pub fn backup_root_used(&self) -> Option<BackupRootUsed> {
+        self.lock().backup_root_used.clone()
+    }
+
     /// Counters of the fsync path.
     pub fn log_stats(&self) -> LogStats {
         self.lock().log_stats
@@ -1283,21 +1319,34 @@ impl<D: BlockDevice> FsState<D> {
         }
     }
 
-    fn prepare_commit(&mut self) -> Result<Option<commit::PreparedCommit>> {
+    fn prepare_commit(&mut self, purpose: Purpose) -> Result<Option<commit::PreparedCommit>> {
         self.writeback_all()?;
         self.flush_delayed_items()?;
         self.drop_log()?;
         // A superblock that points at a log (one replay applied or threw
-        // away) is superseded even when nothing else changed.
+        // away) is superseded even when nothing else changed, and so is
+        // one newer than the commit in memory (a rescue mount fell back to
+        // an older commit: the first commit makes the rollback durable).
+        let device_holds_other_commit = self.superblock.generation + 1 != self.forest.transid();
+        let releases_held = purpose == Purpose::Space && self.forest.alloc.held_bytes() > 0;
         if self.forest.dirty_node_count() == 0
             && !self.forest.alloc.has_delayed_refs()
             && self.superblock.log_root_bytenr == 0
+            && !device_holds_other_commit
+            && !releases_held
         {
             return Ok(None);
         }
         let prepared =
             commit::seal_transaction(&mut self.forest, &mut self.roots, &self.superblock)?;
-        self.note_committing_pinned(prepared.pinned.iter().map(|&(_, l)| l).sum());
+        self.note_committing_pinned(
+            prepared
+                .pinned
+                .iter()
+                .chain(&prepared.log_released)
+                .map(|&(_, l)| l)
+                .sum(),
+        );
         // The next transaction's log transactions get new numbers: the
         // commit covers every one up to the current.
         self.log.filling += 1;
@@ -1306,7 +1355,8 @@ impl<D: BlockDevice> FsState<D> {
 
     fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
         self.forest.end_commit();
-        self.forest.alloc.unpin(prepared.pinned);
+        self.forest.alloc.commit_durable(prepared.pinned);
+        self.forest.alloc.unpin(prepared.log_released);
         self.note_committing_pinned(0);
         self.superblock = prepared.superblock;
         self.stats.commits += 1;

@@ -4,15 +4,15 @@ use super::commit::{self, Roots};
 use super::delayed::DelayedItems;
 use super::space::SpaceInfo;
 use super::tree_log::LogState;
-use super::{FsState, FsStats, MkfsOptions, MountOptions};
+use super::{BackupRootUsed, FsState, FsStats, MkfsOptions, MountOptions, Rescue};
 use crate::alloc::{Allocator, FreeSpace};
 use crate::btree::{Forest, NodeExpectation, NodeStore, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    encode_inode_refs, item_type, tree_id, ExtentItem, InodeItem, InodeRefEntry, Key, RootItem,
-    Superblock, FIRST_ALLOCATABLE_BYTE, FIRST_FREE_INO, MIN_DEVICE_BYTES, NODE_SIZE,
-    ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE,
+    encode_inode_refs, item_type, tree_id, BackupRoot, ExtentItem, InodeItem, InodeRefEntry, Key,
+    NodeBody, RootItem, Superblock, BACKUP_ROOT_COUNT, FIRST_ALLOCATABLE_BYTE, FIRST_FREE_INO,
+    MIN_DEVICE_BYTES, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -89,6 +89,7 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         log_root_bytenr: 0,
         log_root_level: 0,
         log_generation: 0,
+        backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
     };
     let prepared = commit::seal_transaction(&mut forest, &mut roots, &template)?;
     commit::write_commit(dev, &prepared)?;
@@ -96,21 +97,127 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
 }
 
 pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result<FsState<D>> {
-    let superblock = commit::read_superblock(dev.as_ref())?;
-    let store = Arc::new(NodeStore::new(dev, superblock.fsid, options.cache_nodes));
-    let root = TreeRoot {
-        id: tree_id::ROOT,
-        bytenr: superblock.root_tree_bytenr,
-        level: superblock.root_tree_level,
-        generation: superblock.generation,
-    };
-    // The allocator is rebuilt below; reads need none yet.
+    let newest = commit::read_superblock(dev.as_ref())?;
+    let store = Arc::new(NodeStore::new(dev, newest.fsid, options.cache_nodes));
+    // The allocator is rebuilt below; reads need none yet. Transactions
+    // continue after the newest commit even when an older one is mounted:
+    // a generation is never used twice, so a torn superblock write can
+    // never leave an abandoned commit and its replacement tied.
     let mut forest = Forest::new(
         store.clone(),
-        Allocator::new(FreeSpace::default(), 0, superblock.total_bytes),
-        superblock.generation + 1,
+        Allocator::new(FreeSpace::default(), 0, newest.total_bytes),
+        newest.generation + 1,
     );
-    let load_root = |forest: &Forest<Arc<D>>, id: u64| -> Result<TreeRoot> {
+    let mut options = options;
+    let (loaded, superblock, rescue) =
+        match load_commit(&forest, &CommitToLoad::newest(&newest), newest.total_bytes) {
+            Ok(loaded) => (loaded, newest.clone(), None),
+            Err(e) => {
+                let Rescue::UseBackupRoot { writable } = options.rescue else {
+                    return Err(with_backup_hint(e, &newest));
+                };
+                let (loaded, superblock, used) = load_backup_root(&forest, &newest, e)?;
+                if !writable {
+                    options.read_only = true;
+                }
+                (loaded, superblock, Some(used))
+            }
+        };
+    forest.alloc = Allocator::new(loaded.free, loaded.bytes_used, superblock.total_bytes);
+    forest.alloc.set_metadata_bytes(loaded.metadata_bytes);
+    if let Some(previous) = superblock.older_backup_roots().next() {
+        hold_previous_commit(&mut forest, &loaded.extent_nodes, previous);
+    }
+    let roots = loaded.roots;
+    let next_ino = match forest
+        .last_at_or_before(&roots.fs, &Key::new(ORPHAN_OBJECTID - 1, u8::MAX, u64::MAX))?
+    {
+        Some((k, _)) => (k.objectid + 1).max(FIRST_FREE_INO),
+        None => FIRST_FREE_INO,
+    };
+    let total_bytes = superblock.total_bytes;
+    let state = FsState {
+        forest,
+        roots,
+        superblock,
+        inodes: HashMap::new(),
+        delayed: DelayedItems::default(),
+        next_ino,
+        dirty_page_bytes: 0,
+        space: SpaceInfo::new(total_bytes),
+        stats: FsStats::default(),
+        log: LogState {
+            filling: 1,
+            ..Default::default()
+        },
+        log_stats: Default::default(),
+        failed: None,
+        shut_down: false,
+        replay: None,
+        backup_root_used: rescue,
+        options,
+    };
+    Ok(state)
+}
+
+/// Where one commit's trees are, as the superblock or a backup root says.
+struct CommitToLoad {
+    root_tree: TreeRoot,
+    bytes_used: u64,
+    /// For a backup root: the extent and fs roots its slot records, which
+    /// the root tree's items must match.
+    recorded: Option<BackupRoot>,
+}
+
+impl CommitToLoad {
+    fn newest(superblock: &Superblock) -> CommitToLoad {
+        CommitToLoad {
+            root_tree: TreeRoot {
+                id: tree_id::ROOT,
+                bytenr: superblock.root_tree_bytenr,
+                level: superblock.root_tree_level,
+                generation: superblock.generation,
+            },
+            bytes_used: superblock.bytes_used,
+            recorded: None,
+        }
+    }
+
+    fn backup(backup: &BackupRoot) -> CommitToLoad {
+        CommitToLoad {
+            root_tree: TreeRoot {
+                id: tree_id::ROOT,
+                bytenr: backup.root_tree_bytenr,
+                level: backup.root_tree_level,
+                generation: backup.generation,
+            },
+            bytes_used: backup.bytes_used,
+            recorded: Some(*backup),
+        }
+    }
+}
+
+/// One commit, read and validated: its trees and the free space its
+/// extent tree leaves.
+struct LoadedCommit {
+    roots: Roots,
+    free: FreeSpace,
+    bytes_used: u64,
+    metadata_bytes: u64,
+    /// The extent tree's own nodes, bytenr -> generation: the subtrees an
+    /// older extent tree shares with it.
+    extent_nodes: HashMap<u64, u64>,
+}
+
+/// Reads one commit's root nodes and extent tree, failing on the first
+/// block that does not validate (checksum, owner, level, generation).
+fn load_commit<D: BlockDevice>(
+    forest: &Forest<Arc<D>>,
+    commit: &CommitToLoad,
+    total_bytes: u64,
+) -> Result<LoadedCommit> {
+    let root = commit.root_tree;
+    let load_root = |id: u64| -> Result<TreeRoot> {
         let key = Key::new(id, item_type::ROOT_ITEM, 0);
         let data = forest.get(&root, &key)?.ok_or_else(|| {
             Error::corrupt(Corruption::general(format!(
@@ -127,8 +234,27 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
             generation: item.generation,
         })
     };
-    let extent = load_root(&forest, tree_id::EXTENT)?;
-    let fs = load_root(&forest, tree_id::FS)?;
+    let extent = load_root(tree_id::EXTENT)?;
+    let fs = load_root(tree_id::FS)?;
+    if let Some(recorded) = &commit.recorded {
+        for (tree, slot) in [(&extent, &recorded.extent_root), (&fs, &recorded.fs_root)] {
+            if (tree.bytenr, tree.level, tree.generation)
+                != (slot.bytenr, slot.level, slot.generation)
+            {
+                return Err(Error::corrupt(Corruption::general(format!(
+                    "the root item of tree {} ({} level {} generation {}) is not the one the \
+                     backup root records ({} level {} generation {})",
+                    crate::print::tree_name(tree.id),
+                    tree.bytenr,
+                    tree.level,
+                    tree.generation,
+                    slot.bytenr,
+                    slot.level,
+                    slot.generation
+                ))));
+            }
+        }
+    }
     // Validate the roots now so a damaged image fails at open, naming the block.
     for r in [root, extent, fs] {
         forest.node(
@@ -140,56 +266,199 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
             },
         )?;
     }
-    let (free, bytes_used, metadata_bytes) =
-        free_space_from_extent_tree(&forest, &extent, superblock.total_bytes)?;
-    if bytes_used != superblock.bytes_used {
+    let scanned = free_space_from_extent_tree(forest, &extent, total_bytes)?;
+    if scanned.bytes_used != commit.bytes_used {
         return Err(Error::corrupt(Corruption::general(format!(
-            "extent tree records {bytes_used} bytes in use, superblock says {}",
-            superblock.bytes_used
+            "extent tree records {} bytes in use, {} says {}",
+            scanned.bytes_used,
+            if commit.recorded.is_some() {
+                "the backup root"
+            } else {
+                "superblock"
+            },
+            commit.bytes_used
         ))));
     }
-    forest.alloc = Allocator::new(free, bytes_used, superblock.total_bytes);
-    forest.alloc.set_metadata_bytes(metadata_bytes);
-    let next_ino =
-        match forest.last_at_or_before(&fs, &Key::new(ORPHAN_OBJECTID - 1, u8::MAX, u64::MAX))? {
-            Some((k, _)) => (k.objectid + 1).max(FIRST_FREE_INO),
-            None => FIRST_FREE_INO,
-        };
-    let total_bytes = superblock.total_bytes;
-    let state = FsState {
-        forest,
+    Ok(LoadedCommit {
         roots: Roots { root, extent, fs },
-        superblock,
-        inodes: HashMap::new(),
-        delayed: DelayedItems::default(),
-        next_ino,
-        dirty_page_bytes: 0,
-        space: SpaceInfo::new(total_bytes),
-        stats: FsStats::default(),
-        log: LogState {
-            filling: 1,
-            ..Default::default()
-        },
-        log_stats: Default::default(),
-        failed: None,
-        shut_down: false,
-        replay: None,
-        options,
-    };
-    Ok(state)
+        free: scanned.free,
+        bytes_used: scanned.bytes_used,
+        metadata_bytes: scanned.metadata_bytes,
+        extent_nodes: scanned.extent_nodes,
+    })
 }
 
-/// Free space is everything the extent tree does not record. Returns the
-/// free map, the bytes in use, and the part of them that holds tree nodes.
+/// The newest commit failed to load with `newest_error`: loads the newest
+/// older commit the superblock records that does load. Returns it, the
+/// superblock it stands for, and what was lost.
+fn load_backup_root<D: BlockDevice>(
+    forest: &Forest<Arc<D>>,
+    newest: &Superblock,
+    newest_error: Error,
+) -> Result<(LoadedCommit, Superblock, BackupRootUsed)> {
+    let mut rejected = vec![(newest.generation, newest_error.to_string())];
+    let older = newest
+        .backup_roots
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| !b.is_empty() && b.generation < newest.generation);
+    for (rolled_back, (slot, backup)) in (1..).zip(older) {
+        match load_commit(forest, &CommitToLoad::backup(backup), newest.total_bytes) {
+            Ok(loaded) => {
+                // The slots from the mounted commit on, as the superblock
+                // that commit wrote had them (older ones fell off).
+                let mut backup_roots = [BackupRoot::EMPTY; BACKUP_ROOT_COUNT];
+                backup_roots[..BACKUP_ROOT_COUNT - slot]
+                    .copy_from_slice(&newest.backup_roots[slot..]);
+                let superblock = Superblock {
+                    generation: backup.generation,
+                    root_tree_bytenr: backup.root_tree_bytenr,
+                    root_tree_level: backup.root_tree_level,
+                    bytes_used: backup.bytes_used,
+                    // The log belongs to the abandoned newest commit: it
+                    // must never be replayed onto an older one.
+                    log_root_bytenr: 0,
+                    log_root_level: 0,
+                    log_generation: 0,
+                    backup_roots,
+                    ..newest.clone()
+                };
+                let used = BackupRootUsed {
+                    mounted_generation: backup.generation,
+                    newest_generation: newest.generation,
+                    commits_rolled_back: rolled_back,
+                    rejected,
+                };
+                return Ok((loaded, superblock, used));
+            }
+            Err(e) => rejected.push((backup.generation, e.to_string())),
+        }
+    }
+    let tried: Vec<String> = rejected[1..]
+        .iter()
+        .map(|(generation, why)| format!("generation {generation}: {why}"))
+        .collect();
+    let note = if tried.is_empty() {
+        " (rescue=usebackuproot: the superblock records no older commit to fall back to)"
+            .to_string()
+    } else {
+        format!(
+            " (rescue=usebackuproot: no older commit loads either: {})",
+            tried.join("; ")
+        )
+    };
+    Err(annotate(newest_error, &note))
+}
+
+/// Adds to a mount error that the superblock records older commits a
+/// rescue mount could fall back to.
+fn with_backup_hint(e: Error, newest: &Superblock) -> Error {
+    let older: Vec<u64> = newest.older_backup_roots().map(|b| b.generation).collect();
+    match older.first() {
+        None => e,
+        Some(newest_backup) => annotate(
+            e,
+            &format!(
+                " (the superblock records {} older commit{} as backup roots, the newest of \
+                 generation {newest_backup}: mount with -o rescue=usebackuproot to mount the \
+                 newest that is readable, read-only, losing what was committed after it)",
+                older.len(),
+                if older.len() == 1 { "" } else { "s" }
+            ),
+        ),
+    }
+}
+
+/// Appends `note` to an error's text, keeping its kind.
+fn annotate(e: Error, note: &str) -> Error {
+    match e {
+        Error::Corrupt(mut c) => {
+            c.reason.push_str(note);
+            Error::Corrupt(c)
+        }
+        Error::Io(io) => Error::Io(std::io::Error::new(io.kind(), format!("{io}{note}"))),
+        other => other,
+    }
+}
+
+/// Holds the space the mounted commit does not use but the commit before
+/// it (its first older backup root) does, so that commit stays intact
+/// until the next commit is durable, as it would have had this mount
+/// written the mounted commit itself (docs/BACKUP-ROOTS.md). Walks the
+/// previous extent tree, skipping the subtrees it shares with the mounted
+/// one. A previous commit that cannot be read is already lost: what was
+/// found up to then is held, and the mount goes on.
+fn hold_previous_commit<D: BlockDevice>(
+    forest: &mut Forest<Arc<D>>,
+    mounted_extent_nodes: &HashMap<u64, u64>,
+    previous: &BackupRoot,
+) {
+    let mut stack = vec![(
+        previous.extent_root.bytenr,
+        NodeExpectation {
+            tree: tree_id::EXTENT,
+            level: previous.extent_root.level,
+            generation: previous.extent_root.generation,
+        },
+    )];
+    while let Some((bytenr, expect)) = stack.pop() {
+        // A node with the same block and generation is the same node (a
+        // block is written once per generation): all it holds is shared.
+        if mounted_extent_nodes.get(&bytenr) == Some(&expect.generation) {
+            continue;
+        }
+        let Ok(node) = forest.node(bytenr, expect) else {
+            return;
+        };
+        match &node.body {
+            NodeBody::Leaf(items) => {
+                for item in items {
+                    let len = match item.key.item_type {
+                        item_type::METADATA_ITEM => NODE_SIZE as u64,
+                        item_type::EXTENT_ITEM => item.key.offset,
+                        _ => continue,
+                    };
+                    // Anything the mounted commit still uses is not free.
+                    forest.alloc.hold_free_range(item.key.objectid, len);
+                }
+            }
+            NodeBody::Internal(ptrs) => {
+                for p in ptrs {
+                    stack.push((
+                        p.blockptr,
+                        NodeExpectation {
+                            tree: tree_id::EXTENT,
+                            level: expect.level - 1,
+                            generation: p.generation,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// What the mount learns from an extent tree.
+struct ExtentScan {
+    free: FreeSpace,
+    bytes_used: u64,
+    /// The part of `bytes_used` that holds tree nodes.
+    metadata_bytes: u64,
+    /// The extent tree's own nodes, bytenr -> generation.
+    extent_nodes: HashMap<u64, u64>,
+}
+
+/// Free space is everything the extent tree does not record.
 fn free_space_from_extent_tree<D: BlockDevice>(
     forest: &Forest<D>,
     extent: &TreeRoot,
     total_bytes: u64,
-) -> Result<(FreeSpace, u64, u64)> {
+) -> Result<ExtentScan> {
     let mut free = FreeSpace::default();
     let mut cursor = FIRST_ALLOCATABLE_BYTE;
     let mut used = 0u64;
     let mut metadata = 0u64;
+    let mut extent_nodes = HashMap::new();
     let mut fault = None;
     forest.scan(extent, Key::MIN, Key::MAX, &mut |k, data| {
         let len = match k.item_type {
@@ -200,10 +469,13 @@ fn free_space_from_extent_tree<D: BlockDevice>(
                 return Ok(ControlFlow::Break(()));
             }
         };
-        if let Err(e) = ExtentItem::decode(data) {
-            fault = Some(format!("extent item {k}: {e}"));
-            return Ok(ControlFlow::Break(()));
-        }
+        let item = match ExtentItem::decode(data) {
+            Ok(item) => item,
+            Err(e) => {
+                fault = Some(format!("extent item {k}: {e}"));
+                return Ok(ControlFlow::Break(()));
+            }
+        };
         let end = k.objectid.checked_add(len);
         if k.objectid < cursor || len == 0 || len % SECTOR_SIZE != 0 || k.objectid % SECTOR_SIZE != 0 || end.is_none_or(|e| e > total_bytes) {
             fault = Some(format!("extent {k} overlaps another, lies outside [{FIRST_ALLOCATABLE_BYTE}, {total_bytes}) or is unaligned"));
@@ -216,6 +488,9 @@ fn free_space_from_extent_tree<D: BlockDevice>(
         used += len;
         if k.item_type == item_type::METADATA_ITEM {
             metadata += len;
+            if item.owner == tree_id::EXTENT {
+                extent_nodes.insert(k.objectid, item.generation);
+            }
         }
         Ok(ControlFlow::Continue(()))
     })?;
@@ -230,5 +505,10 @@ fn free_space_from_extent_tree<D: BlockDevice>(
     if cursor < total_bytes {
         free.add(cursor, total_bytes - cursor);
     }
-    Ok((free, used, metadata))
+    Ok(ExtentScan {
+        free,
+        bytes_used: used,
+        metadata_bytes: metadata,
+        extent_nodes,
+    })
 }

@@ -408,7 +408,10 @@ impl<D: BlockDevice> FsState<D> {
         SpaceUsage {
             total: alloc.total_bytes(),
             free: alloc.free_bytes(),
-            pinned: alloc.pinned_bytes() + alloc.log_pinned_bytes() + self.space.committing_pinned,
+            pinned: alloc.pinned_bytes()
+                + alloc.log_pinned_bytes()
+                + alloc.held_bytes()
+                + self.space.committing_pinned,
             dirty_data: self.dirty_page_bytes,
             delalloc_metadata: self.delalloc_metadata(),
             transaction_metadata: self.transaction_metadata(),
@@ -566,6 +569,10 @@ impl<D: BlockDevice + 'static> Shared<D> {
         // Writeback requests in a row that gave nothing back (the oldest
         // pages belonged to long runs); each doubles the next request.
         let mut fruitless = 0u32;
+        // A reclaim commit that gave nothing back while space was held for
+        // the previous commit: one more commit releases that space (it
+        // frees what the commit before it freed), so ENOSPC waits for it.
+        let mut committed_for_held = false;
         loop {
             let mut state = self.lock_state();
             self.space_changed(&mut state);
@@ -622,7 +629,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
             let before = state.space_available(urgent);
             state.space.stats.reclaim_commits += 1;
             drop(state);
-            let committed = self.commit();
+            let committed = self.commit_for_space();
             let mut state = self.lock_state();
             if let Err(e) = committed {
                 state.space.fail_all(Refusal::Io(e.to_string()));
@@ -633,8 +640,14 @@ impl<D: BlockDevice + 'static> Shared<D> {
             let Some(head) = state.space.tickets.front() else {
                 return;
             };
-            // 3. Nothing came back: truly full for this ticket.
-            if state.space_available(head.urgent) <= before {
+            // 3. Nothing came back: truly full for this ticket, unless
+            //    the next commit releases held space.
+            if state.space_available(head.urgent) > before {
+                committed_for_held = false;
+            } else if !committed_for_held && state.forest.alloc.held_bytes() > 0 {
+                committed_for_held = true;
+            } else {
+                committed_for_held = false;
                 state.space.serve_front(Err(Refusal::NoSpace));
                 self.space_cv.notify_all();
             }

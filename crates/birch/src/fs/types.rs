@@ -146,6 +146,60 @@ pub struct MountOptions {
     /// cache never reach birch, and the kernel's own `noatime`/`relatime`
     /// flags are not sent with a read, so the mount passes its choice here.
     pub atime: AtimeUpdates,
+    /// What to do when the newest commit's trees cannot be read.
+    pub rescue: Rescue,
+}
+
+/// What a mount may do when the newest commit's trees cannot be read
+/// (docs/BACKUP-ROOTS.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Rescue {
+    /// Fail; the error says when older commits are recorded as backup roots.
+    #[default]
+    Off,
+    /// `rescue=usebackuproot`: mount the newest older commit among the
+    /// superblock's backup roots that loads. Read-only unless `writable`;
+    /// a writable rollback is made durable by a commit at once (the newer
+    /// commits' blocks are then free space and get reused).
+    UseBackupRoot { writable: bool },
+}
+
+/// A mount that fell back to an older commit: what was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupRootUsed {
+    /// The commit mounted.
+    pub mounted_generation: u64,
+    /// The newest commit on the device, which could not be loaded.
+    pub newest_generation: u64,
+    /// Commits whose changes are not in the mounted state: the newest and
+    /// every recorded commit between it and the mounted one.
+    pub commits_rolled_back: u64,
+    /// Each newer commit that was tried, newest first, and why it failed.
+    pub rejected: Vec<(u64, String)>,
+}
+
+impl std::fmt::Display for BackupRootUsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the newest commit (generation {}) could not be read; mounted the backup root of \
+             generation {} instead: {} commit{} rolled back, and everything committed or \
+             fsynced after generation {} is lost",
+            self.newest_generation,
+            self.mounted_generation,
+            self.commits_rolled_back,
+            if self.commits_rolled_back == 1 {
+                ""
+            } else {
+                "s"
+            },
+            self.mounted_generation
+        )?;
+        for (generation, why) in &self.rejected {
+            write!(f, "; generation {generation}: {why}")?;
+        }
+        Ok(())
+    }
 }
 
 /// mount(8)'s access-time options, as the kernel defines them.
@@ -171,6 +225,7 @@ impl Default for MountOptions {
             background_flusher: true,
             read_only: false,
             atime: AtimeUpdates::Relative,
+            rescue: Rescue::Off,
         }
     }
 }
@@ -242,7 +297,9 @@ pub struct SpaceUsage {
     pub total: u64,
     /// In the allocator's free map.
     pub free: u64,
-    /// Freed but pinned until a commit is durable.
+    /// Freed but not reusable yet: pinned until the commit that freed it
+    /// is durable, then held until the next one is (the previous commit,
+    /// the newest backup root, still uses it).
     pub pinned: u64,
     /// Dirty page data (one page reserved per dirty page).
     pub dirty_data: u64,
