@@ -82,6 +82,17 @@ struct MkfsArgs {
     /// later `birch mount --write-log` can continue the record
     #[arg(long, value_name = "FILE")]
     write_log: Option<PathBuf>,
+    /// Copies of each tree node: `dup` keeps a second copy half the device
+    /// away, so a damaged node is read (and repaired) from the other one
+    #[arg(long, value_enum, default_value_t = MetadataArg::Dup)]
+    metadata: MetadataArg,
+}
+
+/// `birch mkfs --metadata`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum MetadataArg {
+    Single,
+    Dup,
 }
 
 #[derive(Args)]
@@ -348,6 +359,10 @@ fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
     let options = birch::fs::MkfsOptions {
         // SAFETY: getuid and getgid have no preconditions.
         root_owner: unsafe { (libc::getuid(), libc::getgid()) },
+        metadata: match args.metadata {
+            MetadataArg::Single => birch::fs::MetadataCopies::Single,
+            MetadataArg::Dup => birch::fs::MetadataCopies::Dup,
+        },
         ..Default::default()
     };
     match &args.write_log {

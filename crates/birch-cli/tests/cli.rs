@@ -206,6 +206,29 @@ fn check_exit_codes() {
     assert!(stdout(&o).contains("truncated"), "{}", stdout(&o));
 }
 
+/// `birch mkfs --metadata`: dup by default, recorded in the superblock
+/// and shown by `dump super`; `single` keeps one copy (docs/DUP.md).
+#[test]
+fn mkfs_metadata_profile_shows_in_dump_super() {
+    let s = Scratch::new();
+    for (args, want) in [
+        (&[][..], "metadata dup mirror_offset 7864320"),
+        (
+            &["--metadata", "dup"][..],
+            "metadata dup mirror_offset 7864320",
+        ),
+        (&["--metadata", "single"][..], "metadata single"),
+    ] {
+        let img = s.path(&format!("{}.img", args.len()));
+        let o = birch(&[&["mkfs", &img, "--size", "16M"][..], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let o = birch(&["dump", &img, "super"]);
+        assert!(stdout(&o).contains(want), "{args:?}: {}", stdout(&o));
+        let o = birch(&["check", &img]);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stdout(&o));
+    }
+}
+
 #[test]
 fn dump_prints_super_trees_and_blocks() {
     let s = Scratch::new();

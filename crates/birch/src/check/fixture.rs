@@ -481,6 +481,7 @@ impl FsBuilder {
             log_root_bytenr: 0,
             log_root_level: 0,
             log_generation: 0,
+            metadata_profile: crate::format::MetadataProfile::Single,
         };
         let mut fx = Fixture {
             image: vec![0; self.total_bytes as usize],

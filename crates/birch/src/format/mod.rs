@@ -13,7 +13,7 @@ mod superblock;
 pub use items::*;
 pub use key::{item_type, item_type_name, Key};
 pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
-pub use superblock::{Superblock, SuperblockError};
+pub use superblock::{MetadataProfile, Superblock, SuperblockError, INCOMPAT_METADATA_DUP};
 
 /// Allocation unit for data and metadata.
 pub const SECTOR_SIZE: u64 = 4096;

@@ -22,8 +22,8 @@ use crate::btree::{Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    item_type, tree_id, ExtentItem, Key, Node, RootItem, Superblock, NODE_SIZE, SUPERBLOCK_OFFSETS,
-    SUPERBLOCK_SIZE,
+    item_type, tree_id, ExtentItem, Key, MetadataProfile, Node, RootItem, Superblock, NODE_SIZE,
+    SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -218,38 +218,48 @@ pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
     dev: &D,
     prepared: &PreparedCommit,
 ) -> Result<u64> {
-    let written = write_nodes(dev, &prepared.nodes, &prepared.superblock.fsid)?;
+    let written = write_nodes(
+        dev,
+        &prepared.nodes,
+        &prepared.superblock.fsid,
+        prepared.superblock.metadata_profile,
+    )?;
     dev.flush()?;
     write_superblocks(dev, &prepared.superblock)?;
     Ok(written)
 }
 
-/// Writes nodes to their blocks (adjacent ones in one write), no barrier.
+/// Writes nodes to their blocks (adjacent ones in one write), and under
+/// DUP each run again at its mirror; no barrier: the caller's flush covers
+/// both copies.
 pub(crate) fn write_nodes<D: BlockDevice + ?Sized>(
     dev: &D,
     nodes: &HashMap<u64, Arc<Node>>,
     fsid: &[u8; 16],
+    profile: MetadataProfile,
 ) -> Result<u64> {
     let mut nodes: Vec<&Arc<Node>> = nodes.values().collect();
     nodes.sort_by_key(|n| n.bytenr);
-    let mut run: Vec<u8> = Vec::new();
-    let mut run_start = 0;
+    let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
     for node in &nodes {
-        if !run.is_empty() && run_start + run.len() as u64 != node.bytenr {
-            dev.write_at(&run, run_start)?;
-            run.clear();
-        }
-        if run.is_empty() {
-            run_start = node.bytenr;
-        }
-        run.extend_from_slice(&node.encode(fsid));
-        if run.len() >= 64 * NODE_SIZE {
-            dev.write_at(&run, run_start)?;
-            run.clear();
+        match runs.last_mut() {
+            Some((start, run))
+                if *start + run.len() as u64 == node.bytenr && run.len() < 64 * NODE_SIZE =>
+            {
+                run.extend_from_slice(&node.encode(fsid));
+            }
+            _ => runs.push((node.bytenr, node.encode(fsid))),
         }
     }
-    if !run.is_empty() {
-        dev.write_at(&run, run_start)?;
+    for (start, run) in &runs {
+        dev.write_at(run, *start)?;
+    }
+    // Nodes are allocated with their mirrors at a fixed distance, so a run
+    // of adjacent nodes has an adjacent run of mirrors.
+    for (start, run) in &runs {
+        if let Some(mirror) = profile.mirror_of(*start) {
+            dev.write_at(run, mirror)?;
+        }
     }
     Ok(nodes.len() as u64)
 }
