@@ -207,7 +207,7 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
 /// of it fails instead of corrupting it. A daemon that was just unmounted
 /// still holds the lock while it commits and exits, so the lock is awaited
 /// for a while, unless the image is listed as mounted (then it fails now).
-fn lock_image(file: &File, image: &Path) -> Result<(), Failure> {
+pub(crate) fn lock_image(file: &File, image: &Path) -> Result<(), Failure> {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         // SAFETY: flock on an fd we own; no memory is passed.

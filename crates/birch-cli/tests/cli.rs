@@ -208,6 +208,72 @@ fn check_exit_codes() {
     assert!(stdout(&o).contains("truncated"), "{}", stdout(&o));
 }
 
+/// `birch mkfs --metadata`: dup by default, recorded in the superblock
+/// and shown by `dump super`; `single` keeps one copy (docs/DUP.md).
+#[test]
+fn mkfs_metadata_profile_shows_in_dump_super() {
+    let s = Scratch::new();
+    for (i, (args, want)) in [
+        (&[][..], "metadata dup mirror_offset 7864320"),
+        (
+            &["--metadata", "dup"][..],
+            "metadata dup mirror_offset 7864320",
+        ),
+        (&["--metadata", "single"][..], "metadata single"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let img = s.path(&format!("{i}.img"));
+        let o = birch(&[&["mkfs", &img, "--size", "16M"][..], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let o = birch(&["dump", &img, "super"]);
+        assert!(stdout(&o).contains(want), "{args:?}: {}", stdout(&o));
+        let o = birch(&["check", &img]);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stdout(&o));
+    }
+}
+
+/// `birch scrub IMAGE`: exit 0 on a clean (or repaired) image, 1 when a
+/// node has no good copy left.
+#[test]
+fn scrub_repairs_a_damaged_copy_and_fails_on_two() {
+    let s = Scratch::new();
+    let img = s.path("s.img");
+    mkfs(&img, "16M");
+    let root = fs_root_block(&img);
+    let mirror = root + 7864320;
+    let damage = |at: u64| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        f.write_all_at(&[0x77; 64], at + 200).unwrap();
+    };
+    damage(root);
+    let o = birch(&["scrub", &img]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!(
+            "repaired: block {root} of tree fs(5): primary copy at {root}"
+        )) && stdout(&o).contains("1 repaired, 0 unrepaired")
+            && stdout(&o).contains("no data checksums"),
+        "{}",
+        stdout(&o)
+    );
+    let o = birch(&["check", &img]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    damage(root);
+    damage(mirror);
+    let o = birch(&["scrub", &img]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!(
+            "unrepaired: block {root} of tree fs(5): no good copy"
+        )),
+        "{}",
+        stdout(&o)
+    );
+}
+
 #[test]
 fn dump_prints_super_trees_and_blocks() {
     let s = Scratch::new();

@@ -24,16 +24,18 @@ pub enum Group {
     Writeback,
     Reservations,
     SpaceNow,
+    MetadataCopies,
 }
 
 impl Group {
-    pub const ALL: [Group; 6] = [
+    pub const ALL: [Group; 7] = [
         Group::Transactions,
         Group::Fsync,
         Group::FsyncFallbacks,
         Group::Writeback,
         Group::Reservations,
         Group::SpaceNow,
+        Group::MetadataCopies,
     ];
 
     pub fn title(self) -> &'static str {
@@ -44,6 +46,7 @@ impl Group {
             Group::Writeback => "writeback",
             Group::Reservations => "space reservations",
             Group::SpaceNow => "space now",
+            Group::MetadataCopies => "metadata copies (DUP read repair)",
         }
     }
 }
@@ -129,6 +132,9 @@ counter_table! {
         data_bytes_written: Transactions Bytes Total, "File data written to the device.", "The data rate the device sees; against what the workload wrote it shows write amplification.";
         nodes_written: Transactions Count Total, "Tree nodes written by commits.", "The metadata cost of commits; per commit, how much of the trees each one copies.";
         fsyncs: Fsync Count Total, "fsync and fsyncdir calls (and those a `sync` or `dirsync` mount makes for each change).", "The base the other fsync counters are shares of.";
+        metadata_bad_copies: MetadataCopies Count Total, "Tree-node copies read that failed their checksum or checks (or the read failed) while the other copy was good.", "Non-zero: the device is damaging or losing writes; run `birch scrub` on the image and look at the device (docs/DUP.md).";
+        metadata_repairs: MetadataCopies Count Total, "Bad copies rewritten from the good one (not on a read-only mount).", "Below `metadata_bad_copies` on a read-only mount: the damage stays until a read-write mount or a scrub repairs it.";
+        metadata_unrepairable: MetadataCopies Count Total, "Node reads that found no good copy (both bad, or a single-profile image).", "Non-zero: data behind those nodes is unreadable; the error names the block.";
     }
     log_stats -> LogStats "" {
         logged_fsyncs: Fsync Count Total, "fsyncs that logged their inode: answered by a log sync instead of a commit.", "The fast path of fsync. An fsync of an inode logged and unchanged since is in neither this nor `noop_fsyncs`: it waits for that log.";

@@ -17,7 +17,7 @@
 //!   the previous commit (the newest backup root) stays intact.
 
 use crate::error::{Error, Result};
-use crate::format::{NODE_SIZE, SECTOR_SIZE};
+use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
 use std::collections::BTreeMap;
 
 /// What an extent holds.
@@ -137,6 +137,80 @@ impl FreeSpace {
             .or_else(|| self.ranges.iter().find(|(_, &l)| l >= len).map(|(&s, _)| s))
     }
 
+    /// The free runs overlapping `[lo, hi)`, clipped to it, in order.
+    fn runs_within(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        // An empty window (a cursor past the node half) has no runs.
+        let hi = hi.max(lo);
+        let before = self
+            .ranges
+            .range(..lo)
+            .next_back()
+            .filter(|(&s, &l)| s + l > lo);
+        before
+            .into_iter()
+            .chain(self.ranges.range(lo..hi))
+            .map(move |(&s, &l)| (s.max(lo), (s + l).min(hi)))
+            .filter(|(s, e)| s < e)
+    }
+
+    /// First `start` in `[lo, hi)` such that `[start, start+len)` and
+    /// `[start+offset, start+offset+len)` are both free (a DUP node and its
+    /// mirror), with `start + len <= hi`.
+    fn find_pair_in(&self, len: u64, lo: u64, hi: u64, offset: u64) -> Option<u64> {
+        self.runs_within(lo, hi).find_map(|(s, e)| {
+            self.runs_within(s + offset, e + offset)
+                .map(|(us, ue)| (us - offset, ue - offset))
+                .find(|(ps, pe)| pe - ps >= len)
+                .map(|(ps, _)| ps)
+        })
+    }
+
+    /// A DUP node's place: the first free pair at or after `hint` below
+    /// `limit` (the mirror half's start), wrapping around once.
+    fn find_pair(&self, len: u64, hint: u64, limit: u64, offset: u64) -> Option<u64> {
+        self.find_pair_in(len, hint, limit, offset)
+            .or_else(|| self.find_pair_in(len, 0, limit, offset))
+    }
+
+    /// First free run of at least `len` bytes at or after `hint` (wrapping
+    /// once) whose bytes cannot hold a DUP node pair: their counterpart in
+    /// the other half (`± offset`, halves split at `mid`, nothing paired at
+    /// or beyond `mid + offset`) is in use. Data taken from such runs first
+    /// leaves the pairs to metadata.
+    fn find_unpaired(&self, len: u64, hint: u64, mid: u64, offset: u64) -> Option<u64> {
+        let unpaired_in = |lo: u64, hi: u64| {
+            self.runs_within(lo, hi).find_map(|(s, e)| {
+                // Pieces of the run on one side of `mid` and of the end of
+                // the paired halves, each with its counterpart shift.
+                let pieces = [
+                    (s, e.min(mid), Some(offset as i128)),
+                    (s.max(mid), e.min(mid + offset), Some(-(offset as i128))),
+                    (s.max(mid + offset), e, None),
+                ];
+                pieces
+                    .into_iter()
+                    .filter(|(ps, pe, _)| ps < pe)
+                    .find_map(|(ps, pe, shift)| {
+                        let Some(shift) = shift else {
+                            return (pe - ps >= len).then_some(ps);
+                        };
+                        let moved = |x: u64| (x as i128 + shift) as u64;
+                        let back = |x: u64| (x as i128 - shift) as u64;
+                        // Gaps between the free runs of the counterpart.
+                        let mut cursor = ps;
+                        for (cs, ce) in self.runs_within(moved(ps), moved(pe)) {
+                            if back(cs) - cursor >= len {
+                                return Some(cursor);
+                            }
+                            cursor = back(ce);
+                        }
+                        (pe - cursor >= len).then_some(cursor)
+                    })
+            })
+        };
+        unpaired_in(hint, u64::MAX).or_else(|| unpaired_in(0, u64::MAX))
+    }
+
     /// Longest free run (for carving a data extent when no run is big enough).
     fn largest(&self) -> Option<(u64, u64)> {
         self.ranges
@@ -169,12 +243,20 @@ pub struct Allocator {
     /// the most a transaction can copy (docs/DELALLOC.md).
     metadata_bytes: u64,
     total_bytes: u64,
+    /// DUP: every node is allocated with its mirror (docs/DUP.md).
+    profile: MetadataProfile,
 }
 
 impl Allocator {
-    pub fn new(free: FreeSpace, bytes_used: u64, total_bytes: u64) -> Allocator {
+    pub fn new(
+        free: FreeSpace,
+        bytes_used: u64,
+        total_bytes: u64,
+        profile: MetadataProfile,
+    ) -> Allocator {
         let first = free.ranges().next().map(|(s, _)| s).unwrap_or(0);
         Allocator {
+            profile,
             free,
             pinned: Vec::new(),
             log_pinned: Vec::new(),
@@ -193,7 +275,11 @@ impl Allocator {
         self.metadata_bytes = bytes;
     }
 
-    /// Bytes held by tree nodes (log trees excluded).
+    pub fn profile(&self) -> MetadataProfile {
+        self.profile
+    }
+
+    /// Bytes held by tree nodes (log trees excluded; DUP: both copies).
     pub fn metadata_bytes(&self) -> u64 {
         self.metadata_bytes
     }
@@ -233,17 +319,38 @@ impl Allocator {
         &self.free
     }
 
+    /// Takes a node's block (and under DUP its mirror) out of the free map.
+    fn take_node_space(&mut self) -> Result<u64> {
+        let len = NODE_SIZE as u64;
+        let start = match (self.profile.primary_end(), self.profile.mirror_offset()) {
+            (Some(limit), Some(offset)) => {
+                self.free
+                    .find_pair(len, self.metadata_cursor, limit, offset)
+            }
+            _ => self.free.find(len, self.metadata_cursor),
+        }
+        .ok_or(Error::NoSpace)?;
+        self.free.remove(start, len);
+        if let Some(mirror) = self.profile.mirror_of(start) {
+            self.free.remove(mirror, len);
+        }
+        self.metadata_cursor = start + len;
+        Ok(start)
+    }
+
+    /// The device ranges one node occupies: its block, and under DUP its
+    /// mirror.
+    fn node_ranges(&self, bytenr: u64) -> impl Iterator<Item = (u64, u64)> {
+        let len = NODE_SIZE as u64;
+        std::iter::once((bytenr, len)).chain(self.profile.mirror_of(bytenr).map(|m| (m, len)))
+    }
+
     /// Allocates one tree node.
     pub fn alloc_node(&mut self, owner: u64, level: u8) -> Result<u64> {
         let len = NODE_SIZE as u64;
-        let start = self
-            .free
-            .find(len, self.metadata_cursor)
-            .ok_or(Error::NoSpace)?;
-        self.free.remove(start, len);
-        self.metadata_cursor = start + len;
-        self.bytes_used += len;
-        self.metadata_bytes += len;
+        let start = self.take_node_space()?;
+        self.bytes_used += self.profile.node_footprint();
+        self.metadata_bytes += self.profile.node_footprint();
         let prev = self.delayed_refs.insert(
             start,
             DelayedRef {
@@ -281,9 +388,12 @@ impl Allocator {
                 );
             }
         }
-        self.bytes_used -= len;
-        self.metadata_bytes = self.metadata_bytes.saturating_sub(len);
-        self.pinned.push((bytenr, len));
+        self.bytes_used -= self.profile.node_footprint();
+        self.metadata_bytes = self
+            .metadata_bytes
+            .saturating_sub(self.profile.node_footprint());
+        let ranges: Vec<_> = self.node_ranges(bytenr).collect();
+        self.pinned.extend(ranges);
     }
 
     /// Allocates a data extent of up to `len` bytes (sector multiple);
@@ -292,7 +402,13 @@ impl Allocator {
     /// item that points into it adds one with [`Self::add_data_ref`].
     pub fn alloc_data(&mut self, len: u64, owner: u64) -> Result<(u64, u64)> {
         assert!(len > 0 && len.is_multiple_of(SECTOR_SIZE));
-        let (start, len) = match self.free.find(len, self.data_cursor) {
+        let unpaired = match (self.profile.primary_end(), self.profile.mirror_offset()) {
+            (Some(mid), Some(offset)) => {
+                self.free.find_unpaired(len, self.data_cursor, mid, offset)
+            }
+            _ => None,
+        };
+        let (start, len) = match unpaired.or_else(|| self.free.find(len, self.data_cursor)) {
             Some(start) => (start, len),
             None => {
                 let (start, run) = self.free.largest().ok_or(Error::NoSpace)?;
@@ -412,24 +528,20 @@ impl Allocator {
     /// Allocates a log tree node. Log nodes live only until the next
     /// commit and are never recorded in the extent tree.
     pub fn alloc_log_node(&mut self) -> Result<u64> {
-        let len = NODE_SIZE as u64;
-        let start = self
-            .free
-            .find(len, self.metadata_cursor)
-            .ok_or(Error::NoSpace)?;
-        self.free.remove(start, len);
-        self.metadata_cursor = start + len;
-        Ok(start)
+        self.take_node_space()
     }
 
     /// Frees a log node. One that no log sync has written is free at once;
     /// one a durable superblock may reference waits for the next log sync
     /// or commit ([`Self::take_log_pinned`]).
     pub fn free_log_node(&mut self, bytenr: u64, written: bool) {
-        if written {
-            self.log_pinned.push((bytenr, NODE_SIZE as u64));
-        } else {
-            self.free.add(bytenr, NODE_SIZE as u64);
+        let ranges: Vec<_> = self.node_ranges(bytenr).collect();
+        for (start, len) in ranges {
+            if written {
+                self.log_pinned.push((start, len));
+            } else {
+                self.free.add(start, len);
+            }
         }
     }
 
@@ -461,12 +573,18 @@ impl Allocator {
     /// released (as a written log node) once the replay's commit is durable.
     /// Fails if the block is not free: the log would overlap live data.
     pub fn reserve_log_block(&mut self, start: u64) -> bool {
-        let len = NODE_SIZE as u64;
-        if !self.free.is_free(start, len) {
+        let ranges: Vec<_> = self.node_ranges(start).collect();
+        let in_primary_half = self
+            .profile
+            .primary_end()
+            .is_none_or(|limit| start + NODE_SIZE as u64 <= limit);
+        if !in_primary_half || !ranges.iter().all(|&(s, l)| self.free.is_free(s, l)) {
             return false;
         }
-        self.free.remove(start, len);
-        self.log_pinned.push((start, len));
+        for (s, l) in ranges {
+            self.free.remove(s, l);
+            self.log_pinned.push((s, l));
+        }
         true
     }
 }
@@ -502,7 +620,7 @@ mod tests {
     fn freed_nodes_stay_unusable_until_the_next_commit_is_durable() {
         let mut free = FreeSpace::default();
         free.add(1 << 20, 1 << 20);
-        let mut a = Allocator::new(free, 0, 2 << 20);
+        let mut a = Allocator::new(free, 0, 2 << 20, MetadataProfile::Single);
         let n = a.alloc_node(5, 0).unwrap();
         a.take_delayed_refs();
         a.free_node(n, 5, 0);
@@ -525,5 +643,34 @@ mod tests {
         assert_eq!(a.held_bytes(), 0);
         assert_eq!(a.free_bytes(), NODE_SIZE as u64);
         assert_eq!(a.alloc_node(5, 0).unwrap(), n);
+    }
+
+    #[test]
+    fn dup_nodes_take_their_mirror_and_data_prefers_unpaired_space() {
+        let first = crate::format::FIRST_ALLOCATABLE_BYTE;
+        let total = first + (8 << 20);
+        let profile = MetadataProfile::dup_for(total);
+        let offset = profile.mirror_offset().unwrap();
+        let mut free = FreeSpace::default();
+        free.add(first, total - first);
+        let mut a = Allocator::new(free, 0, total, profile);
+        let n = a.alloc_node(5, 0).unwrap();
+        assert_eq!(n, first);
+        assert!(!a.free_space().is_free(n + offset, NODE_SIZE as u64));
+        assert_eq!(a.bytes_used(), 2 * NODE_SIZE as u64);
+        // The first data extent breaks pairs; the next one takes the
+        // now unpaired mirror-half bytes across from it.
+        let (d1, l1) = a.alloc_data(65536, 257).unwrap();
+        let (d2, _) = a.alloc_data(65536, 257).unwrap();
+        assert_eq!(l1, 65536);
+        assert_eq!(d2, d1 + offset);
+        let n2 = a.alloc_node(5, 0).unwrap();
+        assert!(n2 + (NODE_SIZE as u64) <= first + offset);
+        a.take_delayed_refs();
+        a.free_node(n, 5, 0);
+        assert_eq!(
+            a.take_pinned(),
+            vec![(n, NODE_SIZE as u64), (n + offset, NODE_SIZE as u64)]
+        );
     }
 }

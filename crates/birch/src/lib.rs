@@ -14,5 +14,6 @@ pub mod error;
 pub mod format;
 pub mod fs;
 pub mod print;
+pub mod scrub;
 
 pub use error::{Corruption, Error, Result};

@@ -145,6 +145,14 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
         "\tlog_root_bytenr {} level {} log_generation {}",
         sb.log_root_bytenr, sb.log_root_level, sb.log_generation
     );
+    let _ = match sb.metadata_profile {
+        crate::format::MetadataProfile::Single => writeln!(s, "\tmetadata single"),
+        crate::format::MetadataProfile::Dup { mirror_offset } => writeln!(
+            s,
+            "\tmetadata dup mirror_offset {mirror_offset} (incompat_flags {:#x})",
+            crate::format::INCOMPAT_METADATA_DUP
+        ),
+    };
     for (slot, backup) in sb.backup_roots.iter().enumerate() {
         if backup.is_empty() {
             let _ = writeln!(s, "\tbackup_root {slot}: empty");

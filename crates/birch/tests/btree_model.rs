@@ -8,7 +8,7 @@ use birch::alloc::{Allocator, FreeSpace};
 use birch::btree::{Forest, NodeStore, TreeRoot};
 use birch::device::{BlockDevice, MemoryDevice};
 use birch::format::node::MAX_ITEM_DATA;
-use birch::format::{Key, FIRST_ALLOCATABLE_BYTE};
+use birch::format::{Key, MetadataProfile, FIRST_ALLOCATABLE_BYTE};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -24,8 +24,10 @@ fn new_forest() -> Forest<Arc<MemoryDevice>> {
         FIRST_ALLOCATABLE_BYTE,
         DEVICE_BYTES - FIRST_ALLOCATABLE_BYTE,
     );
-    let store = Arc::new(NodeStore::new(dev, [9; 16], 8));
-    Forest::new(store, Allocator::new(free, 0, DEVICE_BYTES), 1)
+    // One copy per node: this test writes nodes itself, primaries only.
+    let profile = MetadataProfile::Single;
+    let store = Arc::new(NodeStore::new(dev, [9; 16], profile, 8));
+    Forest::new(store, Allocator::new(free, 0, DEVICE_BYTES, profile), 1)
 }
 
 /// Writes the transaction's nodes and releases what it freed, as a commit

@@ -71,7 +71,8 @@ impl Drop for Watchdog {
 type Acked = BTreeMap<String, (u64, u64)>;
 
 /// Creates files of mixed sizes in `dir` and writes them (in pieces of up
-/// to 128 KiB) until the filesystem says ENOSPC. Returns what was
+/// to 128 KiB) until the filesystem says ENOSPC (a short write is retried
+/// for the rest: only an error ends the fill). Returns what was
 /// acknowledged.
 fn fill_until_enospc<D: BlockDevice + 'static>(
     fs: &Filesystem<D>,
@@ -99,12 +100,10 @@ fn fill_until_enospc<D: BlockDevice + 'static>(
         while off < size {
             let len = (size - off).min(128 * 1024) as usize;
             match fs.write_file(ino, off, &pattern(id, off, len)) {
+                Ok(0) => return acked,
                 Ok(n) => {
                     off += n as u64;
                     acked.get_mut(&name).unwrap().1 = off;
-                    if n < len {
-                        return acked;
-                    }
                 }
                 Err(Error::NoSpace) => return acked,
                 Err(e) => panic!("write {name}: {e}"),

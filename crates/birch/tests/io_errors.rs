@@ -15,7 +15,7 @@ use birch::device::{
     CrashPoint, DeviceEvent, FaultHandle, FaultPlan, FaultedOp, FaultyDevice, InjectedFault,
     IoCounts, MemoryDevice, RecordingDevice,
 };
-use birch::fs::{Filesystem, MountOptions, ReplayOutcome};
+use birch::fs::{Filesystem, MetadataCopies, MountOptions, ReplayOutcome};
 use birch::{Error, Result};
 use common::{crash_view, ino, view, View};
 use std::sync::Arc;
@@ -35,6 +35,13 @@ struct Scenario {
     /// What the reason for turning read-only names besides the fault,
     /// whichever write or flush failed.
     step: &'static str,
+}
+
+/// The images these tests break are `single`: every read fault must then
+/// surface. Under DUP metadata (the default) a failed read of one copy is
+/// repaired from the other instead, which tests/dup_metadata.rs covers.
+fn single_recorder(bytes: u64, fsid_byte: u8) -> Arc<RecordingDevice> {
+    common::recorder_with(bytes, fsid_byte, MetadataCopies::Single)
 }
 
 fn data(len: usize, seed: u8) -> Vec<u8> {
@@ -122,7 +129,7 @@ struct Run {
 }
 
 fn run(scenario: &Scenario, plan: FaultPlan) -> Run {
-    let rec = common::recorder(IMAGE_BYTES, 13);
+    let rec = single_recorder(IMAGE_BYTES, 13);
     let dev = FaultyDevice::new(rec.clone());
     let faults = dev.faults();
     // A small node cache, so that the operation reads nodes too.
@@ -353,7 +360,7 @@ fn read_file_data(i: usize) -> Vec<u8> {
 /// An image holding [`READ_FILES`] inline files in one commit, and the
 /// byte offsets of the nodes that commit wrote.
 fn image_with_nodes() -> (Vec<u8>, Vec<u64>) {
-    let rec = common::recorder(IMAGE_BYTES, 14);
+    let rec = single_recorder(IMAGE_BYTES, 14);
     let fs = common::mount(rec.clone());
     let root = fs.root_ino();
     for i in 0..READ_FILES {
@@ -605,7 +612,7 @@ fn failed_io_during_replay_keeps_the_log() {
 /// leaves, committed; nodes are cached two at a time so that freeing it
 /// reads them from the device.
 fn orphan_with_many_extents() -> (Arc<RecordingDevice>, Fs, FaultHandle, u64) {
-    let rec = common::recorder(IMAGE_BYTES, 15);
+    let rec = single_recorder(IMAGE_BYTES, 15);
     let dev = FaultyDevice::new(rec.clone());
     let faults = dev.faults();
     let options = MountOptions {

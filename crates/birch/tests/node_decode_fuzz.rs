@@ -10,8 +10,9 @@ use birch::check::fixture::{sample, Fixture, FsBuilder};
 use birch::device::MemoryDevice;
 use birch::format::{
     decode_dir_items, decode_inode_refs, decode_xattrs, tree_id, BackupRoot, DirEntry, ExtentItem,
-    FileExtent, InodeItem, Key, Node, NodeBody, RootItem, Superblock, BACKUP_ROOT_COUNT,
-    NODE_MAGIC, NODE_SIZE, ROOT_DIR_INO, SUPERBLOCK_MAGIC, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+    FileExtent, InodeItem, Key, MetadataProfile, Node, NodeBody, RootItem, Superblock,
+    BACKUP_ROOT_COUNT, NODE_MAGIC, NODE_SIZE, ROOT_DIR_INO, SUPERBLOCK_MAGIC, SUPERBLOCK_OFFSETS,
+    SUPERBLOCK_SIZE,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -430,6 +431,11 @@ fn check_device_on_random_images() {
                 log_root_level: 0,
                 log_generation: 0,
                 backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
+                metadata_profile: if rng.gen_bool(0.5) {
+                    MetadataProfile::dup_for(len as u64)
+                } else {
+                    MetadataProfile::Single
+                },
             };
             let off = SUPERBLOCK_OFFSETS[0] as usize;
             image[off..off + SUPERBLOCK_SIZE].copy_from_slice(&sb.encode(SUPERBLOCK_OFFSETS[0]));

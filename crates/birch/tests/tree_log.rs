@@ -755,8 +755,14 @@ fn unreplayable_log_is_discarded_and_last_commit_mounts() {
     std::mem::forget(fs);
     let sb = birch::fs::read_superblock(dev.as_ref()).unwrap();
     assert_ne!(sb.log_root_bytenr, 0, "the fsync wrote a log");
-    // Garbage over the log root tree's node: its checksum fails.
-    dev.write_at(&[0x5a; 64], sb.log_root_bytenr + 100).unwrap();
+    // Garbage over the log root tree's node (both copies under DUP
+    // metadata, or read repair would serve the good one): its checksum
+    // fails.
+    let copies = std::iter::once(sb.log_root_bytenr)
+        .chain(sb.metadata_profile.mirror_of(sb.log_root_bytenr));
+    for copy in copies {
+        dev.write_at(&[0x5a; 64], copy + 100).unwrap();
+    }
     let fs = mount(dev.clone());
     match fs.replay_outcome() {
         Some(birch::fs::ReplayOutcome::Discarded(why)) => {

@@ -17,7 +17,10 @@
 mod cache;
 mod store;
 
-pub use store::{read_node_uncached, NodeExpectation, NodeStore};
+pub use store::{
+    copy_name, read_node_copies, read_node_uncached, NodeCopy, NodeExpectation, NodeStore,
+    RepairStats,
+};
 
 use crate::alloc::Allocator;
 use crate::device::BlockDevice;

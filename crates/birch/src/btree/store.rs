@@ -1,9 +1,12 @@
-//! Reading nodes from the device, validated, through the cache.
+//! Reading nodes from the device, validated, through the cache; under DUP
+//! metadata (docs/DUP.md) every cache miss reads both copies, serves a good
+//! one and rewrites a bad one from it (read repair).
 
 use super::cache::NodeCache;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
-use crate::format::{Node, NODE_SIZE};
+use crate::format::{MetadataProfile, Node, NODE_SIZE};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What a parent (or a root item) promises about a child node.
@@ -14,18 +17,42 @@ pub struct NodeExpectation {
     pub generation: u64,
 }
 
+/// Counters of bad metadata copies found by reads since mount.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RepairStats {
+    /// Copies that failed validation (or could not be read) while another
+    /// copy of the same node was good.
+    pub metadata_bad_copies: u64,
+    /// Of those, copies rewritten from the good copy.
+    pub metadata_repairs: u64,
+    /// Node reads where no copy was good (the read failed).
+    pub metadata_unrepairable: u64,
+}
+
 pub struct NodeStore<D> {
     dev: D,
     fsid: [u8; 16],
+    profile: MetadataProfile,
     cache: Mutex<NodeCache>,
+    /// Whether a bad copy is rewritten: not on a read-only mount, whose
+    /// device must not change.
+    repair_writes: AtomicBool,
+    bad_copies: AtomicU64,
+    repairs: AtomicU64,
+    unrepairable: AtomicU64,
 }
 
 impl<D: BlockDevice> NodeStore<D> {
-    pub fn new(dev: D, fsid: [u8; 16], cache_nodes: usize) -> Self {
+    pub fn new(dev: D, fsid: [u8; 16], profile: MetadataProfile, cache_nodes: usize) -> Self {
         NodeStore {
             dev,
             fsid,
+            profile,
             cache: Mutex::new(NodeCache::new(cache_nodes)),
+            repair_writes: AtomicBool::new(false),
+            bad_copies: AtomicU64::new(0),
+            repairs: AtomicU64::new(0),
+            unrepairable: AtomicU64::new(0),
         }
     }
 
@@ -35,6 +62,23 @@ impl<D: BlockDevice> NodeStore<D> {
 
     pub fn fsid(&self) -> &[u8; 16] {
         &self.fsid
+    }
+
+    pub fn profile(&self) -> MetadataProfile {
+        self.profile
+    }
+
+    /// Allows (or stops) rewriting bad copies found by reads.
+    pub fn set_repair_writes(&self, allowed: bool) {
+        self.repair_writes.store(allowed, Ordering::Relaxed);
+    }
+
+    pub fn repair_stats(&self) -> RepairStats {
+        RepairStats {
+            metadata_bad_copies: self.bad_copies.load(Ordering::Relaxed),
+            metadata_repairs: self.repairs.load(Ordering::Relaxed),
+            metadata_unrepairable: self.unrepairable.load(Ordering::Relaxed),
+        }
     }
 
     /// Reads the node at `bytenr` and checks it is what the parent said.
@@ -49,17 +93,81 @@ impl<D: BlockDevice> NodeStore<D> {
                 return Ok(node);
             }
         }
-        let node = Arc::new(read_node_uncached(
-            &self.dev,
-            &self.fsid,
-            bytenr,
-            Some(expect),
-        )?);
+        let node = Arc::new(self.read_and_repair(bytenr, expect)?);
         self.cache
             .lock()
             .expect("cache lock poisoned")
             .insert(node.clone());
         Ok(node)
+    }
+
+    /// Reads every copy; serves the first good one and rewrites the bad
+    /// ones from its bytes. Both copies are read even when the first is
+    /// good so that a damaged mirror is found while the primary still
+    /// holds, not when it is the last copy left.
+    fn read_and_repair(&self, bytenr: u64, expect: NodeExpectation) -> Result<Node> {
+        let mut good = None;
+        let mut bad = Vec::new();
+        for copy in read_node_copies(&self.dev, &self.fsid, self.profile, bytenr, Some(expect)) {
+            match copy.result {
+                Ok(ok) => good = good.or(Some(ok)),
+                Err(e) => bad.push((copy.index, copy.offset, e)),
+            }
+        }
+        let tree = crate::print::tree_name(expect.tree);
+        let Some((node, raw)) = good else {
+            self.unrepairable.fetch_add(1, Ordering::Relaxed);
+            let mut errors = bad.into_iter();
+            let (_, _, mut error) = errors.next().expect("a node has at least one copy");
+            if let Error::Corrupt(c) = &mut error {
+                for (_, offset, other) in errors {
+                    match other {
+                        Error::Corrupt(m) => c.reason = format!("{}; {}", c.reason, m.reason),
+                        io => c.reason = format!("{}; mirror copy at {offset}: {io}", c.reason),
+                    }
+                }
+            }
+            eprintln!("birch: metadata block {bytenr} of tree {tree}: no good copy: {error}");
+            return Err(error);
+        };
+        for (index, offset, error) in bad {
+            self.repair_copy(bytenr, &tree, index, offset, &error, &raw);
+        }
+        Ok(node)
+    }
+
+    /// Counts, logs and (unless read-only) rewrites one bad copy.
+    fn repair_copy(
+        &self,
+        bytenr: u64,
+        tree: &str,
+        index: usize,
+        offset: u64,
+        error: &Error,
+        good_bytes: &[u8],
+    ) {
+        self.bad_copies.fetch_add(1, Ordering::Relaxed);
+        let which = copy_name(index);
+        if !self.repair_writes.load(Ordering::Relaxed) {
+            eprintln!(
+                "birch: metadata block {bytenr} of tree {tree}: {which} at {offset} is bad \
+                 ({error}); served the other copy, not rewritten (read-only)"
+            );
+            return;
+        }
+        match self.dev.write_at(good_bytes, offset) {
+            Ok(()) => {
+                self.repairs.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "birch: metadata block {bytenr} of tree {tree}: repaired {which} at {offset} \
+                     from the other copy ({error})"
+                );
+            }
+            Err(e) => eprintln!(
+                "birch: metadata block {bytenr} of tree {tree}: {which} at {offset} is bad \
+                 ({error}); rewriting it failed: {e}"
+            ),
+        }
     }
 
     /// Puts a node just written by a commit into the cache.
@@ -75,6 +183,54 @@ impl<D: BlockDevice> NodeStore<D> {
     }
 }
 
+/// One copy of a node as read from the device.
+pub struct NodeCopy {
+    /// 0: the block itself; 1: its DUP mirror.
+    pub index: usize,
+    /// Where on the device this copy lives.
+    pub offset: u64,
+    /// The decoded node and its raw bytes, or what is wrong with the copy.
+    pub result: Result<(Node, Vec<u8>)>,
+}
+
+/// How reports name copy `index` of a node.
+pub fn copy_name(index: usize) -> &'static str {
+    if index == 0 {
+        "primary copy"
+    } else {
+        "mirror copy"
+    }
+}
+
+/// Reads and validates every copy of the node at `bytenr`: the block, and
+/// under DUP its mirror (a byte-for-byte copy, so it too names `bytenr` in
+/// its header). An error for the mirror says it is about the mirror.
+pub fn read_node_copies<D: BlockDevice + ?Sized>(
+    dev: &D,
+    fsid: &[u8; 16],
+    profile: MetadataProfile,
+    bytenr: u64,
+    expect: Option<NodeExpectation>,
+) -> Vec<NodeCopy> {
+    let mut copies = vec![NodeCopy {
+        index: 0,
+        offset: bytenr,
+        result: read_copy(dev, fsid, bytenr, bytenr, expect),
+    }];
+    if let Some(mirror) = profile.mirror_of(bytenr) {
+        let mut result = read_copy(dev, fsid, bytenr, mirror, expect);
+        if let Err(Error::Corrupt(c)) = &mut result {
+            c.reason = format!("mirror copy at {mirror}: {}", c.reason);
+        }
+        copies.push(NodeCopy {
+            index: 1,
+            offset: mirror,
+            result,
+        });
+    }
+    copies
+}
+
 /// Reads and validates one node without a cache (used by `check` and `dump`
 /// as well). With `expect`, also checks owner, level and generation.
 pub fn read_node_uncached<D: BlockDevice + ?Sized>(
@@ -83,10 +239,22 @@ pub fn read_node_uncached<D: BlockDevice + ?Sized>(
     bytenr: u64,
     expect: Option<NodeExpectation>,
 ) -> Result<Node> {
+    read_copy(dev, fsid, bytenr, bytenr, expect).map(|(node, _)| node)
+}
+
+/// Reads the copy at `offset` of the node at `bytenr` and validates it as
+/// that node.
+fn read_copy<D: BlockDevice + ?Sized>(
+    dev: &D,
+    fsid: &[u8; 16],
+    bytenr: u64,
+    offset: u64,
+    expect: Option<NodeExpectation>,
+) -> Result<(Node, Vec<u8>)> {
     let tree = expect.map(|e| e.tree);
     let corrupt = |reason: String| Error::corrupt(Corruption::at_block(tree, bytenr, None, reason));
-    if !bytenr.is_multiple_of(crate::format::SECTOR_SIZE)
-        || bytenr
+    if !offset.is_multiple_of(crate::format::SECTOR_SIZE)
+        || offset
             .checked_add(NODE_SIZE as u64)
             .is_none_or(|end| end > dev.size_bytes())
     {
@@ -96,7 +264,7 @@ pub fn read_node_uncached<D: BlockDevice + ?Sized>(
         )));
     }
     let mut buf = vec![0u8; NODE_SIZE];
-    dev.read_at(&mut buf, bytenr)?;
+    dev.read_at(&mut buf, offset)?;
     let node = Node::decode(&buf, bytenr, fsid).map_err(|e| {
         let slot = match &e {
             crate::format::NodeError::ItemOutOfBounds { slot }
@@ -126,5 +294,5 @@ pub fn read_node_uncached<D: BlockDevice + ?Sized>(
             )));
         }
     }
-    Ok(node)
+    Ok((node, buf))
 }

@@ -14,6 +14,35 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     }
     let total = sb.total_bytes;
     let mut extents = std::mem::take(&mut c.extents);
+    // Under DUP a node's mirror is in use as much as the node: it counts
+    // for overlaps, bytes_used and free space.
+    let profile = sb.metadata_profile;
+    if let (Some(mirror_start), Some(offset)) = (profile.primary_end(), profile.mirror_offset()) {
+        let mut mirrors = Vec::new();
+        for e in extents
+            .iter()
+            .filter(|e| matches!(e.kind, ExtentKind::Metadata { .. }))
+        {
+            if e.bytenr.saturating_add(e.len) > mirror_start {
+                c.fault_at(
+                    &e.loc,
+                    format!(
+                        "node {} lies in the DUP mirror half (from {mirror_start}): its mirror would be past {}",
+                        e.bytenr,
+                        mirror_start + offset
+                    ),
+                );
+            }
+            mirrors.push(super::ExtentRec {
+                bytenr: e.bytenr.saturating_add(offset),
+                len: e.len,
+                kind: ExtentKind::Mirror,
+                item: None,
+                loc: e.loc,
+            });
+        }
+        extents.extend(mirrors);
+    }
     extents.sort_by_key(|e| (e.bytenr, e.len));
 
     // Shape of each extent, overlaps, bytes used, free space.
@@ -236,27 +265,38 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         if !Checker::is_log_tree(node.tree) {
             continue;
         }
-        let end = bytenr.saturating_add(NODE_SIZE as u64);
-        // The last extent starting before `end`, and any earlier one that
-        // reaches past `bytenr`: extents do not overlap (or were reported),
-        // so checking the nearest one and its predecessor suffices.
-        let idx = extents.partition_point(|e| e.bytenr < end);
-        for e in extents[..idx].iter().rev().take(2) {
-            if e.bytenr.saturating_add(e.len) > bytenr {
-                c.fault_block(
-                    Some(node.tree),
-                    bytenr,
-                    None,
-                    format!(
-                        "log tree node overlaps the extent {}+{} recorded at {} slot {}",
-                        e.bytenr, e.len, e.loc.block, e.loc.slot
-                    ),
-                );
-                break;
+        // The node and, under DUP, its mirror.
+        for (copy, start) in std::iter::once(bytenr)
+            .chain(profile.mirror_of(bytenr))
+            .enumerate()
+        {
+            let which = if copy == 0 {
+                "log tree node"
+            } else {
+                "mirror of log tree node"
+            };
+            let end = start.saturating_add(NODE_SIZE as u64);
+            // The last extent starting before `end`, and any earlier one that
+            // reaches past `start`: extents do not overlap (or were reported),
+            // so checking the nearest one and its predecessor suffices.
+            let idx = extents.partition_point(|e| e.bytenr < end);
+            for e in extents[..idx].iter().rev().take(2) {
+                if e.bytenr.saturating_add(e.len) > start {
+                    c.fault_block(
+                        Some(node.tree),
+                        bytenr,
+                        None,
+                        format!(
+                            "{which} overlaps the extent {}+{} recorded at {} slot {}",
+                            e.bytenr, e.len, e.loc.block, e.loc.slot
+                        ),
+                    );
+                    break;
+                }
             }
-        }
-        if bytenr < FIRST_ALLOCATABLE_BYTE || end > total {
-            c.fault_block(Some(node.tree), bytenr, None, format!("log tree node lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})"));
+            if start < FIRST_ALLOCATABLE_BYTE || end > total {
+                c.fault_block(Some(node.tree), bytenr, None, format!("{which} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})"));
+            }
         }
     }
     // The nodes count as bytes only via the extent tree; keep it for later.

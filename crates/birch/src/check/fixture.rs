@@ -482,6 +482,7 @@ impl FsBuilder {
             log_root_level: 0,
             log_generation: 0,
             backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
+            metadata_profile: crate::format::MetadataProfile::Single,
         };
         let mut fx = Fixture {
             image: vec![0; self.total_bytes as usize],
@@ -710,14 +711,19 @@ pub fn sample() -> FsBuilder {
 /// Damages the tree node at `bytenr` on `dev` so that it fails validation
 /// (its checksum), as a bad sector or a lost write would. Every test that
 /// damages a node of a real image goes through here: when metadata has
-/// two copies (DUP), this is the one place that must damage both.
+/// two copies (DUP), it damages both.
 pub fn corrupt_node(dev: &dyn BlockDevice, bytenr: u64) {
-    let mut node = vec![0u8; NODE_SIZE];
-    dev.read_at(&mut node, bytenr)
-        .expect("read of the node to damage");
-    for byte in &mut node[200..264] {
-        *byte ^= 0xa5;
+    let profile = crate::fs::read_superblock(dev)
+        .expect("superblock of the image to damage")
+        .metadata_profile;
+    let copies = std::iter::once(bytenr).chain(profile.mirror_of(bytenr));
+    for at in copies {
+        let mut node = vec![0u8; NODE_SIZE];
+        dev.read_at(&mut node, at)
+            .expect("read of the node to damage");
+        for byte in &mut node[200..264] {
+            *byte ^= 0xa5;
+        }
+        dev.write_at(&node, at).expect("write of the damaged node");
     }
-    dev.write_at(&node, bytenr)
-        .expect("write of the damaged node");
 }

@@ -159,6 +159,8 @@ pub struct Summary {
     pub fsid: [u8; 16],
     pub generation: u64,
     pub total_bytes: u64,
+    /// Copies of each tree node (docs/DUP.md).
+    pub metadata_profile: crate::format::MetadataProfile,
     /// bytes_used as the superblock records it.
     pub bytes_used_recorded: u64,
     /// Bytes the extent items cover.
@@ -271,11 +273,19 @@ impl fmt::Display for CheckReport {
                 "inodes {}: {} directories, {} regular files, {} symlinks, {} special; {} names, {} xattrs, {} orphans",
                 s.inodes, s.directories, s.regular_files, s.symlinks, s.special_files, s.names, s.xattrs, s.orphans
             )?;
+            let node_bytes = s
+                .metadata_extents
+                .saturating_mul(crate::format::NODE_SIZE as u64);
+            let mirrors = match s.metadata_profile {
+                crate::format::MetadataProfile::Single => String::new(),
+                crate::format::MetadataProfile::Dup { mirror_offset } => {
+                    format!(" + as many in DUP mirrors at +{mirror_offset}")
+                }
+            };
             writeln!(
                 f,
-                "extents: {} tree nodes ({} bytes), {} data extents ({} bytes) behind {} file extent items",
+                "extents: {} tree nodes ({node_bytes} bytes{mirrors}), {} data extents ({} bytes) behind {} file extent items",
                 s.metadata_extents,
-                s.metadata_extents.saturating_mul(crate::format::NODE_SIZE as u64),
                 s.data_extents,
                 s.data_extent_bytes,
                 s.file_extent_items
@@ -388,7 +398,12 @@ pub(crate) struct NodeRec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ExtentKind {
     Data,
-    Metadata { level: u64 },
+    Metadata {
+        level: u64,
+    },
+    /// The DUP mirror of the node a metadata item records (not an item of
+    /// its own: the extent-refs pass adds one per metadata item).
+    Mirror,
 }
 
 /// One extent tree item.

@@ -134,6 +134,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     s.generation = sb.generation;
     s.total_bytes = sb.total_bytes;
     s.bytes_used_recorded = sb.bytes_used;
+    s.metadata_profile = sb.metadata_profile;
     c.sb = Some(sb);
     PassStatus::Ran
 }

@@ -7,13 +7,14 @@ use super::{
     pass_id, Checker, EntryRec, ExtentKind, ExtentRec, FileExtentKind, FileExtentRec, InodeRec,
     Loc, NodeRec, PassStatus, RefRec, TreeSummary,
 };
-use crate::btree::{read_node_uncached, NodeExpectation};
+use crate::btree::{copy_name, read_node_copies, NodeExpectation};
 use crate::error::Error;
 use crate::format::node::MAX_LEVEL;
 use crate::format::{
     decode_dir_items, decode_inode_extrefs, decode_inode_refs, decode_xattrs, extref_hash,
     item_type, item_type_name, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeItem,
-    Key, LeafItem, NodeBody, RootItem, FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
+    Key, LeafItem, MetadataProfile, NodeBody, RootItem, FIRST_DIR_INDEX, NODE_SIZE,
+    ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::print::{name, tree_name};
 use std::collections::HashSet;
@@ -222,25 +223,53 @@ impl Checker<'_> {
                 level: f.level,
                 generation,
             });
-            let node =
-                match read_node_uncached(self.dev, &self.report.summary.fsid, f.bytenr, expect) {
-                    Ok(n) => n,
-                    Err(Error::Corrupt(corruption)) => {
-                        let context = pointer(&f);
+            // Under DUP every copy is verified and each bad one is a
+            // fault of its own; the walk goes on with a good copy.
+            let profile = self
+                .sb
+                .as_ref()
+                .map_or(MetadataProfile::Single, |sb| sb.metadata_profile);
+            let copies = read_node_copies(
+                self.dev,
+                &self.report.summary.fsid,
+                profile,
+                f.bytenr,
+                expect,
+            );
+            let mut good = None;
+            for copy in copies {
+                let context = pointer(&f);
+                match copy.result {
+                    Ok((n, _)) => good = good.or(Some(n)),
+                    Err(Error::Corrupt(mut corruption)) => {
+                        if profile.mirror_offset().is_some() && copy.index == 0 {
+                            corruption.reason = format!(
+                                "{} at {}: {}",
+                                copy_name(copy.index),
+                                copy.offset,
+                                corruption.reason
+                            );
+                        }
                         self.fault_corruption(corruption, Some(context));
-                        continue;
                     }
                     Err(e) => {
-                        let context = pointer(&f);
+                        let which = if profile.mirror_offset().is_some() {
+                            format!(" ({} at {})", copy_name(copy.index), copy.offset)
+                        } else {
+                            String::new()
+                        };
                         self.fault_block(
                             Some(t.tree),
                             f.bytenr,
                             None,
-                            format!("cannot read node: {e} ({context})"),
+                            format!("cannot read node{which}: {e} ({context})"),
                         );
-                        continue;
                     }
-                };
+                }
+            }
+            let Some(node) = good else {
+                continue;
+            };
             if expect.is_none() && (node.owner != t.tree || node.level != f.level) {
                 let context = pointer(&f);
                 self.fault_block(
@@ -447,7 +476,9 @@ impl Checker<'_> {
                 self.report.summary.data_extent_bytes =
                     self.report.summary.data_extent_bytes.saturating_add(len);
             }
-            ExtentKind::Metadata { .. } => self.report.summary.metadata_extents += 1,
+            ExtentKind::Metadata { .. } | ExtentKind::Mirror => {
+                self.report.summary.metadata_extents += 1
+            }
         }
         self.extents.push(ExtentRec {
             bytenr: key.objectid,

@@ -14,8 +14,8 @@ pub use items::*;
 pub use key::{item_type, item_type_name, Key};
 pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
 pub use superblock::{
-    BackupRoot, Superblock, SuperblockError, BACKUP_ROOTS_OFFSET, BACKUP_ROOT_COUNT,
-    BACKUP_ROOT_SIZE,
+    BackupRoot, MetadataProfile, Superblock, SuperblockError, BACKUP_ROOTS_OFFSET,
+    BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_METADATA_DUP,
 };
 
 /// Allocation unit for data and metadata.

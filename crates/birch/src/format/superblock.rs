@@ -17,16 +17,85 @@
 //! 88  log_root_bytenr   u64  0 = no log to replay
 //! 96  log_root_level    u8   (+7 pad)
 //! 104 log_generation    u64  log transaction that wrote the log root
-//! 112 incompat_flags    u64  must be 0 for this version
-//! 120 reserved (zeroes)
+//! 112 incompat_flags    u64  INCOMPAT_METADATA_DUP, or 0
+//! 120 metadata_mirror_offset u64  DUP: every node also lives this far
+//!                                 above its address; single: 0
+//! 128 reserved (zeroes)
 //! 256 backup_roots      4 x 64 bytes, newest first (BackupRoot)
 //! 512 reserved (zeroes)
 //! ```
 
 use super::bytes::{put_u32, put_u64, Reader};
 use super::items::RootItem;
-use super::{NODE_SIZE, SECTOR_SIZE, SUPERBLOCK_MAGIC, SUPERBLOCK_SIZE};
+use super::{FIRST_ALLOCATABLE_BYTE, NODE_SIZE, SECTOR_SIZE, SUPERBLOCK_MAGIC, SUPERBLOCK_SIZE};
 use std::fmt;
+
+/// Incompat flag: tree nodes are stored twice (docs/DUP.md). A birch that
+/// does not know it must refuse the image: it would allocate data over the
+/// mirror copies.
+pub const INCOMPAT_METADATA_DUP: u64 = 1;
+
+/// How many copies of each tree node the device holds (docs/DUP.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetadataProfile {
+    /// One copy (images made before DUP existed read as this).
+    #[default]
+    Single,
+    /// Two copies: the node at `bytenr` (always below
+    /// `FIRST_ALLOCATABLE_BYTE + mirror_offset`) is mirrored byte for byte
+    /// at `bytenr + mirror_offset`.
+    Dup { mirror_offset: u64 },
+}
+
+impl MetadataProfile {
+    /// The DUP layout mkfs gives a filesystem of `total_bytes`: the
+    /// allocatable space is cut in two halves; nodes live in the lower one,
+    /// their mirrors at the same place in the upper one.
+    pub fn dup_for(total_bytes: u64) -> MetadataProfile {
+        let half = total_bytes.saturating_sub(FIRST_ALLOCATABLE_BYTE) / 2;
+        MetadataProfile::Dup {
+            mirror_offset: half / SECTOR_SIZE * SECTOR_SIZE,
+        }
+    }
+
+    /// How far above a node its mirror lives (`None`: no mirror).
+    pub fn mirror_offset(self) -> Option<u64> {
+        match self {
+            MetadataProfile::Single => None,
+            MetadataProfile::Dup { mirror_offset } => Some(mirror_offset),
+        }
+    }
+
+    /// Where the second copy of the node at `bytenr` lives.
+    pub fn mirror_of(self, bytenr: u64) -> Option<u64> {
+        self.mirror_offset().map(|offset| bytenr + offset)
+    }
+
+    /// Device bytes one tree node takes.
+    pub fn node_footprint(self) -> u64 {
+        match self {
+            MetadataProfile::Single => NODE_SIZE as u64,
+            MetadataProfile::Dup { .. } => 2 * NODE_SIZE as u64,
+        }
+    }
+
+    /// End of the range a node's own address may lie in (the start of the
+    /// mirror half); `None`: anywhere.
+    pub fn primary_end(self) -> Option<u64> {
+        match self {
+            MetadataProfile::Single => None,
+            MetadataProfile::Dup { mirror_offset } => Some(FIRST_ALLOCATABLE_BYTE + mirror_offset),
+        }
+    }
+
+    /// As `birch mkfs --metadata` and `birch dump super` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MetadataProfile::Single => "single",
+            MetadataProfile::Dup { .. } => "dup",
+        }
+    }
+}
 
 /// Where the backup-root array starts (bytes 120..256 are kept for other
 /// fields).
@@ -144,6 +213,7 @@ pub struct Superblock {
     /// The roots of the last commits, newest first; slot 0 is this
     /// superblock's own commit once written by a birch that keeps them.
     pub backup_roots: [BackupRoot; BACKUP_ROOT_COUNT],
+    pub metadata_profile: MetadataProfile,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,7 +258,16 @@ impl Superblock {
         put_u64(&mut out, self.log_root_bytenr);
         put_u64(&mut out, u64::from(self.log_root_level));
         put_u64(&mut out, self.log_generation);
-        put_u64(&mut out, 0);
+        match self.metadata_profile {
+            MetadataProfile::Single => {
+                put_u64(&mut out, 0);
+                put_u64(&mut out, 0);
+            }
+            MetadataProfile::Dup { mirror_offset } => {
+                put_u64(&mut out, INCOMPAT_METADATA_DUP);
+                put_u64(&mut out, mirror_offset);
+            }
+        }
         out.resize(BACKUP_ROOTS_OFFSET, 0);
         for backup in &self.backup_roots {
             backup.encode_into(&mut out);
@@ -230,16 +309,37 @@ impl Superblock {
         let log_root_level = r.u64().map_err(short)?;
         let log_generation = r.u64().map_err(short)?;
         let incompat = r.u64().map_err(short)?;
+        let mirror_offset = r.u64().map_err(short)?;
         if u64::from(sector_size) != SECTOR_SIZE || node_size as usize != NODE_SIZE {
             return Err(SuperblockError::Unsupported(format!(
                 "sector size {sector_size} / node size {node_size}"
             )));
         }
-        if incompat != 0 {
+        if incompat & !INCOMPAT_METADATA_DUP != 0 {
             return Err(SuperblockError::Unsupported(format!(
                 "incompat flags {incompat:#x}"
             )));
         }
+        let metadata_profile = if incompat & INCOMPAT_METADATA_DUP != 0 {
+            let fits = FIRST_ALLOCATABLE_BYTE
+                .checked_add(mirror_offset.saturating_mul(2))
+                .is_some_and(|end| end <= total_bytes);
+            if mirror_offset < NODE_SIZE as u64
+                || !mirror_offset.is_multiple_of(SECTOR_SIZE)
+                || !fits
+            {
+                return Err(SuperblockError::Unsupported(format!(
+                    "DUP metadata mirror offset {mirror_offset} (must be a sector multiple of at least one node, and both halves must fit in {total_bytes} bytes)"
+                )));
+            }
+            MetadataProfile::Dup { mirror_offset }
+        } else if mirror_offset != 0 {
+            return Err(SuperblockError::Unsupported(format!(
+                "metadata mirror offset {mirror_offset} without the DUP incompat flag"
+            )));
+        } else {
+            MetadataProfile::Single
+        };
         let level = |v: u64| {
             u8::try_from(v)
                 .ok()
@@ -267,6 +367,7 @@ impl Superblock {
             log_root_level,
             log_generation,
             backup_roots,
+            metadata_profile,
         })
     }
 
@@ -316,6 +417,7 @@ mod tests {
                 BackupRoot::EMPTY,
                 BackupRoot::EMPTY,
             ],
+            metadata_profile: MetadataProfile::Single,
         };
         let bytes = sb.encode(65536);
         assert!(bytes[120..BACKUP_ROOTS_OFFSET].iter().all(|&b| b == 0));
@@ -334,5 +436,12 @@ mod tests {
             Superblock::decode(&[0; SUPERBLOCK_SIZE], 65536),
             Err(SuperblockError::BadMagic)
         );
+        let dup = Superblock {
+            metadata_profile: MetadataProfile::dup_for(1 << 30),
+            ..sb
+        };
+        let bytes = dup.encode(65536);
+        assert_eq!(bytes[112], INCOMPAT_METADATA_DUP as u8);
+        assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), dup);
     }
 }

@@ -25,8 +25,8 @@ use crate::btree::{Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    item_type, tree_id, BackupRoot, ExtentItem, Key, Node, RootItem, Superblock, BACKUP_ROOT_COUNT,
-    NODE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+    item_type, tree_id, BackupRoot, ExtentItem, Key, MetadataProfile, Node, RootItem, Superblock,
+    BACKUP_ROOT_COUNT, NODE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -241,20 +241,28 @@ pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
     dev: &D,
     prepared: &PreparedCommit,
 ) -> Result<u64> {
-    let written = write_nodes(dev, &prepared.nodes, &prepared.superblock.fsid)?;
+    let written = write_nodes(
+        dev,
+        &prepared.nodes,
+        &prepared.superblock.fsid,
+        prepared.superblock.metadata_profile,
+    )?;
     dev.flush()?;
     write_superblocks(dev, &prepared.superblock)?;
     Ok(written)
 }
 
-/// Writes nodes to their blocks (adjacent ones in one write), no barrier.
-/// The runs go to the device in batches it may keep in flight together
-/// ([`BlockDevice::write_batch`]), at most [`NODE_BATCH_BYTES`] encoded at
-/// a time so a large commit does not hold all its nodes twice in memory.
+/// Writes nodes to their blocks (adjacent ones in one write), and under
+/// DUP each run again at its mirror; no barrier: the caller's flush covers
+/// both copies. The runs and their mirrors go to the device in batches it
+/// may keep in flight together ([`BlockDevice::write_batch`]), at most
+/// [`NODE_BATCH_BYTES`] encoded at a time so a large commit does not hold
+/// all its nodes twice in memory.
 pub(crate) fn write_nodes<D: BlockDevice + ?Sized>(
     dev: &D,
     nodes: &HashMap<u64, Arc<Node>>,
     fsid: &[u8; 16],
+    profile: MetadataProfile,
 ) -> Result<u64> {
     let mut nodes: Vec<&Arc<Node>> = nodes.values().collect();
     nodes.sort_by_key(|n| n.bytenr);
@@ -262,10 +270,10 @@ pub(crate) fn write_nodes<D: BlockDevice + ?Sized>(
     for node in &nodes {
         runs.add(node.bytenr, &node.encode(fsid));
         if runs.bytes >= NODE_BATCH_BYTES {
-            runs.write(dev)?;
+            runs.write(dev, profile)?;
         }
     }
-    runs.write(dev)?;
+    runs.write(dev, profile)?;
     Ok(nodes.len() as u64)
 }
 
@@ -296,12 +304,20 @@ impl RunBatch {
         self.bytes += encoded.len();
     }
 
-    fn write<D: BlockDevice + ?Sized>(&mut self, dev: &D) -> Result<()> {
-        let writes: Vec<(u64, &[u8])> = self
+    /// Writes the runs, and under DUP each again at its mirror: nodes are
+    /// allocated with their mirrors at a fixed distance, so a run of
+    /// adjacent nodes has an adjacent run of mirrors.
+    fn write<D: BlockDevice + ?Sized>(&mut self, dev: &D, profile: MetadataProfile) -> Result<()> {
+        let primaries = self
             .runs
             .iter()
-            .map(|(start, run)| (*start, run.as_slice()))
-            .collect();
+            .map(|(start, run)| (*start, run.as_slice()));
+        let mirrors = self.runs.iter().filter_map(|(start, run)| {
+            profile
+                .mirror_of(*start)
+                .map(|mirror| (mirror, run.as_slice()))
+        });
+        let writes: Vec<(u64, &[u8])> = primaries.chain(mirrors).collect();
         dev.write_batch(&writes)?;
         self.runs.clear();
         self.bytes = 0;

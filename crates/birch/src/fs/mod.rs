@@ -202,20 +202,25 @@ impl<D: BlockDevice> Shared<D> {
             return Ok(());
         };
         let dev = self.store.device().as_ref();
-        let written = commit::write_nodes(dev, &prepared.nodes, &prepared.superblock.fsid)
-            .and_then(|n| {
-                dev.flush()?;
-                let _superblock = self
-                    .superblock_lock
-                    .lock()
-                    .expect("superblock lock poisoned");
-                commit::write_superblocks(dev, &prepared.superblock)?;
-                Ok(n)
-            })
-            .map_err(|e| {
-                let step = format!("commit of generation {}", prepared.superblock.generation);
-                io_step(e, &step)
-            });
+        let written = commit::write_nodes(
+            dev,
+            &prepared.nodes,
+            &prepared.superblock.fsid,
+            prepared.superblock.metadata_profile,
+        )
+        .and_then(|n| {
+            dev.flush()?;
+            let _superblock = self
+                .superblock_lock
+                .lock()
+                .expect("superblock lock poisoned");
+            commit::write_superblocks(dev, &prepared.superblock)?;
+            Ok(n)
+        })
+        .map_err(|e| {
+            let step = format!("commit of generation {}", prepared.superblock.generation);
+            io_step(e, &step)
+        });
         let generation = prepared.superblock.generation;
         let result = {
             let mut state = self.lock_state();
@@ -349,7 +354,8 @@ impl<D: BlockDevice> Shared<D> {
             "log sync {} (on generation {})",
             sealed.id, sealed.base_generation
         );
-        commit::write_nodes(dev, &sealed.nodes, &fsid).map_err(|e| io_step(e, &step))?;
+        commit::write_nodes(dev, &sealed.nodes, &fsid, self.store.profile())
+            .map_err(|e| io_step(e, &step))?;
         phases.lap(|p| &mut p.write);
         dev.flush().map_err(|e| io_step(e.into(), &step))?;
         phases.lap(|p| &mut p.nodes_flush);
@@ -594,6 +600,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         {
             let mut state = self.lock();
             state.options.read_only = false;
+            self.shared.store.set_repair_writes(true);
             // Under the same hold of the state lock that allows changes:
             // a change that slipped in between could create an O_TMPFILE
             // inode (an orphan by design) that this would free while held.
@@ -1137,7 +1144,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn stats(&self) -> FsStats {
-        self.lock().stats
+        let repairs = self.shared.store.repair_stats();
+        FsStats {
+            metadata_bad_copies: repairs.metadata_bad_copies,
+            metadata_repairs: repairs.metadata_repairs,
+            metadata_unrepairable: repairs.metadata_unrepairable,
+            ..self.lock().stats
+        }
     }
 
     /// Counters of delayed allocation, reservation and reclaim.

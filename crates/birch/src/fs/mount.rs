@@ -4,15 +4,15 @@ use super::commit::{self, Roots};
 use super::delayed::DelayedItems;
 use super::space::SpaceInfo;
 use super::tree_log::LogState;
-use super::{BackupRootUsed, FsState, FsStats, MkfsOptions, MountOptions, Rescue};
+use super::{BackupRootUsed, FsState, FsStats, MetadataCopies, MkfsOptions, MountOptions, Rescue};
 use crate::alloc::{Allocator, FreeSpace};
 use crate::btree::{Forest, NodeExpectation, NodeStore, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
     encode_inode_refs, item_type, tree_id, BackupRoot, ExtentItem, InodeItem, InodeRefEntry, Key,
-    NodeBody, RootItem, Superblock, BACKUP_ROOT_COUNT, FIRST_ALLOCATABLE_BYTE, FIRST_FREE_INO,
-    MIN_DEVICE_BYTES, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE,
+    MetadataProfile, NodeBody, RootItem, Superblock, BACKUP_ROOT_COUNT, FIRST_ALLOCATABLE_BYTE,
+    FIRST_FREE_INO, MIN_DEVICE_BYTES, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -42,11 +42,19 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         ));
     }
     let fsid = options.fsid.unwrap_or_else(random_fsid);
+    let metadata_profile = match options.metadata {
+        MetadataCopies::Single => MetadataProfile::Single,
+        MetadataCopies::Dup => MetadataProfile::dup_for(total_bytes),
+    };
     let mut free = FreeSpace::default();
     free.add(FIRST_ALLOCATABLE_BYTE, total_bytes - FIRST_ALLOCATABLE_BYTE);
-    let store = Arc::new(NodeStore::new(dev, fsid, 64));
+    let store = Arc::new(NodeStore::new(dev, fsid, metadata_profile, 64));
     let transid = 1;
-    let mut forest = Forest::new(store, Allocator::new(free, 0, total_bytes), transid);
+    let mut forest = Forest::new(
+        store,
+        Allocator::new(free, 0, total_bytes, metadata_profile),
+        transid,
+    );
     let mut roots = Roots {
         root: forest.create_tree(tree_id::ROOT)?,
         extent: forest.create_tree(tree_id::EXTENT)?,
@@ -90,6 +98,7 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         log_root_level: 0,
         log_generation: 0,
         backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
+        metadata_profile,
     };
     let prepared = commit::seal_transaction(&mut forest, &mut roots, &template)?;
     commit::write_commit(dev, &prepared)?;
@@ -98,14 +107,23 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
 
 pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result<FsState<D>> {
     let newest = commit::read_superblock(dev.as_ref())?;
-    let store = Arc::new(NodeStore::new(dev, newest.fsid, options.cache_nodes));
+    let profile = newest.metadata_profile;
+    let store = Arc::new(NodeStore::new(
+        dev.clone(),
+        newest.fsid,
+        profile,
+        options.cache_nodes,
+    ));
+    // A read-write open repairs what its own reads find (the roots, the
+    // extent tree scan below); a read-only one only serves the good copy.
+    store.set_repair_writes(!options.read_only && dev.writable());
     // The allocator is rebuilt below; reads need none yet. Transactions
     // continue after the newest commit even when an older one is mounted:
     // a generation is never used twice, so a torn superblock write can
     // never leave an abandoned commit and its replacement tied.
     let mut forest = Forest::new(
         store.clone(),
-        Allocator::new(FreeSpace::default(), 0, newest.total_bytes),
+        Allocator::new(FreeSpace::default(), 0, newest.total_bytes, profile),
         newest.generation + 1,
     );
     let mut options = options;
@@ -123,10 +141,15 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
                 (loaded, superblock, Some(used))
             }
         };
-    forest.alloc = Allocator::new(loaded.free, loaded.bytes_used, superblock.total_bytes);
+    forest.alloc = Allocator::new(
+        loaded.free,
+        loaded.bytes_used,
+        superblock.total_bytes,
+        profile,
+    );
     forest.alloc.set_metadata_bytes(loaded.metadata_bytes);
     if let Some(previous) = superblock.older_backup_roots().next() {
-        hold_previous_commit(&mut forest, &loaded.extent_nodes, previous);
+        hold_previous_commit(&mut forest, &loaded.extent_nodes, previous, profile);
     }
     let roots = loaded.roots;
     let next_ino = match forest
@@ -144,7 +167,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         delayed: DelayedItems::default(),
         next_ino,
         dirty_page_bytes: 0,
-        space: SpaceInfo::new(total_bytes),
+        space: SpaceInfo::new(total_bytes, profile),
         stats: FsStats::default(),
         log: LogState {
             filling: 1,
@@ -266,7 +289,8 @@ fn load_commit<D: BlockDevice>(
             },
         )?;
     }
-    let scanned = free_space_from_extent_tree(forest, &extent, total_bytes)?;
+    let profile = forest.store().profile();
+    let scanned = free_space_from_extent_tree(forest, &extent, total_bytes, profile)?;
     if scanned.bytes_used != commit.bytes_used {
         return Err(Error::corrupt(Corruption::general(format!(
             "extent tree records {} bytes in use, {} says {}",
@@ -392,6 +416,7 @@ fn hold_previous_commit<D: BlockDevice>(
     forest: &mut Forest<Arc<D>>,
     mounted_extent_nodes: &HashMap<u64, u64>,
     previous: &BackupRoot,
+    profile: MetadataProfile,
 ) {
     let mut stack = vec![(
         previous.extent_root.bytenr,
@@ -420,6 +445,11 @@ fn hold_previous_commit<D: BlockDevice>(
                     };
                     // Anything the mounted commit still uses is not free.
                     forest.alloc.hold_free_range(item.key.objectid, len);
+                    if item.key.item_type == item_type::METADATA_ITEM {
+                        if let Some(mirror) = profile.mirror_of(item.key.objectid) {
+                            forest.alloc.hold_free_range(mirror, len);
+                        }
+                    }
                 }
             }
             NodeBody::Internal(ptrs) => {
@@ -448,21 +478,24 @@ struct ExtentScan {
     extent_nodes: HashMap<u64, u64>,
 }
 
-/// Free space is everything the extent tree does not record.
+/// Free space is everything the extent tree does not record (and, under
+/// DUP, not the mirror of a recorded node). Returns the free map, the bytes
+/// in use (mirrors included), the part of them that holds tree nodes, and
+/// the extent tree's own nodes.
 fn free_space_from_extent_tree<D: BlockDevice>(
     forest: &Forest<D>,
     extent: &TreeRoot,
     total_bytes: u64,
+    profile: MetadataProfile,
 ) -> Result<ExtentScan> {
-    let mut free = FreeSpace::default();
-    let mut cursor = FIRST_ALLOCATABLE_BYTE;
-    let mut used = 0u64;
+    let mut used_ranges: Vec<(u64, u64)> = Vec::new();
     let mut metadata = 0u64;
     let mut extent_nodes = HashMap::new();
     let mut fault = None;
+    let node_len = NODE_SIZE as u64;
     forest.scan(extent, Key::MIN, Key::MAX, &mut |k, data| {
         let len = match k.item_type {
-            item_type::METADATA_ITEM => NODE_SIZE as u64,
+            item_type::METADATA_ITEM => node_len,
             item_type::EXTENT_ITEM => k.offset,
             _ => {
                 fault = Some(format!("unexpected item {k} in the extent tree"));
@@ -476,31 +509,61 @@ fn free_space_from_extent_tree<D: BlockDevice>(
                 return Ok(ControlFlow::Break(()));
             }
         };
-        let end = k.objectid.checked_add(len);
-        if k.objectid < cursor || len == 0 || len % SECTOR_SIZE != 0 || k.objectid % SECTOR_SIZE != 0 || end.is_none_or(|e| e > total_bytes) {
-            fault = Some(format!("extent {k} overlaps another, lies outside [{FIRST_ALLOCATABLE_BYTE}, {total_bytes}) or is unaligned"));
-            return Ok(ControlFlow::Break(()));
-        }
-        if k.objectid > cursor {
-            free.add(cursor, k.objectid - cursor);
-        }
-        cursor = k.objectid + len;
-        used += len;
+        used_ranges.push((k.objectid, len));
         if k.item_type == item_type::METADATA_ITEM {
-            metadata += len;
+            if profile
+                .primary_end()
+                .is_some_and(|limit| k.objectid.saturating_add(node_len) > limit)
+            {
+                fault = Some(format!(
+                    "node {k} lies in the DUP mirror half (from {})",
+                    profile.primary_end().unwrap_or_default()
+                ));
+                return Ok(ControlFlow::Break(()));
+            }
+            if let Some(mirror) = profile.mirror_of(k.objectid) {
+                used_ranges.push((mirror, node_len));
+            }
+            metadata += profile.node_footprint();
             if item.owner == tree_id::EXTENT {
                 extent_nodes.insert(k.objectid, item.generation);
             }
         }
         Ok(ControlFlow::Continue(()))
     })?;
-    if let Some(reason) = fault {
-        return Err(Error::corrupt(Corruption {
+    let corrupt = |reason: String| {
+        Error::corrupt(Corruption {
             tree: Some(tree_id::EXTENT),
             block: None,
             slot: None,
             reason,
-        }));
+        })
+    };
+    if let Some(reason) = fault {
+        return Err(corrupt(reason));
+    }
+    used_ranges.sort_unstable();
+    let mut free = FreeSpace::default();
+    let mut cursor = FIRST_ALLOCATABLE_BYTE;
+    let mut used = 0u64;
+    for (start, len) in used_ranges {
+        let end = start.checked_add(len);
+        if start < cursor
+            || len == 0
+            || len % SECTOR_SIZE != 0
+            || start % SECTOR_SIZE != 0
+            || end.is_none_or(|e| e > total_bytes)
+        {
+            return Err(corrupt(format!(
+                "extent {start}+{len} (or a node mirror) overlaps another, lies outside \
+                 [{FIRST_ALLOCATABLE_BYTE}, {total_bytes}) or is unaligned"
+            )));
+        }
+        if start > cursor {
+            free.add(cursor, start - cursor);
+        }
+        cursor = start + len;
+        used += len;
     }
     if cursor < total_bytes {
         free.add(cursor, total_bytes - cursor);

@@ -17,7 +17,7 @@
 use super::{FsState, Shared};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::{NODE_SIZE, SECTOR_SIZE};
+use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
@@ -26,7 +26,8 @@ pub use super::types::{SpaceStats, SpaceUsage};
 
 const PAGE: u64 = SECTOR_SIZE;
 /// Worst-case metadata one changed item costs a transaction: a copy of the
-/// leaf it lives in.
+/// leaf it lives in (under DUP twice that: the leaf and its mirror, see
+/// [`FsState::meta_item`]).
 pub(crate) const META_ITEM: u64 = NODE_SIZE as u64;
 /// Items one run of dirty pages becomes: a file extent item and an extent
 /// item.
@@ -35,7 +36,7 @@ const DELALLOC_EXTENT_ITEMS: u64 = 2;
 /// engine batches: a dir index with a 255-byte name).
 const GROWTH_PER_ITEM: u64 = 320;
 /// Nodes every commit may copy whatever it holds: root items, new levels.
-const TXN_FIXED: u64 = 16 * META_ITEM;
+const TXN_FIXED_NODES: u64 = 16;
 /// Bounds of one reclaim request, in pages.
 pub(crate) const MIN_RECLAIM_PAGES: u64 = 16;
 pub(crate) const MAX_RECLAIM_PAGES: u64 = 4096;
@@ -50,7 +51,10 @@ pub(crate) const WRITE_CHUNK: u64 = 1 << 20;
 /// What a change may add to the reservations, stated before it runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Need {
+    /// Data pages, in bytes.
     pub bytes: u64,
+    /// Changed items, each costing [`FsState::meta_item`].
+    pub items: u64,
     /// May use the global reserve (changes that free space: unlink, rmdir,
     /// truncate, punch, fsync), and may pass queued tickets.
     pub urgent: bool,
@@ -59,21 +63,29 @@ pub(crate) struct Need {
 impl Need {
     pub const NONE: Need = Need {
         bytes: 0,
+        items: 0,
         urgent: false,
     };
 
     pub fn items(n: u64) -> Need {
         Need {
-            bytes: n * META_ITEM,
+            bytes: 0,
+            items: n,
             urgent: false,
         }
     }
 
     pub fn urgent_items(n: u64) -> Need {
         Need {
-            bytes: n * META_ITEM,
+            items: n,
             urgent: true,
+            ..Need::NONE
         }
+    }
+
+    /// The bytes to reserve when one item costs `meta_item`.
+    pub fn total(self, meta_item: u64) -> u64 {
+        self.bytes + self.items * meta_item
     }
 
     pub fn plus_bytes(self, bytes: u64) -> Need {
@@ -148,9 +160,9 @@ pub(crate) struct SpaceInfo {
 }
 
 impl SpaceInfo {
-    pub fn new(total_bytes: u64) -> SpaceInfo {
+    pub fn new(total_bytes: u64, profile: MetadataProfile) -> SpaceInfo {
         SpaceInfo {
-            global_reserve: global_reserve_for(total_bytes),
+            global_reserve: global_reserve_for(total_bytes, profile),
             dirty: HashMap::new(),
             queue: BTreeMap::new(),
             next_seq: 1,
@@ -285,14 +297,21 @@ impl SpaceInfo {
 
 /// btrfs-like global reserve: kept back from ordinary reservations so that
 /// a full filesystem can still be emptied and commit.
-fn global_reserve_for(total: u64) -> u64 {
-    (total / 32).clamp(4 << 20, 512 << 20)
+/// Under DUP every node it stands for costs twice the space.
+fn global_reserve_for(total: u64, profile: MetadataProfile) -> u64 {
+    (total / 32).clamp(4 << 20, 512 << 20) * profile.node_footprint() / NODE_SIZE as u64
 }
 
 impl<D: BlockDevice> FsState<D> {
+    /// What one changed item may cost a transaction: a copy of its leaf,
+    /// on every copy the metadata profile keeps (docs/DUP.md).
+    pub(crate) fn meta_item(&self) -> u64 {
+        self.forest.alloc.profile().node_footprint()
+    }
+
     /// Metadata reserved for the extents dirty data will become.
     pub(crate) fn delalloc_metadata(&self) -> u64 {
-        self.space.runs * DELALLOC_EXTENT_ITEMS * META_ITEM
+        self.space.runs * DELALLOC_EXTENT_ITEMS * self.meta_item()
     }
 
     /// Worst case of the nodes the running transaction may still copy for
@@ -301,11 +320,12 @@ impl<D: BlockDevice> FsState<D> {
     /// can add.
     pub(crate) fn transaction_metadata(&self) -> u64 {
         let items = self.delayed.len() as u64 + self.forest.alloc.delayed_ref_count() as u64;
-        let per_item = items * META_ITEM;
-        let copied = self.forest.dirty_node_count() as u64 * NODE_SIZE as u64;
-        let growth = (2 * items * GROWTH_PER_ITEM).div_ceil(META_ITEM) * META_ITEM;
+        let meta_item = self.meta_item();
+        let per_item = items * meta_item;
+        let copied = self.forest.dirty_node_count() as u64 * meta_item;
+        let growth = (2 * items * GROWTH_PER_ITEM).div_ceil(META_ITEM) * meta_item;
         let cap = self.forest.alloc.metadata_bytes().saturating_sub(copied) + growth;
-        per_item.min(cap) + TXN_FIXED
+        per_item.min(cap) + TXN_FIXED_NODES * meta_item
     }
 
     /// What the pending work will leave allocated once committed: the new
@@ -316,7 +336,7 @@ impl<D: BlockDevice> FsState<D> {
         let items = self.space.runs * DELALLOC_EXTENT_ITEMS
             + self.delayed.len() as u64
             + self.forest.alloc.delayed_ref_count() as u64;
-        2 * items * GROWTH_PER_ITEM
+        2 * items * GROWTH_PER_ITEM * self.meta_item() / META_ITEM
     }
 
     pub(crate) fn space_reserved(&self) -> u64 {
@@ -485,15 +505,16 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     return Err(e);
                 }
             };
-            if n.bytes <= held {
+            let wanted = n.total(state.meta_item());
+            if wanted <= held {
                 state.space.release(held);
                 return Ok(state);
             }
-            if state.space_try_reserve(n.bytes - held, n.urgent) {
-                state.space.release(n.bytes);
+            if state.space_try_reserve(wanted - held, n.urgent) {
+                state.space.release(wanted);
                 return Ok(state);
             }
-            let id = state.space.enqueue(n.bytes - held, n.urgent);
+            let id = state.space.enqueue(wanted - held, n.urgent);
             self.flusher_wake.notify_all();
             let (s, outcome) = self.wait_ticket(state, id);
             state = s;

@@ -110,6 +110,16 @@ pub enum XattrSetMode {
     Replace,
 }
 
+/// How many copies of each tree node `mkfs` makes (docs/DUP.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MetadataCopies {
+    /// One copy: a damaged node is lost.
+    Single,
+    /// Two copies far apart on the device; reads repair a bad one.
+    #[default]
+    Dup,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct MkfsOptions {
     /// Filesystem id; random when `None`.
@@ -117,6 +127,7 @@ pub struct MkfsOptions {
     /// Owner and group of the root directory (`birch mkfs` gives it to
     /// whoever runs it, so a user can write into an image they made).
     pub root_owner: (u32, u32),
+    pub metadata: MetadataCopies,
 }
 
 #[derive(Debug, Clone)]
@@ -252,6 +263,12 @@ pub struct FsStats {
     pub data_bytes_written: u64,
     pub nodes_written: u64,
     pub fsyncs: u64,
+    /// DUP metadata (docs/DUP.md): node copies found bad by reads while
+    /// the other copy was good; those rewritten from the good copy (not on
+    /// a read-only mount); node reads that found no good copy.
+    pub metadata_bad_copies: u64,
+    pub metadata_repairs: u64,
+    pub metadata_unrepairable: u64,
 }
 
 /// Counters of delayed allocation and space reservation since mount

@@ -9,7 +9,7 @@
 use birch::check::check_device;
 use birch::device::{BlockDevice, CrashPoint, MemoryDevice, RecordingDevice};
 use birch::format::FileType;
-use birch::fs::{Filesystem, MkfsOptions, MountOptions, ReplayOutcome};
+use birch::fs::{Filesystem, MetadataCopies, MkfsOptions, MountOptions, ReplayOutcome};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -18,11 +18,17 @@ use std::sync::Arc;
 /// A fresh filesystem of `bytes` on a memory device. `fsid_byte` keeps the
 /// images of different test files apart in a dump.
 pub fn memory_fs(bytes: u64, fsid_byte: u8) -> Arc<MemoryDevice> {
+    memory_fs_with(bytes, fsid_byte, MetadataCopies::default())
+}
+
+/// [`memory_fs`] with the metadata profile chosen.
+pub fn memory_fs_with(bytes: u64, fsid_byte: u8, metadata: MetadataCopies) -> Arc<MemoryDevice> {
     let dev = Arc::new(MemoryDevice::new(bytes));
     Filesystem::mkfs(
         dev.as_ref(),
         &MkfsOptions {
             fsid: Some([fsid_byte; 16]),
+            metadata,
             ..Default::default()
         },
     )
@@ -33,7 +39,12 @@ pub fn memory_fs(bytes: u64, fsid_byte: u8) -> Arc<MemoryDevice> {
 /// A recording device whose starting image is a fresh filesystem: every
 /// write and flush from the first mount on is recorded.
 pub fn recorder(bytes: u64, fsid_byte: u8) -> Arc<RecordingDevice> {
-    let dev = memory_fs(bytes, fsid_byte);
+    recorder_with(bytes, fsid_byte, MetadataCopies::default())
+}
+
+/// [`recorder`] with the metadata profile chosen.
+pub fn recorder_with(bytes: u64, fsid_byte: u8, metadata: MetadataCopies) -> Arc<RecordingDevice> {
+    let dev = memory_fs_with(bytes, fsid_byte, metadata);
     Arc::new(RecordingDevice::new(dev.snapshot()))
 }
 
