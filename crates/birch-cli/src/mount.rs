@@ -12,7 +12,7 @@ use crate::loopdev::{self, Backing, LoopDevice};
 use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
 use birch::fs::{AtimeUpdates, Filesystem, MountOptions, ReplayOutcome};
-use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC};
+use birch_fuse::{FuseOptions, MountControl, TransportChoice, BIRCH_IOC_STATS, BIRCH_IOC_SYNC};
 use clap::Args;
 use std::ffi::CString;
 use std::fs::File;
@@ -36,7 +36,8 @@ pub struct MountArgs {
     /// Stay in the foreground (default: detach once the mount is live)
     #[arg(long, short = 'f')]
     pub foreground: bool,
-    /// Comma-separated options: ro, rw, threads=N, commit=SECONDS,
+    /// Comma-separated options: ro, rw, threads=N, transport=auto|uring|devfuse,
+    /// uring_entries=N (per CPU queue), commit=SECONDS,
     /// entry_ttl=SECONDS, attr_ttl=SECONDS, writeback_cache, no_writeback_cache,
     /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME; and mount(8)'s
     /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...
@@ -119,6 +120,25 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
                     .ok()
                     .filter(|&n| n > 0 && n <= 256)
                     .ok_or_else(|| Failure::new(format!("-o threads={v}: expected 1..=256")))?
+            }
+            ("transport", Some(v)) => {
+                s.fuse.transport = match v {
+                    "auto" => TransportChoice::Auto,
+                    "devfuse" => TransportChoice::DevFuse,
+                    "uring" => TransportChoice::IoUring,
+                    _ => {
+                        return Err(Failure::new(format!(
+                            "-o transport={v}: expected devfuse, uring or auto"
+                        )))
+                    }
+                }
+            }
+            ("uring_entries", Some(v)) => {
+                s.fuse.uring_entries = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0 && n <= 64)
+                    .ok_or_else(|| Failure::new(format!("-o uring_entries={v}: expected 1..=64")))?
             }
             ("commit", Some(v)) => {
                 s.engine.commit_interval = Some(seconds(key, v)?).filter(|d| !d.is_zero())
@@ -303,8 +323,16 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
             let _ = p.write_all(message.as_bytes());
         }
     };
-    let result = serve(args, settings, &mut || {
-        report(&mut ready_pipe, "ready\n");
+    let result = serve(args, settings, &mut |note| {
+        match note {
+            Some(note) => {
+                // Seen on a foreground mount's stderr; a detached daemon's
+                // parent prints what follows "ready" in the pipe.
+                eprintln!("birch: {note}");
+                report(&mut ready_pipe, &format!("ready\nbirch: {note}\n"));
+            }
+            None => report(&mut ready_pipe, "ready\n"),
+        }
         ready_pipe = None;
     });
     if let Err(f) = &result {
@@ -494,7 +522,11 @@ fn open_and_lock(
     Ok((dev, None))
 }
 
-fn serve(args: &MountArgs, mut settings: Settings, ready: &mut dyn FnMut()) -> Result<u8, Failure> {
+fn serve(
+    args: &MountArgs,
+    mut settings: Settings,
+    ready: &mut dyn FnMut(Option<&str>),
+) -> Result<u8, Failure> {
     let image = &args.image;
     let (dev, _attached) = open_and_lock(image, &mut settings)?;
     let (inner, write_log): (Box<dyn BlockDevice>, _) = match &args.write_log {
@@ -613,7 +645,8 @@ fn detach(args: &MountArgs) -> Result<u8, Failure> {
     drop(write_end);
     let mut message = String::new();
     let _ = read_end.read_to_string(&mut message);
-    if message.starts_with("ready") {
+    if let Some(notes) = message.strip_prefix("ready\n") {
+        eprint!("{notes}");
         return Ok(0);
     }
     let status = child.wait().ok();
