@@ -13,7 +13,7 @@ use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
 use birch::fs::{AtimeUpdates, BackupRootUsed, Filesystem, MountOptions, ReplayOutcome, Rescue};
 use birch_fuse::stats::ImageInfo;
-use birch_fuse::{FuseOptions, MountControl, BIRCH_IOC_SYNC};
+use birch_fuse::{FuseOptions, MountControl, TransportChoice, BIRCH_IOC_SYNC};
 use clap::Args;
 use std::ffi::CString;
 use std::fs::File;
@@ -37,7 +37,8 @@ pub struct MountArgs {
     /// Stay in the foreground (default: detach once the mount is live)
     #[arg(long, short = 'f')]
     pub foreground: bool,
-    /// Comma-separated options: ro, rw, threads=N, commit=SECONDS,
+    /// Comma-separated options: ro, rw, threads=N, transport=auto|uring|devfuse,
+    /// uring_entries=N (per CPU queue), commit=SECONDS,
     /// entry_ttl=SECONDS, attr_ttl=SECONDS, writeback_cache, no_writeback_cache,
     /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME,
     /// rescue=usebackuproot (if the newest commit cannot be read, mount the newest older
@@ -126,6 +127,25 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
                     .ok()
                     .filter(|&n| n > 0 && n <= 256)
                     .ok_or_else(|| Failure::new(format!("-o threads={v}: expected 1..=256")))?
+            }
+            ("transport", Some(v)) => {
+                s.fuse.transport = match v {
+                    "auto" => TransportChoice::Auto,
+                    "devfuse" => TransportChoice::DevFuse,
+                    "uring" => TransportChoice::IoUring,
+                    _ => {
+                        return Err(Failure::new(format!(
+                            "-o transport={v}: expected devfuse, uring or auto"
+                        )))
+                    }
+                }
+            }
+            ("uring_entries", Some(v)) => {
+                s.fuse.uring_entries = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0 && n <= 64)
+                    .ok_or_else(|| Failure::new(format!("-o uring_entries={v}: expected 1..=64")))?
             }
             ("commit", Some(v)) => {
                 s.engine.commit_interval = Some(seconds(key, v)?).filter(|d| !d.is_zero())
@@ -569,9 +589,23 @@ fn serve(
     };
     // A rollback mounted read-only is read-only for the kernel too.
     settings.fuse.read_only |= fs.is_read_only();
-    let fs = birch_fuse::serve(fs, &args.mountpoint, &settings.fuse, control, || {
-        ready(&warnings)
-    })
+    let fs = birch_fuse::serve(
+        fs,
+        &args.mountpoint,
+        &settings.fuse,
+        control,
+        |transport_note| {
+            // The transport note (why not io_uring) is said once, here and
+            // by a detached daemon's parent, like the warnings above.
+            let transport_note = transport_note
+                .map(|note| {
+                    eprintln!("birch: {note}");
+                    format!("birch: {note}\n")
+                })
+                .unwrap_or_default();
+            ready(&format!("{warnings}{transport_note}"))
+        },
+    )
     .map_err(|e| {
         Failure::new(format!(
             "{}: FUSE session failed: {e}",

@@ -101,7 +101,10 @@ fn report_text(report: &StatsReport) -> String {
         None => "fuse".to_string(),
     };
     let mode = if report.read_only { "ro" } else { "rw" };
-    fact("transport", &format!("/dev/fuse, {mount_type}, {mode}"));
+    fact(
+        "transport",
+        &format!("{}, {mount_type}, {mode}", report.transport),
+    );
     fact("options", &report.options);
     fact("init flags", &report.init_flags.join(" "));
     fact(
@@ -364,7 +367,7 @@ fn report_json(report: &StatsReport) -> Json {
                 .as_ref()
                 .map_or(Json::Null, |i| Json::Bool(i.direct_io)),
         ),
-        ("transport".to_string(), Json::string("/dev/fuse")),
+        ("transport".to_string(), Json::string(&report.transport)),
         (
             "mount_type".to_string(),
             Json::string(if report.block_device.is_some() {
@@ -419,6 +422,7 @@ mod tests {
                 direct_io: true,
             }),
             block_device: None,
+            transport: "/dev/fuse (transport=devfuse)".into(),
             read_only: false,
             options: "threads=8".into(),
             init_flags: vec!["ASYNC_READ".into()],

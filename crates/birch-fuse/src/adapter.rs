@@ -25,12 +25,12 @@ use fuser::{
     InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
     ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow,
-    WriteFlags,
+    Transport, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// `_IO('b', 1)`: commit now (what `birch sync MOUNTPOINT` sends, since the
@@ -59,12 +59,30 @@ const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 const FS_XFLAG_IMMUTABLE: u32 = 0x8;
 const FS_XFLAG_APPEND: u32 = 0x10;
 
+/// Which way requests travel between the kernel and birch (`-o
+/// transport=`; docs/FUSE.md, "Transport").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// io_uring where the kernel offers it, /dev/fuse otherwise.
+    Auto,
+    /// Read and write on /dev/fuse only.
+    DevFuse,
+    /// io_uring or no mount.
+    IoUring,
+}
+
 /// How the mount talks to the kernel. docs/FUSE.md gives the reason and the
 /// measured effect of each default.
 #[derive(Debug, Clone)]
 pub struct FuseOptions {
     /// Threads reading requests (each with its own /dev/fuse fd).
     pub threads: usize,
+    /// io_uring or /dev/fuse.
+    pub transport: TransportChoice,
+    /// With io_uring: ring entries per CPU queue, each served by a thread
+    /// of its own, so that this many requests from one CPU are served at
+    /// once (an fsync waiting for the device holds only its own entry).
+    pub uring_entries: usize,
     /// How long the kernel may trust a name -> inode answer, and an
     /// inode's attributes. Safe to make long: every change goes through
     /// this mount, so the kernel's caches never go stale behind its back.
@@ -117,6 +135,8 @@ impl Default for FuseOptions {
     fn default() -> Self {
         FuseOptions {
             threads: 8,
+            transport: TransportChoice::Auto,
+            uring_entries: 4,
             entry_ttl: Duration::from_secs(3600),
             attr_ttl: Duration::from_secs(3600),
             negative_ttl: Duration::from_secs(3600),
@@ -199,6 +219,10 @@ impl FuseOptions {
         };
         config.n_threads = Some(self.threads.max(1));
         config.clone_fd = true;
+        config.io_uring_entries_per_queue = match self.transport {
+            TransportChoice::DevFuse => None,
+            TransportChoice::Auto | TransportChoice::IoUring => Some(self.uring_entries.max(1)),
+        };
         config
     }
 }
@@ -327,6 +351,9 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     /// Set for a mount started read-only: switches the engine to
     /// read-write once the kernel's mount is remounted so.
     remount: Option<Arc<RemountWatch>>,
+    /// How requests arrive, known once the session's INIT is done (after
+    /// this adapter was handed to the session); shown by `birch stats`.
+    transport: Arc<OnceLock<Transport>>,
 }
 
 fn errno(e: &birch::Error) -> Errno {
@@ -393,7 +420,13 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             mounted_at: Instant::now(),
             negotiated: InitFlags::empty(),
             remount: None,
+            transport: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Where [`serve`](crate::serve) records the session's transport.
+    pub(crate) fn transport_cell(&self) -> Arc<OnceLock<Transport>> {
+        self.transport.clone()
     }
 
     /// Follows `remount,rw` of a mount started read-only (remount.rs).
@@ -452,6 +485,10 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 .block_device
                 .as_ref()
                 .map(|d| d.display().to_string()),
+            transport: self
+                .transport
+                .get()
+                .map_or_else(|| "/dev/fuse".to_string(), crate::transport::describe),
             options: stats::describe_options(&self.options),
             init_flags: self
                 .negotiated

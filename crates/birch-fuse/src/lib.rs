@@ -9,10 +9,11 @@ mod fuseblk;
 mod remount;
 mod requests;
 pub mod stats;
+mod transport;
 
 pub use adapter::{
-    BirchFuse, FuseOptions, MountControl, NoControl, BIRCH_IOC_STATS, BIRCH_IOC_SYNC,
-    BIRCH_STATS_MAX, XFS_IOC_GOINGDOWN,
+    BirchFuse, FuseOptions, MountControl, NoControl, TransportChoice, BIRCH_IOC_STATS,
+    BIRCH_IOC_SYNC, BIRCH_STATS_MAX, XFS_IOC_GOINGDOWN,
 };
 
 use birch::device::BlockDevice;
@@ -22,15 +23,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Mounts `fs` at `mountpoint` and serves it until the filesystem is
-/// unmounted; `ready` runs once the mount is live, `control` hears about
-/// fsyncs and the shutdown ioctl. Returns the filesystem
-/// (for the caller to close and commit).
+/// unmounted; `ready` runs once the mount is live, with a note for the
+/// user if io_uring was wanted but requests go through /dev/fuse (and
+/// why); `control` hears about fsyncs and the shutdown ioctl. Returns the
+/// filesystem (for the caller to close and commit).
 pub fn serve<D: BlockDevice + 'static>(
     fs: Filesystem<D>,
     mountpoint: &Path,
     options: &FuseOptions,
     control: Arc<dyn MountControl>,
-    ready: impl FnOnce(),
+    ready: impl FnOnce(Option<&str>),
 ) -> io::Result<Filesystem<D>> {
     let fs = Arc::new(fs);
     // A mount started read-only follows `mount -o remount,rw` (remount.rs).
@@ -48,6 +50,7 @@ pub fn serve<D: BlockDevice + 'static>(
     if let Some(watch) = &remount {
         adapter = adapter.with_remount_watch(watch.clone());
     }
+    let transport = adapter.transport_cell();
     let config = options.session_config();
     let session = match &options.block_device {
         Some(device) => {
@@ -65,6 +68,24 @@ pub fn serve<D: BlockDevice + 'static>(
             fuseblk::detach(mountpoint);
         }
     };
+    let fallback = match session.transport() {
+        fuser::Transport::IoUring { .. } => None,
+        fuser::Transport::DevFuse(reason) => Some(transport::fallback_reason(reason)),
+    };
+    if let (Some(reason), TransportChoice::IoUring) = (&fallback, options.transport) {
+        let e = io::Error::other(format!("transport=uring: {reason}"));
+        // The connection is initialized: detaching a fuseblk mount now
+        // would send DESTROY and wait for this thread to answer it.
+        // Closing the connection first (the session owns it) aborts it.
+        drop(session);
+        detach_on_failure(&e);
+        return Err(e);
+    }
+    let fallback_note = fallback
+        .filter(|_| options.transport == TransportChoice::Auto)
+        .map(|reason| format!("serving over /dev/fuse: {reason}"));
+    // Set once, here: the session was built with the adapter inside it.
+    let _ = transport.set(session.transport().clone());
     options
         .apply_mount_attributes(mountpoint)
         .inspect_err(detach_on_failure)?;
@@ -74,7 +95,7 @@ pub fn serve<D: BlockDevice + 'static>(
         }
         None => None,
     };
-    ready();
+    ready(fallback_note.as_deref());
     if options.no_open && !options.read_only {
         let mountpoint = mountpoint.to_path_buf();
         // The open it makes is served by the session's threads, which start

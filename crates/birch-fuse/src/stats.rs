@@ -206,6 +206,9 @@ pub struct StatsReport {
     pub image: Option<ImageInfo>,
     /// The block device of a `fuseblk` mount; `None` for plain `fuse`.
     pub block_device: Option<String>,
+    /// How requests arrive: "io_uring (N queues x M entries)" or
+    /// "/dev/fuse (why not io_uring)" (docs/FUSE.md, "Transport").
+    pub transport: String,
     /// Whether the engine is read-only now (it follows `remount,rw`).
     pub read_only: bool,
     /// The FUSE-side mount options, as `-o` would say them.
@@ -226,6 +229,7 @@ const UPTIME_US: &str = "uptime_us";
 const IMAGE: &str = "image";
 const IMAGE_DIRECT_IO: &str = "image_direct_io";
 const BLOCK_DEVICE: &str = "block_device";
+const TRANSPORT: &str = "transport";
 const READ_ONLY: &str = "read_only";
 const OPTIONS: &str = "options";
 const INIT_FLAGS: &str = "init_flags";
@@ -240,6 +244,7 @@ impl StatsReport {
             uptime: Duration::ZERO,
             image: None,
             block_device: None,
+            transport: String::new(),
             read_only: fs.is_read_only(),
             options: String::new(),
             init_flags: Vec::new(),
@@ -262,6 +267,7 @@ impl StatsReport {
         if let Some(device) = &self.block_device {
             let _ = writeln!(out, "{BLOCK_DEVICE} {}", one_line(device));
         }
+        let _ = writeln!(out, "{TRANSPORT} {}", one_line(&self.transport));
         let _ = writeln!(out, "{READ_ONLY} {}", u8::from(self.read_only));
         let _ = writeln!(out, "{OPTIONS} {}", one_line(&self.options));
         let _ = writeln!(out, "{INIT_FLAGS} {}", self.init_flags.join(" "));
@@ -286,6 +292,7 @@ impl StatsReport {
             uptime: Duration::ZERO,
             image: None,
             block_device: None,
+            transport: String::new(),
             read_only: false,
             options: String::new(),
             init_flags: Vec::new(),
@@ -309,6 +316,7 @@ impl StatsReport {
                 }
                 IMAGE_DIRECT_IO => image_direct_io = value == "1",
                 BLOCK_DEVICE => report.block_device = Some(value.to_string()),
+                TRANSPORT => report.transport = value.to_string(),
                 READ_ONLY => report.read_only = value == "1",
                 OPTIONS => report.options = value.to_string(),
                 INIT_FLAGS => {
@@ -401,6 +409,7 @@ mod tests {
                 direct_io: true,
             }),
             block_device: Some("/dev/loop3".into()),
+            transport: "io_uring (2 queues x 4 entries)".into(),
             read_only: true,
             options: "threads=8,no_open".into(),
             init_flags: vec!["ASYNC_READ".into(), "BIG_WRITES".into()],

@@ -81,6 +81,9 @@ use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
+// birch patch: FUSE over io_uring.
+pub use crate::uring::DevFuseReason;
+pub use crate::uring::Transport;
 
 mod access_flags;
 mod bsd_file_flags;
@@ -103,6 +106,8 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+// birch patch: FUSE over io_uring.
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

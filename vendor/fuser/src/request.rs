@@ -34,6 +34,9 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// birch patch: set for a request that came over io_uring, whose reply
+    /// goes into its ring entry instead (uring.rs).
+    ring_reply: Option<crate::uring::RingReply>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +52,23 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            ring_reply: None,
+            request,
+        })
+    }
+
+    /// birch patch: a request that came over io_uring, answered into its
+    /// ring entry through `ring_reply`.
+    pub(crate) fn with_ring_reply(
+        ch: ChannelSender,
+        ring_reply: crate::uring::RingReply,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut req = Self::new(ch, data)?;
+        req.ring_reply = Some(ring_reply);
+        Some(req)
     }
 
     /// Dispatch request to the given filesystem.
@@ -306,7 +325,8 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        // birch patch: the ring entry's, for io_uring.
+                        self.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -481,7 +501,8 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        // birch patch: the ring entry's, for io_uring.
+                        self.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -576,7 +597,17 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        // birch patch: `reply_sender` (io_uring).
+        Reply::new(self.request.unique(), self.reply_sender())
+    }
+
+    /// birch patch: where this request's reply goes: its ring entry for a
+    /// request from io_uring, /dev/fuse otherwise.
+    fn reply_sender(&self) -> ReplySender {
+        match &self.ring_reply {
+            Some(ring_reply) => ReplySender::Ring(ring_reply.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Returns a Request reference for this request

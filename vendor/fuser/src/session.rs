@@ -48,6 +48,10 @@ use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
+use crate::uring::DevFuseReason;
+use crate::uring::PreparedRings;
+use crate::uring::RingThread;
+use crate::uring::Transport;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -139,6 +143,11 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// birch patch: how requests arrive, settled by the handshake.
+    transport: Transport,
+    /// birch patch: the threads serving registered io_uring entries,
+    /// started by `run`.
+    ring_threads: Vec<RingThread<FS>>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +195,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            transport: Transport::DevFuse(DevFuseReason::NotRequested),
+            ring_threads: Vec::new(),
         };
 
         session.handshake()?;
@@ -214,6 +225,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            transport: Transport::DevFuse(DevFuseReason::NotRequested),
+            ring_threads: Vec::new(),
         };
 
         session.handshake()?;
@@ -252,6 +265,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            transport: _,
+            ring_threads,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -270,6 +285,9 @@ impl<FS: Filesystem> Session<FS> {
         let mut filesystem = Arc::new(filesystem);
 
         let mut channels = Vec::with_capacity(n_threads);
+        // birch patch: ring threads reply through their entries; this
+        // channel serves their poll notifications and backing files.
+        let ch_for_rings = ch.clone();
 
         for _ in 0..n_threads_minus_one {
             if config.clone_fd {
@@ -304,6 +322,18 @@ impl<FS: Filesystem> Session<FS> {
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
             );
+        }
+
+        // birch patch: the io_uring entries, registered by the handshake,
+        // are served from here on.
+        for (i, ring_thread) in ring_threads.into_iter().enumerate() {
+            threads.push(ring_thread.start(SessionEventLoop {
+                thread_name: format!("fuser-uring-{i}"),
+                filesystem: filesystem.clone(),
+                ch: ch_for_rings.clone(),
+                allowed,
+                session_owner,
+            }));
         }
 
         let mut reply: io::Result<()> = Ok(());
@@ -469,9 +499,46 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            // birch patch: FUSE over io_uring. The rings are made before
+            // the reply: once it carries FUSE_OVER_IO_URING, the kernel holds
+            // every request until each queue has an entry registered, and
+            // only a failed registration makes it fall back to /dev/fuse.
+            let mut prepared_rings = None;
+            self.transport = match self.config.io_uring_entries_per_queue {
+                None => Transport::DevFuse(DevFuseReason::NotRequested),
+                Some(_) if !init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) => {
+                    Transport::DevFuse(DevFuseReason::NotOffered)
+                }
+                Some(entries_per_queue) => match PreparedRings::create(entries_per_queue.max(1)) {
+                    Ok(rings) => {
+                        config.requested |= InitFlags::FUSE_OVER_IO_URING;
+                        let transport = rings.transport();
+                        prepared_rings = Some(rings);
+                        transport
+                    }
+                    Err(e) => Transport::DevFuse(DevFuseReason::Setup(e.to_string())),
+                },
+            };
+
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
+
+            // birch patch: registration needs the reply processed (the
+            // kernel sizes the ring from it), which the write above did.
+            if let Some(rings) = prepared_rings {
+                use std::os::fd::AsRawFd;
+                let payload_size = crate::uring::payload_size(config.max_write, config.max_pages());
+                let registered = rings.register(
+                    self.ch.as_fd().as_raw_fd(),
+                    payload_size,
+                    &mut self.ring_threads,
+                );
+                if let Err(reason) = registered {
+                    warn!("FUSE over io_uring: {reason}; serving over /dev/fuse");
+                    self.transport = Transport::DevFuse(DevFuseReason::Registration(reason));
+                }
+            }
 
             return Ok(());
         }
@@ -480,6 +547,12 @@ impl<FS: Filesystem> Session<FS> {
     /// Unmount the filesystem
     pub fn unmount(&mut self) -> io::Result<()> {
         self.mount.umount()
+    }
+
+    /// birch patch: how this session's requests arrive (io_uring or
+    /// /dev/fuse, and why), as settled by the handshake.
+    pub fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     /// Returns a thread-safe object that can be used to unmount the Filesystem

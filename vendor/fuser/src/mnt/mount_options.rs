@@ -18,6 +18,12 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// birch patch: serve requests over io_uring (Linux 6.14+, module
+    /// parameter `fuse.enable_uring`) with this many entries per queue,
+    /// each served by a thread of its own, when the kernel offers it;
+    /// /dev/fuse otherwise (`Session::transport` says which, and why).
+    /// `None`: /dev/fuse only.
+    pub io_uring_entries_per_queue: Option<usize>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
