@@ -128,8 +128,8 @@ struct Run {
     result: Result<()>,
 }
 
-fn run(scenario: &Scenario, plan: FaultPlan) -> Run {
-    let rec = single_recorder(IMAGE_BYTES, 13);
+fn run(scenario: &Scenario, metadata: MetadataCopies, plan: FaultPlan) -> Run {
+    let rec = common::recorder_with(IMAGE_BYTES, 13, metadata);
     let dev = FaultyDevice::new(rec.clone());
     let faults = dev.faults();
     // A small node cache, so that the operation reads nodes too.
@@ -179,14 +179,14 @@ struct Baseline {
     flushes: u64,
 }
 
-fn baseline(scenario: &Scenario) -> Baseline {
+fn baseline(scenario: &Scenario, metadata: MetadataCopies) -> Baseline {
     let Run {
         rec,
         fs,
         faults,
         durable_flushes,
         result,
-    } = run(scenario, FaultPlan::none());
+    } = run(scenario, metadata, FaultPlan::none());
     result.unwrap_or_else(|e| panic!("{}: fault-free run failed: {e}", scenario.name));
     let counts = faults.counts();
     let live = common::view(&fs);
@@ -213,14 +213,19 @@ fn baseline(scenario: &Scenario) -> Baseline {
 /// on and writes nothing more, and the device (as it is, and with the
 /// writes since the last flush dropped) mounts clean showing the state
 /// before the operation or the one after it.
-fn assert_fault_contract(scenario: &Scenario, base: &Baseline, plan: FaultPlan) {
+fn assert_fault_contract(
+    scenario: &Scenario,
+    metadata: MetadataCopies,
+    base: &Baseline,
+    plan: FaultPlan,
+) {
     let Run {
         rec,
         fs,
         faults,
         result,
         ..
-    } = run(scenario, plan.clone());
+    } = run(scenario, metadata, plan.clone());
     let fault = match faults.injected().as_slice() {
         [fault] => fault.clone(),
         other => panic!("{} with {plan:?}: injected {other:?}", scenario.name),
@@ -303,44 +308,53 @@ fn differences(a: &View, b: &View) -> Vec<String> {
         .collect()
 }
 
-/// Fails each write, then each flush, then each read of the operation in
-/// turn; returns how many faults were injected.
-fn fail_every_write_and_flush(scenario: &Scenario) -> u64 {
-    let base = baseline(scenario);
+/// Fails each write, then each flush, then (on a `single` image, where a
+/// failed node read has no other copy) each read of the operation in turn;
+/// returns how many faults were injected. Under DUP the writes include
+/// every node's mirror.
+fn fail_every_write_and_flush(scenario: &Scenario, metadata: MetadataCopies) -> u64 {
+    let base = baseline(scenario, metadata);
     assert!(
         base.writes > 0 && base.flushes > 0,
         "{}: no I/O",
         scenario.name
     );
     for index in 0..base.writes {
-        assert_fault_contract(scenario, &base, FaultPlan::fail_write(index));
+        assert_fault_contract(scenario, metadata, &base, FaultPlan::fail_write(index));
     }
     for index in 0..base.flushes {
-        assert_fault_contract(scenario, &base, FaultPlan::fail_flush(index));
+        assert_fault_contract(scenario, metadata, &base, FaultPlan::fail_flush(index));
     }
-    for index in 0..base.reads {
-        assert_fault_contract(scenario, &base, FaultPlan::fail_read(index));
+    let reads = match metadata {
+        MetadataCopies::Single => base.reads,
+        MetadataCopies::Dup => 0,
+    };
+    for index in 0..reads {
+        assert_fault_contract(scenario, metadata, &base, FaultPlan::fail_read(index));
     }
     eprintln!(
-        "{}: {} writes, {} flushes and {} node reads, each failed in turn",
-        scenario.name, base.writes, base.flushes, base.reads
+        "{} ({metadata:?}): {} writes, {} flushes and {reads} node reads, each failed in turn",
+        scenario.name, base.writes, base.flushes
     );
-    base.writes + base.flushes + base.reads
+    base.writes + base.flushes + reads
 }
 
 #[test]
 fn failed_commit_keeps_last_commit() {
-    assert!(fail_every_write_and_flush(&COMMIT) >= 4);
+    assert!(fail_every_write_and_flush(&COMMIT, MetadataCopies::Single) >= 4);
+    assert!(fail_every_write_and_flush(&COMMIT, MetadataCopies::Dup) >= 4);
 }
 
 #[test]
 fn failed_file_fsync_keeps_durable_state() {
-    assert!(fail_every_write_and_flush(&FILE_FSYNC) >= 4);
+    assert!(fail_every_write_and_flush(&FILE_FSYNC, MetadataCopies::Single) >= 4);
+    assert!(fail_every_write_and_flush(&FILE_FSYNC, MetadataCopies::Dup) >= 4);
 }
 
 #[test]
 fn failed_dir_fsync_keeps_durable_state() {
-    assert!(fail_every_write_and_flush(&DIR_FSYNC) >= 4);
+    assert!(fail_every_write_and_flush(&DIR_FSYNC, MetadataCopies::Single) >= 4);
+    assert!(fail_every_write_and_flush(&DIR_FSYNC, MetadataCopies::Dup) >= 4);
 }
 
 // ----- reads -----
@@ -509,7 +523,7 @@ fn corrupted_node_read_is_reported_never_served() {
 fn image_with_log() -> (Vec<u8>, View) {
     let Run {
         rec, fs, result, ..
-    } = run(&FILE_FSYNC, FaultPlan::none());
+    } = run(&FILE_FSYNC, MetadataCopies::Single, FaultPlan::none());
     result.unwrap();
     let point = image_point(&rec, rec.flush_count(), false);
     let promised = crash_view(&rec, &point);
