@@ -438,6 +438,8 @@ class Mounted:
         self.name, self.spec, self.size, self.tag, self.ctx = name, spec, size, tag, ctx
         self.img = os.path.join(ctx.workdir, "img", "%s-%s.img" % (name, tag))
         self.mnt = os.path.join(ctx.workdir, "mnt", "%s-%s" % (name, tag))
+        # How FUSE requests reach birch, as its stats say (None: kernel fs).
+        self.transport = None
         self.dev = None
         self.proc = None
         self.proc_log = None
@@ -466,6 +468,7 @@ class Mounted:
             _, out, _ = run([self.ctx.birch_bin, "stats", "--json", self.mnt], quiet=True, timeout=60)
         except CmdError:
             return None
+        self.transport = parsers.parse_birch_transport(out)
         return parsers.parse_birch_requests(out)
 
     def requests_since(self, before):
@@ -723,6 +726,7 @@ def w_dbench(ctx, fs, cfg, clients, sync_dirs, rep, rec):
             parsed["clients"], parsed["sync_dirs"], clients, sync_dirs))
     if requests:
         parsed["fuse_requests"] = requests
+        parsed["fuse_transport"] = m.transport
     return parsed
 
 
@@ -795,6 +799,7 @@ def w_dirlog(ctx, fs, rep, rec):
             requests = m.requests_since(before)
         if requests:
             res["fuse_requests"] = requests
+            res["fuse_transport"] = m.transport
     with open(raw, "w") as f:
         json.dump(res, f, indent=1)
     res.pop("_fsync_latencies_s")
@@ -979,6 +984,7 @@ def w_untar(ctx, fs, which, rep, rec):
                "tree_files": ctx.tar_stats["files"], "tree_bytes": ctx.tar_stats["bytes"]}
         if requests:
             res["fuse_requests"] = requests
+            res["fuse_transport"] = m.transport
     with open(raw, "a") as f:
         f.write("\n# tar xf + sync timing\n" + json.dumps(res, indent=1) + "\n")
     return res

@@ -14,6 +14,7 @@ __all__ = [
     "format_dbench_table",
     "parse_fio",
     "parse_birch_requests",
+    "parse_birch_transport",
     "summarize",
 ]
 
@@ -207,3 +208,15 @@ def parse_birch_requests(text):
     counts = {k: n for k, n in stats["fuse_requests"].items() if n > 0}
     counts["total"] = stats["fuse_requests_total"]
     return counts
+
+
+def parse_birch_transport(text):
+    """How the kernel's FUSE requests reach birch, from `birch stats
+    --json`: "io_uring (N queues x M entries)" or "/dev/fuse (why)"; None
+    if the output does not say."""
+    try:
+        stats = json.loads(text)
+    except ValueError:
+        return None
+    transport = stats.get("transport") if isinstance(stats, dict) else None
+    return transport if isinstance(transport, str) else None

@@ -356,6 +356,13 @@ def _reps(d):
     return ", ".join("%s %d" % (w, n) for w, n in counts.items())
 
 
+def transports_text(d):
+    """The FUSE transports birch's measurements ran on (metrics
+    "fuse_transport"), or what an older results.json implies."""
+    seen = sorted({(r.get("metrics") or {}).get("fuse_transport") for r in d.records} - {None})
+    return "; ".join(seen) if seen else "/dev/fuse (not recorded)"
+
+
 def requests_rows(d):
     """One row per (workload, config, fs) whose records carry birch's
     request counts (metrics["fuse_requests"])."""
@@ -640,7 +647,7 @@ def write_report(out_dir, plots=True, no_plots_reason=None):
             "them (`birch stats --json`, fuse_requests; first repetition). Per unit: per file for the untar "
             "(tree files), per create or rename for seed 003; dbench runs for a fixed time, so its "
             "counts are totals. docs/FUSE.md explains each request and which ones birch avoids. "
-            "FUSE transport: /dev/fuse.")
+            "FUSE transport (`birch stats`): %s." % transports_text(d))
         add("")
         add(md_table(["workload", "fs", "total", "per unit", "mix (count, per unit)"], req_rows,
                      ["---", "---", "--:", "--:", "---"]))
