@@ -152,11 +152,11 @@ fn falls_back_to_dev_fuse_when_the_parameter_is_off() {
         served_by,
         format!("/dev/fuse (io_uring is off: {ENABLE_URING} is N)")
     );
-    // Said once at mount time.
+    // The usual case (the kernel does not offer io_uring) is not worth a
+    // line at every mount: `birch stats` says it.
     let log = fx.daemon_log();
-    assert_eq!(
-        log.matches("serving over /dev/fuse").count(),
-        1,
+    assert!(
+        !log.contains("serving over /dev/fuse"),
         "daemon log:\n{log}"
     );
     fs::write(fx.path("a"), b"over /dev/fuse").unwrap();

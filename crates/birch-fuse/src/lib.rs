@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 /// Mounts `fs` at `mountpoint` and serves it until the filesystem is
 /// unmounted; `ready` runs once the mount is live, with a note for the
-/// user if io_uring was wanted but requests go through /dev/fuse (and
-/// why); `control` hears about fsyncs and the shutdown ioctl. Returns the
+/// user if the kernel offered io_uring but requests go through /dev/fuse
+/// (and why); `control` hears about fsyncs and the shutdown ioctl. Returns the
 /// filesystem (for the caller to close and commit).
 pub fn serve<D: BlockDevice + 'static>(
     fs: Filesystem<D>,
@@ -70,9 +70,9 @@ pub fn serve<D: BlockDevice + 'static>(
     };
     let fallback = match session.transport() {
         fuser::Transport::IoUring { .. } => None,
-        fuser::Transport::DevFuse(reason) => Some(transport::fallback_reason(reason)),
+        fuser::Transport::DevFuse(reason) => Some((reason, transport::fallback_reason(reason))),
     };
-    if let (Some(reason), TransportChoice::IoUring) = (&fallback, options.transport) {
+    if let (Some((_, reason)), TransportChoice::IoUring) = (&fallback, options.transport) {
         let e = io::Error::other(format!("transport=uring: {reason}"));
         // The connection is initialized: detaching a fuseblk mount now
         // would send DESTROY and wait for this thread to answer it.
@@ -81,9 +81,15 @@ pub fn serve<D: BlockDevice + 'static>(
         detach_on_failure(&e);
         return Err(e);
     }
+    // Said only when io_uring was offered and still failed: a kernel that
+    // does not offer it (the module parameter is off by default) is the
+    // usual case, shown by `birch stats`, not worth a line at every mount.
     let fallback_note = fallback
-        .filter(|_| options.transport == TransportChoice::Auto)
-        .map(|reason| format!("serving over /dev/fuse: {reason}"));
+        .filter(|(why, _)| {
+            options.transport == TransportChoice::Auto
+                && !matches!(why, fuser::DevFuseReason::NotOffered)
+        })
+        .map(|(_, reason)| format!("serving over /dev/fuse: {reason}"));
     // Set once, here: the session was built with the adapter inside it.
     let _ = transport.set(session.transport().clone());
     options
