@@ -89,6 +89,48 @@ impl<D: BlockDevice> BlockDevice for ShutdownGate<D> {
 mod tests {
     use super::*;
     use crate::device::MemoryDevice;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts the batches that reach it whole.
+    struct BatchCounter {
+        inner: MemoryDevice,
+        batches: AtomicUsize,
+    }
+
+    impl BlockDevice for BatchCounter {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            self.inner.write_at(buf, offset)
+        }
+        fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+            self.batches.fetch_add(1, Ordering::SeqCst);
+            self.inner.write_batch(writes)
+        }
+        fn flush(&self) -> io::Result<()> {
+            self.inner.flush()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// A batch stays one batch through the gate, so the device below can
+    /// keep its writes in flight together.
+    #[test]
+    fn a_batch_reaches_the_device_whole() {
+        let gate = ShutdownGate::new(BatchCounter {
+            inner: MemoryDevice::new(65536),
+            batches: AtomicUsize::new(0),
+        });
+        let batch = [(0, &[3u8; 4096][..]), (8192, &[4u8; 4096][..])];
+        gate.write_batch(&batch).unwrap();
+        assert_eq!(gate.inner().batches.load(Ordering::SeqCst), 1);
+        let mut buf = [0u8; 4096];
+        gate.read_at(&mut buf, 8192).unwrap();
+        assert_eq!(buf, [4; 4096]);
+    }
 
     #[test]
     fn after_trip_nothing_reaches_the_device() {
