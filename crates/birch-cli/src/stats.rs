@@ -105,6 +105,9 @@ fn report_text(report: &StatsReport) -> String {
         "transport",
         &format!("{}, {mount_type}, {mode}", report.transport),
     );
+    if let Some(reason) = &report.failure {
+        fact("failed", &format!("read-only after an I/O error: {reason}"));
+    }
     fact("options", &report.options);
     fact("init flags", &report.init_flags.join(" "));
     fact(
@@ -381,6 +384,7 @@ fn report_json(report: &StatsReport) -> Json {
             optional(report.block_device.as_deref()),
         ),
         ("read_only".to_string(), Json::Bool(report.read_only)),
+        ("failure".to_string(), optional(report.failure.as_deref())),
         ("options".to_string(), Json::string(&report.options)),
         (
             "init_flags".to_string(),
@@ -424,6 +428,7 @@ mod tests {
             block_device: None,
             transport: "/dev/fuse (transport=devfuse)".into(),
             read_only: false,
+            failure: None,
             options: "threads=8".into(),
             init_flags: vec!["ASYNC_READ".into()],
             generation: 7,

@@ -30,6 +30,7 @@ use fuser::{
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -354,10 +355,10 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     /// How requests arrive, known once the session's INIT is done (after
     /// this adapter was handed to the session); shown by `birch stats`.
     transport: Arc<OnceLock<Transport>>,
-}
-
-fn errno(e: &birch::Error) -> Errno {
-    Errno::from_i32(e.errno())
+    /// Set once the engine's failure (docs/IO-ERRORS.md) has been written
+    /// to the daemon's stderr: the operator hears of it once, not at every
+    /// refused request.
+    failure_reported: AtomicBool,
 }
 
 fn set_time(t: TimeOrNow) -> SetTime {
@@ -421,7 +422,30 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             negotiated: InitFlags::empty(),
             remount: None,
             transport: Arc::new(OnceLock::new()),
+            failure_reported: AtomicBool::new(false),
         }
+    }
+
+    /// The errno a request fails with. An EIO or EROFS may be the first
+    /// sign, at the mount, that the engine turned read-only after a failed
+    /// write or flush (a request's own, or the background commit's): then
+    /// the reason goes to stderr once, as the kernel's filesystems log
+    /// "forced readonly", and `birch stats` shows it from then on.
+    fn errno(&self, e: &birch::Error) -> Errno {
+        let errno = e.errno();
+        if matches!(errno, libc::EIO | libc::EROFS)
+            && !self.failure_reported.load(Ordering::Relaxed)
+        {
+            if let Some(reason) = self.fs.failure() {
+                if !self.failure_reported.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "birch: {}: read-only from now on after an I/O error: {reason}",
+                        self.options.fsname
+                    );
+                }
+            }
+        }
+        Errno::from_i32(errno)
     }
 
     /// Where [`serve`](crate::serve) records the session's transport.
@@ -448,7 +472,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         if result.is_ok() {
             self.control.fsync_answered(ino);
         }
-        Self::reply_empty(result, reply);
+        self.reply_empty(result, reply);
     }
 
     /// `sync` and `dirsync` mounts: makes a change durable before it is
@@ -521,7 +545,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 &to_fuse_attr(&attr),
                 to_fuse_generation(&attr),
             ),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -540,10 +564,10 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         }
     }
 
-    fn reply_empty(result: birch::Result<()>, reply: ReplyEmpty) {
+    fn reply_empty(&self, result: birch::Result<()>, reply: ReplyEmpty) {
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -719,7 +743,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(to_engine_ino(ino.0)) {
             Ok(a) => reply.attr(&self.options.attr_ttl, &to_fuse_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -788,7 +812,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         })();
         match result {
             Ok(a) => reply.attr(&self.options.attr_ttl, &to_fuse_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -803,14 +827,14 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         match self.fs.getattr(to_engine_ino(ino.0)) {
             Ok(a) => reply.statx(&self.options.attr_ttl, &to_fuse_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(to_engine_ino(ino.0)) {
             Ok(target) => reply.data(&target),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -855,7 +879,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.follow_remount();
         let parent = to_engine_ino(parent.0);
-        Self::reply_empty(
+        self.reply_empty(
             self.fs
                 .unlink(parent, name.as_bytes())
                 .and_then(|()| self.settle(&[parent], None)),
@@ -866,7 +890,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.follow_remount();
         let parent = to_engine_ino(parent.0);
-        Self::reply_empty(
+        self.reply_empty(
             self.fs
                 .rmdir(parent, name.as_bytes())
                 .and_then(|()| self.settle(&[parent], None)),
@@ -924,7 +948,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         } else {
             &[parent, newparent]
         };
-        Self::reply_empty(
+        self.reply_empty(
             self.fs
                 .rename(
                     parent,
@@ -978,7 +1002,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             .read_file(to_engine_ino(ino.0), offset, size as usize)
         {
             Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1038,7 +1062,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         })();
         match result {
             Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1090,7 +1114,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         );
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1128,7 +1152,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         );
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1150,7 +1174,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     /// Only fuseblk connections get this (docs/FUSE.md).
     fn syncfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyEmpty) {
         self.follow_remount();
-        Self::reply_empty(self.fs.sync(), reply);
+        self.reply_empty(self.fs.sync(), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -1165,7 +1189,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 s.name_max,
                 s.block_size,
             ),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1190,7 +1214,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             _ => return reply.error(Errno::EINVAL),
         };
         let ino = to_engine_ino(ino.0);
-        Self::reply_empty(
+        self.reply_empty(
             self.fs
                 .setxattr(ino, name.as_bytes(), value, mode)
                 .and_then(|()| self.settle(&[], Some(ino))),
@@ -1206,7 +1230,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             Ok(value) if size == 0 => reply.size(value.len() as u32),
             Ok(value) if value.len() > size as usize => reply.error(Errno::ERANGE),
             Ok(value) => reply.data(&value),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1226,7 +1250,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     reply.data(&buf);
                 }
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1236,7 +1260,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             return reply.error(e);
         }
         let ino = to_engine_ino(ino.0);
-        Self::reply_empty(
+        self.reply_empty(
             self.fs
                 .removexattr(ino, name.as_bytes())
                 .and_then(|()| self.settle(&[], Some(ino))),
@@ -1276,7 +1300,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 FileHandle(0),
                 FopenFlags::FOPEN_KEEP_CACHE,
             ),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1304,7 +1328,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 FileHandle(0),
                 FopenFlags::FOPEN_KEEP_CACHE,
             ),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1326,7 +1350,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         match cmd {
             FS_IOC_GETFLAGS => match self.fs.get_flags(ino) {
                 Ok(flags) => reply.ioctl(0, &flags.to_ne_bytes()),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(self.errno(&e)),
             },
             // Who may change which flag (CAP_LINUX_IMMUTABLE for these
             // two) the kernel checks before it sends this.
@@ -1343,7 +1367,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     fsxattr[..4].copy_from_slice(&xflags.to_ne_bytes());
                     reply.ioctl(0, &fsxattr);
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(self.errno(&e)),
             },
             FS_IOC_FSSETXATTR => {
                 let word = |i: usize| {
@@ -1366,7 +1390,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                         }
                         match self.fs.set_flags(ino, flags) {
                             Ok(()) => reply.ioctl(0, &[]),
-                            Err(e) => reply.error(errno(&e)),
+                            Err(e) => reply.error(self.errno(&e)),
                         }
                     }
                     (Some(_), Some(_), Some(_), Some(_)) => reply.error(Errno::EOPNOTSUPP),
@@ -1378,14 +1402,14 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     let flags = u32::from_ne_bytes(bytes.try_into().expect("four bytes"));
                     match self.fs.set_flags(ino, flags) {
                         Ok(()) => reply.ioctl(0, &[]),
-                        Err(e) => reply.error(errno(&e)),
+                        Err(e) => reply.error(self.errno(&e)),
                     }
                 }
                 None => reply.error(Errno::EINVAL),
             },
             BIRCH_IOC_SYNC => match self.fs.sync() {
                 Ok(()) => reply.ioctl(0, &[]),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(self.errno(&e)),
             },
             BIRCH_IOC_STATS => {
                 let text = self.stats_report().encode();
@@ -1436,7 +1460,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
         let ino = to_engine_ino(ino.0);
-        Self::reply_empty(
+        self.reply_empty(
             self.fs
                 .fallocate(ino, offset, length, mode)
                 .and_then(|()| self.settle(&[], Some(ino))),
@@ -1463,7 +1487,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         };
         match self.fs.seek(to_engine_ino(ino.0), offset, whence) {
             Ok(o) => reply.offset(o as i64),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1493,7 +1517,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             len.min(MAX_REPLY),
         ) {
             Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 }

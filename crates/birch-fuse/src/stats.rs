@@ -211,6 +211,9 @@ pub struct StatsReport {
     pub transport: String,
     /// Whether the engine is read-only now (it follows `remount,rw`).
     pub read_only: bool,
+    /// Why the engine turned read-only, if a write or flush failed
+    /// (docs/IO-ERRORS.md); `read_only` is then true as well.
+    pub failure: Option<String>,
     /// The FUSE-side mount options, as `-o` would say them.
     pub options: String,
     /// The INIT capabilities really in force (asked for and offered by the
@@ -231,6 +234,7 @@ const IMAGE_DIRECT_IO: &str = "image_direct_io";
 const BLOCK_DEVICE: &str = "block_device";
 const TRANSPORT: &str = "transport";
 const READ_ONLY: &str = "read_only";
+const FAILURE: &str = "failure";
 const OPTIONS: &str = "options";
 const INIT_FLAGS: &str = "init_flags";
 const GENERATION: &str = "generation";
@@ -245,6 +249,7 @@ impl StatsReport {
             image: None,
             block_device: None,
             transport: String::new(),
+            failure: fs.failure(),
             read_only: fs.is_read_only(),
             options: String::new(),
             init_flags: Vec::new(),
@@ -269,6 +274,9 @@ impl StatsReport {
         }
         let _ = writeln!(out, "{TRANSPORT} {}", one_line(&self.transport));
         let _ = writeln!(out, "{READ_ONLY} {}", u8::from(self.read_only));
+        if let Some(reason) = &self.failure {
+            let _ = writeln!(out, "{FAILURE} {}", one_line(reason));
+        }
         let _ = writeln!(out, "{OPTIONS} {}", one_line(&self.options));
         let _ = writeln!(out, "{INIT_FLAGS} {}", self.init_flags.join(" "));
         let _ = writeln!(out, "{GENERATION} {}", self.generation);
@@ -294,6 +302,7 @@ impl StatsReport {
             block_device: None,
             transport: String::new(),
             read_only: false,
+            failure: None,
             options: String::new(),
             init_flags: Vec::new(),
             generation: 0,
@@ -318,6 +327,7 @@ impl StatsReport {
                 BLOCK_DEVICE => report.block_device = Some(value.to_string()),
                 TRANSPORT => report.transport = value.to_string(),
                 READ_ONLY => report.read_only = value == "1",
+                FAILURE => report.failure = Some(value.to_string()),
                 OPTIONS => report.options = value.to_string(),
                 INIT_FLAGS => {
                     report.init_flags = value.split_whitespace().map(str::to_string).collect()
@@ -411,6 +421,7 @@ mod tests {
             block_device: Some("/dev/loop3".into()),
             transport: "io_uring (2 queues x 4 entries)".into(),
             read_only: true,
+            failure: Some("commit of generation 7: injected fault: flush #0 (EIO)".into()),
             options: "threads=8,no_open".into(),
             init_flags: vec!["ASYNC_READ".into(), "BIG_WRITES".into()],
             generation: 17,

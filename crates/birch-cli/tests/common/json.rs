@@ -20,6 +20,14 @@ impl Value {
         }
     }
 
+    /// A string's text.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// A whole, non-negative number (exact below 2^53, which counters in
     /// a test stay far below).
     pub fn as_u64(&self) -> Option<u64> {

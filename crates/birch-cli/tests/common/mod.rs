@@ -526,6 +526,17 @@ impl Fixture {
         }
     }
 
+    /// Unmounts a mount whose engine has failed (docs/IO-ERRORS.md): its
+    /// final commit fails, so the daemon's exit status says nothing.
+    pub fn unmount_after_failure(&mut self) {
+        if let Err(e) = self.unmount_and_reap(DaemonExit::MayFail) {
+            panic!(
+                "unmount of {} after the failure failed: {e}",
+                self.mnt.display()
+            );
+        }
+    }
+
     pub fn remount(&mut self) {
         self.unmount();
         self.mount();

@@ -1,0 +1,195 @@
+//! A device that fails writes under a live mount (docs/IO-ERRORS.md): the
+//! image sits on a small tmpfs that fills up, so the image's writes fail
+//! as a dying disk's would, through the whole stack the daemon uses (the
+//! loop device of a `fuseblk` mount as root, or the file itself).
+//!
+//! The engine's own I/O-error tests (crates/birch/tests/io_errors.rs)
+//! fail every write and flush of a commit and a log sync on a
+//! `FaultyDevice`; this one checks what the operator of a mount sees: the
+//! fsync that hit the fault fails, the mount turns read-only, the daemon
+//! says why once on stderr, `birch stats` shows the reason, and what was
+//! durable before is there at the next mount, which checks clean.
+//!
+//! Run: `cargo test -p birch-cli --test mount_failure` as root.
+
+mod common;
+
+use common::{cstr, errno, exclusive, skip_unless_root, stats_json, Fixture, Scratch};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// A tmpfs of a given size, unmounted on drop.
+struct Tmpfs {
+    dir: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(dir: &Path, bytes: u64) -> Tmpfs {
+        set_tmpfs_size(dir, bytes, false);
+        Tmpfs {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn grow(&self, bytes: u64) {
+        set_tmpfs_size(&self.dir, bytes, true);
+    }
+}
+
+fn set_tmpfs_size(dir: &Path, bytes: u64, remount: bool) {
+    let target = cstr(dir);
+    let fstype = cstr(Path::new("tmpfs"));
+    let data = cstr(Path::new(&format!("size={bytes}")));
+    let flags = if remount { libc::MS_REMOUNT } else { 0 };
+    // SAFETY: valid C strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "mount tmpfs size={bytes} at {}: {}",
+        dir.display(),
+        std::io::Error::from_raw_os_error(errno())
+    );
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target = cstr(&self.dir);
+        // SAFETY: a valid C string.
+        if unsafe { libc::umount2(target.as_ptr(), 0) } != 0 {
+            eprintln!(
+                "umount {}: {}",
+                self.dir.display(),
+                std::io::Error::from_raw_os_error(errno())
+            );
+            // SAFETY: as above.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Writes 1 MiB chunks of `byte` to `path` until a write or the fsync
+/// fails; returns the errno that stopped it.
+fn write_until_failure(path: &Path, byte: u8) -> i32 {
+    let mut file = File::create(path).expect("create the filler");
+    let chunk = vec![byte; MIB as usize];
+    for _ in 0..256 {
+        if let Err(e) = file.write_all(&chunk).and_then(|()| file.sync_all()) {
+            return e.raw_os_error().unwrap_or(0);
+        }
+    }
+    panic!(
+        "256 MiB written and fsynced to {} although the media was full",
+        path.display()
+    );
+}
+
+#[test]
+fn failed_writes_turn_the_mount_read_only_and_say_why() {
+    if skip_unless_root() {
+        return;
+    }
+    let _one_at_a_time = exclusive();
+    // Declared in this order so that they drop in the reverse one: the
+    // birch mount and its check first, then the tmpfs under the image.
+    let media_dir = Scratch::new("failure-media");
+    let media: Tmpfs;
+    let mut fx = Fixture::new("failure", "256M");
+    let allocated = fs::metadata(&fx.image).expect("stat image").blocks() * 512;
+    // Room for the image as mkfs left it and a few MiB more: the first
+    // file fits, the filler does not.
+    media = Tmpfs::mount(&media_dir.dir, allocated + 8 * MIB);
+    let image = media.dir.join("image");
+    let copied = std::process::Command::new("cp")
+        .arg("--sparse=always")
+        .arg(&fx.image)
+        .arg(&image)
+        .status()
+        .expect("run cp");
+    assert!(copied.success(), "cp of the image onto the tmpfs");
+    fx.image = image;
+    fx.mount();
+
+    let durable = fx.path("durable");
+    let content = vec![0x5a; 2 * MIB as usize];
+    let mut file = File::create(&durable).expect("create durable");
+    file.write_all(&content).expect("write durable");
+    file.sync_all().expect("fsync durable");
+    drop(file);
+
+    let failed = write_until_failure(&fx.path("filler"), 0xa5);
+    assert_eq!(
+        failed,
+        libc::EIO,
+        "the write or fsync that met the full media"
+    );
+
+    let refused = fs::create_dir(fx.path("after")).map_err(|e| e.raw_os_error());
+    assert_eq!(refused, Err(Some(libc::EROFS)), "mkdir after the failure");
+    let mut append = OpenOptions::new()
+        .append(true)
+        .open(&durable)
+        .expect("open durable for appending");
+    let refused = append
+        .write_all(b"more")
+        .and_then(|()| append.sync_all())
+        .map_err(|e| e.raw_os_error());
+    assert!(
+        matches!(refused, Err(Some(libc::EROFS | libc::EIO))),
+        "append and fsync after the failure: {refused:?}"
+    );
+    drop(append);
+    assert_eq!(
+        fs::read(&durable).expect("read durable after the failure"),
+        content,
+        "a failed mount still serves what it holds"
+    );
+
+    let stats = stats_json(&fx.mnt);
+    let reason = stats
+        .get("failure")
+        .and_then(|v| v.as_str())
+        .unwrap_or_else(|| panic!("birch stats has no failure reason: {stats:?}"))
+        .to_string();
+    assert!(!reason.is_empty(), "empty failure reason");
+    let log = fx.daemon_log();
+    let reported: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("read-only from now on"))
+        .collect();
+    assert_eq!(
+        reported.len(),
+        1,
+        "the daemon reports the failure exactly once:\n{log}"
+    );
+    assert!(
+        reported[0].contains(&reason),
+        "the daemon's line gives the reason {reason:?}: {}",
+        reported[0]
+    );
+
+    // The daemon's last commit fails too; what the image holds is what a
+    // power cut at the failure would have left.
+    fx.unmount_after_failure();
+    media.grow(allocated + 512 * MIB);
+    fx.assert_clean();
+    fx.mount();
+    assert_eq!(
+        fs::read(&durable).expect("read durable after the remount"),
+        content,
+        "what fsync made durable before the failure"
+    );
+    fs::create_dir(fx.path("after")).expect("the next mount is writable");
+}
