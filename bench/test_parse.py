@@ -9,12 +9,13 @@ Runs without root and without dbench/fio installed:
 The samples in bench/testdata/ were captured from real runs of bench/run on
 the project's machine (dbench 4.00, fio 3.33), plus one table copied from
 seed 001, whose rows are wrapped and padded with non-breaking spaces;
-report-direct-io/ holds the results.json of a real run and the report.md
-that run wrote.
+report-*/ hold the results.json of real runs (and, for one, the report.md
+that run wrote).
 """
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 import unittest
@@ -200,10 +201,10 @@ class Options(unittest.TestCase):
             birch = executable(os.path.join(tmp, "birch"))
             o = resolve("--quick", "--birch-bin", birch)
             self.assertEqual(o.birch_bin, os.path.realpath(birch))
-            self.assertEqual(o.fs_list, ["btrfs", "ext4", "xfs", "birch", "birch-file"])
+            self.assertEqual(o.fs_list, ["btrfs", "ext4", "xfs", "birch", "birch-file", "birch-single"])
             # an explicit list is taken as given
-            self.assertEqual(resolve("--birch-bin", birch, "--fs", "birch-file,btrfs").fs_list,
-                             ["birch-file", "btrfs"])
+            self.assertEqual(resolve("--birch-bin", birch, "--fs", "birch-single,btrfs").fs_list,
+                             ["birch-single", "btrfs"])
 
     def test_birch_without_birch_bin_uses_a_build_of_the_checkout(self):
         with tempfile.TemporaryDirectory() as repo:
@@ -260,9 +261,16 @@ class Setups(unittest.TestCase):
         ctx = RunContext(resolve("--birch-bin", sys.executable))
         mkfs = {name: s.format_argv(ctx, s.mkfs, target="/dev/loop9") for name, s in SETUPS.items()}
         self.assertEqual(mkfs["btrfs"], ["mkfs.btrfs", "-f", "-m", "single", "-d", "single", "/dev/loop9"])
-        self.assertEqual(mkfs["birch"], [ctx.opts.birch_bin, "mkfs", "/dev/loop9"])
+        self.assertEqual(mkfs["birch"], [ctx.opts.birch_bin, "mkfs", "/dev/loop9", "--metadata", "dup"])
+        self.assertEqual(mkfs["birch-single"][-2:], ["--metadata", "single"])
         self.assertFalse(SETUPS["birch-file"].uses_loop)
-        self.assertEqual(SETUPS["btrfs"].describe()["mount_opts"], "ssd")
+        self.assertTrue(SETUPS["birch-single"].uses_loop)
+
+    def test_descriptions_pair_dup_with_single(self):
+        table = {n: s.describe() for n, s in SETUPS.items()}
+        d = report.Data({"meta": {"fs": list(SETUPS), "fs_table": table}, "records": []})
+        self.assertEqual(report.dup_pairs(d), [("birch", "birch-single")])
+        self.assertEqual(table["btrfs"]["mount_opts"], "ssd")
 
 
 def load_results(name):
@@ -278,6 +286,40 @@ class Report(unittest.TestCase):
         made = ["dbench_throughput.png", "dbench_max_latency.png", "fio_fsync_latency.png"]
         text = report.build_report(results, "2026-11-21T1108Z-vm-direct-io", made)
         self.assertEqual(text, read(os.path.join("report-direct-io", "report.md")))
+
+    def test_dup_cost_section(self):
+        results = load_results("report-quick-dup")
+        text = report.build_report(results, "quick", plot_err="test")
+        self.assertIn("## DUP metadata: birch against birch-single", text)
+        d = report.Data(results)
+
+        def median(fs, workload, config, key):
+            return statistics.median(r["metrics"][key] for r in results["records"]
+                                     if (r["workload"], r["config"], r["fs"]) == (workload, config, fs)
+                                     and r["ok"])
+        for label, workload, config, key in (
+                ("seed 003 create + dir fsync, s", "dirlog", "seed003", "create_s"),
+                ("untar + sync, nearly full fs, s", "untar", "tight", "total_s"),
+                ("fio fsync p50, µs", "fio", "4k-write-fsync", "fsync_p50_us")):
+            dup, single = median("birch", workload, config, key), median("birch-single", workload, config, key)
+            row = next(r for r in report.dup_rows(d, "birch", "birch-single") if r[0] == label)
+            self.assertEqual(row[2:], [report.fmt_num(dup), report.fmt_num(single), "×%.2f" % (dup / single)])
+            self.assertIn("| %s |" % " | ".join(row), text)
+
+    def test_no_dup_section_without_recorded_metadata(self):
+        # results from before birch-single existed: birch has no "metadata"
+        results = load_results("report-direct-io")
+        self.assertEqual(report.dup_pairs(report.Data(results)), [])
+        self.assertNotIn("DUP metadata", report.build_report(results, "old"))
+
+    def test_every_section_of_a_quick_run(self):
+        results = load_results("report-quick-dup")
+        text = report.build_report(results, "quick", plot_err="test")
+        for heading in ("## Headline", "## 1. dbench", "## 2. Seed 003", "## 3. Seed 004", "## 4. fio",
+                        "## 5. birch embedded", "## DUP metadata", "## Failures"):
+            self.assertIn(heading, text)
+        # every setup of the run is a column of the headline
+        self.assertIn("| metric | better | %s |" % " | ".join(results["meta"]["fs"]), text)
 
 
 if __name__ == "__main__":

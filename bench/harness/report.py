@@ -18,7 +18,7 @@ DBENCH_CFG_LABEL = {"1": "1 client", "4": "4 clients", "8": "8 clients", "4-S": 
 # stable colours per target across all plots
 COLOURS = {"btrfs": "#1f77b4", "ext4": "#2ca02c", "xfs": "#ff7f0e", "birch": "#d62728",
            "birch-file": "#9467bd", "raw-loop": "#7f7f7f", "host-file": "#bcbd22",
-           "tmpfs-floor": "#c7c7c7", "birch-embedded": "#8c564b"}
+           "tmpfs-floor": "#c7c7c7", "birch-embedded": "#8c564b", "birch-single": "#e377c2"}
 
 
 # ----------------------------------------------------------------------------
@@ -619,6 +619,76 @@ def _embedded_section(d):
     return L
 
 
+def dup_pairs(d):
+    """(dup, single) pairs of birch setups that differ only in their
+    metadata mode, from the setups results.json describes (meta.fs_table);
+    results from before the metadata was recorded have none."""
+    table = d.meta.get("fs_table") or {}
+    pairs = []
+    for single in d.fs:
+        desc = table.get(single) or {}
+        if desc.get("metadata") != "single":
+            continue
+        for dup in d.fs:
+            other = table.get(dup) or {}
+            if other.get("metadata") == "dup" and other.get("device") == desc.get("device"):
+                pairs.append((dup, single))
+                break
+    return pairs
+
+
+# (label, workload, config, key, better, scale): the benchmarks issue 13 asks
+# DUP's cost on, seed 003, untar and fio fsync, plus the space it takes.
+DUP_ROWS = [
+    ("seed 003 create + dir fsync, s", "dirlog", "seed003", "create_s", "lower", 1),
+    ("seed 003 rename + dir fsync, s", "dirlog", "seed003", "rename_s", "lower", 1),
+    ("seed 003 total, s", "dirlog", "seed003", "total_s", "lower", 1),
+    ("seed 003 dir fsync mean, ms", "dirlog", "seed003", "fsync_mean_ms", "lower", 1),
+    ("untar + sync, roomy fs, s", "untar", "roomy", "total_s", "lower", 1),
+    ("untar + sync, nearly full fs, s", "untar", "tight", "total_s", "lower", 1),
+    ("used after the untar, roomy fs, MiB", "untar", "roomy", "used_after_bytes", "lower", 1 / 2**20),
+    ("fio fsync p50, µs", "fio", "4k-write-fsync", "fsync_p50_us", "lower", 1),
+    ("fio fsync p99, µs", "fio", "4k-write-fsync", "fsync_p99_us", "lower", 1),
+    ("fio write + fsync mean, µs", "fio", "4k-write-fsync", "op_mean_us", "lower", 1),
+    ("fio durable 4 KiB writes/s", "fio", "4k-write-fsync", "iops", "higher", 1),
+]
+
+
+def dup_rows(d, dup, single):
+    """One row per DUP_ROWS metric both setups have: median of each and
+    their ratio (dup / single: above 1 on a time is what DUP costs)."""
+    rows = []
+    for label, workload, config, key, better, scale in DUP_ROWS:
+        a, b = d.stat(workload, config, dup, key), d.stat(workload, config, single, key)
+        if not a or not b:
+            continue
+        rows.append([label, better, fmt_num(a["median"] * scale), fmt_num(b["median"] * scale),
+                     fmt_ratio(ratio(a, b))])
+    return rows
+
+
+def _dup_section(d):
+    """What DUP metadata costs: birch with `--metadata dup` against the same
+    setup with `--metadata single`, measured in the same run."""
+    L = []
+    add = L.append
+    for dup, single in dup_pairs(d):
+        rows = dup_rows(d, dup, single)
+        if not rows:
+            continue
+        add("## DUP metadata: %s against %s" % (dup, single))
+        add("")
+        add("`%s` is `birch mkfs --metadata dup` (birch's default: every tree node is written twice, "
+            "half the device apart, both copies covered by the same commit and log flushes); `%s` is "
+            "the same setup with `--metadata single`. Cell = median; `dup / single` above ×1.00 on a "
+            "time or on space is what the second copy costs." % (dup, single))
+        add("")
+        add(md_table(["metric", "better", "%s (dup)" % dup, "%s (single)" % single, "dup / single"], rows,
+                     ["---", ":-:", "--:", "--:", "--:"]))
+        add("")
+    return L
+
+
 def _requests_section(d):
     """birch's FUSE requests per workload."""
     L = []
@@ -671,7 +741,7 @@ def build_report(results, title, made=(), plot_err=None):
     d = Data(results)
     sections = (_header(d, title), _headline_section(d, made, plot_err), _dbench_section(d),
                 _dirlog_section(d), _untar_section(d), _fio_section(d), _embedded_section(d),
-                _requests_section(d), _failures_section(d))
+                _dup_section(d), _requests_section(d), _failures_section(d))
     return "\n".join(line for s in sections for line in s) + "\n"
 
 

@@ -1,10 +1,17 @@
 """birch through FUSE: `birch mkfs`, then `birch mount -f` in the background.
 
-Two setups, so one run shows what FUSE-over-a-loop-device costs:
+Three setups, so one run shows both what FUSE-over-a-loop-device costs and
+what DUP metadata costs (issue 13):
 - `birch`: the image on a direct-io loop device like the kernel
-  filesystems;
+  filesystems, metadata `dup` (birch's default: every tree node written
+  twice, half the device apart);
 - `birch-file`: the image file itself; as root `birch mount` attaches it to
-  a loop device of its own (auto-clearing; direct I/O unless -o buffered).
+  a loop device of its own (auto-clearing; direct I/O unless -o buffered);
+- `birch-single`: as `birch`, but `--metadata single`, one copy of each
+  node; `birch` against `birch-single` is the price of DUP.
+
+The metadata mode is always passed to mkfs, so the report says what was
+measured even if birch's default changes.
 """
 
 from __future__ import annotations
@@ -35,12 +42,15 @@ MOUNT_TIMEOUT_S = 60
 class BirchSetup(Setup):
     kind = "fuse"
 
-    def __init__(self, name: str, uses_loop: bool) -> None:
-        super().__init__(name, fstype="fuse", mkfs=["{birch}", "mkfs", "{target}"],
+    def __init__(self, name: str, uses_loop: bool, metadata: str) -> None:
+        super().__init__(name, fstype="fuse",
+                         mkfs=["{birch}", "mkfs", "{target}", "--metadata", metadata],
                          tools=["fusermount3"], uses_loop=uses_loop)
+        self.metadata = metadata
 
     def describe(self) -> dict:
-        return dict(super().describe(), mount_bg=MOUNT_BG, umount=UMOUNT, sync=SYNC)
+        return dict(super().describe(), mount_bg=MOUNT_BG, umount=UMOUNT, sync=SYNC,
+                    metadata=self.metadata)
 
     def open(self, ctx: RunContext, size: int, tag: str) -> Mounted:
         return FuseMount(self, ctx, size, tag)
@@ -119,5 +129,6 @@ class FuseMount(Mounted):
         return parsers.parse_birch_requests(out)
 
 
-BIRCH = BirchSetup("birch", uses_loop=True)
-BIRCH_FILE = BirchSetup("birch-file", uses_loop=False)
+BIRCH = BirchSetup("birch", uses_loop=True, metadata="dup")
+BIRCH_FILE = BirchSetup("birch-file", uses_loop=False, metadata="dup")
+BIRCH_SINGLE = BirchSetup("birch-single", uses_loop=True, metadata="single")
