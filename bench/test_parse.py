@@ -1,4 +1,6 @@
-"""Self-test of the benchmark harness's parsers against recorded outputs.
+"""Self-test of the benchmark harness's pieces that need neither root nor
+time: the parsers against recorded outputs, option parsing, the measurement
+plan, the setups' commands, and the report built from recorded results.
 
 Runs without root and without dbench/fio installed:
     python3 -m pytest bench/test_parse.py      (or)
@@ -6,19 +8,26 @@ Runs without root and without dbench/fio installed:
 
 The samples in bench/testdata/ were captured from real runs of bench/run on
 the project's machine (dbench 4.00, fio 3.33), plus one table copied from
-seed 001, whose rows are wrapped and padded with non-breaking spaces.
+seed 001, whose rows are wrapped and padded with non-breaking spaces;
+report-*/ hold the results.json of real runs (and, for one, the report.md
+that run wrote).
 """
 
 import json
 import os
+import statistics
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import parsers  # noqa: E402
-import report  # noqa: E402
+from harness import options, parsers, report, runner  # noqa: E402
+from harness.context import RunContext  # noqa: E402
+from harness.setups import SETUPS  # noqa: E402
+from harness.workloads import WORKLOADS  # noqa: E402
+from harness.workloads.embedded import parse_phase_times  # noqa: E402
 
 DATA = os.path.join(HERE, "testdata")
 DBENCH_OPS = ["NTCreateX", "Close", "Rename", "Unlink", "Deltree", "Mkdir", "Qpathinfo",
@@ -144,13 +153,173 @@ class Aggregation(unittest.TestCase):
         self.assertIsNone(parsers.summarize([]))
 
     def test_missing_numbers(self):
-        meta = {"fs": ["btrfs"], "workloads": ["fio"], "repeat": 1}
+        planned = [runner.Planned("fio", "4k-write-fsync", f, "fsync_p50_us")
+                   for f in ("raw-loop", "host-file", "btrfs")]
         recs = [{"workload": "fio", "config": "4k-write-fsync", "fs": f, "ok": True,
                  "metrics": {"fsync_p50_us": 1.0}} for f in ("raw-loop", "host-file", "btrfs")]
-        self.assertEqual(report.missing_numbers(meta, recs), [])
+        self.assertEqual(runner.missing_numbers(planned, recs, 1), [])
         recs[2]["ok"] = False
-        recs[2]["error"] = "boom"
-        self.assertEqual(len(report.missing_numbers(meta, recs)), 1)
+        recs[2]["error"] = "boom\nmore"
+        missing = runner.missing_numbers(planned, recs, 1)
+        self.assertEqual(missing, ["fio 4k-write-fsync on btrfs: 0 of 1 repetitions produced numbers (boom)"])
+        # two repetitions asked for, one done
+        self.assertEqual(len(runner.missing_numbers(planned[:1], recs[:1], 2)), 1)
+        # a record without its key metric does not count
+        recs[0]["metrics"] = {"fsync_p50_us": None}
+        self.assertEqual(len(runner.missing_numbers(planned[:1], recs[:1], 1)), 1)
+
+
+def resolve(*argv, repo_dir=None):
+    """Options as bench/run would resolve them (repo_dir: where to look for a
+    birch build when --fs asks for birch without --birch-bin)."""
+    return options.resolve(options.parse_args(argv), list(argv), repo_dir or HERE)
+
+
+def executable(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+class Options(unittest.TestCase):
+    def test_full_and_quick_defaults(self):
+        full = resolve()
+        self.assertEqual((full.duration, full.repeat, full.dirlog_files), (60, 3, 10000))
+        self.assertEqual((full.roomy_size, full.tight_size), (4096 << 20, 1843 << 20))
+        self.assertEqual(full.fs_list, ["btrfs", "ext4", "xfs"])
+        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded"])
+        self.assertIsNone(full.birch_bin)
+        quick = resolve("--quick", "--repeat", "2")
+        self.assertEqual((quick.duration, quick.repeat, quick.dirlog_files), (4, 2, 1000))
+        self.assertEqual((quick.roomy_size, quick.tight_size), (1024 << 20, 512 << 20))
+        self.assertEqual(resolve("--untar-sizes", "300,200").tight_size, 200 << 20)
+
+    def test_birch_bin_adds_every_birch_setup(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            birch = executable(os.path.join(tmp, "birch"))
+            o = resolve("--quick", "--birch-bin", birch)
+            self.assertEqual(o.birch_bin, os.path.realpath(birch))
+            self.assertEqual(o.fs_list, ["btrfs", "ext4", "xfs", "birch", "birch-file", "birch-single"])
+            # an explicit list is taken as given
+            self.assertEqual(resolve("--birch-bin", birch, "--fs", "birch-single,btrfs").fs_list,
+                             ["birch-single", "btrfs"])
+
+    def test_birch_without_birch_bin_uses_a_build_of_the_checkout(self):
+        with tempfile.TemporaryDirectory() as repo:
+            path = os.environ["PATH"]
+            os.environ["PATH"] = repo          # no `birch` on PATH
+            try:
+                with self.assertRaisesRegex(options.UsageError, "no birch binary found"):
+                    resolve("--fs", "birch", repo_dir=repo)
+                built = executable(os.path.join(repo, "target", "debug", "birch"))
+                self.assertEqual(resolve("--fs", "birch", repo_dir=repo).birch_bin, os.path.realpath(built))
+            finally:
+                os.environ["PATH"] = path
+
+    def test_bad_usage(self):
+        for argv, msg in ((["--fs", "btrfs,zfs"], "unknown filesystem.*zfs"),
+                          (["--workloads", "dbench,bonnie"], "unknown workload.*bonnie"),
+                          (["--birch-bin", "/nonexistent/birch"], "not an executable file"),
+                          (["--untar-sizes", "300"], "ROOMY,TIGHT")):
+            with self.assertRaisesRegex(options.UsageError, msg):
+                resolve(*argv)
+
+
+class Plan(unittest.TestCase):
+    def plan(self, *argv):
+        ctx = RunContext(resolve(*argv))
+        return [(p.workload, p.config, p.target) for p in
+                runner.plan(WORKLOADS[w](ctx) for w in ctx.opts.workloads)]
+
+    def test_order_and_floors(self):
+        # workloads in the order asked for; filesystems interleaved inside
+        p = self.plan("--fs", "xfs,btrfs", "--workloads", "dirlog,fio,untar")
+        self.assertEqual(p, [("dirlog", "seed003", "tmpfs-floor"), ("dirlog", "seed003", "xfs"),
+                             ("dirlog", "seed003", "btrfs"),
+                             ("fio", "4k-write-fsync", "raw-loop"), ("fio", "4k-write-fsync", "host-file"),
+                             ("fio", "4k-write-fsync", "xfs"), ("fio", "4k-write-fsync", "btrfs"),
+                             ("untar", "roomy", "xfs"), ("untar", "roomy", "btrfs"),
+                             ("untar", "tight", "xfs"), ("untar", "tight", "btrfs")])
+        dbench = self.plan("--fs", "ext4", "--workloads", "dbench")
+        self.assertEqual([c for _, c, _ in dbench], ["1", "4", "8", "4-S"])
+
+    def test_embedded_only_with_birch_or_a_command(self):
+        self.assertEqual(self.plan("--workloads", "embedded"), [])
+        self.assertEqual(self.plan("--workloads", "embedded", "--birch-embedded-cmd", "true"),
+                         [("embedded", "seed003", "birch-embedded")])
+
+    def test_phase_times_on_stdout(self):
+        self.assertEqual(parse_phase_times("note\ncreate_s=1.5 sync_s=0.25 rename_s=2 x=y\n"),
+                         {"create_s": 1.5, "sync_s": 0.25, "rename_s": 2.0})
+        self.assertIsNone(parse_phase_times("create_s=1.5 only"))
+
+
+class Setups(unittest.TestCase):
+    def test_mkfs_commands(self):
+        ctx = RunContext(resolve("--birch-bin", sys.executable))
+        mkfs = {name: s.format_argv(ctx, s.mkfs, target="/dev/loop9") for name, s in SETUPS.items()}
+        self.assertEqual(mkfs["btrfs"], ["mkfs.btrfs", "-f", "-m", "single", "-d", "single", "/dev/loop9"])
+        self.assertEqual(mkfs["birch"], [ctx.opts.birch_bin, "mkfs", "/dev/loop9", "--metadata", "dup"])
+        self.assertEqual(mkfs["birch-single"][-2:], ["--metadata", "single"])
+        self.assertFalse(SETUPS["birch-file"].uses_loop)
+        self.assertTrue(SETUPS["birch-single"].uses_loop)
+
+    def test_descriptions_pair_dup_with_single(self):
+        table = {n: s.describe() for n, s in SETUPS.items()}
+        d = report.Data({"meta": {"fs": list(SETUPS), "fs_table": table}, "records": []})
+        self.assertEqual(report.dup_pairs(d), [("birch", "birch-single")])
+        self.assertEqual(table["btrfs"]["mount_opts"], "ssd")
+
+
+def load_results(name):
+    with open(os.path.join(DATA, name, "results.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+class Report(unittest.TestCase):
+    def test_recorded_run_rebuilds_its_report(self):
+        """The report format is unchanged: a real run's results.json gives
+        back, byte for byte, the report.md that run wrote."""
+        results = load_results("report-direct-io")
+        made = ["dbench_throughput.png", "dbench_max_latency.png", "fio_fsync_latency.png"]
+        text = report.build_report(results, "2026-11-21T1108Z-vm-direct-io", made)
+        self.assertEqual(text, read(os.path.join("report-direct-io", "report.md")))
+
+    def test_dup_cost_section(self):
+        results = load_results("report-quick-dup")
+        text = report.build_report(results, "quick", plot_err="test")
+        self.assertIn("## DUP metadata: birch against birch-single", text)
+        d = report.Data(results)
+
+        def median(fs, workload, config, key):
+            return statistics.median(r["metrics"][key] for r in results["records"]
+                                     if (r["workload"], r["config"], r["fs"]) == (workload, config, fs)
+                                     and r["ok"])
+        for label, workload, config, key in (
+                ("seed 003 create + dir fsync, s", "dirlog", "seed003", "create_s"),
+                ("untar + sync, nearly full fs, s", "untar", "tight", "total_s"),
+                ("fio fsync p50, µs", "fio", "4k-write-fsync", "fsync_p50_us")):
+            dup, single = median("birch", workload, config, key), median("birch-single", workload, config, key)
+            row = next(r for r in report.dup_rows(d, "birch", "birch-single") if r[0] == label)
+            self.assertEqual(row[2:], [report.fmt_num(dup), report.fmt_num(single), "×%.2f" % (dup / single)])
+            self.assertIn("| %s |" % " | ".join(row), text)
+
+    def test_no_dup_section_without_recorded_metadata(self):
+        # results from before birch-single existed: birch has no "metadata"
+        results = load_results("report-direct-io")
+        self.assertEqual(report.dup_pairs(report.Data(results)), [])
+        self.assertNotIn("DUP metadata", report.build_report(results, "old"))
+
+    def test_every_section_of_a_quick_run(self):
+        results = load_results("report-quick-dup")
+        text = report.build_report(results, "quick", plot_err="test")
+        for heading in ("## Headline", "## 1. dbench", "## 2. Seed 003", "## 3. Seed 004", "## 4. fio",
+                        "## 5. birch embedded", "## DUP metadata", "## Failures"):
+            self.assertIn(heading, text)
+        # every setup of the run is a column of the headline
+        self.assertIn("| metric | better | %s |" % " | ".join(results["meta"]["fs"]), text)
 
 
 if __name__ == "__main__":

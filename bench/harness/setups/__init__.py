@@ -1,0 +1,14 @@
+"""Filesystem setups by name (the names `--fs` takes and the report's
+columns), in the order the report shows them."""
+
+from harness.setups.base import Setup
+from harness.setups.birch import BIRCH, BIRCH_FILE, BIRCH_SINGLE
+from harness.setups.btrfs import BTRFS
+from harness.setups.ext4 import EXT4
+from harness.setups.xfs import XFS
+
+SETUPS: dict[str, Setup] = {s.name: s for s in (BTRFS, EXT4, XFS, BIRCH, BIRCH_FILE, BIRCH_SINGLE)}
+# Run when --fs is not given.
+DEFAULT_SETUPS = [s.name for s in (BTRFS, EXT4, XFS)]
+# Added to the default list by --birch-bin; they need the birch binary.
+BIRCH_SETUPS = [s.name for s in (BIRCH, BIRCH_FILE, BIRCH_SINGLE)]

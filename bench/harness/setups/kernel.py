@@ -1,0 +1,42 @@
+"""Kernel filesystems on a direct-io loop device: the common part of the
+btrfs, ext4 and xfs setups (each has its own module for its options)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from harness import host
+from harness.setups.base import Mounted, Setup
+
+if TYPE_CHECKING:
+    from harness.context import RunContext
+
+
+class KernelSetup(Setup):
+    """`mkfs` on a fresh loop device, then `mount -t FSTYPE [-o OPTS]`."""
+
+    kind = "kernel"
+
+    def __init__(self, name: str, mkfs: list[str], tool: str,
+                 mount_opts: Optional[str] = None) -> None:
+        super().__init__(name, fstype=name, mkfs=mkfs, tools=[tool])
+        self.mount_opts = mount_opts
+
+    def describe(self) -> dict:
+        return dict(super().describe(), mount_opts=self.mount_opts)
+
+    def open(self, ctx: RunContext, size: int, tag: str) -> Mounted:
+        return KernelMount(self, ctx, size, tag)
+
+
+class KernelMount(Mounted):
+    setup: KernelSetup
+
+    def _mount(self) -> None:
+        cmd = ["mount", "-t", self.setup.fstype]
+        if self.setup.mount_opts:
+            cmd += ["-o", self.setup.mount_opts]
+        self.ctx.run(cmd + [self.target, self.mnt], timeout=120)
+
+    def _unmount(self) -> bool:
+        return host.umount_path(self.ctx.procs, self.mnt, self.setup.fstype)
