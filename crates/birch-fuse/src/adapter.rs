@@ -92,10 +92,14 @@ pub struct FuseOptions {
     /// How long a "no such name" answer may be cached.
     pub negative_ttl: Duration,
     /// Let the kernel cache writes and send them in large batches. Off by
-    /// default: the kernel then accepts writes before birch can reserve
-    /// space for them (ENOSPC would surface only at write-back, after the
-    /// write returned), and it writes a file's cached pages back
-    /// synchronously at every close (docs/FUSE.md has the numbers).
+    /// default (docs/FUSE.md, "The writeback cache", has the numbers): the
+    /// kernel then accepts writes before birch can reserve space for them
+    /// (ENOSPC surfaces only at write-back, reported once to the next
+    /// fsync or close, and the refused ranges are lost); it writes a
+    /// file's cached pages back synchronously at every close; and it
+    /// sends a SETATTR with its own times for every rename, link or
+    /// unlink of a regular file and before many fsyncs, which costs more
+    /// requests than the merged writes save outside bulk writes.
     pub writeback_cache: bool,
     /// Answer open with ENOSYS so the kernel stops sending open/release.
     pub no_open: bool,
