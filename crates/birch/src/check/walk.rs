@@ -11,25 +11,12 @@ use crate::btree::{copy_name, read_node_copies, NodeExpectation};
 use crate::error::Error;
 use crate::format::node::MAX_LEVEL;
 use crate::format::{
-    decode_dir_items, decode_inode_extrefs, decode_inode_refs, decode_xattrs, extref_hash,
-    item_type, item_type_name, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeItem,
-    Key, LeafItem, MetadataProfile, NodeBody, RootItem, FIRST_DIR_INDEX, NODE_SIZE,
-    ORPHAN_OBJECTID, ROOT_DIR_INO,
+    extref_hash, item_type, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeExtrefEntry,
+    Item, ItemType, Key, LeafItem, MetadataProfile, NodeBody, RootItem, TreeKind, Xattr,
+    FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::print::{name, tree_name};
 use std::collections::HashSet;
-
-/// What a tree's leaves hold, and so how they are collected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Root,
-    Extent,
-    Fs,
-    LogRoot,
-    Log,
-    /// A tree this version does not know: structure only.
-    Other,
-}
 
 struct Target {
     tree: u64,
@@ -37,7 +24,9 @@ struct Target {
     level: u8,
     /// What the pointer to the root promises (None: not checked).
     generation: Option<u64>,
-    kind: Kind,
+    /// What its leaves may hold (None: a tree this version does not know,
+    /// checked for structure only).
+    kind: Option<TreeKind>,
     /// For a log tree: the subvolume it logs.
     subvolume: Option<u64>,
 }
@@ -62,7 +51,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         bytenr: sb.root_tree_bytenr,
         level: sb.root_tree_level,
         generation: Some(sb.generation),
-        kind: Kind::Root,
+        kind: Some(TreeKind::Root),
         subvolume: None,
     });
 
@@ -84,8 +73,8 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         .collect();
     for (id, item, loc) in roots {
         let kind = match id {
-            tree_id::EXTENT => Kind::Extent,
-            tree_id::FS => Kind::Fs,
+            tree_id::EXTENT => Some(TreeKind::Extent),
+            tree_id::FS => Some(TreeKind::Fs),
             tree_id::ROOT | tree_id::LOG | tree_id::LOG_ROOT => {
                 c.fault_at(
                     &loc,
@@ -101,7 +90,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                     &loc,
                     format!("tree {id} is not known to this version: checked for structure only"),
                 );
-                Kind::Other
+                None
             }
         };
         if item.generation > sb.generation {
@@ -131,7 +120,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             bytenr: sb.log_root_bytenr,
             level: sb.log_root_level,
             generation: None,
-            kind: Kind::LogRoot,
+            kind: Some(TreeKind::LogRoot),
             subvolume: None,
         });
         let logs: Vec<(u64, RootItem, Loc)> = c
@@ -149,7 +138,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 bytenr: item.bytenr,
                 level: item.level,
                 generation: Some(item.generation),
-                kind: Kind::Log,
+                kind: Some(TreeKind::Log),
                 subvolume: Some(sub),
             });
         }
@@ -351,13 +340,8 @@ impl Checker<'_> {
                             slot: slot as u32,
                             key: item.key,
                         };
-                        match t.kind {
-                            Kind::Root => self.collect_root_item(&loc, item),
-                            Kind::LogRoot => self.collect_log_root_item(&loc, item),
-                            Kind::Extent => self.collect_extent_item(&loc, item),
-                            Kind::Fs => self.collect_fs_item(&loc, item, false),
-                            Kind::Log => self.collect_fs_item(&loc, item, true),
-                            Kind::Other => {}
+                        if let Some(kind) = t.kind {
+                            self.collect_item(kind, &loc, item);
                         }
                     }
                 }
@@ -393,297 +377,185 @@ impl Checker<'_> {
         self.fault_at_as(pass_id::ITEMS, loc, reason);
     }
 
-    fn wrong_type(&mut self, loc: &Loc, tree: &str) {
-        let t = loc.key.item_type;
-        self.item_fault(
-            loc,
-            format!(
-                "item type {} ({t}) does not belong in {tree}",
-                item_type_name(t)
-            ),
-        );
-    }
-
-    fn collect_root_item(&mut self, loc: &Loc, item: &LeafItem) {
-        if item.key.item_type != item_type::ROOT_ITEM {
-            return self.wrong_type(loc, "the root tree");
+    /// Collects one leaf item of a tree of `kind`: its type must be known
+    /// and at home there, its key must follow the type's rules, and its
+    /// payload must decode; then [`Self::record_item`] keeps what the
+    /// later passes need.
+    fn collect_item(&mut self, kind: TreeKind, loc: &Loc, leaf: &LeafItem) {
+        let key = leaf.key;
+        let item_type = ItemType::of(&key);
+        if matches!(kind, TreeKind::Fs | TreeKind::Log)
+            && !self.collect_objectid(loc, item_type == Ok(ItemType::OrphanItem), kind)
+        {
+            return;
         }
-        if item.key.offset != 0 {
-            return self.item_fault(loc, "root item key offset must be 0");
+        let item_type = match item_type {
+            Ok(t) if t.may_live_in(kind) => t,
+            Ok(t) => {
+                let code = t.code();
+                return self.item_fault(
+                    loc,
+                    format!(
+                        "item type {} ({code}) does not belong in {}",
+                        t.name(),
+                        tree_kind_name(kind)
+                    ),
+                );
+            }
+            Err(unknown) => {
+                return self.item_fault(loc, format!("{unknown} in {}", tree_kind_name(kind)))
+            }
+        };
+        if !self.check_key(kind, item_type, loc) {
+            return;
         }
-        match RootItem::decode(&item.data) {
-            Ok(r) => {
-                if r.level > MAX_LEVEL {
-                    self.item_fault(
-                        loc,
-                        format!("root item level {} exceeds {MAX_LEVEL}", r.level),
-                    );
-                } else {
-                    self.roots.insert(item.key.objectid, (r, *loc));
+        match Item::decode(item_type, &leaf.data) {
+            Ok(item) => self.record_item(kind, loc, item),
+            Err(e) => {
+                self.item_fault(loc, e.to_string());
+                // The key alone says what space an extent item covers: a
+                // damaged payload still counts for extent-refs.
+                if let Some(len) = item_type.extent_len(&key) {
+                    self.record_extent(loc, item_type, len, None);
                 }
             }
-            Err(e) => self.item_fault(loc, e.to_string()),
         }
     }
 
-    fn collect_log_root_item(&mut self, loc: &Loc, item: &LeafItem) {
-        if item.key.item_type != item_type::ROOT_ITEM || item.key.objectid != tree_id::LOG {
-            return self.item_fault(
-                loc,
-                format!(
-                    "the log root tree holds only ({} ROOT_ITEM subvolume) items",
-                    tree_id::LOG
-                ),
-            );
-        }
-        match RootItem::decode(&item.data) {
-            Ok(r) if r.level > MAX_LEVEL => self.item_fault(
-                loc,
-                format!("root item level {} exceeds {MAX_LEVEL}", r.level),
-            ),
-            Ok(r) => {
-                self.log_roots.insert(item.key.offset, (r, *loc));
+    /// The objectid rules of fs and log tree items (`ORPHAN_OBJECTID` holds
+    /// only orphan items; other objectids are inode numbers); notes the
+    /// first item of each objectid. False when the item is not to be
+    /// looked at further.
+    fn collect_objectid(&mut self, loc: &Loc, is_orphan_item: bool, kind: TreeKind) -> bool {
+        let objectid = loc.key.objectid;
+        if objectid == ORPHAN_OBJECTID {
+            if !is_orphan_item {
+                self.item_fault(
+                    loc,
+                    format!("objectid {ORPHAN_OBJECTID} holds only ORPHAN_ITEMs"),
+                );
+                return false;
             }
-            Err(e) => self.item_fault(loc, e.to_string()),
+            return true;
         }
+        if kind == TreeKind::Fs && !self.fs.objectids.contains_key(&objectid) {
+            self.fs.objectids.insert(objectid, *loc);
+            if objectid < ROOT_DIR_INO {
+                self.item_fault(
+                    loc,
+                    format!("objectid {objectid} is below the first inode number {ROOT_DIR_INO}"),
+                );
+            }
+        }
+        true
     }
 
-    fn collect_extent_item(&mut self, loc: &Loc, item: &LeafItem) {
-        let key = item.key;
-        let (len, kind) = match key.item_type {
-            item_type::EXTENT_ITEM => (key.offset, ExtentKind::Data),
-            item_type::METADATA_ITEM => {
+    /// The rules on the key of an item of `item_type` that do not need
+    /// its payload. False when the item is not to be decoded.
+    fn check_key(&mut self, kind: TreeKind, item_type: ItemType, loc: &Loc) -> bool {
+        let key = loc.key;
+        match item_type {
+            ItemType::RootItem if kind == TreeKind::LogRoot && key.objectid != tree_id::LOG => {
+                self.item_fault(
+                    loc,
+                    format!(
+                        "the log root tree holds only ({} ROOT_ITEM subvolume) items",
+                        tree_id::LOG
+                    ),
+                );
+                false
+            }
+            ItemType::RootItem if kind == TreeKind::Root && key.offset != 0 => {
+                self.item_fault(loc, "root item key offset must be 0");
+                false
+            }
+            ItemType::OrphanItem if key.objectid != ORPHAN_OBJECTID => {
+                self.item_fault(
+                    loc,
+                    format!("orphan items live under objectid {ORPHAN_OBJECTID}"),
+                );
+                false
+            }
+            ItemType::MetadataItem => {
                 if key.offset > u64::from(MAX_LEVEL) {
                     self.item_fault(
                         loc,
                         format!("metadata item level {} exceeds {MAX_LEVEL}", key.offset),
                     );
                 }
-                (NODE_SIZE as u64, ExtentKind::Metadata { level: key.offset })
+                true
             }
-            _ => return self.wrong_type(loc, "the extent tree"),
-        };
-        let decoded = match ExtentItem::decode(&item.data) {
-            Ok(e) => Some(e),
-            Err(e) => {
-                self.item_fault(loc, e.to_string());
-                None
-            }
-        };
-        match kind {
-            ExtentKind::Data => {
-                self.report.summary.data_extents += 1;
-                self.report.summary.data_extent_bytes =
-                    self.report.summary.data_extent_bytes.saturating_add(len);
-            }
-            ExtentKind::Metadata { .. } | ExtentKind::Mirror => {
-                self.report.summary.metadata_extents += 1
-            }
+            ItemType::InodeItem
+            | ItemType::InodeRef
+            | ItemType::InodeExtref
+            | ItemType::XattrItem
+            | ItemType::OrphanItem
+            | ItemType::DirLogIndex
+            | ItemType::LogFullExtents
+            | ItemType::LogUnlinked
+            | ItemType::DirItem
+            | ItemType::DirIndex
+            | ItemType::ExtentData
+            | ItemType::RootItem
+            | ItemType::ExtentItem => true,
         }
-        self.extents.push(ExtentRec {
-            bytenr: key.objectid,
-            len,
-            kind,
-            item: decoded,
-            loc: *loc,
-        });
     }
 
-    /// Collects an fs tree item (or, for a log tree, only decodes it).
-    fn collect_fs_item(&mut self, loc: &Loc, item: &LeafItem, log: bool) {
-        use item_type::*;
-        let key = item.key;
-        let data = &item.data[..];
-        if key.objectid == ORPHAN_OBJECTID {
-            if key.item_type != ORPHAN_ITEM {
-                return self.item_fault(
-                    loc,
-                    format!("objectid {ORPHAN_OBJECTID} holds only ORPHAN_ITEMs"),
-                );
+    /// Keeps what the later passes need of a decoded item, and checks the
+    /// rules that need its payload. A log tree's items are only checked:
+    /// the semantic passes look at the committed fs tree.
+    fn record_item(&mut self, kind: TreeKind, loc: &Loc, item: Item) {
+        let key = loc.key;
+        let fs = kind == TreeKind::Fs;
+        match item {
+            Item::Inode(inode) => {
+                if key.offset != 0 {
+                    self.item_fault(loc, "inode item key offset must be 0");
+                } else if fs {
+                    let rec = InodeRec {
+                        item: inode,
+                        loc: *loc,
+                    };
+                    self.fs.inodes.insert(key.objectid, rec);
+                }
             }
-            if !log {
-                self.fs.orphans.push((key.offset, *loc));
-                self.report.summary.orphans += 1;
+            Item::InodeRefs(entries) => {
+                if fs {
+                    self.fs.refs.extend(entries.into_iter().map(|e| RefRec {
+                        ino: key.objectid,
+                        parent: key.offset,
+                        index: e.index,
+                        name: e.name,
+                        loc: *loc,
+                    }));
+                }
             }
-            return;
-        }
-        if !log && !self.fs.objectids.contains_key(&key.objectid) {
-            self.fs.objectids.insert(key.objectid, *loc);
-            if key.objectid < ROOT_DIR_INO {
-                self.item_fault(
-                    loc,
-                    format!(
-                        "objectid {} is below the first inode number {ROOT_DIR_INO}",
-                        key.objectid
-                    ),
-                );
+            Item::InodeExtrefs(entries) => self.record_extrefs(loc, entries, fs),
+            Item::DirItems(entries) => self.record_dir_items(loc, entries, fs),
+            Item::DirIndex(e) => {
+                if key.offset < FIRST_DIR_INDEX {
+                    self.fault_at_as(
+                        pass_id::NAMESPACE,
+                        loc,
+                        format!(
+                            "dir index {} is below the first index {FIRST_DIR_INDEX}",
+                            key.offset
+                        ),
+                    );
+                }
+                if fs {
+                    let rec = EntryRec {
+                        ino: e.ino,
+                        file_type: e.file_type,
+                        name: e.name,
+                        loc: *loc,
+                    };
+                    self.fs.dir_index.insert((key.objectid, key.offset), rec);
+                }
             }
-        }
-        match key.item_type {
-            INODE_ITEM => match InodeItem::decode(data) {
-                Ok(inode) => {
-                    if key.offset != 0 {
-                        self.item_fault(loc, "inode item key offset must be 0");
-                    } else if !log {
-                        self.fs.inodes.insert(
-                            key.objectid,
-                            InodeRec {
-                                item: inode,
-                                loc: *loc,
-                            },
-                        );
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            INODE_REF => match decode_inode_refs(data) {
-                Ok(entries) if !log => {
-                    for e in entries {
-                        self.fs.refs.push(RefRec {
-                            ino: key.objectid,
-                            parent: key.offset,
-                            index: e.index,
-                            name: e.name,
-                            loc: *loc,
-                        });
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            INODE_EXTREF => match decode_inode_extrefs(data) {
-                Ok(entries) => {
-                    for e in entries {
-                        let hash = extref_hash(e.parent, &e.name);
-                        if hash != key.offset {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!(
-                                    "INODE_EXTREF name {:?} in {} hashes to {hash:#x}, not the key's {:#x}",
-                                    String::from_utf8_lossy(&e.name),
-                                    e.parent,
-                                    key.offset
-                                ),
-                            );
-                        } else if !log {
-                            self.fs.refs.push(RefRec {
-                                ino: key.objectid,
-                                parent: e.parent,
-                                index: e.index,
-                                name: e.name,
-                                loc: *loc,
-                            });
-                        }
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            DIR_ITEM => match decode_dir_items(data) {
-                Ok(entries) => {
-                    let mut seen = HashSet::new();
-                    for e in entries {
-                        let hash = name_hash(&e.name);
-                        if hash != key.offset {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!(
-                                    "dir item name \"{}\" hashes to {hash}, not the key offset",
-                                    name(&e.name)
-                                ),
-                            );
-                        }
-                        if !seen.insert(e.name.clone()) {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!("dir item holds the name \"{}\" twice", name(&e.name)),
-                            );
-                            continue;
-                        }
-                        if log {
-                            continue;
-                        }
-                        let dkey = (key.objectid, e.name.clone());
-                        if self.fs.dir_items.contains_key(&dkey) {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!("name \"{}\" has more than one dir item", name(&e.name)),
-                            );
-                            continue;
-                        }
-                        self.fs.dir_items.insert(
-                            dkey,
-                            EntryRec {
-                                ino: e.ino,
-                                file_type: e.file_type,
-                                name: e.name,
-                                loc: *loc,
-                            },
-                        );
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            DIR_INDEX => match DirEntry::decode(data) {
-                Ok(e) => {
-                    if key.offset < FIRST_DIR_INDEX {
-                        self.fault_at_as(
-                            pass_id::NAMESPACE,
-                            loc,
-                            format!(
-                                "dir index {} is below the first index {FIRST_DIR_INDEX}",
-                                key.offset
-                            ),
-                        );
-                    }
-                    if !log {
-                        self.fs.dir_index.insert(
-                            (key.objectid, key.offset),
-                            EntryRec {
-                                ino: e.ino,
-                                file_type: e.file_type,
-                                name: e.name,
-                                loc: *loc,
-                            },
-                        );
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            XATTR_ITEM => match decode_xattrs(data) {
-                Ok(xattrs) => {
-                    let mut seen = HashSet::new();
-                    for x in xattrs {
-                        let hash = name_hash(&x.name);
-                        if hash != key.offset {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!(
-                                    "xattr name \"{}\" hashes to {hash}, not the key offset",
-                                    name(&x.name)
-                                ),
-                            );
-                        }
-                        if !seen.insert(x.name.clone()) {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!("xattr item holds the name \"{}\" twice", name(&x.name)),
-                            );
-                        }
-                        if !log {
-                            self.report.summary.xattrs += 1;
-                        }
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            EXTENT_DATA => match FileExtent::decode(data) {
-                Ok(e) if !log => {
+            Item::Xattrs(xattrs) => self.record_xattrs(loc, xattrs, fs),
+            Item::FileExtent(e) => {
+                if fs {
                     let kind = match &e {
                         FileExtent::Inline { data } => FileExtentKind::Inline {
                             len: data.len() as u64,
@@ -703,16 +575,173 @@ impl Checker<'_> {
                         loc: *loc,
                     });
                 }
-                Ok(_) => {}
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            DIR_LOG_INDEX | LOG_FULL_EXTENTS | LOG_UNLINKED if log => {}
-            ORPHAN_ITEM => self.item_fault(
-                loc,
-                format!("orphan items live under objectid {ORPHAN_OBJECTID}"),
-            ),
-            _ => self.wrong_type(loc, if log { "a log tree" } else { "the fs tree" }),
+            }
+            Item::Orphan => {
+                if fs {
+                    self.fs.orphans.push((key.offset, *loc));
+                    self.report.summary.orphans += 1;
+                }
+            }
+            Item::DirLogIndex | Item::LogFullExtents | Item::LogUnlinked => {}
+            Item::Root(r) => {
+                if r.level > MAX_LEVEL {
+                    self.item_fault(
+                        loc,
+                        format!("root item level {} exceeds {MAX_LEVEL}", r.level),
+                    );
+                } else if kind == TreeKind::LogRoot {
+                    self.log_roots.insert(key.offset, (r, *loc));
+                } else {
+                    self.roots.insert(key.objectid, (r, *loc));
+                }
+            }
+            Item::DataExtent(e) => {
+                self.record_extent(loc, ItemType::ExtentItem, key.offset, Some(e))
+            }
+            Item::MetadataExtent(e) => {
+                self.record_extent(loc, ItemType::MetadataItem, NODE_SIZE as u64, Some(e))
+            }
         }
+    }
+
+    fn record_extent(
+        &mut self,
+        loc: &Loc,
+        item_type: ItemType,
+        len: u64,
+        item: Option<ExtentItem>,
+    ) {
+        let kind = if item_type == ItemType::MetadataItem {
+            self.report.summary.metadata_extents += 1;
+            ExtentKind::Metadata {
+                level: loc.key.offset,
+            }
+        } else {
+            self.report.summary.data_extents += 1;
+            self.report.summary.data_extent_bytes =
+                self.report.summary.data_extent_bytes.saturating_add(len);
+            ExtentKind::Data
+        };
+        self.extents.push(ExtentRec {
+            bytenr: loc.key.objectid,
+            len,
+            kind,
+            item,
+            loc: *loc,
+        });
+    }
+
+    fn record_extrefs(&mut self, loc: &Loc, entries: Vec<InodeExtrefEntry>, fs: bool) {
+        let key = loc.key;
+        for e in entries {
+            let hash = extref_hash(e.parent, &e.name);
+            if hash != key.offset {
+                self.fault_at_as(
+                    pass_id::NAMESPACE,
+                    loc,
+                    format!(
+                        "INODE_EXTREF name {:?} in {} hashes to {hash:#x}, not the key's {:#x}",
+                        String::from_utf8_lossy(&e.name),
+                        e.parent,
+                        key.offset
+                    ),
+                );
+            } else if fs {
+                self.fs.refs.push(RefRec {
+                    ino: key.objectid,
+                    parent: e.parent,
+                    index: e.index,
+                    name: e.name,
+                    loc: *loc,
+                });
+            }
+        }
+    }
+
+    fn record_dir_items(&mut self, loc: &Loc, entries: Vec<DirEntry>, fs: bool) {
+        let key = loc.key;
+        let mut seen = HashSet::new();
+        for e in entries {
+            let hash = name_hash(&e.name);
+            if hash != key.offset {
+                self.fault_at_as(
+                    pass_id::NAMESPACE,
+                    loc,
+                    format!(
+                        "dir item name \"{}\" hashes to {hash}, not the key offset",
+                        name(&e.name)
+                    ),
+                );
+            }
+            if !seen.insert(e.name.clone()) {
+                self.fault_at_as(
+                    pass_id::NAMESPACE,
+                    loc,
+                    format!("dir item holds the name \"{}\" twice", name(&e.name)),
+                );
+                continue;
+            }
+            if !fs {
+                continue;
+            }
+            let dkey = (key.objectid, e.name.clone());
+            if self.fs.dir_items.contains_key(&dkey) {
+                self.fault_at_as(
+                    pass_id::NAMESPACE,
+                    loc,
+                    format!("name \"{}\" has more than one dir item", name(&e.name)),
+                );
+                continue;
+            }
+            self.fs.dir_items.insert(
+                dkey,
+                EntryRec {
+                    ino: e.ino,
+                    file_type: e.file_type,
+                    name: e.name,
+                    loc: *loc,
+                },
+            );
+        }
+    }
+
+    fn record_xattrs(&mut self, loc: &Loc, xattrs: Vec<Xattr>, fs: bool) {
+        let key = loc.key;
+        let mut seen = HashSet::new();
+        for x in xattrs {
+            let hash = name_hash(&x.name);
+            if hash != key.offset {
+                self.fault_at_as(
+                    pass_id::NAMESPACE,
+                    loc,
+                    format!(
+                        "xattr name \"{}\" hashes to {hash}, not the key offset",
+                        name(&x.name)
+                    ),
+                );
+            }
+            if !seen.insert(x.name.clone()) {
+                self.fault_at_as(
+                    pass_id::NAMESPACE,
+                    loc,
+                    format!("xattr item holds the name \"{}\" twice", name(&x.name)),
+                );
+            }
+            if fs {
+                self.report.summary.xattrs += 1;
+            }
+        }
+    }
+}
+
+/// A tree kind as fault reasons name it.
+fn tree_kind_name(kind: TreeKind) -> &'static str {
+    match kind {
+        TreeKind::Root => "the root tree",
+        TreeKind::Extent => "the extent tree",
+        TreeKind::Fs => "the fs tree",
+        TreeKind::LogRoot => "the log root tree",
+        TreeKind::Log => "a log tree",
     }
 }
 
