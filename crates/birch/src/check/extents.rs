@@ -1,6 +1,6 @@
 //! Pass `extent-refs`: the extent tree against what references it.
 
-use super::{Checker, ExtentKind, FileExtentKind, Loc, PassStatus};
+use super::{Checker, ExtentKind, FaultId, FileExtentKind, Loc, PassStatus};
 use crate::format::{item_type, tree_id, Key, FIRST_ALLOCATABLE_BYTE, NODE_SIZE, SECTOR_SIZE};
 use crate::print::tree_name;
 use std::collections::HashMap;
@@ -24,7 +24,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             .filter(|e| matches!(e.kind, ExtentKind::Metadata { .. }))
         {
             if e.bytenr.saturating_add(e.len) > mirror_start {
-                c.fault_at(
+                c.fault_at(FaultId::NodeInMirrorHalf,
                     &e.loc,
                     format!(
                         "node {} lies in the DUP mirror half (from {mirror_start}): its mirror would be past {}",
@@ -53,10 +53,11 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     for e in &extents {
         let end = e.bytenr.checked_add(e.len);
         if e.len == 0 {
-            c.fault_at(&e.loc, "extent of length 0");
+            c.fault_at(FaultId::ExtentEmpty, &e.loc, "extent of length 0");
         }
         if !e.bytenr.is_multiple_of(SECTOR_SIZE) || !e.len.is_multiple_of(SECTOR_SIZE) {
             c.fault_at(
+                FaultId::ExtentUnaligned,
                 &e.loc,
                 format!(
                     "extent {}+{} is not {SECTOR_SIZE}-byte aligned",
@@ -65,12 +66,12 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             );
         }
         if e.bytenr < FIRST_ALLOCATABLE_BYTE || end.is_none_or(|end| end > total) {
-            c.fault_at(&e.loc, format!("extent {}+{} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})", e.bytenr, e.len));
+            c.fault_at(FaultId::ExtentOutOfRange, &e.loc, format!("extent {}+{} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})", e.bytenr, e.len));
         }
         let end = end.unwrap_or(u64::MAX);
         if let Some((prev_end, prev_start)) = prev {
             if e.bytenr < prev_end {
-                c.fault_at(&e.loc, format!("extent {}+{} overlaps the extent at {prev_start} (which ends at {prev_end})", e.bytenr, e.len));
+                c.fault_at(FaultId::ExtentOverlap, &e.loc, format!("extent {}+{} overlaps the extent at {prev_start} (which ends at {prev_end})", e.bytenr, e.len));
             }
         }
         if prev.is_none_or(|(p, _)| end > p) {
@@ -88,6 +89,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     c.report.summary.free_bytes = allocatable.saturating_sub(covered);
     if used != sb.bytes_used {
         c.fault_tree(
+            FaultId::BytesUsedMismatch,
             Some(tree_id::EXTENT),
             format!(
                 "superblock bytes_used {} but the extent items cover {used} bytes",
@@ -115,6 +117,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         let Some(&i) = metadata.get(&bytenr) else {
             let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(node.level));
             c.fault_key(
+                FaultId::NodeWithoutMetadataItem,
                 tree_id::EXTENT,
                 key,
                 format!(
@@ -130,6 +133,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         if let ExtentKind::Metadata { level } = e.kind {
             if level != u64::from(node.level) {
                 c.fault_at(
+                    FaultId::MetadataLevel,
                     &e.loc,
                     format!(
                         "metadata item says level {level} but node {bytenr} is level {}",
@@ -141,6 +145,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         if let Some(item) = e.item {
             if item.owner != node.tree {
                 c.fault_at(
+                    FaultId::MetadataOwner,
                     &e.loc,
                     format!(
                         "metadata item owner {} but node {bytenr} belongs to tree {}",
@@ -151,6 +156,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             }
             if item.refs != 1 {
                 c.fault_at(
+                    FaultId::MetadataRefs,
                     &e.loc,
                     format!(
                         "metadata item refs {} (tree nodes have exactly 1)",
@@ -163,18 +169,24 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     if all_trees_read {
         for (i, e) in extents.iter().enumerate() {
             if matches!(e.kind, ExtentKind::Metadata { .. }) && !matched[i] {
-                let what = match c.nodes.get(&e.bytenr) {
-                    Some(n) => format!(
-                        "block {} is a node of {}, which is not tracked in the extent tree",
-                        e.bytenr,
-                        tree_name(n.tree)
+                let (id, what) = match c.nodes.get(&e.bytenr) {
+                    Some(n) => (
+                        FaultId::MetadataUntrackedTree,
+                        format!(
+                            "block {} is a node of {}, which is not tracked in the extent tree",
+                            e.bytenr,
+                            tree_name(n.tree)
+                        ),
                     ),
-                    None => format!(
-                        "no tree reaches block {} (leaked metadata extent)",
-                        e.bytenr
+                    None => (
+                        FaultId::MetadataLeaked,
+                        format!(
+                            "no tree reaches block {} (leaked metadata extent)",
+                            e.bytenr
+                        ),
                     ),
                 };
-                c.fault_at(&e.loc, what);
+                c.fault_at(id, &e.loc, what);
             }
         }
     }
@@ -188,7 +200,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             }
         }
         let mut counted: HashMap<usize, (u64, Vec<u64>)> = HashMap::new();
-        let mut bad: Vec<(Loc, String)> = Vec::new();
+        let mut bad: Vec<(Loc, FaultId, String)> = Vec::new();
         for fe in &c.fs.file_extents {
             let d = match fe.kind {
                 FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d,
@@ -197,6 +209,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             match data.get(&d.disk_bytenr) {
                 None => bad.push((
                     fe.loc,
+                    FaultId::FileExtentWithoutExtentItem,
                     format!(
                         "file extent points to disk extent {}+{}, which has no extent item",
                         d.disk_bytenr, d.disk_num_bytes
@@ -204,6 +217,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 )),
                 Some(&i) if extents[i].len != d.disk_num_bytes => bad.push((
                     fe.loc,
+                    FaultId::FileExtentLength,
                     format!(
                         "file extent says disk extent {} is {} bytes but its extent item says {}",
                         d.disk_bytenr, d.disk_num_bytes, extents[i].len
@@ -218,8 +232,8 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 }
             }
         }
-        for (loc, reason) in bad {
-            c.fault_at(&loc, reason);
+        for (loc, id, reason) in bad {
+            c.fault_at(id, &loc, reason);
         }
         for (i, e) in extents.iter().enumerate() {
             if e.kind != ExtentKind::Data {
@@ -228,6 +242,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             let (refs, inos) = counted.get(&i).cloned().unwrap_or_default();
             if refs == 0 {
                 c.fault_at(
+                    FaultId::DataExtentLeaked,
                     &e.loc,
                     format!(
                         "no file extent points to data extent {}+{} (leaked extent)",
@@ -239,6 +254,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             if let Some(item) = e.item {
                 if item.refs != refs {
                     c.fault_at(
+                        FaultId::DataExtentRefs,
                         &e.loc,
                         format!(
                             "extent item refs {} but {refs} file extent item{} point to it",
@@ -249,6 +265,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 }
                 if !inos.contains(&item.owner) {
                     c.warn_at(
+                        FaultId::DataExtentOwner,
                         &e.loc,
                         format!(
                             "extent item owner is inode {} but it is referenced by inode {}",
@@ -283,6 +300,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             for e in extents[..idx].iter().rev().take(2) {
                 if e.bytenr.saturating_add(e.len) > start {
                     c.fault_block(
+                        FaultId::LogNodeOverlap,
                         Some(node.tree),
                         bytenr,
                         None,
@@ -295,7 +313,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 }
             }
             if start < FIRST_ALLOCATABLE_BYTE || end > total {
-                c.fault_block(Some(node.tree), bytenr, None, format!("{which} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})"));
+                c.fault_block(FaultId::LogNodeOutOfRange, Some(node.tree), bytenr, None, format!("{which} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})"));
             }
         }
     }

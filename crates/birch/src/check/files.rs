@@ -1,6 +1,6 @@
 //! Pass `file-extents`: each inode's EXTENT_DATA items.
 
-use super::{Checker, FileExtentKind, FileExtentRec, Loc, PassStatus};
+use super::{Checker, FaultId, FileExtentKind, FileExtentRec, Loc, PassStatus};
 use crate::format::{tree_id, FileType, MAX_INLINE_DATA, SECTOR_SIZE, SYMLINK_MAX};
 use crate::print::file_type_name;
 use std::collections::HashMap;
@@ -17,7 +17,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     for fe in &fs.file_extents {
         by_ino.entry(fe.ino).or_default().push(fe);
     }
-    let mut faults: Vec<(Loc, String)> = Vec::new();
+    let mut faults: Vec<(Loc, FaultId, String)> = Vec::new();
     for (&ino, inode) in &fs.inodes {
         let mut extents = by_ino.remove(&ino).unwrap_or_default();
         extents.sort_by_key(|fe| fe.file_offset);
@@ -35,6 +35,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         if nbytes != item.nbytes {
             faults.push((
                 inode.loc,
+                FaultId::Nbytes,
                 format!(
                     "nbytes {} but the file extents hold {nbytes} bytes",
                     item.nbytes
@@ -47,17 +48,19 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 match extents.as_slice() {
                     [] => faults.push((
                         inode.loc,
+                        FaultId::SymlinkWithoutExtent,
                         "symlink has no inline extent holding its target".into(),
                     )),
                     [fe] => {
                         match fe.kind {
                             FileExtentKind::Inline { len } if fe.file_offset == 0 => {
                                 if len != item.size {
-                                    faults.push((fe.loc, format!("symlink target is {len} bytes but the inode size is {}", item.size)));
+                                    faults.push((fe.loc, FaultId::SymlinkTargetSize, format!("symlink target is {len} bytes but the inode size is {}", item.size)));
                                 }
                                 if len > SYMLINK_MAX as u64 {
                                     faults.push((
                                         fe.loc,
+                                        FaultId::SymlinkTargetTooLong,
                                         format!(
                                             "symlink target of {len} bytes exceeds {SYMLINK_MAX}"
                                         ),
@@ -66,13 +69,18 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                             }
                             _ => faults.push((
                                 fe.loc,
+                                FaultId::SymlinkExtentNotInline,
                                 "a symlink's only extent must be inline at offset 0".into(),
                             )),
                         }
                     }
                     [_, rest @ ..] => {
                         for fe in rest {
-                            faults.push((fe.loc, "symlink has more than one extent".into()));
+                            faults.push((
+                                fe.loc,
+                                FaultId::SymlinkExtraExtent,
+                                "symlink has more than one extent".into(),
+                            ));
                         }
                     }
                 }
@@ -82,6 +90,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 for fe in &extents {
                     faults.push((
                         fe.loc,
+                        FaultId::ExtentsOnNonFile,
                         format!("a {} has no file extents", file_type_name(other)),
                     ));
                 }
@@ -97,6 +106,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                     if fe.file_offset != 0 {
                         faults.push((
                             fe.loc,
+                            FaultId::InlineOffset,
                             format!(
                                 "inline extent at file offset {} (only offset 0 may be inline)",
                                 fe.file_offset
@@ -104,17 +114,23 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                         ));
                     }
                     if extents.len() > 1 {
-                        faults.push((fe.loc, "inline extent is not the file's only extent".into()));
+                        faults.push((
+                            fe.loc,
+                            FaultId::InlineNotAlone,
+                            "inline extent is not the file's only extent".into(),
+                        ));
                     }
                     if len > MAX_INLINE_DATA as u64 {
                         faults.push((
                             fe.loc,
+                            FaultId::InlineTooLong,
                             format!("inline extent of {len} bytes exceeds {MAX_INLINE_DATA}"),
                         ));
                     }
                     if len > item.size {
                         faults.push((
                             fe.loc,
+                            FaultId::InlinePastEof,
                             format!(
                                 "inline extent of {len} bytes is longer than the file ({} bytes)",
                                 item.size
@@ -126,6 +142,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                     if !fe.file_offset.is_multiple_of(SECTOR_SIZE) {
                         faults.push((
                             fe.loc,
+                            FaultId::FileOffsetUnaligned,
                             format!(
                                 "file offset {} is not {SECTOR_SIZE}-byte aligned",
                                 fe.file_offset
@@ -135,6 +152,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                     if matches!(fe.kind, FileExtentKind::Regular(_)) && fe.file_offset >= size_end {
                         faults.push((
                             fe.loc,
+                            FaultId::RegularPastEof,
                             format!(
                                 "regular extent at file offset {} lies beyond the file size {}",
                                 fe.file_offset, item.size
@@ -149,13 +167,14 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             };
             if let Some(end) = prev_end {
                 if fe.file_offset < end {
-                    faults.push((fe.loc, format!("extent at file offset {} overlaps the previous extent, which ends at {end}", fe.file_offset)));
+                    faults.push((fe.loc, FaultId::FileExtentOverlap, format!("extent at file offset {} overlaps the previous extent, which ends at {end}", fe.file_offset)));
                 }
             }
             let end = fe.file_offset.checked_add(len);
             if end.is_none() {
                 faults.push((
                     fe.loc,
+                    FaultId::FileExtentOverflow,
                     format!("extent at file offset {} + {len} overflows", fe.file_offset),
                 ));
             }
@@ -163,9 +182,9 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         }
     }
     // Extents of inodes without an INODE_ITEM are reported by `namespace`.
-    faults.sort_by_key(|(loc, _)| (loc.key, loc.block, loc.slot));
-    for (loc, reason) in faults {
-        c.fault_at(&loc, reason);
+    faults.sort_by_key(|(loc, _, _)| (loc.key, loc.block, loc.slot));
+    for (loc, id, reason) in faults {
+        c.fault_at(id, &loc, reason);
     }
     c.fs = fs;
     PassStatus::Ran

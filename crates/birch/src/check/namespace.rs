@@ -1,6 +1,6 @@
 //! Passes `namespace` and `nlink`: names, reachability, link counts.
 
-use super::{Checker, Loc, PassStatus};
+use super::{Checker, FaultId, Loc, PassStatus};
 use crate::format::{item_type, name_hash, tree_id, FileType, Key, ORPHAN_OBJECTID, ROOT_DIR_INO};
 use crate::print::{file_type_name, name};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -53,6 +53,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     // The root directory.
     match fs.inodes.get(&ROOT_DIR_INO) {
         None => c.fault_key(
+            FaultId::RootDirMissing,
             tree_id::FS,
             Key::new(ROOT_DIR_INO, item_type::INODE_ITEM, 0),
             "the root directory inode is missing",
@@ -60,6 +61,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         Some(r) if ftype(ROOT_DIR_INO) != Some(FileType::Directory) => {
             let loc = r.loc;
             c.fault_at(
+                FaultId::RootDirNotDirectory,
                 &loc,
                 format!(
                     "the root directory is a {}, not a directory",
@@ -77,6 +79,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     if !self_ref_ok {
         if root_refs.is_empty() {
             c.fault_key(
+                FaultId::RootDirWithoutRef,
                 tree_id::FS,
                 Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO),
                 "the root directory has no INODE_REF (index 0 name \"..\")",
@@ -84,7 +87,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         }
         for r in root_refs {
             let loc = r.loc;
-            c.fault_at(&loc, format!("the root directory's only name must be index 0 \"..\" in itself, found index {} \"{}\" in {}", r.index, name(&r.name), r.parent));
+            c.fault_at(FaultId::RootDirName, &loc, format!("the root directory's only name must be index 0 \"..\" in itself, found index {} \"{}\" in {}", r.index, name(&r.name), r.parent));
         }
     }
 
@@ -99,12 +102,17 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             .is_some()
         {
             let loc = r.loc;
-            c.fault_at(&loc, format!("name \"{}\" listed twice", name(&r.name)));
+            c.fault_at(
+                FaultId::NameTwice,
+                &loc,
+                format!("name \"{}\" listed twice", name(&r.name)),
+            );
             continue;
         }
         if r.parent == r.ino {
             let loc = r.loc;
             c.fault_at(
+                FaultId::NameInItself,
                 &loc,
                 format!(
                     "inode {} is named \"{}\" inside itself",
@@ -119,6 +127,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             Some(t) => {
                 let loc = r.loc;
                 c.fault_at(
+                    FaultId::ParentNotDirectory,
                     &loc,
                     format!(
                         "parent {} of name \"{}\" is a {}, not a directory",
@@ -132,6 +141,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             None => {
                 let loc = r.loc;
                 c.fault_at(
+                    FaultId::ParentMissing,
                     &loc,
                     format!(
                         "parent directory {} of name \"{}\" does not exist",
@@ -150,6 +160,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         let item_key = Key::new(r.parent, item_type::DIR_ITEM, name_hash(&r.name));
         match fs.dir_items.get(&(r.parent, r.name.clone())) {
             None => c.fault_key(
+                FaultId::DirItemMissing,
                 tree_id::FS,
                 item_key,
                 format!(
@@ -161,10 +172,11 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             Some(d) => {
                 if d.ino != r.ino {
                     let loc = d.loc;
-                    c.fault_at(&loc, format!("DIR_ITEM \"{}\" names inode {} but inode {} holds that name ({where_ref})", name(&d.name), d.ino, r.ino));
+                    c.fault_at(FaultId::DirItemWrongInode, &loc, format!("DIR_ITEM \"{}\" names inode {} but inode {} holds that name ({where_ref})", name(&d.name), d.ino, r.ino));
                 } else if want_type.is_some_and(|t| t != d.file_type) {
                     let loc = d.loc;
                     c.fault_at(
+                        FaultId::DirItemWrongType,
                         &loc,
                         format!(
                             "DIR_ITEM \"{}\" says type {} but inode {} is a {}",
@@ -180,6 +192,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         let index_key = Key::new(r.parent, item_type::DIR_INDEX, r.index);
         match fs.dir_index.get(&(r.parent, r.index)) {
             None => c.fault_key(
+                FaultId::DirIndexMissing,
                 tree_id::FS,
                 index_key,
                 format!(
@@ -191,10 +204,11 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             Some(d) => {
                 if d.ino != r.ino || d.name != r.name {
                     let loc = d.loc;
-                    c.fault_at(&loc, format!("DIR_INDEX names \"{}\" -> inode {} but the INODE_REF says \"{}\" -> inode {} ({where_ref})", name(&d.name), d.ino, name(&r.name), r.ino));
+                    c.fault_at(FaultId::DirIndexWrongName, &loc, format!("DIR_INDEX names \"{}\" -> inode {} but the INODE_REF says \"{}\" -> inode {} ({where_ref})", name(&d.name), d.ino, name(&r.name), r.ino));
                 } else if want_type.is_some_and(|t| t != d.file_type) {
                     let loc = d.loc;
                     c.fault_at(
+                        FaultId::DirIndexWrongType,
                         &loc,
                         format!(
                             "DIR_INDEX \"{}\" says type {} but inode {} is a {}",
@@ -210,11 +224,12 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     }
 
     // DIR_ITEM / DIR_INDEX -> INODE_REF.
-    let mut entry_faults: Vec<(Loc, String)> = Vec::new();
+    let mut entry_faults: Vec<(Loc, FaultId, String)> = Vec::new();
     for ((parent, _), d) in &fs.dir_items {
         if d.ino == ROOT_DIR_INO || !by_name.contains_key(&(d.ino, *parent, &d.name[..])) {
             entry_faults.push((
                 d.loc,
+                FaultId::DirItemWithoutRef,
                 format!(
                     "DIR_ITEM \"{}\" -> inode {} has no matching INODE_REF ({} INODE_REF {parent})",
                     name(&d.name),
@@ -226,6 +241,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         if !fs.inodes.contains_key(&d.ino) {
             entry_faults.push((
                 d.loc,
+                FaultId::DirItemDangling,
                 format!(
                     "DIR_ITEM \"{}\" names inode {}, which does not exist",
                     name(&d.name),
@@ -237,12 +253,13 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     for ((parent, index), d) in &fs.dir_index {
         match by_name.get(&(d.ino, *parent, &d.name[..])) {
             Some(i) if i == index => {}
-            Some(i) => entry_faults.push((d.loc, format!("DIR_INDEX \"{}\" -> inode {} but the INODE_REF gives index {i}", name(&d.name), d.ino))),
-            None => entry_faults.push((d.loc, format!("DIR_INDEX \"{}\" -> inode {} has no matching INODE_REF ({} INODE_REF {parent})", name(&d.name), d.ino, d.ino))),
+            Some(i) => entry_faults.push((d.loc, FaultId::DirIndexWrongIndex, format!("DIR_INDEX \"{}\" -> inode {} but the INODE_REF gives index {i}", name(&d.name), d.ino))),
+            None => entry_faults.push((d.loc, FaultId::DirIndexWithoutRef, format!("DIR_INDEX \"{}\" -> inode {} has no matching INODE_REF ({} INODE_REF {parent})", name(&d.name), d.ino, d.ino))),
         }
         if !fs.inodes.contains_key(&d.ino) {
             entry_faults.push((
                 d.loc,
+                FaultId::DirIndexDangling,
                 format!(
                     "DIR_INDEX \"{}\" names inode {}, which does not exist",
                     name(&d.name),
@@ -251,9 +268,9 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             ));
         }
     }
-    entry_faults.sort_by_key(|(loc, _)| (loc.key, loc.block, loc.slot));
-    for (loc, reason) in entry_faults {
-        c.fault_at(&loc, reason);
+    entry_faults.sort_by_key(|(loc, _, _)| (loc.key, loc.block, loc.slot));
+    for (loc, id, reason) in entry_faults {
+        c.fault_at(id, &loc, reason);
     }
 
     // Directory sizes: the byte lengths of the names it holds (every name
@@ -282,6 +299,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             if r.item.size != want {
                 let loc = r.loc;
                 c.fault_at(
+                    FaultId::DirSize,
                     &loc,
                     format!(
                         "directory size {} but its names total {want} bytes",
@@ -322,6 +340,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         if !reached.contains(&ino) && r.item.nlink > 0 && !orphaned.contains(&ino) {
             let loc = r.loc;
             c.fault_at(
+                FaultId::InodeUnreachable,
                 &loc,
                 format!("inode {ino} is not reachable from the root directory"),
             );
@@ -332,6 +351,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     for (&objectid, loc) in &fs.objectids {
         if objectid != ORPHAN_OBJECTID && !fs.inodes.contains_key(&objectid) {
             c.fault_at(
+                FaultId::ItemsWithoutInode,
                 loc,
                 format!("items of inode {objectid}, which has no INODE_ITEM"),
             );
@@ -340,6 +360,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     for (ino, loc) in &fs.orphans {
         if !fs.inodes.contains_key(ino) {
             c.fault_at(
+                FaultId::OrphanDangling,
                 loc,
                 format!("orphan item for inode {ino}, which does not exist"),
             );
@@ -380,6 +401,7 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
         if is_dir {
             if ino != ROOT_DIR_INO && n > 1 {
                 c.fault_at(
+                    FaultId::DirNames,
                     &loc,
                     format!("directory has {n} names (a directory has exactly one)"),
                 );
@@ -388,10 +410,11 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
             let has_name = n > 0 || ino == ROOT_DIR_INO;
             let want = if has_name { 2 + subs } else { 0 };
             if nlink != want {
-                c.fault_at(&loc, format!("directory nlink {nlink} but it has {} and {subs} subdirector{} (expected {want})", if has_name { "a name" } else { "no name" }, if subs == 1 { "y" } else { "ies" }));
+                c.fault_at(FaultId::DirNlink, &loc, format!("directory nlink {nlink} but it has {} and {subs} subdirector{} (expected {want})", if has_name { "a name" } else { "no name" }, if subs == 1 { "y" } else { "ies" }));
             }
         } else if nlink != n {
             c.fault_at(
+                FaultId::Nlink,
                 &loc,
                 format!(
                     "nlink {nlink} but the inode has {n} name{}",
@@ -400,7 +423,11 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
             );
         }
         if nlink == 0 && !orphaned.contains(&ino) {
-            c.fault_at(&loc, "inode with nlink 0 has no orphan item");
+            c.fault_at(
+                FaultId::UnlinkedWithoutOrphan,
+                &loc,
+                "inode with nlink 0 has no orphan item",
+            );
         }
     }
     c.fs = fs;

@@ -3,16 +3,16 @@
 //! later passes use (decode failures are faults of pass `items`).
 //! Pass `items`: per-item rules on those records.
 
+use super::node_read::read_copy;
 use super::{
-    pass_id, Checker, EntryRec, ExtentKind, ExtentRec, FileExtentKind, FileExtentRec, InodeRec,
+    Checker, EntryRec, ExtentKind, ExtentRec, FaultId, FileExtentKind, FileExtentRec, InodeRec,
     Loc, NodeRec, PassStatus, RefRec, TreeSummary,
 };
-use crate::btree::{copy_name, read_node_copies, NodeExpectation};
-use crate::error::Error;
+use crate::btree::{copy_name, NodeExpectation};
 use crate::format::node::MAX_LEVEL;
 use crate::format::{
     extref_hash, item_type, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeExtrefEntry,
-    Item, ItemType, Key, LeafItem, MetadataProfile, NodeBody, RootItem, TreeKind, Xattr,
+    Item, ItemType, Key, LeafItem, MetadataProfile, Node, NodeBody, RootItem, TreeKind, Xattr,
     FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::print::{name, tree_name};
@@ -42,6 +42,16 @@ struct Frame {
     parent: Option<(u64, usize)>,
 }
 
+impl Frame {
+    /// The pointer that led here, as fault reasons name it.
+    fn pointer(&self) -> String {
+        match self.parent {
+            Some((block, slot)) => format!("pointer in block {block} slot {slot}"),
+            None => "tree root".to_string(),
+        }
+    }
+}
+
 pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     let Some(sb) = c.sb.clone() else {
         return PassStatus::Skipped("no valid superblock".into());
@@ -59,6 +69,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         for id in [tree_id::EXTENT, tree_id::FS] {
             if !c.roots.contains_key(&id) {
                 c.fault_key(
+                    FaultId::RootItemMissing,
                     tree_id::ROOT,
                     Key::new(id, item_type::ROOT_ITEM, 0),
                     format!("missing root item for the {} tree", tree_name(id)),
@@ -77,6 +88,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             tree_id::FS => Some(TreeKind::Fs),
             tree_id::ROOT | tree_id::LOG | tree_id::LOG_ROOT => {
                 c.fault_at(
+                    FaultId::RootItemForbidden,
                     &loc,
                     format!(
                         "the root tree may not hold a root item for {}",
@@ -87,6 +99,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             }
             _ => {
                 c.warn_at(
+                    FaultId::UnknownTree,
                     &loc,
                     format!("tree {id} is not known to this version: checked for structure only"),
                 );
@@ -95,6 +108,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         };
         if item.generation > sb.generation {
             c.fault_at(
+                FaultId::RootItemGenerationNewer,
                 &loc,
                 format!(
                     "root item generation {} is newer than the superblock generation {}",
@@ -130,7 +144,11 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             .collect();
         for (sub, item, loc) in logs {
             if sub != tree_id::FS {
-                c.fault_at(&loc, format!("log of unknown subvolume {sub}"));
+                c.fault_at(
+                    FaultId::LogOfUnknownSubvolume,
+                    &loc,
+                    format!("log of unknown subvolume {sub}"),
+                );
                 continue;
             }
             c.walk(Target {
@@ -151,6 +169,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     for w in starts.windows(2) {
         if w[1].0 < w[0].0.saturating_add(NODE_SIZE as u64) {
             c.fault_block(
+                FaultId::NodeOverlap,
                 Some(w[1].1),
                 w[1].0,
                 None,
@@ -166,9 +185,10 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
 }
 
 impl Checker<'_> {
+    /// Walks one tree depth first from its root: each node reached once
+    /// ([`Self::reach_node`]), checked in its place ([`Self::check_node_place`]),
+    /// its leaf items collected ([`Self::collect_item`]).
     fn walk(&mut self, t: Target) {
-        let sb_generation = self.sb.as_ref().map_or(0, |sb| sb.generation);
-        let is_log = Self::is_log_tree(t.tree);
         let mut summary = TreeSummary {
             id: t.tree,
             subvolume: t.subvolume,
@@ -186,149 +206,12 @@ impl Checker<'_> {
             parent: None,
         }];
         while let Some(f) = stack.pop() {
-            let pointer = |f: &Frame| match f.parent {
-                Some((block, slot)) => format!("pointer in block {block} slot {slot}"),
-                None => "tree root".to_string(),
-            };
-            if let Some(prev) = self.nodes.get(&f.bytenr).copied() {
-                let reason = if prev.tree != t.tree {
-                    format!(
-                        "block belongs to tree {} but is reached from tree {} ({})",
-                        tree_name(prev.tree),
-                        tree_name(t.tree),
-                        pointer(&f)
-                    )
-                } else {
-                    format!(
-                        "block reached twice ({}): a cycle or a shared child",
-                        pointer(&f)
-                    )
-                };
-                self.fault_block(Some(t.tree), f.bytenr, None, reason);
-                continue;
-            }
-            let expect = f.generation.map(|generation| NodeExpectation {
-                tree: t.tree,
-                level: f.level,
-                generation,
-            });
-            // Under DUP every copy is verified and each bad one is a
-            // fault of its own; the walk goes on with a good copy.
-            let profile = self
-                .sb
-                .as_ref()
-                .map_or(MetadataProfile::Single, |sb| sb.metadata_profile);
-            let copies = read_node_copies(
-                self.dev,
-                &self.report.summary.fsid,
-                profile,
-                f.bytenr,
-                expect,
-            );
-            let mut good = None;
-            for copy in copies {
-                let context = pointer(&f);
-                match copy.result {
-                    Ok((n, _)) => good = good.or(Some(n)),
-                    Err(Error::Corrupt(mut corruption)) => {
-                        if profile.mirror_offset().is_some() && copy.index == 0 {
-                            corruption.reason = format!(
-                                "{} at {}: {}",
-                                copy_name(copy.index),
-                                copy.offset,
-                                corruption.reason
-                            );
-                        }
-                        self.fault_corruption(corruption, Some(context));
-                    }
-                    Err(e) => {
-                        let which = if profile.mirror_offset().is_some() {
-                            format!(" ({} at {})", copy_name(copy.index), copy.offset)
-                        } else {
-                            String::new()
-                        };
-                        self.fault_block(
-                            Some(t.tree),
-                            f.bytenr,
-                            None,
-                            format!("cannot read node{which}: {e} ({context})"),
-                        );
-                    }
-                }
-            }
-            let Some(node) = good else {
+            let Some(node) = self.reach_node(&t, &f) else {
                 continue;
             };
-            if expect.is_none() && (node.owner != t.tree || node.level != f.level) {
-                let context = pointer(&f);
-                self.fault_block(
-                    Some(t.tree),
-                    f.bytenr,
-                    None,
-                    format!(
-                        "owner {} level {} but expected {} level {} ({context})",
-                        tree_name(node.owner),
-                        node.level,
-                        tree_name(t.tree),
-                        f.level
-                    ),
-                );
-                continue;
-            }
-            self.nodes.insert(
-                f.bytenr,
-                NodeRec {
-                    tree: t.tree,
-                    level: node.level,
-                    generation: node.generation,
-                },
-            );
-            if f.parent.is_none() {
-                root_read = true;
-            }
+            root_read |= f.parent.is_none();
             summary.nodes += 1;
-            if !is_log && node.generation > sb_generation {
-                self.fault_block(Some(t.tree), f.bytenr, None, format!("node generation {} is newer than the superblock generation {sb_generation}", node.generation));
-            }
-            let n = node.nritems();
-            if n == 0 && f.parent.is_some() {
-                self.fault_block(
-                    Some(t.tree),
-                    f.bytenr,
-                    None,
-                    format!("empty non-root node ({})", pointer(&f)),
-                );
-            }
-            if let (Some(low), Some(first)) = (f.low, node.first_key()) {
-                if first != low {
-                    self.fault_block(
-                        Some(t.tree),
-                        f.bytenr,
-                        Some(0),
-                        format!(
-                            "first key {first} differs from the parent's key {low} ({})",
-                            pointer(&f)
-                        ),
-                    );
-                }
-            }
-            let last = match &node.body {
-                NodeBody::Leaf(items) => items.last().map(|i| i.key),
-                NodeBody::Internal(ptrs) => ptrs.last().map(|p| p.key),
-            };
-            if let (Some(high), Some(last)) = (f.high, last) {
-                if last >= high {
-                    self.fault_block(
-                        Some(t.tree),
-                        f.bytenr,
-                        Some(n - 1),
-                        format!(
-                            "key {last} is not below the parent's next key {high} ({})",
-                            pointer(&f)
-                        ),
-                    );
-                }
-            }
+            self.check_node_place(&t, &f, &node);
             match &node.body {
                 NodeBody::Leaf(items) => {
                     summary.leaves += 1;
@@ -366,15 +249,146 @@ impl Checker<'_> {
             t.tree,
             root_read || self.readable.get(&t.tree).copied().unwrap_or(false),
         );
-        if is_log {
+        if Self::is_log_tree(t.tree) {
             self.report.summary.log_nodes += summary.nodes;
         }
         self.report.summary.trees.push(summary);
     }
 
-    /// A fault of pass `items`, raised while collecting.
-    fn item_fault(&mut self, loc: &Loc, reason: impl Into<String>) {
-        self.fault_at_as(pass_id::ITEMS, loc, reason);
+    /// The node `f` points at, when the walk has not reached its block
+    /// before and a copy of it is what the pointer promises (each failure
+    /// a fault); the node is recorded as reached.
+    fn reach_node(&mut self, t: &Target, f: &Frame) -> Option<Node> {
+        if let Some(prev) = self.nodes.get(&f.bytenr).copied() {
+            let (id, reason) = if prev.tree != t.tree {
+                let reason = format!(
+                    "block belongs to tree {} but is reached from tree {} ({})",
+                    tree_name(prev.tree),
+                    tree_name(t.tree),
+                    f.pointer()
+                );
+                (FaultId::NodeCrossTree, reason)
+            } else {
+                let reason = format!(
+                    "block reached twice ({}): a cycle or a shared child",
+                    f.pointer()
+                );
+                (FaultId::NodeReachedTwice, reason)
+            };
+            self.fault_block(id, Some(t.tree), f.bytenr, None, reason);
+            return None;
+        }
+        let expect = f.generation.map(|generation| NodeExpectation {
+            tree: t.tree,
+            level: f.level,
+            generation,
+        });
+        let node = self.read_node(t.tree, f, expect)?;
+        if expect.is_none() && (node.owner != t.tree || node.level != f.level) {
+            let id = if node.owner != t.tree {
+                FaultId::NodeOwner
+            } else {
+                FaultId::NodeLevel
+            };
+            let reason = format!(
+                "owner {} level {} but expected {} level {} ({})",
+                tree_name(node.owner),
+                node.level,
+                tree_name(t.tree),
+                f.level,
+                f.pointer()
+            );
+            self.fault_block(id, Some(t.tree), f.bytenr, None, reason);
+            return None;
+        }
+        let rec = NodeRec {
+            tree: t.tree,
+            level: node.level,
+            generation: node.generation,
+        };
+        self.nodes.insert(f.bytenr, rec);
+        Some(node)
+    }
+
+    /// Reads the node `f` points at. Under DUP every copy is verified and
+    /// each bad one is a fault of its own; the walk goes on with a good
+    /// copy.
+    fn read_node(&mut self, tree: u64, f: &Frame, expect: Option<NodeExpectation>) -> Option<Node> {
+        let profile = self
+            .sb
+            .as_ref()
+            .map_or(MetadataProfile::Single, |sb| sb.metadata_profile);
+        let fsid = self.report.summary.fsid;
+        let copies = std::iter::once(f.bytenr).chain(profile.mirror_of(f.bytenr));
+        let mut good = None;
+        for (index, offset) in copies.enumerate() {
+            match read_copy(self.dev, &fsid, f.bytenr, offset, expect) {
+                Ok(node) => good = good.or(Some(node)),
+                Err(bad) => {
+                    let which = match profile.mirror_offset() {
+                        Some(_) => format!("{} at {offset}: ", copy_name(index)),
+                        None => String::new(),
+                    };
+                    let reason = format!("{which}{} ({})", bad.reason, f.pointer());
+                    self.fault_block(bad.id, Some(tree), f.bytenr, bad.slot, reason);
+                }
+            }
+        }
+        good
+    }
+
+    /// The rules on a node's place in its tree: not newer than the
+    /// superblock (log trees aside: a log sync writes newer ones), not
+    /// empty below the root, its keys within its parent's range for it.
+    fn check_node_place(&mut self, t: &Target, f: &Frame, node: &Node) {
+        let sb_generation = self.sb.as_ref().map_or(0, |sb| sb.generation);
+        if !Self::is_log_tree(t.tree) && node.generation > sb_generation {
+            let reason = format!(
+                "node generation {} is newer than the superblock generation {sb_generation}",
+                node.generation
+            );
+            self.fault_block(
+                FaultId::NodeGenerationNewer,
+                Some(t.tree),
+                f.bytenr,
+                None,
+                reason,
+            );
+        }
+        let n = node.nritems();
+        if n == 0 && f.parent.is_some() {
+            let reason = format!("empty non-root node ({})", f.pointer());
+            self.fault_block(FaultId::NodeEmpty, Some(t.tree), f.bytenr, None, reason);
+        }
+        if let (Some(low), Some(first)) = (f.low, node.first_key()) {
+            if first != low {
+                let reason = format!(
+                    "first key {first} differs from the parent's key {low} ({})",
+                    f.pointer()
+                );
+                self.fault_block(
+                    FaultId::NodeFirstKey,
+                    Some(t.tree),
+                    f.bytenr,
+                    Some(0),
+                    reason,
+                );
+            }
+        }
+        let last = match &node.body {
+            NodeBody::Leaf(items) => items.last().map(|i| i.key),
+            NodeBody::Internal(ptrs) => ptrs.last().map(|p| p.key),
+        };
+        if let (Some(high), Some(last)) = (f.high, last) {
+            if last >= high {
+                let reason = format!(
+                    "key {last} is not below the parent's next key {high} ({})",
+                    f.pointer()
+                );
+                let slot = Some(n - 1);
+                self.fault_block(FaultId::NodeLastKey, Some(t.tree), f.bytenr, slot, reason);
+            }
+        }
     }
 
     /// Collects one leaf item of a tree of `kind`: its type must be known
@@ -393,7 +407,8 @@ impl Checker<'_> {
             Ok(t) if t.may_live_in(kind) => t,
             Ok(t) => {
                 let code = t.code();
-                return self.item_fault(
+                return self.fault_at(
+                    FaultId::ItemWrongTree,
                     loc,
                     format!(
                         "item type {} ({code}) does not belong in {}",
@@ -403,7 +418,11 @@ impl Checker<'_> {
                 );
             }
             Err(unknown) => {
-                return self.item_fault(loc, format!("{unknown} in {}", tree_kind_name(kind)))
+                return self.fault_at(
+                    FaultId::ItemTypeUnknown,
+                    loc,
+                    format!("{unknown} in {}", tree_kind_name(kind)),
+                )
             }
         };
         if !self.check_key(kind, item_type, loc) {
@@ -412,7 +431,7 @@ impl Checker<'_> {
         match Item::decode(item_type, &leaf.data) {
             Ok(item) => self.record_item(kind, loc, item),
             Err(e) => {
-                self.item_fault(loc, e.to_string());
+                self.fault_at(FaultId::ItemUndecodable, loc, e.to_string());
                 // The key alone says what space an extent item covers: a
                 // damaged payload still counts for extent-refs.
                 if let Some(len) = item_type.extent_len(&key) {
@@ -430,7 +449,8 @@ impl Checker<'_> {
         let objectid = loc.key.objectid;
         if objectid == ORPHAN_OBJECTID {
             if !is_orphan_item {
-                self.item_fault(
+                self.fault_at(
+                    FaultId::OrphanObjectidMisuse,
                     loc,
                     format!("objectid {ORPHAN_OBJECTID} holds only ORPHAN_ITEMs"),
                 );
@@ -441,7 +461,8 @@ impl Checker<'_> {
         if kind == TreeKind::Fs && !self.fs.objectids.contains_key(&objectid) {
             self.fs.objectids.insert(objectid, *loc);
             if objectid < ROOT_DIR_INO {
-                self.item_fault(
+                self.fault_at(
+                    FaultId::ObjectidReserved,
                     loc,
                     format!("objectid {objectid} is below the first inode number {ROOT_DIR_INO}"),
                 );
@@ -456,7 +477,8 @@ impl Checker<'_> {
         let key = loc.key;
         match item_type {
             ItemType::RootItem if kind == TreeKind::LogRoot && key.objectid != tree_id::LOG => {
-                self.item_fault(
+                self.fault_at(
+                    FaultId::LogRootItemKey,
                     loc,
                     format!(
                         "the log root tree holds only ({} ROOT_ITEM subvolume) items",
@@ -466,11 +488,16 @@ impl Checker<'_> {
                 false
             }
             ItemType::RootItem if kind == TreeKind::Root && key.offset != 0 => {
-                self.item_fault(loc, "root item key offset must be 0");
+                self.fault_at(
+                    FaultId::ItemKeyOffset,
+                    loc,
+                    "root item key offset must be 0",
+                );
                 false
             }
             ItemType::OrphanItem if key.objectid != ORPHAN_OBJECTID => {
-                self.item_fault(
+                self.fault_at(
+                    FaultId::OrphanItemMisplaced,
                     loc,
                     format!("orphan items live under objectid {ORPHAN_OBJECTID}"),
                 );
@@ -478,7 +505,8 @@ impl Checker<'_> {
             }
             ItemType::MetadataItem => {
                 if key.offset > u64::from(MAX_LEVEL) {
-                    self.item_fault(
+                    self.fault_at(
+                        FaultId::ItemLevelTooHigh,
                         loc,
                         format!("metadata item level {} exceeds {MAX_LEVEL}", key.offset),
                     );
@@ -510,7 +538,11 @@ impl Checker<'_> {
         match item {
             Item::Inode(inode) => {
                 if key.offset != 0 {
-                    self.item_fault(loc, "inode item key offset must be 0");
+                    self.fault_at(
+                        FaultId::ItemKeyOffset,
+                        loc,
+                        "inode item key offset must be 0",
+                    );
                 } else if fs {
                     let rec = InodeRec {
                         item: inode,
@@ -534,8 +566,8 @@ impl Checker<'_> {
             Item::DirItems(entries) => self.record_dir_items(loc, entries, fs),
             Item::DirIndex(e) => {
                 if key.offset < FIRST_DIR_INDEX {
-                    self.fault_at_as(
-                        pass_id::NAMESPACE,
+                    self.fault_at(
+                        FaultId::DirIndexReserved,
                         loc,
                         format!(
                             "dir index {} is below the first index {FIRST_DIR_INDEX}",
@@ -585,7 +617,8 @@ impl Checker<'_> {
             Item::DirLogIndex | Item::LogFullExtents | Item::LogUnlinked => {}
             Item::Root(r) => {
                 if r.level > MAX_LEVEL {
-                    self.item_fault(
+                    self.fault_at(
+                        FaultId::ItemLevelTooHigh,
                         loc,
                         format!("root item level {} exceeds {MAX_LEVEL}", r.level),
                     );
@@ -636,8 +669,8 @@ impl Checker<'_> {
         for e in entries {
             let hash = extref_hash(e.parent, &e.name);
             if hash != key.offset {
-                self.fault_at_as(
-                    pass_id::NAMESPACE,
+                self.fault_at(
+                    FaultId::ExtrefHash,
                     loc,
                     format!(
                         "INODE_EXTREF name {:?} in {} hashes to {hash:#x}, not the key's {:#x}",
@@ -664,8 +697,8 @@ impl Checker<'_> {
         for e in entries {
             let hash = name_hash(&e.name);
             if hash != key.offset {
-                self.fault_at_as(
-                    pass_id::NAMESPACE,
+                self.fault_at(
+                    FaultId::DirItemHash,
                     loc,
                     format!(
                         "dir item name \"{}\" hashes to {hash}, not the key offset",
@@ -674,8 +707,8 @@ impl Checker<'_> {
                 );
             }
             if !seen.insert(e.name.clone()) {
-                self.fault_at_as(
-                    pass_id::NAMESPACE,
+                self.fault_at(
+                    FaultId::DirItemNameTwice,
                     loc,
                     format!("dir item holds the name \"{}\" twice", name(&e.name)),
                 );
@@ -686,8 +719,8 @@ impl Checker<'_> {
             }
             let dkey = (key.objectid, e.name.clone());
             if self.fs.dir_items.contains_key(&dkey) {
-                self.fault_at_as(
-                    pass_id::NAMESPACE,
+                self.fault_at(
+                    FaultId::DirItemTwice,
                     loc,
                     format!("name \"{}\" has more than one dir item", name(&e.name)),
                 );
@@ -711,8 +744,8 @@ impl Checker<'_> {
         for x in xattrs {
             let hash = name_hash(&x.name);
             if hash != key.offset {
-                self.fault_at_as(
-                    pass_id::NAMESPACE,
+                self.fault_at(
+                    FaultId::XattrHash,
                     loc,
                     format!(
                         "xattr name \"{}\" hashes to {hash}, not the key offset",
@@ -721,8 +754,8 @@ impl Checker<'_> {
                 );
             }
             if !seen.insert(x.name.clone()) {
-                self.fault_at_as(
-                    pass_id::NAMESPACE,
+                self.fault_at(
+                    FaultId::XattrNameTwice,
                     loc,
                     format!("xattr item holds the name \"{}\" twice", name(&x.name)),
                 );
@@ -751,35 +784,30 @@ pub(super) fn run_items(c: &mut Checker<'_>) -> PassStatus {
         return PassStatus::Skipped("no valid superblock".into());
     };
     let g = sb.generation;
-    let bad: Vec<(Loc, String)> =
+    let inodes =
         c.fs.inodes
             .values()
-            .filter_map(|r| {
-                if r.item.generation > g || r.item.transid > g {
-                    Some((
-                        r.loc,
-                        format!(
-                        "inode generation {} / transid {} newer than the superblock generation {g}",
-                        r.item.generation, r.item.transid
-                    ),
-                    ))
-                } else {
-                    None
-                }
-            })
-            .chain(c.extents.iter().filter_map(|e| match e.item {
-                Some(item) if item.generation > g => Some((
-                    e.loc,
-                    format!(
-                        "extent item generation {} newer than the superblock generation {g}",
-                        item.generation
-                    ),
-                )),
-                _ => None,
-            }))
-            .collect();
-    for (loc, reason) in bad {
-        c.fault_at(&loc, reason);
+            .filter(|r| r.item.generation > g || r.item.transid > g)
+            .map(|r| {
+                let reason = format!(
+                    "inode generation {} / transid {} newer than the superblock generation {g}",
+                    r.item.generation, r.item.transid
+                );
+                (r.loc, FaultId::InodeGenerationNewer, reason)
+            });
+    let extents = c.extents.iter().filter_map(|e| match e.item {
+        Some(item) if item.generation > g => {
+            let reason = format!(
+                "extent item generation {} newer than the superblock generation {g}",
+                item.generation
+            );
+            Some((e.loc, FaultId::ExtentGenerationNewer, reason))
+        }
+        _ => None,
+    });
+    let bad: Vec<(Loc, FaultId, String)> = inodes.chain(extents).collect();
+    for (loc, id, reason) in bad {
+        c.fault_at(id, &loc, reason);
     }
     PassStatus::Ran
 }
