@@ -254,8 +254,9 @@ impl CheckReport {
     }
 }
 
-impl fmt::Display for CheckReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl CheckReport {
+    /// The summary part of the report: what the check saw.
+    fn fmt_summary(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.summary;
         match s.superblock_copy {
             Some(copy) => writeln!(
@@ -317,6 +318,13 @@ impl fmt::Display for CheckReport {
                 s.bytes_used_counted, s.bytes_used_recorded, s.free_bytes
             )?;
         }
+        Ok(())
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_summary(f)?;
         writeln!(f, "passes:")?;
         for (id, status) in &self.passes {
             let n = self.faults_of(id).count();

@@ -12,8 +12,8 @@ use crate::btree::{copy_name, NodeExpectation};
 use crate::format::node::MAX_LEVEL;
 use crate::format::{
     extref_hash, item_type, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeExtrefEntry,
-    Item, ItemType, Key, LeafItem, MetadataProfile, Node, NodeBody, RootItem, TreeKind, Xattr,
-    FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
+    Item, ItemType, Key, LeafItem, MetadataProfile, Node, NodeBody, RootItem, Superblock, TreeKind,
+    Xattr, FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::print::{name, tree_name};
 use std::collections::HashSet;
@@ -52,6 +52,8 @@ impl Frame {
     }
 }
 
+/// Pass `tree-structure`: the root tree, the trees its root items name,
+/// the log trees; then node overlaps across all of them.
 pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     let Some(sb) = c.sb.clone() else {
         return PassStatus::Skipped("no valid superblock".into());
@@ -65,6 +67,17 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         subvolume: None,
     });
 
+    walk_named_trees(c, &sb);
+    if sb.log_root_bytenr != 0 {
+        walk_log_trees(c, &sb);
+    }
+    check_node_overlaps(c);
+    PassStatus::Ran
+}
+
+/// The extent and fs trees have root items; every tree a root item names
+/// is walked (an unknown one for structure only).
+fn walk_named_trees(c: &mut Checker<'_>, sb: &Superblock) {
     if c.tree_readable(tree_id::ROOT) {
         for id in [tree_id::EXTENT, tree_id::FS] {
             if !c.roots.contains_key(&id) {
@@ -125,45 +138,48 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             subvolume: None,
         });
     }
+}
 
-    if sb.log_root_bytenr != 0 {
-        // The log root's generation is the log transaction's business (the
-        // tree-log defines it); owner and level are checked.
-        c.walk(Target {
-            tree: tree_id::LOG_ROOT,
-            bytenr: sb.log_root_bytenr,
-            level: sb.log_root_level,
-            generation: None,
-            kind: Some(TreeKind::LogRoot),
-            subvolume: None,
-        });
-        let logs: Vec<(u64, RootItem, Loc)> = c
-            .log_roots
-            .iter()
-            .map(|(&sub, (item, loc))| (sub, *item, *loc))
-            .collect();
-        for (sub, item, loc) in logs {
-            if sub != tree_id::FS {
-                c.fault_at(
-                    FaultId::LogOfUnknownSubvolume,
-                    &loc,
-                    format!("log of unknown subvolume {sub}"),
-                );
-                continue;
-            }
-            c.walk(Target {
-                tree: tree_id::LOG,
-                bytenr: item.bytenr,
-                level: item.level,
-                generation: Some(item.generation),
-                kind: Some(TreeKind::Log),
-                subvolume: Some(sub),
-            });
+/// The log root tree and each log tree it names.
+fn walk_log_trees(c: &mut Checker<'_>, sb: &Superblock) {
+    // The log root's generation is the log transaction's business (the
+    // tree-log defines it); owner and level are checked.
+    c.walk(Target {
+        tree: tree_id::LOG_ROOT,
+        bytenr: sb.log_root_bytenr,
+        level: sb.log_root_level,
+        generation: None,
+        kind: Some(TreeKind::LogRoot),
+        subvolume: None,
+    });
+    let logs: Vec<(u64, RootItem, Loc)> = c
+        .log_roots
+        .iter()
+        .map(|(&sub, (item, loc))| (sub, *item, *loc))
+        .collect();
+    for (sub, item, loc) in logs {
+        if sub != tree_id::FS {
+            c.fault_at(
+                FaultId::LogOfUnknownSubvolume,
+                &loc,
+                format!("log of unknown subvolume {sub}"),
+            );
+            continue;
         }
+        c.walk(Target {
+            tree: tree_id::LOG,
+            bytenr: item.bytenr,
+            level: item.level,
+            generation: Some(item.generation),
+            kind: Some(TreeKind::Log),
+            subvolume: Some(sub),
+        });
     }
+}
 
-    // Nodes are NODE_SIZE long but only sector aligned: two distinct
-    // blocks may still overlap.
+/// Nodes are NODE_SIZE long but only sector aligned: two distinct blocks
+/// may still overlap.
+fn check_node_overlaps(c: &mut Checker<'_>) {
     let mut starts: Vec<(u64, u64)> = c.nodes.iter().map(|(&b, n)| (b, n.tree)).collect();
     starts.sort_unstable();
     for w in starts.windows(2) {
@@ -181,7 +197,6 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             );
         }
     }
-    PassStatus::Ran
 }
 
 impl Checker<'_> {
@@ -588,24 +603,7 @@ impl Checker<'_> {
             Item::Xattrs(xattrs) => self.record_xattrs(loc, xattrs, fs),
             Item::FileExtent(e) => {
                 if fs {
-                    let kind = match &e {
-                        FileExtent::Inline { data } => FileExtentKind::Inline {
-                            len: data.len() as u64,
-                        },
-                        FileExtent::Regular { .. } => FileExtentKind::Regular(
-                            e.disk_ref().expect("regular extent has a disk ref"),
-                        ),
-                        FileExtent::Prealloc { .. } => FileExtentKind::Prealloc(
-                            e.disk_ref().expect("prealloc extent has a disk ref"),
-                        ),
-                    };
-                    self.report.summary.file_extent_items += 1;
-                    self.fs.file_extents.push(FileExtentRec {
-                        ino: key.objectid,
-                        file_offset: key.offset,
-                        kind,
-                        loc: *loc,
-                    });
+                    self.record_file_extent(loc, &e);
                 }
             }
             Item::Orphan => {
@@ -635,6 +633,27 @@ impl Checker<'_> {
                 self.record_extent(loc, ItemType::MetadataItem, NODE_SIZE as u64, Some(e))
             }
         }
+    }
+
+    fn record_file_extent(&mut self, loc: &Loc, e: &FileExtent) {
+        let kind = match e {
+            FileExtent::Inline { data } => FileExtentKind::Inline {
+                len: data.len() as u64,
+            },
+            FileExtent::Regular { .. } => {
+                FileExtentKind::Regular(e.disk_ref().expect("regular extent has a disk ref"))
+            }
+            FileExtent::Prealloc { .. } => {
+                FileExtentKind::Prealloc(e.disk_ref().expect("prealloc extent has a disk ref"))
+            }
+        };
+        self.report.summary.file_extent_items += 1;
+        self.fs.file_extents.push(FileExtentRec {
+            ino: loc.key.objectid,
+            file_offset: loc.key.offset,
+            kind,
+            loc: *loc,
+        });
     }
 
     fn record_extent(
