@@ -470,7 +470,11 @@ fn current_superblock(path: &Path, copies: &[SuperblockCopy]) -> Result<Superblo
                     format!(
                         "copy at {}: {}",
                         c.bytenr,
-                        c.superblock.as_ref().err().cloned().unwrap_or_default()
+                        c.superblock
+                            .as_ref()
+                            .err()
+                            .map(ToString::to_string)
+                            .unwrap_or_default()
                     )
                 })
                 .collect();

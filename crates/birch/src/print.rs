@@ -10,9 +10,8 @@ use crate::btree::{read_node_uncached, NodeExpectation};
 use crate::device::BlockDevice;
 use crate::format::node::{BODY_SIZE, HEADER_SIZE, LEAF_ITEM_HEADER_SIZE};
 use crate::format::{
-    decode_dir_items, decode_inode_extrefs, decode_inode_refs, decode_xattrs, item_type, tree_id,
-    DirEntry, ExtentItem, FileExtent, FileType, InodeItem, Key, KeyPtr, Node, NodeBody, RootItem,
-    Superblock, Timespec, NODE_MAGIC, NODE_SIZE,
+    tree_id, DirEntry, FileExtent, FileType, InodeItem, Item, ItemType, Key, KeyPtr, Node,
+    NodeBody, Superblock, Timespec, NODE_MAGIC, NODE_SIZE,
 };
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -197,22 +196,32 @@ pub fn node_header(node: &Node) -> String {
 /// One item's payload, decoded by its key type. Multi-entry items (refs,
 /// dir items, xattrs) print one entry per line, joined by `\n\t\t`.
 pub fn item_body(key: &Key, data: &[u8]) -> String {
-    use item_type::*;
-    let undecodable = |e: &dyn std::fmt::Display| {
-        format!(
-            "undecodable: {e} (raw {} bytes: {})",
-            data.len(),
-            hex(data, 32)
-        )
+    let raw = || format!("{} bytes: {}", data.len(), hex(data, 32));
+    let item_type = match ItemType::of(key) {
+        Ok(t) => t,
+        Err(unknown) => return format!("{unknown} ({})", raw()),
     };
-    match key.item_type {
-        INODE_ITEM => match InodeItem::decode(data) {
-            Ok(i) => inode(&i),
-            Err(e) => undecodable(&e),
-        },
-        INODE_REF => match decode_inode_refs(data) {
-            Ok(refs) => refs
-                .iter()
+    let item = match Item::decode(item_type, data) {
+        Ok(item) => item,
+        Err(e) => return format!("undecodable: {e} (raw {})", raw()),
+    };
+    // Markers carry no payload; one that has bytes shows them.
+    let marker = |text: String| {
+        if data.is_empty() {
+            text
+        } else {
+            format!(
+                "{text} (unexpected {} payload bytes: {})",
+                data.len(),
+                hex(data, 32)
+            )
+        }
+    };
+    let lines = |lines: Vec<String>| lines.join("\n\t\t");
+    match item {
+        Item::Inode(i) => inode(&i),
+        Item::InodeRefs(refs) => lines(
+            refs.iter()
                 .map(|r| {
                     format!(
                         "inode ref index {} namelen {} name: {}",
@@ -221,13 +230,10 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
                         name(&r.name)
                     )
                 })
-                .collect::<Vec<_>>()
-                .join("\n\t\t"),
-            Err(e) => undecodable(&e),
-        },
-        INODE_EXTREF => match decode_inode_extrefs(data) {
-            Ok(refs) => refs
-                .iter()
+                .collect(),
+        ),
+        Item::InodeExtrefs(refs) => lines(
+            refs.iter()
                 .map(|r| {
                     format!(
                         "inode extref parent {} index {} namelen {} name: {}",
@@ -237,25 +243,12 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
                         name(&r.name)
                     )
                 })
-                .collect::<Vec<_>>()
-                .join("\n\t\t"),
-            Err(e) => undecodable(&e),
-        },
-        DIR_ITEM => match decode_dir_items(data) {
-            Ok(entries) => entries
-                .iter()
-                .map(dir_entry)
-                .collect::<Vec<_>>()
-                .join("\n\t\t"),
-            Err(e) => undecodable(&e),
-        },
-        DIR_INDEX => match DirEntry::decode(data) {
-            Ok(e) => dir_entry(&e),
-            Err(e) => undecodable(&e),
-        },
-        XATTR_ITEM => match decode_xattrs(data) {
-            Ok(xs) => xs
-                .iter()
+                .collect(),
+        ),
+        Item::DirItems(entries) => lines(entries.iter().map(dir_entry).collect()),
+        Item::DirIndex(e) => dir_entry(&e),
+        Item::Xattrs(xs) => lines(
+            xs.iter()
                 .map(|x| {
                     format!(
                         "xattr namelen {} valuelen {} name: {} value: \"{}\"",
@@ -265,50 +258,27 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
                         preview(&x.value, 64)
                     )
                 })
-                .collect::<Vec<_>>()
-                .join("\n\t\t"),
-            Err(e) => undecodable(&e),
-        },
-        EXTENT_DATA => match FileExtent::decode(data) {
-            Ok(e) => file_extent(&e),
-            Err(e) => undecodable(&e),
-        },
-        ROOT_ITEM => match RootItem::decode(data) {
-            Ok(r) => format!(
-                "root bytenr {} generation {} level {}",
-                r.bytenr, r.generation, r.level
-            ),
-            Err(e) => undecodable(&e),
-        },
-        EXTENT_ITEM => match ExtentItem::decode(data) {
-            Ok(e) => format!(
-                "extent data refs {} generation {} owner ino {}",
-                e.refs, e.generation, e.owner
-            ),
-            Err(e) => undecodable(&e),
-        },
-        METADATA_ITEM => match ExtentItem::decode(data) {
-            Ok(e) => format!(
-                "extent metadata refs {} generation {} owner {}",
-                e.refs,
-                e.generation,
-                tree_name(e.owner)
-            ),
-            Err(e) => undecodable(&e),
-        },
-        ORPHAN_ITEM if data.is_empty() => format!("orphan inode {}", key.offset),
-        ORPHAN_ITEM => format!(
-            "orphan inode {} (unexpected {} payload bytes: {})",
-            key.offset,
-            data.len(),
-            hex(data, 32)
+                .collect(),
         ),
-        DIR_LOG_INDEX => format!("dir log index ({} bytes: {})", data.len(), hex(data, 32)),
-        t => format!(
-            "unknown item type {t} ({} bytes: {})",
-            data.len(),
-            hex(data, 32)
+        Item::FileExtent(e) => file_extent(&e),
+        Item::Root(r) => format!(
+            "root bytenr {} generation {} level {}",
+            r.bytenr, r.generation, r.level
         ),
+        Item::DataExtent(e) => format!(
+            "extent data refs {} generation {} owner ino {}",
+            e.refs, e.generation, e.owner
+        ),
+        Item::MetadataExtent(e) => format!(
+            "extent metadata refs {} generation {} owner {}",
+            e.refs,
+            e.generation,
+            tree_name(e.owner)
+        ),
+        Item::Orphan => marker(format!("orphan inode {}", key.offset)),
+        Item::DirLogIndex => marker(format!("dir log index: entry {} removed", key.offset)),
+        Item::LogFullExtents => marker("log full extents: the logged extents are complete".into()),
+        Item::LogUnlinked => marker("log unlinked: every name is gone".into()),
     }
 }
 
@@ -548,7 +518,7 @@ pub fn tree<D: BlockDevice + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::LeafItem;
+    use crate::format::{item_type, LeafItem};
 
     #[test]
     fn tree_names_round_trip() {
@@ -587,6 +557,10 @@ mod tests {
         );
         let s = item_body(&Key::new(257, item_type::INODE_ITEM, 0), &[1, 2, 3]);
         assert!(s.starts_with("undecodable: "), "{s}");
+        let s = item_body(&Key::new(257, 200, 0), &[1, 2, 3]);
+        assert_eq!(s, "unknown item type 200 (3 bytes: 010203)");
+        let s = item_body(&Key::new(257, item_type::LOG_UNLINKED, 0), &[]);
+        assert_eq!(s, "log unlinked: every name is gone");
         assert_eq!(name(b"a\"\\\n\xff"), "a\\\"\\\\\\x0a\\xff");
         let n = Node {
             bytenr: 1 << 20,

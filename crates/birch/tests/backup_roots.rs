@@ -9,8 +9,8 @@ mod common;
 
 use birch::alloc::{Allocator, FreeSpace};
 use birch::btree::{Forest, NodeStore, TreeRoot};
-use birch::check::check_device;
 use birch::check::fixture::corrupt_node;
+use birch::check::{check_device, FaultId};
 use birch::device::{BlockDevice, DeviceEvent, MemoryDevice, RecordingDevice};
 use birch::error::Error;
 use birch::format::{
@@ -600,14 +600,10 @@ fn check_rejects_backup_slots_out_of_order() {
         dev.write_at(&sb.encode(offset), offset).unwrap();
     }
     let report = check_device(dev.as_ref());
-    let faults: Vec<String> = report
-        .faults_of("superblock")
-        .map(|f| f.to_string())
-        .collect();
     assert!(
-        faults
-            .iter()
-            .any(|f| f.contains("slot 1") && f.contains("out of order")),
+        report
+            .faults_with(FaultId::BackupRootOrder)
+            .any(|f| f.reason.starts_with("backup root slot 1 ")),
         "{report}"
     );
 }

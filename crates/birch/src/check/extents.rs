@@ -1,10 +1,13 @@
 //! Pass `extent-refs`: the extent tree against what references it.
 
-use super::{Checker, ExtentKind, FileExtentKind, Loc, PassStatus};
-use crate::format::{item_type, tree_id, Key, FIRST_ALLOCATABLE_BYTE, NODE_SIZE, SECTOR_SIZE};
+use super::{Checker, ExtentKind, ExtentRec, FaultId, FileExtentKind, Loc, NodeRec, PassStatus};
+use crate::format::{
+    item_type, tree_id, Key, Superblock, FIRST_ALLOCATABLE_BYTE, NODE_SIZE, SECTOR_SIZE,
+};
 use crate::print::tree_name;
 use std::collections::HashMap;
 
+/// Pass `extent-refs`: one function per invariant, in this order.
 pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     let Some(sb) = c.sb.clone() else {
         return PassStatus::Skipped("no valid superblock".into());
@@ -12,10 +15,30 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     if !c.tree_readable(tree_id::EXTENT) {
         return PassStatus::Skipped("the extent tree could not be read".into());
     }
-    let total = sb.total_bytes;
     let mut extents = std::mem::take(&mut c.extents);
-    // Under DUP a node's mirror is in use as much as the node: it counts
-    // for overlaps, bytes_used and free space.
+    add_dup_mirrors(c, &sb, &mut extents);
+    extents.sort_by_key(|e| (e.bytenr, e.len));
+    check_extent_shapes(c, &sb, &extents);
+    check_metadata_refs(c, &extents);
+    if c.tree_readable(tree_id::FS) {
+        check_data_refs(c, &extents);
+    }
+    check_log_nodes(c, &sb, &extents);
+    // The nodes count as bytes only via the extent tree; keep it for later.
+    c.extents = extents;
+    PassStatus::Ran
+}
+
+/// Every node reached, in block order.
+fn sorted_nodes(c: &Checker<'_>) -> Vec<(u64, NodeRec)> {
+    let mut nodes: Vec<(u64, NodeRec)> = c.nodes.iter().map(|(&b, n)| (b, *n)).collect();
+    nodes.sort_unstable_by_key(|&(b, _)| b);
+    nodes
+}
+
+/// Under DUP a node's mirror is in use as much as the node: it counts for
+/// overlaps, bytes_used and free space. No node may lie in the mirror half.
+fn add_dup_mirrors(c: &mut Checker<'_>, sb: &Superblock, extents: &mut Vec<ExtentRec>) {
     let profile = sb.metadata_profile;
     if let (Some(mirror_start), Some(offset)) = (profile.primary_end(), profile.mirror_offset()) {
         let mut mirrors = Vec::new();
@@ -24,7 +47,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             .filter(|e| matches!(e.kind, ExtentKind::Metadata { .. }))
         {
             if e.bytenr.saturating_add(e.len) > mirror_start {
-                c.fault_at(
+                c.fault_at(FaultId::NodeInMirrorHalf,
                     &e.loc,
                     format!(
                         "node {} lies in the DUP mirror half (from {mirror_start}): its mirror would be past {}",
@@ -33,7 +56,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                     ),
                 );
             }
-            mirrors.push(super::ExtentRec {
+            mirrors.push(ExtentRec {
                 bytenr: e.bytenr.saturating_add(offset),
                 len: e.len,
                 kind: ExtentKind::Mirror,
@@ -43,20 +66,24 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         }
         extents.extend(mirrors);
     }
-    extents.sort_by_key(|e| (e.bytenr, e.len));
+}
 
-    // Shape of each extent, overlaps, bytes used, free space.
+/// Each extent is non-empty, aligned, in range and overlaps none; the
+/// extents cover bytes_used. Computes the space summary.
+fn check_extent_shapes(c: &mut Checker<'_>, sb: &Superblock, extents: &[ExtentRec]) {
+    let total = sb.total_bytes;
     let mut used: u64 = 0;
     let mut covered: u64 = 0;
     let mut cover_end = FIRST_ALLOCATABLE_BYTE;
     let mut prev: Option<(u64, u64)> = None; // (end, bytenr) of the furthest-reaching extent so far
-    for e in &extents {
+    for e in extents {
         let end = e.bytenr.checked_add(e.len);
         if e.len == 0 {
-            c.fault_at(&e.loc, "extent of length 0");
+            c.fault_at(FaultId::ExtentEmpty, &e.loc, "extent of length 0");
         }
         if !e.bytenr.is_multiple_of(SECTOR_SIZE) || !e.len.is_multiple_of(SECTOR_SIZE) {
             c.fault_at(
+                FaultId::ExtentUnaligned,
                 &e.loc,
                 format!(
                     "extent {}+{} is not {SECTOR_SIZE}-byte aligned",
@@ -65,12 +92,12 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             );
         }
         if e.bytenr < FIRST_ALLOCATABLE_BYTE || end.is_none_or(|end| end > total) {
-            c.fault_at(&e.loc, format!("extent {}+{} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})", e.bytenr, e.len));
+            c.fault_at(FaultId::ExtentOutOfRange, &e.loc, format!("extent {}+{} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})", e.bytenr, e.len));
         }
         let end = end.unwrap_or(u64::MAX);
         if let Some((prev_end, prev_start)) = prev {
             if e.bytenr < prev_end {
-                c.fault_at(&e.loc, format!("extent {}+{} overlaps the extent at {prev_start} (which ends at {prev_end})", e.bytenr, e.len));
+                c.fault_at(FaultId::ExtentOverlap, &e.loc, format!("extent {}+{} overlaps the extent at {prev_start} (which ends at {prev_end})", e.bytenr, e.len));
             }
         }
         if prev.is_none_or(|(p, _)| end > p) {
@@ -88,6 +115,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     c.report.summary.free_bytes = allocatable.saturating_sub(covered);
     if used != sb.bytes_used {
         c.fault_tree(
+            FaultId::BytesUsedMismatch,
             Some(tree_id::EXTENT),
             format!(
                 "superblock bytes_used {} but the extent items cover {used} bytes",
@@ -95,9 +123,11 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             ),
         );
     }
+}
 
-    // Metadata: one item per node of the root, extent, fs (and other
-    // non-log) trees, and none for anything else.
+/// One metadata item per node of the root, extent, fs (and other non-log)
+/// trees, agreeing with the node, and none for anything else.
+fn check_metadata_refs(c: &mut Checker<'_>, extents: &[ExtentRec]) {
     let mut metadata: HashMap<u64, usize> = HashMap::new();
     for (i, e) in extents.iter().enumerate() {
         if matches!(e.kind, ExtentKind::Metadata { .. }) {
@@ -105,8 +135,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         }
     }
     let mut matched = vec![false; extents.len()];
-    let mut nodes: Vec<(u64, super::NodeRec)> = c.nodes.iter().map(|(&b, n)| (b, *n)).collect();
-    nodes.sort_unstable_by_key(|&(b, _)| b);
+    let nodes = sorted_nodes(c);
     let all_trees_read = c.tree_readable(tree_id::ROOT) && c.tree_readable(tree_id::FS);
     for &(bytenr, node) in &nodes {
         if Checker::is_log_tree(node.tree) {
@@ -115,6 +144,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         let Some(&i) = metadata.get(&bytenr) else {
             let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(node.level));
             c.fault_key(
+                FaultId::NodeWithoutMetadataItem,
                 tree_id::EXTENT,
                 key,
                 format!(
@@ -130,6 +160,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         if let ExtentKind::Metadata { level } = e.kind {
             if level != u64::from(node.level) {
                 c.fault_at(
+                    FaultId::MetadataLevel,
                     &e.loc,
                     format!(
                         "metadata item says level {level} but node {bytenr} is level {}",
@@ -141,6 +172,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         if let Some(item) = e.item {
             if item.owner != node.tree {
                 c.fault_at(
+                    FaultId::MetadataOwner,
                     &e.loc,
                     format!(
                         "metadata item owner {} but node {bytenr} belongs to tree {}",
@@ -151,6 +183,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             }
             if item.refs != 1 {
                 c.fault_at(
+                    FaultId::MetadataRefs,
                     &e.loc,
                     format!(
                         "metadata item refs {} (tree nodes have exactly 1)",
@@ -163,105 +196,123 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     if all_trees_read {
         for (i, e) in extents.iter().enumerate() {
             if matches!(e.kind, ExtentKind::Metadata { .. }) && !matched[i] {
-                let what = match c.nodes.get(&e.bytenr) {
-                    Some(n) => format!(
-                        "block {} is a node of {}, which is not tracked in the extent tree",
-                        e.bytenr,
-                        tree_name(n.tree)
+                let (id, what) = match c.nodes.get(&e.bytenr) {
+                    Some(n) => (
+                        FaultId::MetadataUntrackedTree,
+                        format!(
+                            "block {} is a node of {}, which is not tracked in the extent tree",
+                            e.bytenr,
+                            tree_name(n.tree)
+                        ),
                     ),
-                    None => format!(
-                        "no tree reaches block {} (leaked metadata extent)",
-                        e.bytenr
+                    None => (
+                        FaultId::MetadataLeaked,
+                        format!(
+                            "no tree reaches block {} (leaked metadata extent)",
+                            e.bytenr
+                        ),
                     ),
                 };
-                c.fault_at(&e.loc, what);
+                c.fault_at(id, &e.loc, what);
             }
         }
     }
+}
 
-    // Data: refs == number of file extent items pointing into the extent.
-    if c.tree_readable(tree_id::FS) {
-        let mut data: HashMap<u64, usize> = HashMap::new();
-        for (i, e) in extents.iter().enumerate() {
-            if e.kind == ExtentKind::Data {
-                data.insert(e.bytenr, i);
-            }
+/// A data extent's refs equal the file extent items pointing into it;
+/// every file extent has its extent item, of the same length.
+fn check_data_refs(c: &mut Checker<'_>, extents: &[ExtentRec]) {
+    let mut data: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in extents.iter().enumerate() {
+        if e.kind == ExtentKind::Data {
+            data.insert(e.bytenr, i);
         }
-        let mut counted: HashMap<usize, (u64, Vec<u64>)> = HashMap::new();
-        let mut bad: Vec<(Loc, String)> = Vec::new();
-        for fe in &c.fs.file_extents {
-            let d = match fe.kind {
-                FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d,
-                FileExtentKind::Inline { .. } => continue,
-            };
-            match data.get(&d.disk_bytenr) {
-                None => bad.push((
-                    fe.loc,
-                    format!(
-                        "file extent points to disk extent {}+{}, which has no extent item",
-                        d.disk_bytenr, d.disk_num_bytes
-                    ),
-                )),
-                Some(&i) if extents[i].len != d.disk_num_bytes => bad.push((
-                    fe.loc,
-                    format!(
-                        "file extent says disk extent {} is {} bytes but its extent item says {}",
-                        d.disk_bytenr, d.disk_num_bytes, extents[i].len
-                    ),
-                )),
-                Some(&i) => {
-                    let entry = counted.entry(i).or_default();
-                    entry.0 += 1;
-                    if !entry.1.contains(&fe.ino) {
-                        entry.1.push(fe.ino);
-                    }
+    }
+    let mut counted: HashMap<usize, (u64, Vec<u64>)> = HashMap::new();
+    let mut bad: Vec<(Loc, FaultId, String)> = Vec::new();
+    for fe in &c.fs.file_extents {
+        let d = match fe.kind {
+            FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d,
+            FileExtentKind::Inline { .. } => continue,
+        };
+        match data.get(&d.disk_bytenr) {
+            None => bad.push((
+                fe.loc,
+                FaultId::FileExtentWithoutExtentItem,
+                format!(
+                    "file extent points to disk extent {}+{}, which has no extent item",
+                    d.disk_bytenr, d.disk_num_bytes
+                ),
+            )),
+            Some(&i) if extents[i].len != d.disk_num_bytes => bad.push((
+                fe.loc,
+                FaultId::FileExtentLength,
+                format!(
+                    "file extent says disk extent {} is {} bytes but its extent item says {}",
+                    d.disk_bytenr, d.disk_num_bytes, extents[i].len
+                ),
+            )),
+            Some(&i) => {
+                let entry = counted.entry(i).or_default();
+                entry.0 += 1;
+                if !entry.1.contains(&fe.ino) {
+                    entry.1.push(fe.ino);
                 }
             }
         }
-        for (loc, reason) in bad {
-            c.fault_at(&loc, reason);
+    }
+    for (loc, id, reason) in bad {
+        c.fault_at(id, &loc, reason);
+    }
+    for (i, e) in extents.iter().enumerate() {
+        if e.kind != ExtentKind::Data {
+            continue;
         }
-        for (i, e) in extents.iter().enumerate() {
-            if e.kind != ExtentKind::Data {
-                continue;
-            }
-            let (refs, inos) = counted.get(&i).cloned().unwrap_or_default();
-            if refs == 0 {
+        let (refs, inos) = counted.get(&i).cloned().unwrap_or_default();
+        if refs == 0 {
+            c.fault_at(
+                FaultId::DataExtentLeaked,
+                &e.loc,
+                format!(
+                    "no file extent points to data extent {}+{} (leaked extent)",
+                    e.bytenr, e.len
+                ),
+            );
+            continue;
+        }
+        if let Some(item) = e.item {
+            if item.refs != refs {
                 c.fault_at(
+                    FaultId::DataExtentRefs,
                     &e.loc,
                     format!(
-                        "no file extent points to data extent {}+{} (leaked extent)",
-                        e.bytenr, e.len
+                        "extent item refs {} but {refs} file extent item{} point to it",
+                        item.refs,
+                        if refs == 1 { "" } else { "s" }
                     ),
                 );
-                continue;
             }
-            if let Some(item) = e.item {
-                if item.refs != refs {
-                    c.fault_at(
-                        &e.loc,
-                        format!(
-                            "extent item refs {} but {refs} file extent item{} point to it",
-                            item.refs,
-                            if refs == 1 { "" } else { "s" }
-                        ),
-                    );
-                }
-                if !inos.contains(&item.owner) {
-                    c.warn_at(
-                        &e.loc,
-                        format!(
-                            "extent item owner is inode {} but it is referenced by inode {}",
-                            item.owner, inos[0]
-                        ),
-                    );
-                }
+            if !inos.contains(&item.owner) {
+                c.warn_at(
+                    FaultId::DataExtentOwner,
+                    &e.loc,
+                    format!(
+                        "extent item owner is inode {} but it is referenced by inode {}",
+                        item.owner, inos[0]
+                    ),
+                );
             }
         }
     }
+}
 
+/// Log tree nodes (and their DUP mirrors) lie outside every extent and in
+/// the allocatable range.
+fn check_log_nodes(c: &mut Checker<'_>, sb: &Superblock, extents: &[ExtentRec]) {
     // Log tree nodes live outside every extent.
-    for &(bytenr, node) in &nodes {
+    let profile = sb.metadata_profile;
+    let total = sb.total_bytes;
+    for (bytenr, node) in sorted_nodes(c) {
         if !Checker::is_log_tree(node.tree) {
             continue;
         }
@@ -283,6 +334,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             for e in extents[..idx].iter().rev().take(2) {
                 if e.bytenr.saturating_add(e.len) > start {
                     c.fault_block(
+                        FaultId::LogNodeOverlap,
                         Some(node.tree),
                         bytenr,
                         None,
@@ -295,11 +347,8 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 }
             }
             if start < FIRST_ALLOCATABLE_BYTE || end > total {
-                c.fault_block(Some(node.tree), bytenr, None, format!("{which} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})"));
+                c.fault_block(FaultId::LogNodeOutOfRange, Some(node.tree), bytenr, None, format!("{which} lies outside the allocatable range [{FIRST_ALLOCATABLE_BYTE}, {total})"));
             }
         }
     }
-    // The nodes count as bytes only via the extent tree; keep it for later.
-    c.extents = extents;
-    PassStatus::Ran
 }

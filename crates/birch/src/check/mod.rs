@@ -27,16 +27,21 @@
 //! terminates.
 
 mod extents;
+mod fault_id;
 mod files;
 #[doc(hidden)]
 pub mod fixture;
 mod namespace;
+mod node_read;
 mod roots;
 mod superblock;
 mod walk;
 
+pub use fault_id::FaultId;
 pub use roots::{tree_roots, TreeRootRef};
-pub use superblock::{newest_valid_copy, read_superblock_copies, SuperblockCopy};
+pub use superblock::{
+    newest_valid_copy, read_superblock_copies, SuperblockCopy, SuperblockCopyError,
+};
 
 use crate::device::BlockDevice;
 use crate::error::Corruption;
@@ -96,11 +101,14 @@ pub enum PassStatus {
     Skipped(String),
 }
 
-/// One problem found: where (tree, block, slot, key, each when known) and
-/// why. Prints in the project's one report format, prefixed by the pass:
+/// One problem found: what ([`FaultId`], which also names the pass),
+/// where (tree, block, slot, key, each when known) and why. Prints in the
+/// project's one report format, prefixed by its id:
 /// `[nlink] corrupt node: tree=fs(5) block=1064960 slot=4: key (257 INODE_ITEM 0): nlink 2 but 1 name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fault {
+    pub id: FaultId,
+    /// The pass that reported it (`id.pass()`).
     pub pass: &'static str,
     pub tree: Option<u64>,
     pub block: Option<u64>,
@@ -130,9 +138,9 @@ impl fmt::Display for Fault {
         let c = self.corruption();
         if c.tree.is_none() && c.block.is_none() && c.slot.is_none() {
             // Nothing to locate: `corrupt: reason`.
-            write!(f, "[{}] corrupt: {}", self.pass, c.reason)
+            write!(f, "[{}] corrupt: {}", self.id, c.reason)
         } else {
-            write!(f, "[{}] {c}", self.pass)
+            write!(f, "[{}] {c}", self.id)
         }
     }
 }
@@ -218,6 +226,16 @@ impl CheckReport {
         self.faults.iter().filter(move |f| f.pass == pass)
     }
 
+    /// The faults of one kind.
+    pub fn faults_with(&self, id: FaultId) -> impl Iterator<Item = &Fault> + '_ {
+        self.faults.iter().filter(move |f| f.id == id)
+    }
+
+    /// The warnings of one kind.
+    pub fn warnings_with(&self, id: FaultId) -> impl Iterator<Item = &Fault> + '_ {
+        self.warnings.iter().filter(move |f| f.id == id)
+    }
+
     /// One line naming why nothing could be checked, when no superblock
     /// copy is valid.
     pub fn unreadable_reason(&self) -> Option<String> {
@@ -236,8 +254,9 @@ impl CheckReport {
     }
 }
 
-impl fmt::Display for CheckReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl CheckReport {
+    /// The summary part of the report: what the check saw.
+    fn fmt_summary(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.summary;
         match s.superblock_copy {
             Some(copy) => writeln!(
@@ -299,6 +318,13 @@ impl fmt::Display for CheckReport {
                 s.bytes_used_counted, s.bytes_used_recorded, s.free_bytes
             )?;
         }
+        Ok(())
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_summary(f)?;
         writeln!(f, "passes:")?;
         for (id, status) in &self.passes {
             let n = self.faults_of(id).count();
@@ -347,7 +373,6 @@ pub fn check_device<D: BlockDevice + ?Sized>(dev: &D) -> CheckReport {
     let reader = ReadOnly(dev);
     let mut c = Checker::new(&reader);
     for pass in PASSES {
-        c.current = pass.id;
         let status = (pass.run)(&mut c);
         c.report.passes.push((pass.id, status));
     }
@@ -477,7 +502,6 @@ pub(crate) struct FsRecords {
 pub(crate) struct Checker<'a> {
     dev: &'a dyn BlockDevice,
     report: CheckReport,
-    current: &'static str,
     sb: Option<Superblock>,
     /// Trees whose root node could be read.
     readable: HashMap<u64, bool>,
@@ -489,6 +513,26 @@ pub(crate) struct Checker<'a> {
     log_roots: BTreeMap<u64, (crate::format::RootItem, Loc)>,
     extents: Vec<ExtentRec>,
     fs: FsRecords,
+}
+
+/// Where a fault is, as far as known.
+#[derive(Clone, Copy, Default)]
+struct Place {
+    tree: Option<u64>,
+    block: Option<u64>,
+    slot: Option<usize>,
+    key: Option<Key>,
+}
+
+impl Place {
+    fn item(loc: &Loc) -> Place {
+        Place {
+            tree: Some(loc.tree),
+            block: Some(loc.block),
+            slot: Some(loc.slot as usize),
+            key: Some(loc.key),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -504,7 +548,6 @@ impl<'a> Checker<'a> {
         Checker {
             dev,
             report,
-            current: "",
             sb: None,
             readable: HashMap::new(),
             nodes: HashMap::new(),
@@ -515,7 +558,17 @@ impl<'a> Checker<'a> {
         }
     }
 
-    fn push(&mut self, severity: Severity, fault: Fault) {
+    /// Records a fault or warning `id` at `place`.
+    fn push(&mut self, severity: Severity, id: FaultId, place: Place, reason: String) {
+        let fault = Fault {
+            id,
+            pass: id.pass(),
+            tree: place.tree,
+            block: place.block,
+            slot: place.slot,
+            key: place.key,
+            reason,
+        };
         match severity {
             Severity::Warning => {
                 if self.report.warnings.len() < MAX_STORED_FAULTS {
@@ -532,132 +585,56 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// A fault of the running pass about the item at `loc`.
-    fn fault_at(&mut self, loc: &Loc, reason: impl Into<String>) {
-        let pass = self.current;
-        self.fault_at_as(pass, loc, reason);
+    /// A fault about the item at `loc`.
+    fn fault_at(&mut self, id: FaultId, loc: &Loc, reason: impl Into<String>) {
+        self.push(Severity::Fault, id, Place::item(loc), reason.into());
     }
 
-    fn fault_at_as(&mut self, pass: &'static str, loc: &Loc, reason: impl Into<String>) {
-        self.push(
-            Severity::Fault,
-            Fault {
-                pass,
-                tree: Some(loc.tree),
-                block: Some(loc.block),
-                slot: Some(loc.slot as usize),
-                key: Some(loc.key),
-                reason: reason.into(),
-            },
-        );
-    }
-
-    fn warn_at(&mut self, loc: &Loc, reason: impl Into<String>) {
-        let pass = self.current;
-        self.push(
-            Severity::Warning,
-            Fault {
-                pass,
-                tree: Some(loc.tree),
-                block: Some(loc.block),
-                slot: Some(loc.slot as usize),
-                key: Some(loc.key),
-                reason: reason.into(),
-            },
-        );
+    fn warn_at(&mut self, id: FaultId, loc: &Loc, reason: impl Into<String>) {
+        self.push(Severity::Warning, id, Place::item(loc), reason.into());
     }
 
     /// A fault about an item that should exist but does not.
-    fn fault_key(&mut self, tree: u64, key: Key, reason: impl Into<String>) {
-        let pass = self.current;
-        self.push(
-            Severity::Fault,
-            Fault {
-                pass,
-                tree: Some(tree),
-                block: None,
-                slot: None,
-                key: Some(key),
-                reason: reason.into(),
-            },
-        );
+    fn fault_key(&mut self, id: FaultId, tree: u64, key: Key, reason: impl Into<String>) {
+        let place = Place {
+            tree: Some(tree),
+            key: Some(key),
+            ..Place::default()
+        };
+        self.push(Severity::Fault, id, place, reason.into());
     }
 
     fn fault_block(
         &mut self,
+        id: FaultId,
         tree: Option<u64>,
         block: u64,
         slot: Option<usize>,
         reason: impl Into<String>,
     ) {
-        let pass = self.current;
-        self.push(
-            Severity::Fault,
-            Fault {
-                pass,
-                tree,
-                block: Some(block),
-                slot,
-                key: None,
-                reason: reason.into(),
-            },
-        );
+        let place = Place {
+            tree,
+            block: Some(block),
+            slot,
+            key: None,
+        };
+        self.push(Severity::Fault, id, place, reason.into());
     }
 
-    fn fault_tree(&mut self, tree: Option<u64>, reason: impl Into<String>) {
-        let pass = self.current;
-        self.push(
-            Severity::Fault,
-            Fault {
-                pass,
-                tree,
-                block: None,
-                slot: None,
-                key: None,
-                reason: reason.into(),
-            },
-        );
+    fn fault_tree(&mut self, id: FaultId, tree: Option<u64>, reason: impl Into<String>) {
+        let place = Place {
+            tree,
+            ..Place::default()
+        };
+        self.push(Severity::Fault, id, place, reason.into());
     }
 
-    fn warn_tree(&mut self, tree: Option<u64>, reason: impl Into<String>) {
-        let pass = self.current;
-        self.push(
-            Severity::Warning,
-            Fault {
-                pass,
-                tree,
-                block: None,
-                slot: None,
-                key: None,
-                reason: reason.into(),
-            },
-        );
-    }
-
-    /// A corruption error from the node reader, as a fault of the running pass.
-    fn fault_corruption(&mut self, c: Corruption, context: Option<String>) {
-        let mut reason = c.reason;
-        if let Some(slot) = c.slot {
-            // NodeError messages repeat the slot the location already names.
-            if let Some(rest) = reason.strip_prefix(&format!("slot={slot}: ")) {
-                reason = rest.to_string();
-            }
-        }
-        if let Some(context) = context {
-            reason = format!("{reason} ({context})");
-        }
-        let pass = self.current;
-        self.push(
-            Severity::Fault,
-            Fault {
-                pass,
-                tree: c.tree,
-                block: c.block,
-                slot: c.slot,
-                key: None,
-                reason,
-            },
-        );
+    fn warn_tree(&mut self, id: FaultId, tree: Option<u64>, reason: impl Into<String>) {
+        let place = Place {
+            tree,
+            ..Place::default()
+        };
+        self.push(Severity::Warning, id, place, reason.into());
     }
 
     fn tree_readable(&self, tree: u64) -> bool {

@@ -1,6 +1,6 @@
 //! Passes `namespace` and `nlink`: names, reachability, link counts.
 
-use super::{Checker, Loc, PassStatus};
+use super::{Checker, FaultId, FsRecords, Loc, PassStatus, RefRec};
 use crate::format::{item_type, name_hash, tree_id, FileType, Key, ORPHAN_OBJECTID, ROOT_DIR_INO};
 use crate::print::{file_type_name, name};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -20,18 +20,36 @@ fn is_root_self_ref(ino: u64, parent: u64) -> bool {
     ino == ROOT_DIR_INO && parent == ROOT_DIR_INO
 }
 
+/// The file type of inode `ino`, if it exists and has a valid mode.
+fn file_type(fs: &FsRecords, ino: u64) -> Option<FileType> {
+    fs.inodes
+        .get(&ino)
+        .and_then(|r| FileType::from_mode(r.item.mode))
+}
+
+/// `(ino, parent, name) -> index` of every INODE_REF name but the root
+/// directory's own.
+type NamesByRef<'a> = HashMap<(u64, u64, &'a [u8]), u64>;
+
+/// Pass `namespace`: one function per invariant, in this order.
 pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     if let Some(skip) = fs_ready(c) {
         return skip;
     }
     let fs = std::mem::take(&mut c.fs);
-    let ftype = |ino: u64| {
-        fs.inodes
-            .get(&ino)
-            .and_then(|r| FileType::from_mode(r.item.mode))
-    };
+    count_names(c, &fs);
+    check_root_dir(c, &fs);
+    let by_name = check_refs_have_entries(c, &fs);
+    check_entries_have_refs(c, &fs, &by_name);
+    check_dir_sizes(c, &fs);
+    check_reachable(c, &fs);
+    check_items_have_inodes(c, &fs);
+    c.fs = fs;
+    PassStatus::Ran
+}
 
-    // Summary counts.
+/// The summary's inode and name counts.
+fn count_names(c: &mut Checker<'_>, fs: &FsRecords) {
     {
         let s = &mut c.report.summary;
         s.inodes = fs.inodes.len() as u64;
@@ -49,10 +67,15 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             .filter(|r| !is_root_self_ref(r.ino, r.parent))
             .count() as u64;
     }
+}
 
-    // The root directory.
+/// The root directory exists, is a directory, and its only name is index
+/// 0 `..` in itself.
+fn check_root_dir(c: &mut Checker<'_>, fs: &FsRecords) {
+    let ftype = |ino: u64| file_type(fs, ino);
     match fs.inodes.get(&ROOT_DIR_INO) {
         None => c.fault_key(
+            FaultId::RootDirMissing,
             tree_id::FS,
             Key::new(ROOT_DIR_INO, item_type::INODE_ITEM, 0),
             "the root directory inode is missing",
@@ -60,6 +83,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         Some(r) if ftype(ROOT_DIR_INO) != Some(FileType::Directory) => {
             let loc = r.loc;
             c.fault_at(
+                FaultId::RootDirNotDirectory,
                 &loc,
                 format!(
                     "the root directory is a {}, not a directory",
@@ -77,6 +101,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     if !self_ref_ok {
         if root_refs.is_empty() {
             c.fault_key(
+                FaultId::RootDirWithoutRef,
                 tree_id::FS,
                 Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO),
                 "the root directory has no INODE_REF (index 0 name \"..\")",
@@ -84,12 +109,16 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         }
         for r in root_refs {
             let loc = r.loc;
-            c.fault_at(&loc, format!("the root directory's only name must be index 0 \"..\" in itself, found index {} \"{}\" in {}", r.index, name(&r.name), r.parent));
+            c.fault_at(FaultId::RootDirName, &loc, format!("the root directory's only name must be index 0 \"..\" in itself, found index {} \"{}\" in {}", r.index, name(&r.name), r.parent));
         }
     }
+}
 
-    // INODE_REF -> DIR_ITEM and DIR_INDEX.
-    let mut by_name: HashMap<(u64, u64, &[u8]), u64> = HashMap::new(); // (ino, parent, name) -> index
+/// Every INODE_REF name is unique, in an existing directory, and listed by
+/// a matching DIR_ITEM and DIR_INDEX. Returns the names, for the other
+/// direction.
+fn check_refs_have_entries<'a>(c: &mut Checker<'_>, fs: &'a FsRecords) -> NamesByRef<'a> {
+    let mut by_name: NamesByRef<'a> = HashMap::new();
     for r in &fs.refs {
         if r.ino == ROOT_DIR_INO {
             continue;
@@ -99,122 +128,175 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             .is_some()
         {
             let loc = r.loc;
-            c.fault_at(&loc, format!("name \"{}\" listed twice", name(&r.name)));
-            continue;
-        }
-        if r.parent == r.ino {
-            let loc = r.loc;
             c.fault_at(
+                FaultId::NameTwice,
                 &loc,
-                format!(
-                    "inode {} is named \"{}\" inside itself",
-                    r.ino,
-                    name(&r.name)
-                ),
+                format!("name \"{}\" listed twice", name(&r.name)),
             );
             continue;
         }
-        match ftype(r.parent) {
-            Some(FileType::Directory) => {}
-            Some(t) => {
-                let loc = r.loc;
-                c.fault_at(
-                    &loc,
-                    format!(
-                        "parent {} of name \"{}\" is a {}, not a directory",
-                        r.parent,
-                        name(&r.name),
-                        file_type_name(t)
-                    ),
-                );
-                continue;
-            }
-            None => {
-                let loc = r.loc;
-                c.fault_at(
-                    &loc,
-                    format!(
-                        "parent directory {} of name \"{}\" does not exist",
-                        r.parent,
-                        name(&r.name)
-                    ),
-                );
-                continue;
-            }
+        if !check_ref_parent(c, fs, r) {
+            continue;
         }
-        let want_type = ftype(r.ino);
-        let where_ref = format!(
-            "named by INODE_REF ({} INODE_REF {}) in block {} slot {}",
-            r.ino, r.parent, r.loc.block, r.loc.slot
+        check_dir_item_for_ref(c, fs, r);
+        check_dir_index_for_ref(c, fs, r);
+    }
+    by_name
+}
+
+/// The parent of an INODE_REF name is an existing directory other than
+/// the inode itself.
+fn check_ref_parent(c: &mut Checker<'_>, fs: &FsRecords, r: &RefRec) -> bool {
+    let ftype = |ino: u64| file_type(fs, ino);
+    if r.parent == r.ino {
+        let loc = r.loc;
+        c.fault_at(
+            FaultId::NameInItself,
+            &loc,
+            format!(
+                "inode {} is named \"{}\" inside itself",
+                r.ino,
+                name(&r.name)
+            ),
         );
-        let item_key = Key::new(r.parent, item_type::DIR_ITEM, name_hash(&r.name));
-        match fs.dir_items.get(&(r.parent, r.name.clone())) {
-            None => c.fault_key(
-                tree_id::FS,
-                item_key,
+        return false;
+    }
+    match ftype(r.parent) {
+        Some(FileType::Directory) => {}
+        Some(t) => {
+            let loc = r.loc;
+            c.fault_at(
+                FaultId::ParentNotDirectory,
+                &loc,
                 format!(
-                    "missing DIR_ITEM for \"{}\" -> inode {} ({where_ref})",
+                    "parent {} of name \"{}\" is a {}, not a directory",
+                    r.parent,
                     name(&r.name),
-                    r.ino
+                    file_type_name(t)
                 ),
-            ),
-            Some(d) => {
-                if d.ino != r.ino {
-                    let loc = d.loc;
-                    c.fault_at(&loc, format!("DIR_ITEM \"{}\" names inode {} but inode {} holds that name ({where_ref})", name(&d.name), d.ino, r.ino));
-                } else if want_type.is_some_and(|t| t != d.file_type) {
-                    let loc = d.loc;
-                    c.fault_at(
-                        &loc,
-                        format!(
-                            "DIR_ITEM \"{}\" says type {} but inode {} is a {}",
-                            name(&d.name),
-                            file_type_name(d.file_type),
-                            r.ino,
-                            want_type.map_or("?", file_type_name)
-                        ),
-                    );
-                }
-            }
+            );
+            return false;
         }
-        let index_key = Key::new(r.parent, item_type::DIR_INDEX, r.index);
-        match fs.dir_index.get(&(r.parent, r.index)) {
-            None => c.fault_key(
-                tree_id::FS,
-                index_key,
+        None => {
+            let loc = r.loc;
+            c.fault_at(
+                FaultId::ParentMissing,
+                &loc,
                 format!(
-                    "missing DIR_INDEX for \"{}\" -> inode {} ({where_ref})",
-                    name(&r.name),
-                    r.ino
+                    "parent directory {} of name \"{}\" does not exist",
+                    r.parent,
+                    name(&r.name)
                 ),
+            );
+            return false;
+        }
+    }
+    true
+}
+
+/// Where an INODE_REF is, for faults about the entries it should have.
+fn where_ref(r: &RefRec) -> String {
+    format!(
+        "named by INODE_REF ({} INODE_REF {}) in block {} slot {}",
+        r.ino, r.parent, r.loc.block, r.loc.slot
+    )
+}
+
+/// The DIR_ITEM of an INODE_REF name exists and agrees on inode and type.
+fn check_dir_item_for_ref(c: &mut Checker<'_>, fs: &FsRecords, r: &RefRec) {
+    let where_ref = where_ref(r);
+    let want_type = file_type(fs, r.ino);
+    let item_key = Key::new(r.parent, item_type::DIR_ITEM, name_hash(&r.name));
+    match fs.dir_items.get(&(r.parent, r.name.clone())) {
+        None => c.fault_key(
+            FaultId::DirItemMissing,
+            tree_id::FS,
+            item_key,
+            format!(
+                "missing DIR_ITEM for \"{}\" -> inode {} ({where_ref})",
+                name(&r.name),
+                r.ino
             ),
-            Some(d) => {
-                if d.ino != r.ino || d.name != r.name {
-                    let loc = d.loc;
-                    c.fault_at(&loc, format!("DIR_INDEX names \"{}\" -> inode {} but the INODE_REF says \"{}\" -> inode {} ({where_ref})", name(&d.name), d.ino, name(&r.name), r.ino));
-                } else if want_type.is_some_and(|t| t != d.file_type) {
-                    let loc = d.loc;
-                    c.fault_at(
-                        &loc,
-                        format!(
-                            "DIR_INDEX \"{}\" says type {} but inode {} is a {}",
-                            name(&d.name),
-                            file_type_name(d.file_type),
-                            r.ino,
-                            want_type.map_or("?", file_type_name)
-                        ),
-                    );
-                }
+        ),
+        Some(d) => {
+            if d.ino != r.ino {
+                let loc = d.loc;
+                c.fault_at(
+                    FaultId::DirItemWrongInode,
+                    &loc,
+                    format!(
+                        "DIR_ITEM \"{}\" names inode {} but inode {} holds that name ({where_ref})",
+                        name(&d.name),
+                        d.ino,
+                        r.ino
+                    ),
+                );
+            } else if want_type.is_some_and(|t| t != d.file_type) {
+                let loc = d.loc;
+                c.fault_at(
+                    FaultId::DirItemWrongType,
+                    &loc,
+                    format!(
+                        "DIR_ITEM \"{}\" says type {} but inode {} is a {}",
+                        name(&d.name),
+                        file_type_name(d.file_type),
+                        r.ino,
+                        want_type.map_or("?", file_type_name)
+                    ),
+                );
             }
         }
     }
+}
 
-    // DIR_ITEM / DIR_INDEX -> INODE_REF.
-    let mut entry_faults: Vec<(Loc, String)> = Vec::new();
+/// The DIR_INDEX of an INODE_REF name exists and agrees on name, inode and
+/// type.
+fn check_dir_index_for_ref(c: &mut Checker<'_>, fs: &FsRecords, r: &RefRec) {
+    let where_ref = where_ref(r);
+    let want_type = file_type(fs, r.ino);
+    let index_key = Key::new(r.parent, item_type::DIR_INDEX, r.index);
+    match fs.dir_index.get(&(r.parent, r.index)) {
+        None => c.fault_key(
+            FaultId::DirIndexMissing,
+            tree_id::FS,
+            index_key,
+            format!(
+                "missing DIR_INDEX for \"{}\" -> inode {} ({where_ref})",
+                name(&r.name),
+                r.ino
+            ),
+        ),
+        Some(d) => {
+            if d.ino != r.ino || d.name != r.name {
+                let loc = d.loc;
+                c.fault_at(FaultId::DirIndexWrongName, &loc, format!("DIR_INDEX names \"{}\" -> inode {} but the INODE_REF says \"{}\" -> inode {} ({where_ref})", name(&d.name), d.ino, name(&r.name), r.ino));
+            } else if want_type.is_some_and(|t| t != d.file_type) {
+                let loc = d.loc;
+                c.fault_at(
+                    FaultId::DirIndexWrongType,
+                    &loc,
+                    format!(
+                        "DIR_INDEX \"{}\" says type {} but inode {} is a {}",
+                        name(&d.name),
+                        file_type_name(d.file_type),
+                        r.ino,
+                        want_type.map_or("?", file_type_name)
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Every DIR_ITEM and DIR_INDEX is named back by an INODE_REF (with the
+/// same index) and names an existing inode.
+fn check_entries_have_refs(c: &mut Checker<'_>, fs: &FsRecords, by_name: &NamesByRef<'_>) {
+    let mut entry_faults: Vec<(Loc, FaultId, String)> = Vec::new();
     for ((parent, _), d) in &fs.dir_items {
         if d.ino == ROOT_DIR_INO || !by_name.contains_key(&(d.ino, *parent, &d.name[..])) {
             entry_faults.push((
                 d.loc,
+                FaultId::DirItemWithoutRef,
                 format!(
                     "DIR_ITEM \"{}\" -> inode {} has no matching INODE_REF ({} INODE_REF {parent})",
                     name(&d.name),
@@ -226,6 +308,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         if !fs.inodes.contains_key(&d.ino) {
             entry_faults.push((
                 d.loc,
+                FaultId::DirItemDangling,
                 format!(
                     "DIR_ITEM \"{}\" names inode {}, which does not exist",
                     name(&d.name),
@@ -237,12 +320,13 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     for ((parent, index), d) in &fs.dir_index {
         match by_name.get(&(d.ino, *parent, &d.name[..])) {
             Some(i) if i == index => {}
-            Some(i) => entry_faults.push((d.loc, format!("DIR_INDEX \"{}\" -> inode {} but the INODE_REF gives index {i}", name(&d.name), d.ino))),
-            None => entry_faults.push((d.loc, format!("DIR_INDEX \"{}\" -> inode {} has no matching INODE_REF ({} INODE_REF {parent})", name(&d.name), d.ino, d.ino))),
+            Some(i) => entry_faults.push((d.loc, FaultId::DirIndexWrongIndex, format!("DIR_INDEX \"{}\" -> inode {} but the INODE_REF gives index {i}", name(&d.name), d.ino))),
+            None => entry_faults.push((d.loc, FaultId::DirIndexWithoutRef, format!("DIR_INDEX \"{}\" -> inode {} has no matching INODE_REF ({} INODE_REF {parent})", name(&d.name), d.ino, d.ino))),
         }
         if !fs.inodes.contains_key(&d.ino) {
             entry_faults.push((
                 d.loc,
+                FaultId::DirIndexDangling,
                 format!(
                     "DIR_INDEX \"{}\" names inode {}, which does not exist",
                     name(&d.name),
@@ -251,13 +335,15 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             ));
         }
     }
-    entry_faults.sort_by_key(|(loc, _)| (loc.key, loc.block, loc.slot));
-    for (loc, reason) in entry_faults {
-        c.fault_at(&loc, reason);
+    entry_faults.sort_by_key(|(loc, _, _)| (loc.key, loc.block, loc.slot));
+    for (loc, id, reason) in entry_faults {
+        c.fault_at(id, &loc, reason);
     }
+}
 
-    // Directory sizes: the byte lengths of the names it holds (every name
-    // any of INODE_REF, DIR_ITEM, DIR_INDEX gives it, counted once).
+/// Directory sizes: the byte lengths of the names it holds (every name
+/// any of INODE_REF, DIR_ITEM, DIR_INDEX gives it, counted once).
+fn check_dir_sizes(c: &mut Checker<'_>, fs: &FsRecords) {
     let mut names: HashSet<(u64, &[u8])> = HashSet::new();
     for r in fs
         .refs
@@ -282,6 +368,7 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             if r.item.size != want {
                 let loc = r.loc;
                 c.fault_at(
+                    FaultId::DirSize,
                     &loc,
                     format!(
                         "directory size {} but its names total {want} bytes",
@@ -291,8 +378,12 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
             }
         }
     }
+}
 
-    // Reachability from the root directory, along INODE_REFs.
+/// Every inode with a link is reachable from the root directory along
+/// INODE_REFs (or has an orphan item).
+fn check_reachable(c: &mut Checker<'_>, fs: &FsRecords) {
+    let ftype = |ino: u64| file_type(fs, ino);
     let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
     for r in fs
         .refs
@@ -322,16 +413,20 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
         if !reached.contains(&ino) && r.item.nlink > 0 && !orphaned.contains(&ino) {
             let loc = r.loc;
             c.fault_at(
+                FaultId::InodeUnreachable,
                 &loc,
                 format!("inode {ino} is not reachable from the root directory"),
             );
         }
     }
+}
 
-    // Every item names an existing inode; orphan items too.
+/// Every item, orphan items included, names an existing inode.
+fn check_items_have_inodes(c: &mut Checker<'_>, fs: &FsRecords) {
     for (&objectid, loc) in &fs.objectids {
         if objectid != ORPHAN_OBJECTID && !fs.inodes.contains_key(&objectid) {
             c.fault_at(
+                FaultId::ItemsWithoutInode,
                 loc,
                 format!("items of inode {objectid}, which has no INODE_ITEM"),
             );
@@ -340,13 +435,12 @@ pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
     for (ino, loc) in &fs.orphans {
         if !fs.inodes.contains_key(ino) {
             c.fault_at(
+                FaultId::OrphanDangling,
                 loc,
                 format!("orphan item for inode {ino}, which does not exist"),
             );
         }
     }
-    c.fs = fs;
-    PassStatus::Ran
 }
 
 pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
@@ -380,6 +474,7 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
         if is_dir {
             if ino != ROOT_DIR_INO && n > 1 {
                 c.fault_at(
+                    FaultId::DirNames,
                     &loc,
                     format!("directory has {n} names (a directory has exactly one)"),
                 );
@@ -388,10 +483,11 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
             let has_name = n > 0 || ino == ROOT_DIR_INO;
             let want = if has_name { 2 + subs } else { 0 };
             if nlink != want {
-                c.fault_at(&loc, format!("directory nlink {nlink} but it has {} and {subs} subdirector{} (expected {want})", if has_name { "a name" } else { "no name" }, if subs == 1 { "y" } else { "ies" }));
+                c.fault_at(FaultId::DirNlink, &loc, format!("directory nlink {nlink} but it has {} and {subs} subdirector{} (expected {want})", if has_name { "a name" } else { "no name" }, if subs == 1 { "y" } else { "ies" }));
             }
         } else if nlink != n {
             c.fault_at(
+                FaultId::Nlink,
                 &loc,
                 format!(
                     "nlink {nlink} but the inode has {n} name{}",
@@ -400,7 +496,11 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
             );
         }
         if nlink == 0 && !orphaned.contains(&ino) {
-            c.fault_at(&loc, "inode with nlink 0 has no orphan item");
+            c.fault_at(
+                FaultId::UnlinkedWithoutOrphan,
+                &loc,
+                "inode with nlink 0 has no orphan item",
+            );
         }
     }
     c.fs = fs;

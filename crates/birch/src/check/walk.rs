@@ -3,33 +3,20 @@
 //! later passes use (decode failures are faults of pass `items`).
 //! Pass `items`: per-item rules on those records.
 
+use super::node_read::read_copy;
 use super::{
-    pass_id, Checker, EntryRec, ExtentKind, ExtentRec, FileExtentKind, FileExtentRec, InodeRec,
+    Checker, EntryRec, ExtentKind, ExtentRec, FaultId, FileExtentKind, FileExtentRec, InodeRec,
     Loc, NodeRec, PassStatus, RefRec, TreeSummary,
 };
-use crate::btree::{copy_name, read_node_copies, NodeExpectation};
-use crate::error::Error;
+use crate::btree::{copy_name, NodeExpectation};
 use crate::format::node::MAX_LEVEL;
 use crate::format::{
-    decode_dir_items, decode_inode_extrefs, decode_inode_refs, decode_xattrs, extref_hash,
-    item_type, item_type_name, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeItem,
-    Key, LeafItem, MetadataProfile, NodeBody, RootItem, FIRST_DIR_INDEX, NODE_SIZE,
-    ORPHAN_OBJECTID, ROOT_DIR_INO,
+    extref_hash, item_type, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeExtrefEntry,
+    Item, ItemType, Key, LeafItem, MetadataProfile, Node, NodeBody, RootItem, Superblock, TreeKind,
+    Xattr, FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::print::{name, tree_name};
 use std::collections::HashSet;
-
-/// What a tree's leaves hold, and so how they are collected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Root,
-    Extent,
-    Fs,
-    LogRoot,
-    Log,
-    /// A tree this version does not know: structure only.
-    Other,
-}
 
 struct Target {
     tree: u64,
@@ -37,7 +24,9 @@ struct Target {
     level: u8,
     /// What the pointer to the root promises (None: not checked).
     generation: Option<u64>,
-    kind: Kind,
+    /// What its leaves may hold (None: a tree this version does not know,
+    /// checked for structure only).
+    kind: Option<TreeKind>,
     /// For a log tree: the subvolume it logs.
     subvolume: Option<u64>,
 }
@@ -53,6 +42,18 @@ struct Frame {
     parent: Option<(u64, usize)>,
 }
 
+impl Frame {
+    /// The pointer that led here, as fault reasons name it.
+    fn pointer(&self) -> String {
+        match self.parent {
+            Some((block, slot)) => format!("pointer in block {block} slot {slot}"),
+            None => "tree root".to_string(),
+        }
+    }
+}
+
+/// Pass `tree-structure`: the root tree, the trees its root items name,
+/// the log trees; then node overlaps across all of them.
 pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     let Some(sb) = c.sb.clone() else {
         return PassStatus::Skipped("no valid superblock".into());
@@ -62,14 +63,26 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         bytenr: sb.root_tree_bytenr,
         level: sb.root_tree_level,
         generation: Some(sb.generation),
-        kind: Kind::Root,
+        kind: Some(TreeKind::Root),
         subvolume: None,
     });
 
+    walk_named_trees(c, &sb);
+    if sb.log_root_bytenr != 0 {
+        walk_log_trees(c, &sb);
+    }
+    check_node_overlaps(c);
+    PassStatus::Ran
+}
+
+/// The extent and fs trees have root items; every tree a root item names
+/// is walked (an unknown one for structure only).
+fn walk_named_trees(c: &mut Checker<'_>, sb: &Superblock) {
     if c.tree_readable(tree_id::ROOT) {
         for id in [tree_id::EXTENT, tree_id::FS] {
             if !c.roots.contains_key(&id) {
                 c.fault_key(
+                    FaultId::RootItemMissing,
                     tree_id::ROOT,
                     Key::new(id, item_type::ROOT_ITEM, 0),
                     format!("missing root item for the {} tree", tree_name(id)),
@@ -84,10 +97,11 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         .collect();
     for (id, item, loc) in roots {
         let kind = match id {
-            tree_id::EXTENT => Kind::Extent,
-            tree_id::FS => Kind::Fs,
+            tree_id::EXTENT => Some(TreeKind::Extent),
+            tree_id::FS => Some(TreeKind::Fs),
             tree_id::ROOT | tree_id::LOG | tree_id::LOG_ROOT => {
                 c.fault_at(
+                    FaultId::RootItemForbidden,
                     &loc,
                     format!(
                         "the root tree may not hold a root item for {}",
@@ -98,14 +112,16 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             }
             _ => {
                 c.warn_at(
+                    FaultId::UnknownTree,
                     &loc,
                     format!("tree {id} is not known to this version: checked for structure only"),
                 );
-                Kind::Other
+                None
             }
         };
         if item.generation > sb.generation {
             c.fault_at(
+                FaultId::RootItemGenerationNewer,
                 &loc,
                 format!(
                     "root item generation {} is newer than the superblock generation {}",
@@ -122,46 +138,54 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             subvolume: None,
         });
     }
+}
 
-    if sb.log_root_bytenr != 0 {
-        // The log root's generation is the log transaction's business (the
-        // tree-log defines it); owner and level are checked.
-        c.walk(Target {
-            tree: tree_id::LOG_ROOT,
-            bytenr: sb.log_root_bytenr,
-            level: sb.log_root_level,
-            generation: None,
-            kind: Kind::LogRoot,
-            subvolume: None,
-        });
-        let logs: Vec<(u64, RootItem, Loc)> = c
-            .log_roots
-            .iter()
-            .map(|(&sub, (item, loc))| (sub, *item, *loc))
-            .collect();
-        for (sub, item, loc) in logs {
-            if sub != tree_id::FS {
-                c.fault_at(&loc, format!("log of unknown subvolume {sub}"));
-                continue;
-            }
-            c.walk(Target {
-                tree: tree_id::LOG,
-                bytenr: item.bytenr,
-                level: item.level,
-                generation: Some(item.generation),
-                kind: Kind::Log,
-                subvolume: Some(sub),
-            });
+/// The log root tree and each log tree it names.
+fn walk_log_trees(c: &mut Checker<'_>, sb: &Superblock) {
+    // The log root's generation is the log transaction's business (the
+    // tree-log defines it); owner and level are checked.
+    c.walk(Target {
+        tree: tree_id::LOG_ROOT,
+        bytenr: sb.log_root_bytenr,
+        level: sb.log_root_level,
+        generation: None,
+        kind: Some(TreeKind::LogRoot),
+        subvolume: None,
+    });
+    let logs: Vec<(u64, RootItem, Loc)> = c
+        .log_roots
+        .iter()
+        .map(|(&sub, (item, loc))| (sub, *item, *loc))
+        .collect();
+    for (sub, item, loc) in logs {
+        if sub != tree_id::FS {
+            c.fault_at(
+                FaultId::LogOfUnknownSubvolume,
+                &loc,
+                format!("log of unknown subvolume {sub}"),
+            );
+            continue;
         }
+        c.walk(Target {
+            tree: tree_id::LOG,
+            bytenr: item.bytenr,
+            level: item.level,
+            generation: Some(item.generation),
+            kind: Some(TreeKind::Log),
+            subvolume: Some(sub),
+        });
     }
+}
 
-    // Nodes are NODE_SIZE long but only sector aligned: two distinct
-    // blocks may still overlap.
+/// Nodes are NODE_SIZE long but only sector aligned: two distinct blocks
+/// may still overlap.
+fn check_node_overlaps(c: &mut Checker<'_>) {
     let mut starts: Vec<(u64, u64)> = c.nodes.iter().map(|(&b, n)| (b, n.tree)).collect();
     starts.sort_unstable();
     for w in starts.windows(2) {
         if w[1].0 < w[0].0.saturating_add(NODE_SIZE as u64) {
             c.fault_block(
+                FaultId::NodeOverlap,
                 Some(w[1].1),
                 w[1].0,
                 None,
@@ -173,13 +197,13 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             );
         }
     }
-    PassStatus::Ran
 }
 
 impl Checker<'_> {
+    /// Walks one tree depth first from its root: each node reached once
+    /// ([`Self::reach_node`]), checked in its place ([`Self::check_node_place`]),
+    /// its leaf items collected ([`Self::collect_item`]).
     fn walk(&mut self, t: Target) {
-        let sb_generation = self.sb.as_ref().map_or(0, |sb| sb.generation);
-        let is_log = Self::is_log_tree(t.tree);
         let mut summary = TreeSummary {
             id: t.tree,
             subvolume: t.subvolume,
@@ -197,149 +221,12 @@ impl Checker<'_> {
             parent: None,
         }];
         while let Some(f) = stack.pop() {
-            let pointer = |f: &Frame| match f.parent {
-                Some((block, slot)) => format!("pointer in block {block} slot {slot}"),
-                None => "tree root".to_string(),
-            };
-            if let Some(prev) = self.nodes.get(&f.bytenr).copied() {
-                let reason = if prev.tree != t.tree {
-                    format!(
-                        "block belongs to tree {} but is reached from tree {} ({})",
-                        tree_name(prev.tree),
-                        tree_name(t.tree),
-                        pointer(&f)
-                    )
-                } else {
-                    format!(
-                        "block reached twice ({}): a cycle or a shared child",
-                        pointer(&f)
-                    )
-                };
-                self.fault_block(Some(t.tree), f.bytenr, None, reason);
-                continue;
-            }
-            let expect = f.generation.map(|generation| NodeExpectation {
-                tree: t.tree,
-                level: f.level,
-                generation,
-            });
-            // Under DUP every copy is verified and each bad one is a
-            // fault of its own; the walk goes on with a good copy.
-            let profile = self
-                .sb
-                .as_ref()
-                .map_or(MetadataProfile::Single, |sb| sb.metadata_profile);
-            let copies = read_node_copies(
-                self.dev,
-                &self.report.summary.fsid,
-                profile,
-                f.bytenr,
-                expect,
-            );
-            let mut good = None;
-            for copy in copies {
-                let context = pointer(&f);
-                match copy.result {
-                    Ok((n, _)) => good = good.or(Some(n)),
-                    Err(Error::Corrupt(mut corruption)) => {
-                        if profile.mirror_offset().is_some() && copy.index == 0 {
-                            corruption.reason = format!(
-                                "{} at {}: {}",
-                                copy_name(copy.index),
-                                copy.offset,
-                                corruption.reason
-                            );
-                        }
-                        self.fault_corruption(corruption, Some(context));
-                    }
-                    Err(e) => {
-                        let which = if profile.mirror_offset().is_some() {
-                            format!(" ({} at {})", copy_name(copy.index), copy.offset)
-                        } else {
-                            String::new()
-                        };
-                        self.fault_block(
-                            Some(t.tree),
-                            f.bytenr,
-                            None,
-                            format!("cannot read node{which}: {e} ({context})"),
-                        );
-                    }
-                }
-            }
-            let Some(node) = good else {
+            let Some(node) = self.reach_node(&t, &f) else {
                 continue;
             };
-            if expect.is_none() && (node.owner != t.tree || node.level != f.level) {
-                let context = pointer(&f);
-                self.fault_block(
-                    Some(t.tree),
-                    f.bytenr,
-                    None,
-                    format!(
-                        "owner {} level {} but expected {} level {} ({context})",
-                        tree_name(node.owner),
-                        node.level,
-                        tree_name(t.tree),
-                        f.level
-                    ),
-                );
-                continue;
-            }
-            self.nodes.insert(
-                f.bytenr,
-                NodeRec {
-                    tree: t.tree,
-                    level: node.level,
-                    generation: node.generation,
-                },
-            );
-            if f.parent.is_none() {
-                root_read = true;
-            }
+            root_read |= f.parent.is_none();
             summary.nodes += 1;
-            if !is_log && node.generation > sb_generation {
-                self.fault_block(Some(t.tree), f.bytenr, None, format!("node generation {} is newer than the superblock generation {sb_generation}", node.generation));
-            }
-            let n = node.nritems();
-            if n == 0 && f.parent.is_some() {
-                self.fault_block(
-                    Some(t.tree),
-                    f.bytenr,
-                    None,
-                    format!("empty non-root node ({})", pointer(&f)),
-                );
-            }
-            if let (Some(low), Some(first)) = (f.low, node.first_key()) {
-                if first != low {
-                    self.fault_block(
-                        Some(t.tree),
-                        f.bytenr,
-                        Some(0),
-                        format!(
-                            "first key {first} differs from the parent's key {low} ({})",
-                            pointer(&f)
-                        ),
-                    );
-                }
-            }
-            let last = match &node.body {
-                NodeBody::Leaf(items) => items.last().map(|i| i.key),
-                NodeBody::Internal(ptrs) => ptrs.last().map(|p| p.key),
-            };
-            if let (Some(high), Some(last)) = (f.high, last) {
-                if last >= high {
-                    self.fault_block(
-                        Some(t.tree),
-                        f.bytenr,
-                        Some(n - 1),
-                        format!(
-                            "key {last} is not below the parent's next key {high} ({})",
-                            pointer(&f)
-                        ),
-                    );
-                }
-            }
+            self.check_node_place(&t, &f, &node);
             match &node.body {
                 NodeBody::Leaf(items) => {
                     summary.leaves += 1;
@@ -351,13 +238,8 @@ impl Checker<'_> {
                             slot: slot as u32,
                             key: item.key,
                         };
-                        match t.kind {
-                            Kind::Root => self.collect_root_item(&loc, item),
-                            Kind::LogRoot => self.collect_log_root_item(&loc, item),
-                            Kind::Extent => self.collect_extent_item(&loc, item),
-                            Kind::Fs => self.collect_fs_item(&loc, item, false),
-                            Kind::Log => self.collect_fs_item(&loc, item, true),
-                            Kind::Other => {}
+                        if let Some(kind) = t.kind {
+                            self.collect_item(kind, &loc, item);
                         }
                     }
                 }
@@ -382,337 +264,536 @@ impl Checker<'_> {
             t.tree,
             root_read || self.readable.get(&t.tree).copied().unwrap_or(false),
         );
-        if is_log {
+        if Self::is_log_tree(t.tree) {
             self.report.summary.log_nodes += summary.nodes;
         }
         self.report.summary.trees.push(summary);
     }
 
-    /// A fault of pass `items`, raised while collecting.
-    fn item_fault(&mut self, loc: &Loc, reason: impl Into<String>) {
-        self.fault_at_as(pass_id::ITEMS, loc, reason);
+    /// The node `f` points at, when the walk has not reached its block
+    /// before and a copy of it is what the pointer promises (each failure
+    /// a fault); the node is recorded as reached.
+    fn reach_node(&mut self, t: &Target, f: &Frame) -> Option<Node> {
+        if let Some(prev) = self.nodes.get(&f.bytenr).copied() {
+            let (id, reason) = if prev.tree != t.tree {
+                let reason = format!(
+                    "block belongs to tree {} but is reached from tree {} ({})",
+                    tree_name(prev.tree),
+                    tree_name(t.tree),
+                    f.pointer()
+                );
+                (FaultId::NodeCrossTree, reason)
+            } else {
+                let reason = format!(
+                    "block reached twice ({}): a cycle or a shared child",
+                    f.pointer()
+                );
+                (FaultId::NodeReachedTwice, reason)
+            };
+            self.fault_block(id, Some(t.tree), f.bytenr, None, reason);
+            return None;
+        }
+        let expect = f.generation.map(|generation| NodeExpectation {
+            tree: t.tree,
+            level: f.level,
+            generation,
+        });
+        let node = self.read_node(t.tree, f, expect)?;
+        if expect.is_none() && (node.owner != t.tree || node.level != f.level) {
+            let id = if node.owner != t.tree {
+                FaultId::NodeOwner
+            } else {
+                FaultId::NodeLevel
+            };
+            let reason = format!(
+                "owner {} level {} but expected {} level {} ({})",
+                tree_name(node.owner),
+                node.level,
+                tree_name(t.tree),
+                f.level,
+                f.pointer()
+            );
+            self.fault_block(id, Some(t.tree), f.bytenr, None, reason);
+            return None;
+        }
+        let rec = NodeRec {
+            tree: t.tree,
+            level: node.level,
+            generation: node.generation,
+        };
+        self.nodes.insert(f.bytenr, rec);
+        Some(node)
     }
 
-    fn wrong_type(&mut self, loc: &Loc, tree: &str) {
-        let t = loc.key.item_type;
-        self.item_fault(
-            loc,
-            format!(
-                "item type {} ({t}) does not belong in {tree}",
-                item_type_name(t)
-            ),
-        );
-    }
-
-    fn collect_root_item(&mut self, loc: &Loc, item: &LeafItem) {
-        if item.key.item_type != item_type::ROOT_ITEM {
-            return self.wrong_type(loc, "the root tree");
-        }
-        if item.key.offset != 0 {
-            return self.item_fault(loc, "root item key offset must be 0");
-        }
-        match RootItem::decode(&item.data) {
-            Ok(r) => {
-                if r.level > MAX_LEVEL {
-                    self.item_fault(
-                        loc,
-                        format!("root item level {} exceeds {MAX_LEVEL}", r.level),
-                    );
-                } else {
-                    self.roots.insert(item.key.objectid, (r, *loc));
+    /// Reads the node `f` points at. Under DUP every copy is verified and
+    /// each bad one is a fault of its own; the walk goes on with a good
+    /// copy.
+    fn read_node(&mut self, tree: u64, f: &Frame, expect: Option<NodeExpectation>) -> Option<Node> {
+        let profile = self
+            .sb
+            .as_ref()
+            .map_or(MetadataProfile::Single, |sb| sb.metadata_profile);
+        let fsid = self.report.summary.fsid;
+        let copies = std::iter::once(f.bytenr).chain(profile.mirror_of(f.bytenr));
+        let mut good = None;
+        for (index, offset) in copies.enumerate() {
+            match read_copy(self.dev, &fsid, f.bytenr, offset, expect) {
+                Ok(node) => good = good.or(Some(node)),
+                Err(bad) => {
+                    let which = match profile.mirror_offset() {
+                        Some(_) => format!("{} at {offset}: ", copy_name(index)),
+                        None => String::new(),
+                    };
+                    let reason = format!("{which}{} ({})", bad.reason, f.pointer());
+                    self.fault_block(bad.id, Some(tree), f.bytenr, bad.slot, reason);
                 }
             }
-            Err(e) => self.item_fault(loc, e.to_string()),
         }
+        good
     }
 
-    fn collect_log_root_item(&mut self, loc: &Loc, item: &LeafItem) {
-        if item.key.item_type != item_type::ROOT_ITEM || item.key.objectid != tree_id::LOG {
-            return self.item_fault(
-                loc,
-                format!(
-                    "the log root tree holds only ({} ROOT_ITEM subvolume) items",
-                    tree_id::LOG
-                ),
+    /// The rules on a node's place in its tree: not newer than the
+    /// superblock (log trees aside: a log sync writes newer ones), not
+    /// empty below the root, its keys within its parent's range for it.
+    fn check_node_place(&mut self, t: &Target, f: &Frame, node: &Node) {
+        let sb_generation = self.sb.as_ref().map_or(0, |sb| sb.generation);
+        if !Self::is_log_tree(t.tree) && node.generation > sb_generation {
+            let reason = format!(
+                "node generation {} is newer than the superblock generation {sb_generation}",
+                node.generation
+            );
+            self.fault_block(
+                FaultId::NodeGenerationNewer,
+                Some(t.tree),
+                f.bytenr,
+                None,
+                reason,
             );
         }
-        match RootItem::decode(&item.data) {
-            Ok(r) if r.level > MAX_LEVEL => self.item_fault(
-                loc,
-                format!("root item level {} exceeds {MAX_LEVEL}", r.level),
-            ),
-            Ok(r) => {
-                self.log_roots.insert(item.key.offset, (r, *loc));
+        let n = node.nritems();
+        if n == 0 && f.parent.is_some() {
+            let reason = format!("empty non-root node ({})", f.pointer());
+            self.fault_block(FaultId::NodeEmpty, Some(t.tree), f.bytenr, None, reason);
+        }
+        if let (Some(low), Some(first)) = (f.low, node.first_key()) {
+            if first != low {
+                let reason = format!(
+                    "first key {first} differs from the parent's key {low} ({})",
+                    f.pointer()
+                );
+                self.fault_block(
+                    FaultId::NodeFirstKey,
+                    Some(t.tree),
+                    f.bytenr,
+                    Some(0),
+                    reason,
+                );
             }
-            Err(e) => self.item_fault(loc, e.to_string()),
+        }
+        let last = match &node.body {
+            NodeBody::Leaf(items) => items.last().map(|i| i.key),
+            NodeBody::Internal(ptrs) => ptrs.last().map(|p| p.key),
+        };
+        if let (Some(high), Some(last)) = (f.high, last) {
+            if last >= high {
+                let reason = format!(
+                    "key {last} is not below the parent's next key {high} ({})",
+                    f.pointer()
+                );
+                let slot = Some(n - 1);
+                self.fault_block(FaultId::NodeLastKey, Some(t.tree), f.bytenr, slot, reason);
+            }
         }
     }
 
-    fn collect_extent_item(&mut self, loc: &Loc, item: &LeafItem) {
-        let key = item.key;
-        let (len, kind) = match key.item_type {
-            item_type::EXTENT_ITEM => (key.offset, ExtentKind::Data),
-            item_type::METADATA_ITEM => {
+    /// Collects one leaf item of a tree of `kind`: its type must be known
+    /// and at home there, its key must follow the type's rules, and its
+    /// payload must decode; then [`Self::record_item`] keeps what the
+    /// later passes need.
+    fn collect_item(&mut self, kind: TreeKind, loc: &Loc, leaf: &LeafItem) {
+        let key = leaf.key;
+        let item_type = ItemType::of(&key);
+        if matches!(kind, TreeKind::Fs | TreeKind::Log)
+            && !self.collect_objectid(loc, item_type == Ok(ItemType::OrphanItem), kind)
+        {
+            return;
+        }
+        let item_type = match item_type {
+            Ok(t) if t.may_live_in(kind) => t,
+            Ok(t) => {
+                let code = t.code();
+                return self.fault_at(
+                    FaultId::ItemWrongTree,
+                    loc,
+                    format!(
+                        "item type {} ({code}) does not belong in {}",
+                        t.name(),
+                        tree_kind_name(kind)
+                    ),
+                );
+            }
+            Err(unknown) => {
+                return self.fault_at(
+                    FaultId::ItemTypeUnknown,
+                    loc,
+                    format!("{unknown} in {}", tree_kind_name(kind)),
+                )
+            }
+        };
+        if !self.check_key(kind, item_type, loc) {
+            return;
+        }
+        match Item::decode(item_type, &leaf.data) {
+            Ok(item) => self.record_item(kind, loc, item),
+            Err(e) => {
+                self.fault_at(FaultId::ItemUndecodable, loc, e.to_string());
+                // The key alone says what space an extent item covers: a
+                // damaged payload still counts for extent-refs.
+                if let Some(len) = item_type.extent_len(&key) {
+                    self.record_extent(loc, item_type, len, None);
+                }
+            }
+        }
+    }
+
+    /// The objectid rules of fs and log tree items (`ORPHAN_OBJECTID` holds
+    /// only orphan items; other objectids are inode numbers); notes the
+    /// first item of each objectid. False when the item is not to be
+    /// looked at further.
+    fn collect_objectid(&mut self, loc: &Loc, is_orphan_item: bool, kind: TreeKind) -> bool {
+        let objectid = loc.key.objectid;
+        if objectid == ORPHAN_OBJECTID {
+            if !is_orphan_item {
+                self.fault_at(
+                    FaultId::OrphanObjectidMisuse,
+                    loc,
+                    format!("objectid {ORPHAN_OBJECTID} holds only ORPHAN_ITEMs"),
+                );
+                return false;
+            }
+            return true;
+        }
+        if kind == TreeKind::Fs && !self.fs.objectids.contains_key(&objectid) {
+            self.fs.objectids.insert(objectid, *loc);
+            if objectid < ROOT_DIR_INO {
+                self.fault_at(
+                    FaultId::ObjectidReserved,
+                    loc,
+                    format!("objectid {objectid} is below the first inode number {ROOT_DIR_INO}"),
+                );
+            }
+        }
+        true
+    }
+
+    /// The rules on the key of an item of `item_type` that do not need
+    /// its payload. False when the item is not to be decoded.
+    fn check_key(&mut self, kind: TreeKind, item_type: ItemType, loc: &Loc) -> bool {
+        let key = loc.key;
+        match item_type {
+            ItemType::RootItem if kind == TreeKind::LogRoot && key.objectid != tree_id::LOG => {
+                self.fault_at(
+                    FaultId::LogRootItemKey,
+                    loc,
+                    format!(
+                        "the log root tree holds only ({} ROOT_ITEM subvolume) items",
+                        tree_id::LOG
+                    ),
+                );
+                false
+            }
+            ItemType::RootItem if kind == TreeKind::Root && key.offset != 0 => {
+                self.fault_at(
+                    FaultId::ItemKeyOffset,
+                    loc,
+                    "root item key offset must be 0",
+                );
+                false
+            }
+            ItemType::OrphanItem if key.objectid != ORPHAN_OBJECTID => {
+                self.fault_at(
+                    FaultId::OrphanItemMisplaced,
+                    loc,
+                    format!("orphan items live under objectid {ORPHAN_OBJECTID}"),
+                );
+                false
+            }
+            ItemType::MetadataItem => {
                 if key.offset > u64::from(MAX_LEVEL) {
-                    self.item_fault(
+                    self.fault_at(
+                        FaultId::ItemLevelTooHigh,
                         loc,
                         format!("metadata item level {} exceeds {MAX_LEVEL}", key.offset),
                     );
                 }
-                (NODE_SIZE as u64, ExtentKind::Metadata { level: key.offset })
+                true
             }
-            _ => return self.wrong_type(loc, "the extent tree"),
-        };
-        let decoded = match ExtentItem::decode(&item.data) {
-            Ok(e) => Some(e),
-            Err(e) => {
-                self.item_fault(loc, e.to_string());
-                None
+            ItemType::InodeItem
+            | ItemType::InodeRef
+            | ItemType::InodeExtref
+            | ItemType::XattrItem
+            | ItemType::OrphanItem
+            | ItemType::DirLogIndex
+            | ItemType::LogFullExtents
+            | ItemType::LogUnlinked
+            | ItemType::DirItem
+            | ItemType::DirIndex
+            | ItemType::ExtentData
+            | ItemType::RootItem
+            | ItemType::ExtentItem => true,
+        }
+    }
+
+    /// Keeps what the later passes need of a decoded item, and checks the
+    /// rules that need its payload. A log tree's items are only checked:
+    /// the semantic passes look at the committed fs tree.
+    fn record_item(&mut self, kind: TreeKind, loc: &Loc, item: Item) {
+        let key = loc.key;
+        let fs = kind == TreeKind::Fs;
+        match item {
+            Item::Inode(inode) => {
+                if key.offset != 0 {
+                    self.fault_at(
+                        FaultId::ItemKeyOffset,
+                        loc,
+                        "inode item key offset must be 0",
+                    );
+                } else if fs {
+                    let rec = InodeRec {
+                        item: inode,
+                        loc: *loc,
+                    };
+                    self.fs.inodes.insert(key.objectid, rec);
+                }
             }
-        };
-        match kind {
-            ExtentKind::Data => {
-                self.report.summary.data_extents += 1;
-                self.report.summary.data_extent_bytes =
-                    self.report.summary.data_extent_bytes.saturating_add(len);
+            Item::InodeRefs(entries) => {
+                if fs {
+                    self.fs.refs.extend(entries.into_iter().map(|e| RefRec {
+                        ino: key.objectid,
+                        parent: key.offset,
+                        index: e.index,
+                        name: e.name,
+                        loc: *loc,
+                    }));
+                }
             }
-            ExtentKind::Metadata { .. } | ExtentKind::Mirror => {
-                self.report.summary.metadata_extents += 1
+            Item::InodeExtrefs(entries) => self.record_extrefs(loc, entries, fs),
+            Item::DirItems(entries) => self.record_dir_items(loc, entries, fs),
+            Item::DirIndex(e) => {
+                if key.offset < FIRST_DIR_INDEX {
+                    self.fault_at(
+                        FaultId::DirIndexReserved,
+                        loc,
+                        format!(
+                            "dir index {} is below the first index {FIRST_DIR_INDEX}",
+                            key.offset
+                        ),
+                    );
+                }
+                if fs {
+                    let rec = EntryRec {
+                        ino: e.ino,
+                        file_type: e.file_type,
+                        name: e.name,
+                        loc: *loc,
+                    };
+                    self.fs.dir_index.insert((key.objectid, key.offset), rec);
+                }
+            }
+            Item::Xattrs(xattrs) => self.record_xattrs(loc, xattrs, fs),
+            Item::FileExtent(e) => {
+                if fs {
+                    self.record_file_extent(loc, &e);
+                }
+            }
+            Item::Orphan => {
+                if fs {
+                    self.fs.orphans.push((key.offset, *loc));
+                    self.report.summary.orphans += 1;
+                }
+            }
+            Item::DirLogIndex | Item::LogFullExtents | Item::LogUnlinked => {}
+            Item::Root(r) => {
+                if r.level > MAX_LEVEL {
+                    self.fault_at(
+                        FaultId::ItemLevelTooHigh,
+                        loc,
+                        format!("root item level {} exceeds {MAX_LEVEL}", r.level),
+                    );
+                } else if kind == TreeKind::LogRoot {
+                    self.log_roots.insert(key.offset, (r, *loc));
+                } else {
+                    self.roots.insert(key.objectid, (r, *loc));
+                }
+            }
+            Item::DataExtent(e) => {
+                self.record_extent(loc, ItemType::ExtentItem, key.offset, Some(e))
+            }
+            Item::MetadataExtent(e) => {
+                self.record_extent(loc, ItemType::MetadataItem, NODE_SIZE as u64, Some(e))
             }
         }
-        self.extents.push(ExtentRec {
-            bytenr: key.objectid,
-            len,
+    }
+
+    fn record_file_extent(&mut self, loc: &Loc, e: &FileExtent) {
+        let kind = match e {
+            FileExtent::Inline { data } => FileExtentKind::Inline {
+                len: data.len() as u64,
+            },
+            FileExtent::Regular { .. } => {
+                FileExtentKind::Regular(e.disk_ref().expect("regular extent has a disk ref"))
+            }
+            FileExtent::Prealloc { .. } => {
+                FileExtentKind::Prealloc(e.disk_ref().expect("prealloc extent has a disk ref"))
+            }
+        };
+        self.report.summary.file_extent_items += 1;
+        self.fs.file_extents.push(FileExtentRec {
+            ino: loc.key.objectid,
+            file_offset: loc.key.offset,
             kind,
-            item: decoded,
             loc: *loc,
         });
     }
 
-    /// Collects an fs tree item (or, for a log tree, only decodes it).
-    fn collect_fs_item(&mut self, loc: &Loc, item: &LeafItem, log: bool) {
-        use item_type::*;
-        let key = item.key;
-        let data = &item.data[..];
-        if key.objectid == ORPHAN_OBJECTID {
-            if key.item_type != ORPHAN_ITEM {
-                return self.item_fault(
-                    loc,
-                    format!("objectid {ORPHAN_OBJECTID} holds only ORPHAN_ITEMs"),
-                );
+    fn record_extent(
+        &mut self,
+        loc: &Loc,
+        item_type: ItemType,
+        len: u64,
+        item: Option<ExtentItem>,
+    ) {
+        let kind = if item_type == ItemType::MetadataItem {
+            self.report.summary.metadata_extents += 1;
+            ExtentKind::Metadata {
+                level: loc.key.offset,
             }
-            if !log {
-                self.fs.orphans.push((key.offset, *loc));
-                self.report.summary.orphans += 1;
-            }
-            return;
-        }
-        if !log && !self.fs.objectids.contains_key(&key.objectid) {
-            self.fs.objectids.insert(key.objectid, *loc);
-            if key.objectid < ROOT_DIR_INO {
-                self.item_fault(
+        } else {
+            self.report.summary.data_extents += 1;
+            self.report.summary.data_extent_bytes =
+                self.report.summary.data_extent_bytes.saturating_add(len);
+            ExtentKind::Data
+        };
+        self.extents.push(ExtentRec {
+            bytenr: loc.key.objectid,
+            len,
+            kind,
+            item,
+            loc: *loc,
+        });
+    }
+
+    fn record_extrefs(&mut self, loc: &Loc, entries: Vec<InodeExtrefEntry>, fs: bool) {
+        let key = loc.key;
+        for e in entries {
+            let hash = extref_hash(e.parent, &e.name);
+            if hash != key.offset {
+                self.fault_at(
+                    FaultId::ExtrefHash,
                     loc,
                     format!(
-                        "objectid {} is below the first inode number {ROOT_DIR_INO}",
-                        key.objectid
+                        "INODE_EXTREF name {:?} in {} hashes to {hash:#x}, not the key's {:#x}",
+                        String::from_utf8_lossy(&e.name),
+                        e.parent,
+                        key.offset
+                    ),
+                );
+            } else if fs {
+                self.fs.refs.push(RefRec {
+                    ino: key.objectid,
+                    parent: e.parent,
+                    index: e.index,
+                    name: e.name,
+                    loc: *loc,
+                });
+            }
+        }
+    }
+
+    fn record_dir_items(&mut self, loc: &Loc, entries: Vec<DirEntry>, fs: bool) {
+        let key = loc.key;
+        let mut seen = HashSet::new();
+        for e in entries {
+            let hash = name_hash(&e.name);
+            if hash != key.offset {
+                self.fault_at(
+                    FaultId::DirItemHash,
+                    loc,
+                    format!(
+                        "dir item name \"{}\" hashes to {hash}, not the key offset",
+                        name(&e.name)
                     ),
                 );
             }
+            if !seen.insert(e.name.clone()) {
+                self.fault_at(
+                    FaultId::DirItemNameTwice,
+                    loc,
+                    format!("dir item holds the name \"{}\" twice", name(&e.name)),
+                );
+                continue;
+            }
+            if !fs {
+                continue;
+            }
+            let dkey = (key.objectid, e.name.clone());
+            if self.fs.dir_items.contains_key(&dkey) {
+                self.fault_at(
+                    FaultId::DirItemTwice,
+                    loc,
+                    format!("name \"{}\" has more than one dir item", name(&e.name)),
+                );
+                continue;
+            }
+            self.fs.dir_items.insert(
+                dkey,
+                EntryRec {
+                    ino: e.ino,
+                    file_type: e.file_type,
+                    name: e.name,
+                    loc: *loc,
+                },
+            );
         }
-        match key.item_type {
-            INODE_ITEM => match InodeItem::decode(data) {
-                Ok(inode) => {
-                    if key.offset != 0 {
-                        self.item_fault(loc, "inode item key offset must be 0");
-                    } else if !log {
-                        self.fs.inodes.insert(
-                            key.objectid,
-                            InodeRec {
-                                item: inode,
-                                loc: *loc,
-                            },
-                        );
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            INODE_REF => match decode_inode_refs(data) {
-                Ok(entries) if !log => {
-                    for e in entries {
-                        self.fs.refs.push(RefRec {
-                            ino: key.objectid,
-                            parent: key.offset,
-                            index: e.index,
-                            name: e.name,
-                            loc: *loc,
-                        });
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            INODE_EXTREF => match decode_inode_extrefs(data) {
-                Ok(entries) => {
-                    for e in entries {
-                        let hash = extref_hash(e.parent, &e.name);
-                        if hash != key.offset {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!(
-                                    "INODE_EXTREF name {:?} in {} hashes to {hash:#x}, not the key's {:#x}",
-                                    String::from_utf8_lossy(&e.name),
-                                    e.parent,
-                                    key.offset
-                                ),
-                            );
-                        } else if !log {
-                            self.fs.refs.push(RefRec {
-                                ino: key.objectid,
-                                parent: e.parent,
-                                index: e.index,
-                                name: e.name,
-                                loc: *loc,
-                            });
-                        }
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            DIR_ITEM => match decode_dir_items(data) {
-                Ok(entries) => {
-                    let mut seen = HashSet::new();
-                    for e in entries {
-                        let hash = name_hash(&e.name);
-                        if hash != key.offset {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!(
-                                    "dir item name \"{}\" hashes to {hash}, not the key offset",
-                                    name(&e.name)
-                                ),
-                            );
-                        }
-                        if !seen.insert(e.name.clone()) {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!("dir item holds the name \"{}\" twice", name(&e.name)),
-                            );
-                            continue;
-                        }
-                        if log {
-                            continue;
-                        }
-                        let dkey = (key.objectid, e.name.clone());
-                        if self.fs.dir_items.contains_key(&dkey) {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!("name \"{}\" has more than one dir item", name(&e.name)),
-                            );
-                            continue;
-                        }
-                        self.fs.dir_items.insert(
-                            dkey,
-                            EntryRec {
-                                ino: e.ino,
-                                file_type: e.file_type,
-                                name: e.name,
-                                loc: *loc,
-                            },
-                        );
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            DIR_INDEX => match DirEntry::decode(data) {
-                Ok(e) => {
-                    if key.offset < FIRST_DIR_INDEX {
-                        self.fault_at_as(
-                            pass_id::NAMESPACE,
-                            loc,
-                            format!(
-                                "dir index {} is below the first index {FIRST_DIR_INDEX}",
-                                key.offset
-                            ),
-                        );
-                    }
-                    if !log {
-                        self.fs.dir_index.insert(
-                            (key.objectid, key.offset),
-                            EntryRec {
-                                ino: e.ino,
-                                file_type: e.file_type,
-                                name: e.name,
-                                loc: *loc,
-                            },
-                        );
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            XATTR_ITEM => match decode_xattrs(data) {
-                Ok(xattrs) => {
-                    let mut seen = HashSet::new();
-                    for x in xattrs {
-                        let hash = name_hash(&x.name);
-                        if hash != key.offset {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!(
-                                    "xattr name \"{}\" hashes to {hash}, not the key offset",
-                                    name(&x.name)
-                                ),
-                            );
-                        }
-                        if !seen.insert(x.name.clone()) {
-                            self.fault_at_as(
-                                pass_id::NAMESPACE,
-                                loc,
-                                format!("xattr item holds the name \"{}\" twice", name(&x.name)),
-                            );
-                        }
-                        if !log {
-                            self.report.summary.xattrs += 1;
-                        }
-                    }
-                }
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            EXTENT_DATA => match FileExtent::decode(data) {
-                Ok(e) if !log => {
-                    let kind = match &e {
-                        FileExtent::Inline { data } => FileExtentKind::Inline {
-                            len: data.len() as u64,
-                        },
-                        FileExtent::Regular { .. } => FileExtentKind::Regular(
-                            e.disk_ref().expect("regular extent has a disk ref"),
-                        ),
-                        FileExtent::Prealloc { .. } => FileExtentKind::Prealloc(
-                            e.disk_ref().expect("prealloc extent has a disk ref"),
-                        ),
-                    };
-                    self.report.summary.file_extent_items += 1;
-                    self.fs.file_extents.push(FileExtentRec {
-                        ino: key.objectid,
-                        file_offset: key.offset,
-                        kind,
-                        loc: *loc,
-                    });
-                }
-                Ok(_) => {}
-                Err(e) => self.item_fault(loc, e.to_string()),
-            },
-            DIR_LOG_INDEX | LOG_FULL_EXTENTS | LOG_UNLINKED if log => {}
-            ORPHAN_ITEM => self.item_fault(
-                loc,
-                format!("orphan items live under objectid {ORPHAN_OBJECTID}"),
-            ),
-            _ => self.wrong_type(loc, if log { "a log tree" } else { "the fs tree" }),
+    }
+
+    fn record_xattrs(&mut self, loc: &Loc, xattrs: Vec<Xattr>, fs: bool) {
+        let key = loc.key;
+        let mut seen = HashSet::new();
+        for x in xattrs {
+            let hash = name_hash(&x.name);
+            if hash != key.offset {
+                self.fault_at(
+                    FaultId::XattrHash,
+                    loc,
+                    format!(
+                        "xattr name \"{}\" hashes to {hash}, not the key offset",
+                        name(&x.name)
+                    ),
+                );
+            }
+            if !seen.insert(x.name.clone()) {
+                self.fault_at(
+                    FaultId::XattrNameTwice,
+                    loc,
+                    format!("xattr item holds the name \"{}\" twice", name(&x.name)),
+                );
+            }
+            if fs {
+                self.report.summary.xattrs += 1;
+            }
         }
+    }
+}
+
+/// A tree kind as fault reasons name it.
+fn tree_kind_name(kind: TreeKind) -> &'static str {
+    match kind {
+        TreeKind::Root => "the root tree",
+        TreeKind::Extent => "the extent tree",
+        TreeKind::Fs => "the fs tree",
+        TreeKind::LogRoot => "the log root tree",
+        TreeKind::Log => "a log tree",
     }
 }
 
@@ -722,35 +803,30 @@ pub(super) fn run_items(c: &mut Checker<'_>) -> PassStatus {
         return PassStatus::Skipped("no valid superblock".into());
     };
     let g = sb.generation;
-    let bad: Vec<(Loc, String)> =
+    let inodes =
         c.fs.inodes
             .values()
-            .filter_map(|r| {
-                if r.item.generation > g || r.item.transid > g {
-                    Some((
-                        r.loc,
-                        format!(
-                        "inode generation {} / transid {} newer than the superblock generation {g}",
-                        r.item.generation, r.item.transid
-                    ),
-                    ))
-                } else {
-                    None
-                }
-            })
-            .chain(c.extents.iter().filter_map(|e| match e.item {
-                Some(item) if item.generation > g => Some((
-                    e.loc,
-                    format!(
-                        "extent item generation {} newer than the superblock generation {g}",
-                        item.generation
-                    ),
-                )),
-                _ => None,
-            }))
-            .collect();
-    for (loc, reason) in bad {
-        c.fault_at(&loc, reason);
+            .filter(|r| r.item.generation > g || r.item.transid > g)
+            .map(|r| {
+                let reason = format!(
+                    "inode generation {} / transid {} newer than the superblock generation {g}",
+                    r.item.generation, r.item.transid
+                );
+                (r.loc, FaultId::InodeGenerationNewer, reason)
+            });
+    let extents = c.extents.iter().filter_map(|e| match e.item {
+        Some(item) if item.generation > g => {
+            let reason = format!(
+                "extent item generation {} newer than the superblock generation {g}",
+                item.generation
+            );
+            Some((e.loc, FaultId::ExtentGenerationNewer, reason))
+        }
+        _ => None,
+    });
+    let bad: Vec<(Loc, FaultId, String)> = inodes.chain(extents).collect();
+    for (loc, id, reason) in bad {
+        c.fault_at(id, &loc, reason);
     }
     PassStatus::Ran
 }

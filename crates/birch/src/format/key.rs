@@ -1,8 +1,14 @@
 use super::bytes::{put_u64, Reader, ShortRead};
+use super::NODE_SIZE;
 use std::fmt;
 
 /// Every item in every tree is addressed by `(objectid, type, offset)`,
 /// ordered field by field.
+///
+/// The type stays a byte here: the B-tree orders and searches keys of any
+/// byte (range ends use 0 and 255), and keys are built from the
+/// [`item_type`] constants. Code that acts on what an item *is* takes the
+/// typed view, [`ItemType::of`], and matches on it.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Key {
     pub objectid: u64,
@@ -10,48 +16,158 @@ pub struct Key {
     pub offset: u64,
 }
 
-/// Item type codes (btrfs's numbering, so dumps read alike).
-pub mod item_type {
-    pub const INODE_ITEM: u8 = 1;
-    pub const INODE_REF: u8 = 12;
-    /// A name that did not fit its parent's INODE_REF item (thousands of
-    /// hard links in one directory), keyed by `extref_hash(parent, name)`.
-    pub const INODE_EXTREF: u8 = 13;
-    pub const XATTR_ITEM: u8 = 24;
-    pub const ORPHAN_ITEM: u8 = 48;
-    pub const DIR_LOG_INDEX: u8 = 72;
-    /// Log trees only: this inode's extents in the log are complete.
-    pub const LOG_FULL_EXTENTS: u8 = 75;
-    /// Log trees only: this committed inode lost every name (replay
-    /// removes its names and so deletes it).
-    pub const LOG_UNLINKED: u8 = 76;
-    pub const DIR_ITEM: u8 = 84;
-    pub const DIR_INDEX: u8 = 96;
-    pub const EXTENT_DATA: u8 = 108;
-    pub const ROOT_ITEM: u8 = 132;
-    pub const EXTENT_ITEM: u8 = 168;
-    pub const METADATA_ITEM: u8 = 169;
+/// The kinds of tree, as far as what their leaves may hold goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TreeKind {
+    /// The root tree: the ROOT_ITEMs of the other trees.
+    Root,
+    Extent,
+    /// A subvolume's tree (the fs tree).
+    Fs,
+    /// The log root tree: one ROOT_ITEM per log tree.
+    LogRoot,
+    /// A log tree: a subvolume's items, plus replay instructions.
+    Log,
 }
 
-pub fn item_type_name(t: u8) -> &'static str {
-    use item_type::*;
-    match t {
-        INODE_ITEM => "INODE_ITEM",
-        INODE_REF => "INODE_REF",
-        INODE_EXTREF => "INODE_EXTREF",
-        XATTR_ITEM => "XATTR_ITEM",
-        ORPHAN_ITEM => "ORPHAN_ITEM",
-        DIR_LOG_INDEX => "DIR_LOG_INDEX",
-        LOG_FULL_EXTENTS => "LOG_FULL_EXTENTS",
-        LOG_UNLINKED => "LOG_UNLINKED",
-        DIR_ITEM => "DIR_ITEM",
-        DIR_INDEX => "DIR_INDEX",
-        EXTENT_DATA => "EXTENT_DATA",
-        ROOT_ITEM => "ROOT_ITEM",
-        EXTENT_ITEM => "EXTENT_ITEM",
-        METADATA_ITEM => "METADATA_ITEM",
-        _ => "UNKNOWN",
+/// The table of item types: one row per type gives its variant, its code
+/// on disk (btrfs's numbering, so dumps read alike), the name dumps and
+/// keys print, and the trees that may hold it. It generates [`ItemType`],
+/// the [`item_type`] constants keys are built from, and the lookups below.
+///
+/// Adding a type is one row here; every operation on types then fails to
+/// compile until it handles the new one: [`super::Item::decode`] (decode
+/// and validate the payload), `print::item_body` (print) and the checker's
+/// `collect_item` (check), all matches without a default arm.
+macro_rules! item_types {
+    ($(
+        $(#[doc = $doc:literal])*
+        $variant:ident = $code:literal, $constant:ident, in [$($home:ident),+];
+    )*) => {
+        /// What an item is, decoded from its key's type byte (see
+        /// [`ItemType::of`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[repr(u8)]
+        pub enum ItemType {
+            $($(#[doc = $doc])* $variant = $code,)*
+        }
+
+        /// Item type codes, for building keys (`Key::new(ino,
+        /// item_type::INODE_ITEM, 0)`).
+        pub mod item_type {
+            $($(#[doc = $doc])* pub const $constant: u8 = $code;)*
+        }
+
+        impl ItemType {
+            /// Every item type, in key order.
+            pub const ALL: &'static [ItemType] = &[$(ItemType::$variant),*];
+
+            /// The type a key byte names, if any.
+            pub const fn from_code(code: u8) -> Option<ItemType> {
+                match code {
+                    $($code => Some(ItemType::$variant),)*
+                    _ => None,
+                }
+            }
+
+            /// `INODE_ITEM`, as dumps and keys print it.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(ItemType::$variant => stringify!($constant),)*
+                }
+            }
+
+            /// The trees that may hold items of this type.
+            pub const fn homes(self) -> &'static [TreeKind] {
+                match self {
+                    $(ItemType::$variant => &[$(TreeKind::$home),+],)*
+                }
+            }
+        }
+    };
+}
+
+item_types! {
+    InodeItem = 1, INODE_ITEM, in [Fs, Log];
+    InodeRef = 12, INODE_REF, in [Fs, Log];
+    /// A name that did not fit its parent's INODE_REF item (thousands of
+    /// hard links in one directory), keyed by `extref_hash(parent, name)`.
+    InodeExtref = 13, INODE_EXTREF, in [Fs, Log];
+    XattrItem = 24, XATTR_ITEM, in [Fs, Log];
+    /// Under objectid `ORPHAN_OBJECTID`: an inode with no names left.
+    OrphanItem = 48, ORPHAN_ITEM, in [Fs];
+    /// Log trees only: this entry of the directory was removed.
+    DirLogIndex = 72, DIR_LOG_INDEX, in [Log];
+    /// Log trees only: this inode's extents in the log are complete.
+    LogFullExtents = 75, LOG_FULL_EXTENTS, in [Log];
+    /// Log trees only: this committed inode lost every name (replay
+    /// removes its names and so deletes it).
+    LogUnlinked = 76, LOG_UNLINKED, in [Log];
+    /// Not in log trees: a logged directory's entries are its DIR_INDEX
+    /// items (replay adds each name whole).
+    DirItem = 84, DIR_ITEM, in [Fs];
+    DirIndex = 96, DIR_INDEX, in [Fs, Log];
+    ExtentData = 108, EXTENT_DATA, in [Fs, Log];
+    RootItem = 132, ROOT_ITEM, in [Root, LogRoot];
+    ExtentItem = 168, EXTENT_ITEM, in [Extent];
+    MetadataItem = 169, METADATA_ITEM, in [Extent];
+}
+
+/// A key whose type byte names no item type: on disk, corruption (the
+/// caller names where the key was).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownItemType(pub u8);
+
+impl fmt::Display for UnknownItemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown item type {}", self.0)
     }
+}
+
+impl ItemType {
+    /// The typed view of `key`'s type byte.
+    pub const fn of(key: &Key) -> Result<ItemType, UnknownItemType> {
+        match ItemType::from_code(key.item_type) {
+            Some(t) => Ok(t),
+            None => Err(UnknownItemType(key.item_type)),
+        }
+    }
+
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Whether a tree of `kind` may hold items of this type.
+    pub fn may_live_in(self, kind: TreeKind) -> bool {
+        self.homes().contains(&kind)
+    }
+
+    /// For an extent tree item, the bytes it accounts for, from its key
+    /// alone: a data extent's length is the key offset, a tree node's is
+    /// [`NODE_SIZE`]. None for every other type.
+    pub fn extent_len(self, key: &Key) -> Option<u64> {
+        match self {
+            ItemType::ExtentItem => Some(key.offset),
+            ItemType::MetadataItem => Some(NODE_SIZE as u64),
+            ItemType::InodeItem
+            | ItemType::InodeRef
+            | ItemType::InodeExtref
+            | ItemType::XattrItem
+            | ItemType::OrphanItem
+            | ItemType::DirLogIndex
+            | ItemType::LogFullExtents
+            | ItemType::LogUnlinked
+            | ItemType::DirItem
+            | ItemType::DirIndex
+            | ItemType::ExtentData
+            | ItemType::RootItem => None,
+        }
+    }
+}
+
+/// The name of a type byte (`UNKNOWN` for a byte that names none).
+pub fn item_type_name(t: u8) -> &'static str {
+    ItemType::from_code(t).map_or("UNKNOWN", ItemType::name)
 }
 
 impl Key {
@@ -129,5 +245,36 @@ impl fmt::Display for Key {
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_decodes_to_its_type_and_back() {
+        let mut known = 0;
+        for code in 0..=u8::MAX {
+            let key = Key::new(1, code, 0);
+            match ItemType::of(&key) {
+                Ok(t) => {
+                    known += 1;
+                    assert_eq!(t.code(), code);
+                    assert_eq!(item_type_name(code), t.name());
+                    assert!(!t.homes().is_empty(), "{}", t.name());
+                }
+                Err(e) => {
+                    assert_eq!(e, UnknownItemType(code));
+                    assert_eq!(item_type_name(code), "UNKNOWN");
+                }
+            }
+        }
+        assert_eq!(known, ItemType::ALL.len());
+        assert!(ItemType::ALL.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(ItemType::InodeItem.code(), item_type::INODE_ITEM);
+        assert_eq!(ItemType::MetadataItem.name(), "METADATA_ITEM");
+        assert!(ItemType::DirLogIndex.may_live_in(TreeKind::Log));
+        assert!(!ItemType::DirLogIndex.may_live_in(TreeKind::Fs));
     }
 }

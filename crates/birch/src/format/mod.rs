@@ -11,7 +11,7 @@ pub mod node;
 mod superblock;
 
 pub use items::*;
-pub use key::{item_type, item_type_name, Key};
+pub use key::{item_type, item_type_name, ItemType, Key, TreeKind, UnknownItemType};
 pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
 pub use superblock::{
     BackupRoot, MetadataProfile, Superblock, SuperblockError, BACKUP_ROOTS_OFFSET,

@@ -9,7 +9,7 @@ use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
     decode_inode_extrefs, decode_inode_refs, decode_xattrs, encode_xattrs, item_type, tree_id,
-    DirEntry, FileExtent, FileType, InodeItem, Key, RootItem, Xattr, ROOT_DIR_INO,
+    DirEntry, FileExtent, FileType, InodeItem, ItemType, Key, RootItem, Xattr, ROOT_DIR_INO,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -135,11 +135,13 @@ impl<D: BlockDevice> FsState<D> {
         let mut logged: BTreeMap<u64, LoggedInode> = BTreeMap::new();
         for (key, data) in items {
             let entry = logged.entry(key.objectid).or_default();
-            match key.item_type {
-                item_type::INODE_ITEM => {
+            let logged_type = ItemType::of(&key)
+                .map_err(|unknown| corrupt(format!("{unknown} at {key} in the log")))?;
+            match logged_type {
+                ItemType::InodeItem => {
                     entry.item = Some(decode_item(&key, InodeItem::decode(&data))?)
                 }
-                item_type::INODE_REF => {
+                ItemType::InodeRef => {
                     let names = entry.names.get_or_insert_with(Vec::new);
                     names.extend(
                         decode_item(&key, decode_inode_refs(&data))?
@@ -147,7 +149,7 @@ impl<D: BlockDevice> FsState<D> {
                             .map(|r| (key.offset, r.name)),
                     );
                 }
-                item_type::INODE_EXTREF => {
+                ItemType::InodeExtref => {
                     let names = entry.names.get_or_insert_with(Vec::new);
                     names.extend(
                         decode_item(&key, decode_inode_extrefs(&data))?
@@ -155,24 +157,29 @@ impl<D: BlockDevice> FsState<D> {
                             .map(|e| (e.parent, e.name)),
                     );
                 }
-                item_type::XATTR_ITEM => entry
+                ItemType::XattrItem => entry
                     .xattrs
                     .extend(decode_item(&key, decode_xattrs(&data))?),
-                item_type::EXTENT_DATA => entry
+                ItemType::ExtentData => entry
                     .extents
                     .push((key.offset, decode_item(&key, FileExtent::decode(&data))?)),
-                item_type::LOG_FULL_EXTENTS => entry.full_extents = true,
+                ItemType::LogFullExtents => entry.full_extents = true,
                 // Its names are logged, and there are none.
-                item_type::LOG_UNLINKED => {
+                ItemType::LogUnlinked => {
                     entry.names.get_or_insert_with(Vec::new);
                 }
-                item_type::DIR_INDEX => entry
+                ItemType::DirIndex => entry
                     .dir_added
                     .push(decode_item(&key, DirEntry::decode(&data))?),
-                item_type::DIR_LOG_INDEX => entry.dir_removed.push(key.offset),
-                other => {
+                ItemType::DirLogIndex => entry.dir_removed.push(key.offset),
+                ItemType::OrphanItem
+                | ItemType::DirItem
+                | ItemType::RootItem
+                | ItemType::ExtentItem
+                | ItemType::MetadataItem => {
                     return Err(corrupt(format!(
-                        "unexpected item type {other} at {key} in the log"
+                        "unexpected item type {} at {key} in the log",
+                        logged_type.code()
                     )))
                 }
             }
