@@ -21,7 +21,7 @@ use birch::check::{
     TreeRootRef,
 };
 use birch::device::{BlockDevice, FileDevice};
-use birch::format::{Superblock, MIN_DEVICE_BYTES, SECTOR_SIZE};
+use birch::format::{parse_tree_name, tree_name, Superblock, MIN_DEVICE_BYTES, SECTOR_SIZE};
 use birch::print;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::io::{self, Write};
@@ -271,7 +271,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_tree(s: &str) -> Result<u64, String> {
-    print::parse_tree_name(s).ok_or_else(|| {
+    parse_tree_name(s).ok_or_else(|| {
         format!("'{s}' is not a tree (use root, extent, fs, log-root, log or a tree id)")
     })
 }
@@ -531,16 +531,16 @@ fn dump_trees<D: BlockDevice + ?Sized>(
         .collect();
     if chosen.is_empty() {
         let id = only.unwrap_or_default();
-        let known: Vec<String> = roots.iter().map(|r| print::tree_name(r.tree)).collect();
+        let known: Vec<String> = roots.iter().map(|r| tree_name(r.tree)).collect();
         return Err(Failure::new(format!(
             "no tree {} in this filesystem (it has {})",
-            print::tree_name(id),
+            tree_name(id),
             known.join(", ")
         )));
     }
     for r in chosen {
         if let Some(sub) = r.subvolume {
-            writeln!(out, "log of {}:", print::tree_name(sub)).map_err(output)?;
+            writeln!(out, "log of {}:", tree_name(sub)).map_err(output)?;
         }
         print::tree(out, dev, &sb.fsid, r.tree, r.bytenr, r.level, r.generation).map_err(output)?;
     }

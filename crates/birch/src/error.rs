@@ -46,7 +46,7 @@ impl fmt::Display for Corruption {
             "corrupt"
         })?;
         if let Some(tree) = self.tree {
-            write!(f, " tree={}", crate::print::tree_name(tree))?;
+            write!(f, " tree={}", crate::format::tree_name(tree))?;
         }
         if let Some(block) = self.block {
             write!(f, " block={block}")?;

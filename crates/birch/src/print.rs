@@ -10,46 +10,12 @@ use crate::btree::{read_node_uncached, NodeExpectation};
 use crate::device::BlockDevice;
 use crate::format::node::{BODY_SIZE, HEADER_SIZE, LEAF_ITEM_HEADER_SIZE};
 use crate::format::{
-    tree_id, DirEntry, FileExtent, FileType, InodeItem, Item, ItemType, Key, KeyPtr, Node,
+    tree_name, DirEntry, FileExtent, FileType, InodeItem, Item, ItemType, Key, KeyPtr, Node,
     NodeBody, Superblock, Timespec, NODE_MAGIC, NODE_SIZE,
 };
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::io;
-
-/// The name of a tree id as reports print it: `fs(5)`, `extent(2)`.
-pub fn tree_name(id: u64) -> String {
-    let name = match id {
-        tree_id::ROOT => "root",
-        tree_id::EXTENT => "extent",
-        tree_id::FS => "fs",
-        tree_id::LOG => "log",
-        tree_id::LOG_ROOT => "log-root",
-        _ => return id.to_string(),
-    };
-    format!("{name}({id})")
-}
-
-/// Parses a tree name as [`tree_name`] prints it (`fs`, `fs(5)`, `5`,
-/// `log-root`), for command lines.
-pub fn parse_tree_name(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let base = s.split('(').next().unwrap_or(s);
-    let id = match base.to_ascii_lowercase().as_str() {
-        "root" => tree_id::ROOT,
-        "extent" => tree_id::EXTENT,
-        "fs" => tree_id::FS,
-        "log" => tree_id::LOG,
-        "log-root" | "log_root" | "logroot" => tree_id::LOG_ROOT,
-        other => other.parse().ok()?,
-    };
-    if let Some(rest) = s.strip_prefix(base) {
-        if !rest.is_empty() && rest != format!("({id})") {
-            return None;
-        }
-    }
-    Some(id)
-}
 
 /// A file or xattr name as printed: printable ASCII as is, everything else
 /// (and `\` and `"`) escaped, so a name never breaks a report line.
@@ -519,23 +485,6 @@ pub fn tree<D: BlockDevice + ?Sized>(
 mod tests {
     use super::*;
     use crate::format::{item_type, LeafItem};
-
-    #[test]
-    fn tree_names_round_trip() {
-        for id in [
-            tree_id::ROOT,
-            tree_id::EXTENT,
-            tree_id::FS,
-            tree_id::LOG,
-            tree_id::LOG_ROOT,
-            77,
-        ] {
-            assert_eq!(parse_tree_name(&tree_name(id)), Some(id));
-        }
-        assert_eq!(parse_tree_name("fs"), Some(5));
-        assert_eq!(parse_tree_name("fs(2)"), None);
-        assert_eq!(parse_tree_name("nope"), None);
-    }
 
     #[test]
     fn items_print_decoded_and_damaged() {

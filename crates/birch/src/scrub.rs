@@ -6,9 +6,9 @@
 use crate::btree::{copy_name, read_node_copies, NodeExpectation};
 use crate::device::BlockDevice;
 use crate::error::Result;
+use crate::format::tree_name;
 use crate::format::{item_type, tree_id, NodeBody, RootItem};
 use crate::fs::read_superblock;
-use crate::print::tree_name;
 use std::collections::HashSet;
 use std::fmt;
 

@@ -222,7 +222,7 @@ fn mutated_nodes_and_items() {
         replay.case(format!(
             "node #{i} {} of {}: {} (resealed: {sealed})",
             n.bytenr,
-            birch::print::tree_name(n.tree),
+            birch::format::tree_name(n.tree),
             what.join(", ")
         ));
         exercise_node(&bytes, n.bytenr, &fsid);
@@ -290,7 +290,7 @@ fn damage_image(rng: &mut ChaCha8Rng, fx: &Fixture, image: &mut [u8]) -> String 
             format!(
                 "node {} of {}: {what} (resealed: {sealed})",
                 n.bytenr,
-                birch::print::tree_name(n.tree)
+                birch::format::tree_name(n.tree)
             )
         }
         5 => {

@@ -114,7 +114,7 @@ impl<D: BlockDevice> NodeStore<D> {
                 Err(e) => bad.push((copy.index, copy.offset, e)),
             }
         }
-        let tree = crate::print::tree_name(expect.tree);
+        let tree = crate::format::tree_name(expect.tree);
         let Some((node, raw)) = good else {
             self.unrepairable.fetch_add(1, Ordering::Relaxed);
             let mut errors = bad.into_iter();

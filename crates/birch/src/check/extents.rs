@@ -1,10 +1,10 @@
 //! Pass `extent-refs`: the extent tree against what references it.
 
 use super::{Checker, ExtentKind, ExtentRec, FaultId, FileExtentKind, Loc, NodeRec, PassStatus};
+use crate::format::tree_name;
 use crate::format::{
     item_type, tree_id, Key, Superblock, FIRST_ALLOCATABLE_BYTE, NODE_SIZE, SECTOR_SIZE,
 };
-use crate::print::tree_name;
 use std::collections::HashMap;
 
 /// Pass `extent-refs`: one function per invariant, in this order.

@@ -45,8 +45,8 @@ pub use superblock::{
 
 use crate::device::BlockDevice;
 use crate::error::Corruption;
+use crate::format::tree_name;
 use crate::format::{tree_id, Key, Superblock};
-use crate::print::tree_name;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io;

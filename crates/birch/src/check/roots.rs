@@ -92,9 +92,9 @@ fn root_items<D: BlockDevice + ?Sized>(
             Ok(n) => {
                 problems.push(format!(
                     "block {bytenr}: owner {} level {} but expected {} level {level}",
-                    crate::print::tree_name(n.owner),
+                    crate::format::tree_name(n.owner),
                     n.level,
-                    crate::print::tree_name(root.tree)
+                    crate::format::tree_name(root.tree)
                 ));
                 continue;
             }

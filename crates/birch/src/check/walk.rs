@@ -10,12 +10,13 @@ use super::{
 };
 use crate::btree::{copy_name, NodeExpectation};
 use crate::format::node::MAX_LEVEL;
+use crate::format::tree_name;
 use crate::format::{
     extref_hash, item_type, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeExtrefEntry,
     Item, ItemType, Key, LeafItem, MetadataProfile, Node, NodeBody, RootItem, Superblock, TreeKind,
     Xattr, FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
-use crate::print::{name, tree_name};
+use crate::print::name;
 use std::collections::HashSet;
 
 struct Target {

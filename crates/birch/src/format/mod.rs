@@ -47,6 +47,40 @@ pub mod tree_id {
     pub const LOG_ROOT: u64 = u64::MAX - 7;
 }
 
+/// The name of a tree id as reports print it: `fs(5)`, `extent(2)`.
+pub fn tree_name(id: u64) -> String {
+    let name = match id {
+        tree_id::ROOT => "root",
+        tree_id::EXTENT => "extent",
+        tree_id::FS => "fs",
+        tree_id::LOG => "log",
+        tree_id::LOG_ROOT => "log-root",
+        _ => return id.to_string(),
+    };
+    format!("{name}({id})")
+}
+
+/// Parses a tree name as [`tree_name`] prints it (`fs`, `fs(5)`, `5`,
+/// `log-root`), for command lines.
+pub fn parse_tree_name(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let base = s.split('(').next().unwrap_or(s);
+    let id = match base.to_ascii_lowercase().as_str() {
+        "root" => tree_id::ROOT,
+        "extent" => tree_id::EXTENT,
+        "fs" => tree_id::FS,
+        "log" => tree_id::LOG,
+        "log-root" | "log_root" | "logroot" => tree_id::LOG_ROOT,
+        other => other.parse().ok()?,
+    };
+    if let Some(rest) = s.strip_prefix(base) {
+        if !rest.is_empty() && rest != format!("({id})") {
+            return None;
+        }
+    }
+    Some(id)
+}
+
 /// Objectid of the orphan items (inodes with no names left, still open).
 pub const ORPHAN_OBJECTID: u64 = u64::MAX - 5;
 /// Inode number of a subvolume's root directory.
@@ -75,4 +109,26 @@ pub fn name_hash(name: &[u8]) -> u64 {
 /// the name's crc32c in the low half.
 pub fn extref_hash(parent: u64, name: &[u8]) -> u64 {
     (u64::from(crc32c::crc32c(&parent.to_le_bytes())) << 32) | name_hash(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_names_round_trip() {
+        for id in [
+            tree_id::ROOT,
+            tree_id::EXTENT,
+            tree_id::FS,
+            tree_id::LOG,
+            tree_id::LOG_ROOT,
+            77,
+        ] {
+            assert_eq!(parse_tree_name(&tree_name(id)), Some(id));
+        }
+        assert_eq!(parse_tree_name("fs"), Some(5));
+        assert_eq!(parse_tree_name("fs(2)"), None);
+        assert_eq!(parse_tree_name("nope"), None);
+    }
 }

@@ -245,7 +245,7 @@ fn load_commit<D: BlockDevice>(
         let data = forest.get(&root, &key)?.ok_or_else(|| {
             Error::corrupt(Corruption::general(format!(
                 "root tree has no root item for tree {}",
-                crate::print::tree_name(id)
+                crate::format::tree_name(id)
             )))
         })?;
         let item = RootItem::decode(&data)
@@ -267,7 +267,7 @@ fn load_commit<D: BlockDevice>(
                 return Err(Error::corrupt(Corruption::general(format!(
                     "the root item of tree {} ({} level {} generation {}) is not the one the \
                      backup root records ({} level {} generation {})",
-                    crate::print::tree_name(tree.id),
+                    crate::format::tree_name(tree.id),
                     tree.bytenr,
                     tree.level,
                     tree.generation,
