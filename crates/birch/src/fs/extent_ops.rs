@@ -10,7 +10,7 @@
 //! log cannot express as written ranges, so the next fsync logs the whole
 //! extent list (`full_sync`).
 
-use super::inode::decode_item;
+use super::decode::decode_item;
 use super::space::Need;
 use super::FsState;
 use crate::device::BlockDevice;

@@ -12,7 +12,7 @@
 //! `put_dirty_page` / `take_dirty_page`, which keep the space accounting
 //! (dirty bytes, runs, the dirty queue) exact.
 
-use super::inode::decode_item;
+use super::decode::decode_item;
 use super::space::Need;
 use super::{FallocateMode, FsState, SeekWhence};
 use crate::device::BlockDevice;

@@ -1,13 +1,13 @@
 //! The in-memory inode cache. The cached `InodeItem` is the truth; the fs
 //! tree's copy is updated by the delayed-inode flush.
 
+use super::decode::decode_item;
 use super::tree_log::InodeLog;
 use super::{Attr, FsState, SetAttr, SetTime};
 use crate::device::BlockDevice;
-use crate::error::{Corruption, Error, Result};
+use crate::error::{Error, Result};
 use crate::format::{
-    item_type, tree_id, FileExtent, FileType, InodeItem, Key, Timespec, ORPHAN_OBJECTID,
-    SECTOR_SIZE,
+    item_type, FileExtent, FileType, InodeItem, Key, Timespec, ORPHAN_OBJECTID, SECTOR_SIZE,
 };
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -26,21 +26,6 @@ pub(crate) struct Inode {
     /// the inode was last logged.
     pub change_seq: u64,
     pub log: InodeLog,
-}
-
-/// Turns an item decode failure into a corruption report naming the key.
-pub(crate) fn decode_item<T>(
-    key: &Key,
-    result: std::result::Result<T, crate::format::ItemError>,
-) -> Result<T> {
-    result.map_err(|e| {
-        Error::corrupt(Corruption {
-            tree: Some(tree_id::FS),
-            block: None,
-            slot: None,
-            reason: format!("item {key}: {e}"),
-        })
-    })
 }
 
 impl<D: BlockDevice> FsState<D> {

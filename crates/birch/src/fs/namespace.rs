@@ -4,8 +4,8 @@
 //! (ino, parent) for the way back, both written to the tree at once, and
 //! DIR_INDEX (parent, index) for readdir order, kept as a delayed item.
 
+use super::decode::decode_item;
 use super::delayed::DelayedDir;
-use super::inode::decode_item;
 use super::{Attr, DirListEntry, FsState, RenameFlags};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};

@@ -2,7 +2,8 @@
 //! one onto the committed fs tree, then the caller commits. The rules are in
 //! docs/TREE-LOG.md, "Replay".
 
-use super::inode::{decode_item, Inode};
+use super::decode::decode_item;
+use super::inode::Inode;
 use super::FsState;
 use crate::btree::TreeRoot;
 use crate::device::BlockDevice;

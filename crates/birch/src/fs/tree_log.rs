@@ -3,7 +3,7 @@
 //! design; this file is the logging half (replay is in replay.rs, the log
 //! sync protocol in mod.rs).
 
-use super::inode::decode_item;
+use super::decode::decode_item;
 use super::FsState;
 use crate::btree::TreeRoot;
 use crate::device::BlockDevice;

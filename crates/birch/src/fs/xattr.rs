@@ -1,7 +1,7 @@
 //! Extended attributes: `(ino, XATTR_ITEM, name_hash)` items, each holding
 //! every attribute of the inode whose name has that hash.
 
-use super::inode::decode_item;
+use super::decode::decode_item;
 use super::{FsState, XattrSetMode};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
