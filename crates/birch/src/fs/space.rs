@@ -14,7 +14,8 @@
 //! available = free − reserved − global reserve     (urgent changes: + global reserve)
 //! ```
 
-use super::{FsState, Shared};
+use super::transaction::{shut_down_error, Shared};
+use super::FsState;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
@@ -491,7 +492,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
         loop {
             if state.shut_down {
                 state.space.release(held);
-                return Err(super::shut_down_error());
+                return Err(shut_down_error());
             }
             if state.failed.is_some() || state.options.read_only {
                 state.space.release(held);

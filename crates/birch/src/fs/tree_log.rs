@@ -1,7 +1,7 @@
 //! The tree-log: fsync by logging one inode (or directory) into a
 //! per-subvolume log tree instead of committing. docs/TREE-LOG.md is the
 //! design; this file is the logging half (replay is in replay.rs, the log
-//! sync protocol in mod.rs).
+//! sync protocol in log_sync.rs).
 
 use super::decode::decode_item;
 use super::FsState;

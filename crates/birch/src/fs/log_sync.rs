@@ -1,0 +1,197 @@
+//! Log sync: an fsync's logged changes reach the disk in a group commit
+//! (docs/TREE-LOG.md "Log sync"). One log sync writes at a time; fsyncs
+//! that logged into the same log transaction wait for it instead of
+//! writing their own. The logging itself is in tree_log.rs.
+
+use super::commit;
+use super::transaction::{io_step, Shared};
+use super::LogStats;
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::Superblock;
+use std::time::{Duration, Instant};
+
+impl<D: BlockDevice> Shared<D> {
+    /// Waits until log transaction `id` is durable, writing it (and
+    /// everything logged with it) if no one else is (group commit).
+    pub(super) fn wait_log(&self, id: u64) -> Result<()> {
+        let mut sync = self.lock_sync();
+        loop {
+            if let Some(why) = &sync.failed {
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "log sync failed earlier: {why}"
+                ))));
+            }
+            if sync.durable_log >= id {
+                return Ok(());
+            }
+            let covered = sync.commit_covering.is_some_and(|c| id <= c);
+            if !covered && !sync.log_writing && !sync.commit_sealing {
+                sync.log_writing = true;
+                drop(sync);
+                let result = self.write_log();
+                sync = self.lock_sync();
+                sync.log_writing = false;
+                match result {
+                    Ok(written) => sync.durable_log = sync.durable_log.max(written),
+                    Err(e) => {
+                        self.lock_state()
+                            .failed
+                            .get_or_insert_with(|| e.to_string());
+                        sync.failed = Some(e.to_string());
+                    }
+                }
+                self.sync_changed.notify_all();
+                continue;
+            }
+            sync = self
+                .sync_changed
+                .wait(sync)
+                .expect("sync progress lock poisoned");
+        }
+    }
+
+    /// Seals the filling log transaction and writes it: nodes, FLUSH, then
+    /// (once its base commit is durable) the superblock, FLUSH. Returns the
+    /// log transaction now durable.
+    fn write_log(&self) -> Result<u64> {
+        let sealed = {
+            let mut state = self.lock_state();
+            // A change that failed since this log was filled may have left
+            // it half changed (logged names are kept current in it).
+            if let Some(why) = &state.failed {
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "filesystem is read-only after an earlier failure: {why}"
+                ))));
+            }
+            let filling = state.log.filling;
+            match state.seal_log()? {
+                Some(s) => s,
+                // Nothing logged since the last sync: it is all durable.
+                None => return Ok(filling),
+            }
+        };
+        let dev = self.store.device().as_ref();
+        let fsid = *self.store.fsid();
+        let mut phases = LogSyncPhases::start();
+        let step = format!(
+            "log sync {} (on generation {})",
+            sealed.id, sealed.base_generation
+        );
+        commit::write_nodes(dev, &sealed.nodes, &fsid, self.store.profile())
+            .map_err(|e| io_step(e, &step))?;
+        phases.lap(|p| &mut p.write);
+        dev.flush().map_err(|e| io_step(e.into(), &step))?;
+        phases.lap(|p| &mut p.nodes_flush);
+        // Seed 002: only this write waits for the commit the log is based on.
+        {
+            let mut sync = self.lock_sync();
+            while sync.durable_generation < sealed.base_generation && sync.failed.is_none() {
+                sync = self
+                    .sync_changed
+                    .wait(sync)
+                    .expect("sync progress lock poisoned");
+            }
+        }
+        let _superblock = self
+            .superblock_lock
+            .lock()
+            .expect("superblock lock poisoned");
+        let superblock = {
+            let state = self.lock_state();
+            // A commit after the base made the log's content durable: a
+            // superblock pointing at this log would roll the disk back.
+            (state.superblock.generation == sealed.base_generation).then(|| Superblock {
+                log_root_bytenr: sealed.root.bytenr,
+                log_root_level: sealed.root.level,
+                log_generation: sealed.id,
+                ..state.superblock.clone()
+            })
+        };
+        phases.lap(|p| &mut p.base_wait);
+        if let Some(sb) = &superblock {
+            commit::write_superblocks(dev, sb).map_err(|e| io_step(e, &step))?;
+        }
+        phases.lap(|p| &mut p.superblock);
+        let mut state = self.lock_state();
+        phases.add_to(&mut state.log_stats);
+        state.forest.end_log_write();
+        state.forest.alloc.unpin(sealed.released);
+        match superblock {
+            Some(sb) => {
+                state.superblock = sb;
+                state.log_stats.log_syncs += 1;
+            }
+            None => state.log_stats.log_syncs_superseded += 1,
+        }
+        Ok(sealed.id)
+    }
+}
+
+/// Where a log sync's time went, added to [`LogStats`] once it is done.
+struct LogSyncPhases {
+    lap_started: Instant,
+    write: Duration,
+    nodes_flush: Duration,
+    base_wait: Duration,
+    superblock: Duration,
+}
+
+impl LogSyncPhases {
+    fn start() -> Self {
+        LogSyncPhases {
+            lap_started: Instant::now(),
+            write: Duration::ZERO,
+            nodes_flush: Duration::ZERO,
+            base_wait: Duration::ZERO,
+            superblock: Duration::ZERO,
+        }
+    }
+
+    /// Charges the time since the previous lap to one phase.
+    fn lap(&mut self, phase: impl FnOnce(&mut Self) -> &mut Duration) {
+        let now = Instant::now();
+        let since = now - self.lap_started;
+        self.lap_started = now;
+        *phase(self) += since;
+    }
+
+    fn add_to(&self, stats: &mut LogStats) {
+        stats.log_write_nanos += self.write.as_nanos() as u64;
+        stats.log_nodes_flush_nanos += self.nodes_flush.as_nanos() as u64;
+        stats.log_base_wait_nanos += self.base_wait.as_nanos() as u64;
+        stats.log_superblock_nanos += self.superblock.as_nanos() as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::device::{FaultPlan, FaultyDevice, MemoryDevice};
+    use crate::fs::tree_log::LogOutcome;
+    use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions};
+
+    /// A change running while an fsync waits for its log sync can fail
+    /// part-way, leaving the log half changed (logged inodes' names are
+    /// kept current in it): the log sync must then write nothing. Threads
+    /// make that race; this takes its steps in order.
+    #[test]
+    fn log_sync_after_a_failed_change_writes_nothing() {
+        let dev = MemoryDevice::new(16 << 20);
+        mkfs(&dev, &MkfsOptions::default()).unwrap();
+        let dev = FaultyDevice::new(dev);
+        let faults = dev.faults();
+        let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+        let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, b"logged").unwrap();
+        let logged = fs.lock().log_for_fsync(f).unwrap();
+        let LogOutcome::Logged(id) = logged else {
+            panic!("fsync of a new file did not log it");
+        };
+        fs.lock().failed = Some("a concurrent change failed part-way".into());
+        faults.arm(FaultPlan::none());
+        let err = fs.shared.wait_log(id).unwrap_err();
+        assert!(err.to_string().contains("failed part-way"), "{err}");
+        let io = faults.counts();
+        assert_eq!((io.writes, io.flushes), (0, 0), "the log sync wrote");
+    }
+}

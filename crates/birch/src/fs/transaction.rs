@@ -1,0 +1,349 @@
+//! Commit coordination: the locks every request and commit share
+//! ([`Shared`]; the order they are taken in is docs/ARCHITECTURE.md "Lock
+//! order"), the
+//! commit that seals the running transaction under the state lock and
+//! writes it without, and the background worker that commits on an
+//! interval. The log sync that shares these locks is in log_sync.rs.
+
+use super::commit;
+use super::FsState;
+use crate::btree::NodeStore;
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::SECTOR_SIZE;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// Pages a commit writes back per state-lock hold before it seals.
+const COMMIT_WRITEBACK_BATCH_PAGES: u64 = 256;
+
+/// Why a commit runs: what it must do even when nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// Make changes durable: nothing changed, nothing to write.
+    Durability,
+    /// Give space back (reclaim, ENOSPC retry): also release the space held
+    /// for the previous commit, which takes a commit of its own.
+    Space,
+}
+
+/// Where log syncs and commits stand; see docs/TREE-LOG.md "Log sync".
+#[derive(Debug, Default)]
+pub(super) struct SyncProgress {
+    /// A log sync is being written (at most one at a time).
+    pub(super) log_writing: bool,
+    /// A commit is sealing: no log sync may start.
+    pub(super) commit_sealing: bool,
+    /// Every log transaction up to this one is durable.
+    pub(super) durable_log: u64,
+    /// Log transactions up to this one are part of the commit in flight.
+    pub(super) commit_covering: Option<u64>,
+    /// Generation of the last durable commit.
+    pub(super) durable_generation: u64,
+    /// Set when a log sync failed: later fsyncs report it.
+    pub(super) failed: Option<String>,
+}
+
+pub(super) struct Shared<D> {
+    pub(super) state: Mutex<FsState<D>>,
+    /// Serializes commits; held across a commit's unlocked I/O.
+    pub(super) commit_lock: Mutex<()>,
+    pub(super) sync: Mutex<SyncProgress>,
+    pub(super) sync_changed: Condvar,
+    /// Held while writing and flushing a superblock, by commits and log
+    /// syncs alike, so their superblocks reach the disk in order.
+    pub(super) superblock_lock: Mutex<()>,
+    pub(super) store: Arc<NodeStore<Arc<D>>>,
+    pub(super) worker_stop: Mutex<bool>,
+    pub(super) worker_wake: Condvar,
+    /// With the state lock: space came back (tickets served, dirty memory
+    /// went down).
+    pub(super) space_cv: Condvar,
+    /// With the state lock: wakes the flusher.
+    pub(super) flusher_wake: Condvar,
+    /// One reclaimer at a time.
+    pub(super) reclaim_lock: Mutex<()>,
+}
+
+impl<D: BlockDevice> Shared<D> {
+    /// Fails with EIO once a panic inside the engine poisoned one of its
+    /// locks: every later call fails instead of panicking in turn.
+    pub(super) fn check_not_poisoned(&self) -> Result<()> {
+        if self.state.is_poisoned()
+            || self.commit_lock.is_poisoned()
+            || self.sync.is_poisoned()
+            || self.superblock_lock.is_poisoned()
+        {
+            return Err(Error::Io(std::io::Error::other(
+                "an earlier operation failed inside birch (a bug); the filesystem is shut down",
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn lock_state(&self) -> MutexGuard<'_, FsState<D>> {
+        self.state.lock().expect("filesystem state lock poisoned")
+    }
+
+    pub(super) fn lock_sync(&self) -> MutexGuard<'_, SyncProgress> {
+        self.sync.lock().expect("sync progress lock poisoned")
+    }
+
+    /// Seals the running transaction, writes it without the state lock, then
+    /// releases what it freed. The log of the running transaction is
+    /// dropped: the commit makes its content durable.
+    pub(super) fn commit(&self) -> Result<()> {
+        self.commit_with(Purpose::Durability)
+    }
+
+    /// A commit to get space back: unlike [`Self::commit`] it also runs
+    /// when nothing changed but space is held for the previous commit,
+    /// which only a commit releases.
+    pub(super) fn commit_for_space(&self) -> Result<()> {
+        self.commit_with(Purpose::Space)
+    }
+
+    fn commit_with(&self, purpose: Purpose) -> Result<()> {
+        let _commit = self.commit_lock.lock().expect("commit lock poisoned");
+        self.write_back_before_seal()?;
+        {
+            // A log write in flight uses blocks the commit would release.
+            let mut sync = self.lock_sync();
+            while sync.log_writing {
+                sync = self
+                    .sync_changed
+                    .wait(sync)
+                    .expect("sync progress lock poisoned");
+            }
+            sync.commit_sealing = true;
+        }
+        let sealed = (|| {
+            let mut state = self.lock_state();
+            if state.options.read_only {
+                return Ok(None);
+            }
+            if let Some(why) = &state.failed {
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "filesystem is read-only after an earlier failure: {why}"
+                ))));
+            }
+            let covering = state.log.filling;
+            let generation = state.forest.transid();
+            match state.prepare_commit(purpose) {
+                Ok(p) => Ok(p.map(|p| (p, covering))),
+                Err(e) => {
+                    let e = io_step(e, &format!("commit of generation {generation}"));
+                    state.failed = Some(e.to_string());
+                    Err(e)
+                }
+            }
+        })();
+        {
+            let mut sync = self.lock_sync();
+            sync.commit_sealing = false;
+            if let Ok(Some((_, covering))) = &sealed {
+                sync.commit_covering = Some(*covering);
+            }
+            self.sync_changed.notify_all();
+        }
+        let Some((prepared, covering)) = sealed? else {
+            return Ok(());
+        };
+        let dev = self.store.device().as_ref();
+        let written = commit::write_nodes(
+            dev,
+            &prepared.nodes,
+            &prepared.superblock.fsid,
+            prepared.superblock.metadata_profile,
+        )
+        .and_then(|n| {
+            dev.flush()?;
+            let _superblock = self
+                .superblock_lock
+                .lock()
+                .expect("superblock lock poisoned");
+            commit::write_superblocks(dev, &prepared.superblock)?;
+            Ok(n)
+        })
+        .map_err(|e| {
+            let step = format!("commit of generation {}", prepared.superblock.generation);
+            io_step(e, &step)
+        });
+        let generation = prepared.superblock.generation;
+        let result = {
+            let mut state = self.lock_state();
+            match written {
+                Ok(nodes) => {
+                    state.finish_commit(prepared, nodes);
+                    self.space_changed(&mut state);
+                    Ok(())
+                }
+                Err(e) => {
+                    state.failed = Some(e.to_string());
+                    Err(e)
+                }
+            }
+        };
+        let mut sync = self.lock_sync();
+        sync.commit_covering = None;
+        match &result {
+            Ok(()) => {
+                sync.durable_log = sync.durable_log.max(covering);
+                sync.durable_generation = generation;
+            }
+            Err(e) => sync.failed = Some(e.to_string()),
+        }
+        self.sync_changed.notify_all();
+        result
+    }
+
+    /// Writes back the pages dirty when the commit began, a batch per
+    /// state-lock hold, so that the seal (which writes back whatever is
+    /// still dirty, under the lock) finds little left: other requests wait
+    /// for one batch at most instead of for every page dirtied since the
+    /// last commit (a 30 s commit under dbench stalled them for 300 ms).
+    /// btrfs likewise starts delalloc writeback before its critical
+    /// section. Bounded by what was dirty at the start, so writers that
+    /// dirty pages as fast as they are written cannot hold the commit back.
+    fn write_back_before_seal(&self) -> Result<()> {
+        let mut left = self.lock_state().dirty_page_bytes / SECTOR_SIZE;
+        while left > 0 {
+            {
+                let mut state = self.lock_state();
+                if state.failed.is_some() || state.options.read_only {
+                    return Ok(());
+                }
+                let written = match state.writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES)) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let generation = state.forest.transid();
+                        let e = io_step(e, &format!("commit of generation {generation}"));
+                        state.failed = Some(e.to_string());
+                        return Err(e);
+                    }
+                };
+                state.space.stats.commit_pages += written;
+                self.space_changed(&mut state);
+                if written == 0 {
+                    return Ok(());
+                }
+                left = left.saturating_sub(written);
+            }
+            // The mutex is not fair: let the requests queued on it in
+            // before taking it again.
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
+
+/// Names the commit or log sync a device error interrupted, so that the
+/// reason the filesystem turned read-only says what failed.
+pub(super) fn io_step(e: Error, step: &str) -> Error {
+    match e {
+        Error::Io(io) => Error::Io(std::io::Error::new(io.kind(), format!("{step}: {io}"))),
+        other => other,
+    }
+}
+
+pub(super) fn shut_down_error() -> Error {
+    Error::Io(std::io::Error::other("the filesystem was shut down"))
+}
+
+/// Commits every `commit_interval` while there are changes, and flushes
+/// delayed items early when too many accumulate.
+pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>) {
+    let interval = shared
+        .state
+        .lock()
+        .expect("state lock")
+        .options
+        .commit_interval
+        .expect("worker runs only with an interval");
+    let tick = interval.min(std::time::Duration::from_millis(500));
+    let mut last_commit = Instant::now();
+    loop {
+        {
+            let stop = shared.worker_stop.lock().expect("worker lock poisoned");
+            let (stop, _) = shared
+                .worker_wake
+                .wait_timeout(stop, tick)
+                .expect("worker lock poisoned");
+            if *stop {
+                break;
+            }
+        }
+        let flush_delayed = {
+            let state = shared.state.lock().expect("state lock poisoned");
+            state.failed.is_none() && state.delayed.len() > state.options.delayed_items_limit
+        };
+        if flush_delayed {
+            let mut state = shared.state.lock().expect("state lock poisoned");
+            if let Err(e) = state.flush_delayed_items() {
+                state.failed = Some(e.to_string());
+            }
+        }
+        if last_commit.elapsed() >= interval {
+            if let Err(e) = shared.commit() {
+                eprintln!("birch: periodic commit failed: {e}");
+            }
+            last_commit = Instant::now();
+        }
+    }
+}
+
+impl<D: BlockDevice> FsState<D> {
+    /// After a change met an I/O error or corruption: what is in memory
+    /// may be half changed and must never be committed, so the
+    /// filesystem turns read-only, keeping the first reason.
+    pub(super) fn fail_on_device_error<T>(&mut self, result: &Result<T>) {
+        if let Err(e @ (Error::Io(_) | Error::Corrupt(_))) = result {
+            self.failed.get_or_insert_with(|| e.to_string());
+        }
+    }
+
+    fn prepare_commit(&mut self, purpose: Purpose) -> Result<Option<commit::PreparedCommit>> {
+        self.writeback_all()?;
+        self.flush_delayed_items()?;
+        self.drop_log()?;
+        // A superblock that points at a log (one replay applied or threw
+        // away) is superseded even when nothing else changed, and so is
+        // one newer than the commit in memory (a rescue mount fell back to
+        // an older commit: the first commit makes the rollback durable).
+        let device_holds_other_commit = self.superblock.generation + 1 != self.forest.transid();
+        let releases_held = purpose == Purpose::Space && self.forest.alloc.held_bytes() > 0;
+        if self.forest.dirty_node_count() == 0
+            && !self.forest.alloc.has_delayed_refs()
+            && self.superblock.log_root_bytenr == 0
+            && !device_holds_other_commit
+            && !releases_held
+        {
+            return Ok(None);
+        }
+        let prepared =
+            commit::seal_transaction(&mut self.forest, &mut self.roots, &self.superblock)?;
+        self.note_committing_pinned(
+            prepared
+                .pinned
+                .iter()
+                .chain(&prepared.log_released)
+                .map(|&(_, l)| l)
+                .sum(),
+        );
+        // The next transaction's log transactions get new numbers: the
+        // commit covers every one up to the current.
+        self.log.filling += 1;
+        Ok(Some(prepared))
+    }
+
+    fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
+        self.forest.end_commit();
+        self.forest.alloc.commit_durable(prepared.pinned);
+        self.forest.alloc.unpin(prepared.log_released);
+        self.note_committing_pinned(0);
+        self.superblock = prepared.superblock;
+        self.stats.commits += 1;
+        self.stats.nodes_written += nodes_written;
+        self.evict_clean_inodes();
+    }
+}
