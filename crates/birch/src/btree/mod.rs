@@ -70,11 +70,26 @@ pub struct TreeStats {
     pub merges: u64,
 }
 
+/// How one tree's nodes are written and their blocks accounted: the one
+/// thing that differs between the trees of a forest. Which trees are of
+/// which kind is the forest's owner's choice ([`Forest::with_tree_kinds`]);
+/// the B-tree knows no tree ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeKind {
+    /// Written by the transaction commit; its blocks are recorded in the
+    /// extent tree (through the allocator's delayed refs).
+    Committed,
+    /// Written ahead of the commit by a log sync ([`Forest::seal_log_nodes`]);
+    /// its blocks are never recorded in the extent tree and live only until
+    /// the next commit (the fsync log, docs/TREE-LOG.md).
+    Logged,
+}
+
 pub struct Forest<D> {
     store: Arc<NodeStore<D>>,
     dirty: HashMap<u64, Arc<Node>>,
-    /// The members of `dirty` that belong to log trees: they are written
-    /// by log syncs, not by the commit.
+    /// The members of `dirty` that belong to [`TreeKind::Logged`] trees:
+    /// they are written by log syncs, not by the commit.
     log_dirty: HashSet<u64>,
     committing: Arc<HashMap<u64, Arc<Node>>>,
     /// Log nodes sealed by a log sync whose write is in flight.
@@ -82,10 +97,7 @@ pub struct Forest<D> {
     pub alloc: Allocator,
     transid: u64,
     pub stats: TreeStats,
-}
-
-fn is_log_tree(tree: u64) -> bool {
-    tree == crate::format::tree_id::LOG || tree == crate::format::tree_id::LOG_ROOT
+    tree_kind: fn(u64) -> TreeKind,
 }
 
 /// Largest i such that `ptrs[i].key <= key`, or 0.
@@ -112,7 +124,13 @@ impl<D: BlockDevice> Forest<D> {
             alloc,
             transid,
             stats: TreeStats::default(),
+            tree_kind: |_| TreeKind::Committed,
         }
+    }
+
+    /// Sets which trees are [`TreeKind::Logged`] (by default none is).
+    pub fn with_tree_kinds(self, tree_kind: fn(u64) -> TreeKind) -> Self {
+        Forest { tree_kind, ..self }
     }
 
     pub fn transid(&self) -> u64 {
@@ -176,27 +194,29 @@ impl<D: BlockDevice> Forest<D> {
         Ok(new_bytenr)
     }
 
-    /// A new block for a node of `tree`: log trees' blocks are not recorded
-    /// in the extent tree.
+    /// A new block for a node of `tree`: a logged tree's blocks are not
+    /// recorded in the extent tree.
     fn allocate_block(&mut self, tree: u64, level: u8) -> Result<u64> {
-        if is_log_tree(tree) {
-            let bytenr = self.alloc.alloc_log_node()?;
-            self.log_dirty.insert(bytenr);
-            Ok(bytenr)
-        } else {
-            self.alloc.alloc_node(tree, level)
+        match (self.tree_kind)(tree) {
+            TreeKind::Committed => self.alloc.alloc_node(tree, level),
+            TreeKind::Logged => {
+                let bytenr = self.alloc.alloc_log_node()?;
+                self.log_dirty.insert(bytenr);
+                Ok(bytenr)
+            }
         }
     }
 
     fn free_block(&mut self, bytenr: u64, tree: u64, level: u8) {
         self.dirty.remove(&bytenr);
         self.store.forget(bytenr);
-        if is_log_tree(tree) {
-            // Never written by a log sync: nothing durable can point at it.
-            let written = !self.log_dirty.remove(&bytenr);
-            self.alloc.free_log_node(bytenr, written);
-        } else {
-            self.alloc.free_node(bytenr, tree, level);
+        match (self.tree_kind)(tree) {
+            TreeKind::Committed => self.alloc.free_node(bytenr, tree, level),
+            TreeKind::Logged => {
+                // Never written by a log sync: nothing durable can point at it.
+                let written = !self.log_dirty.remove(&bytenr);
+                self.alloc.free_log_node(bytenr, written);
+            }
         }
     }
 

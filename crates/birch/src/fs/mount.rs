@@ -3,7 +3,7 @@
 use super::commit::{self, Roots};
 use super::delayed::DelayedItems;
 use super::space::SpaceInfo;
-use super::tree_log::LogState;
+use super::tree_log::{self, LogState};
 use super::{BackupRootUsed, FsState, FsStats, MetadataCopies, MkfsOptions, MountOptions, Rescue};
 use crate::alloc::{Allocator, FreeSpace};
 use crate::btree::{Forest, NodeExpectation, NodeStore, TreeRoot};
@@ -54,7 +54,8 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         store,
         Allocator::new(free, 0, total_bytes, metadata_profile),
         transid,
-    );
+    )
+    .with_tree_kinds(tree_log::tree_kind);
     let mut roots = Roots {
         root: forest.create_tree(tree_id::ROOT)?,
         extent: forest.create_tree(tree_id::EXTENT)?,
@@ -125,7 +126,8 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         store.clone(),
         Allocator::new(FreeSpace::default(), 0, newest.total_bytes, profile),
         newest.generation + 1,
-    );
+    )
+    .with_tree_kinds(tree_log::tree_kind);
     let mut options = options;
     let (loaded, superblock, rescue) =
         match load_commit(&forest, &CommitToLoad::newest(&newest), newest.total_bytes) {

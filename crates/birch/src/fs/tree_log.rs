@@ -5,11 +5,21 @@
 
 use super::decode::decode_item;
 use super::FsState;
-use crate::btree::TreeRoot;
+use crate::btree::{TreeKind, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::format::{item_type, tree_id, FileExtent, FileType, InodeItem, Key, RootItem};
 use std::time::{Duration, Instant};
+
+/// The log trees are the forest's [`TreeKind::Logged`] trees: written by
+/// log syncs, never recorded in the extent tree.
+pub(super) fn tree_kind(tree: u64) -> TreeKind {
+    if tree == tree_id::LOG || tree == tree_id::LOG_ROOT {
+        TreeKind::Logged
+    } else {
+        TreeKind::Committed
+    }
+}
 
 /// What the log knows of one inode in the running transaction.
 #[derive(Debug, Clone, Default)]
