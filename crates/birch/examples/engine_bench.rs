@@ -6,7 +6,7 @@
 //! `cargo run --release -p birch --example engine_bench [IMAGE]`
 //! (default IMAGE: ./engine-bench.img, created and removed).
 
-use birch::alloc::{Allocator, FreeSpace};
+use birch::alloc::{Allocator, FreeSpace, TransactionSpace};
 use birch::btree::{Forest, NodeStore};
 use birch::device::{BlockDevice, FileDevice};
 use birch::format::{Key, FIRST_ALLOCATABLE_BYTE};
@@ -60,14 +60,14 @@ fn btree_inserts(dev: Arc<FileDevice>, count: u64, random: bool) -> f64 {
             .put(&mut root, Key::new(objectid, 1, 0), vec![7; 100])
             .unwrap();
         if i % 10_000 == 9_999 {
-            forest.alloc.take_delayed_refs();
-            let pinned = forest.alloc.take_pinned();
+            forest.alloc_mut().take_delayed_refs();
+            let pinned = forest.alloc_mut().take_pinned();
             let nodes = forest.begin_commit();
             for node in nodes.values() {
                 dev.write_at(&node.encode(&[1; 16]), node.bytenr).unwrap();
             }
             forest.end_commit();
-            forest.alloc.unpin(pinned);
+            forest.alloc_mut().unpin(pinned);
         }
     }
     count as f64 / start.elapsed().as_secs_f64()

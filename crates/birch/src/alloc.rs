@@ -275,46 +275,6 @@ impl Allocator {
         self.metadata_bytes = bytes;
     }
 
-    pub fn profile(&self) -> MetadataProfile {
-        self.profile
-    }
-
-    /// Bytes held by tree nodes (log trees excluded; DUP: both copies).
-    pub fn metadata_bytes(&self) -> u64 {
-        self.metadata_bytes
-    }
-
-    /// Number of extents with a pending extent-tree change.
-    pub fn delayed_ref_count(&self) -> usize {
-        self.delayed_refs.len()
-    }
-
-    pub fn free_bytes(&self) -> u64 {
-        self.free.free_bytes()
-    }
-
-    pub fn pinned_bytes(&self) -> u64 {
-        self.pinned.iter().map(|&(_, l)| l).sum()
-    }
-
-    /// Space held for the previous commit (see [`Self::commit_durable`]).
-    pub fn held_bytes(&self) -> u64 {
-        self.held.iter().map(|&(_, l)| l).sum()
-    }
-
-    /// Freed log nodes waiting for the next log sync or commit.
-    pub fn log_pinned_bytes(&self) -> u64 {
-        self.log_pinned.iter().map(|&(_, l)| l).sum()
-    }
-
-    pub fn bytes_used(&self) -> u64 {
-        self.bytes_used
-    }
-
-    pub fn total_bytes(&self) -> u64 {
-        self.total_bytes
-    }
-
     pub fn free_space(&self) -> &FreeSpace {
         &self.free
     }
@@ -396,11 +356,182 @@ impl Allocator {
         self.pinned.extend(ranges);
     }
 
+    /// Returns an unused, never-referenced data allocation (e.g. writeback
+    /// allocated more than it used).
+    pub fn release_unused_data(&mut self, bytenr: u64, len: u64) {
+        let r = self
+            .delayed_refs
+            .remove(&bytenr)
+            .expect("release of unknown data allocation");
+        assert!(
+            r.created && r.ref_delta == 0 && r.num_bytes == len,
+            "release of referenced data extent {bytenr}"
+        );
+        self.bytes_used -= len;
+        self.free.add(bytenr, len);
+    }
+
+    /// At mount: holds `[start, start+len)`, free in the mounted commit but
+    /// used by the commit before it, until the next commit is durable.
+    /// Returns false (and holds nothing) unless it is a whole number of
+    /// sectors, all of it free: the range comes from an older commit's
+    /// extent tree, which nothing else has validated.
+    pub fn hold_free_range(&mut self, start: u64, len: u64) -> bool {
+        let whole_sectors = len > 0
+            && start.is_multiple_of(SECTOR_SIZE)
+            && len.is_multiple_of(SECTOR_SIZE)
+            && start.checked_add(len).is_some();
+        if !whole_sectors || !self.free.is_free(start, len) {
+            return false;
+        }
+        self.free.remove(start, len);
+        self.held.push((start, len));
+        true
+    }
+
+    /// Allocates a log tree node. Log nodes live only until the next
+    /// commit and are never recorded in the extent tree.
+    pub fn alloc_log_node(&mut self) -> Result<u64> {
+        self.take_node_space()
+    }
+
+    /// Frees a log node. One that no log sync has written is free at once;
+    /// one a durable superblock may reference waits for the next log sync
+    /// or commit ([`Self::take_log_pinned`]).
+    pub fn free_log_node(&mut self, bytenr: u64, written: bool) {
+        let ranges: Vec<_> = self.node_ranges(bytenr).collect();
+        for (start, len) in ranges {
+            if written {
+                self.log_pinned.push((start, len));
+            } else {
+                self.free.add(start, len);
+            }
+        }
+    }
+}
+
+/// The allocator as the layers above the B-tree use it: data extents and
+/// their references, the commit's delayed refs and pinned ranges, the log's
+/// blocks at replay, and the counters. Tree nodes' blocks are not in it:
+/// only the [`Forest`](crate::btree::Forest) allocates and frees those
+/// (`alloc_node`, `free_node` and their log twins), and it hands its
+/// allocator out only as this ([`Forest::alloc`](crate::btree::Forest::alloc)).
+pub trait TransactionSpace {
+    fn profile(&self) -> MetadataProfile;
+
+    /// Bytes held by tree nodes (log trees excluded; DUP: both copies).
+    fn metadata_bytes(&self) -> u64;
+
+    /// Number of extents with a pending extent-tree change.
+    fn delayed_ref_count(&self) -> usize;
+
+    fn free_bytes(&self) -> u64;
+
+    fn pinned_bytes(&self) -> u64;
+
+    /// Space held for the previous commit (see [`Self::commit_durable`]).
+    fn held_bytes(&self) -> u64;
+
+    /// Freed log nodes waiting for the next log sync or commit.
+    fn log_pinned_bytes(&self) -> u64;
+
+    fn bytes_used(&self) -> u64;
+
+    fn total_bytes(&self) -> u64;
+
+    /// Whether `[start, start+len)` is all free.
+    fn is_free(&self, start: u64, len: u64) -> bool;
+
     /// Allocates a data extent of up to `len` bytes (sector multiple);
     /// returns `(bytenr, allocated_len)`, shorter than asked when free space
     /// is fragmented. Its reference count starts at zero: each file extent
     /// item that points into it adds one with [`Self::add_data_ref`].
-    pub fn alloc_data(&mut self, len: u64, owner: u64) -> Result<(u64, u64)> {
+    fn alloc_data(&mut self, len: u64, owner: u64) -> Result<(u64, u64)>;
+
+    /// Records one more (delta = 1) or one fewer (delta = -1) file extent
+    /// item pointing into the data extent at `bytenr`.
+    fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64, delta: i64);
+
+    /// Takes the pending extent changes, lowest bytenr first.
+    fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)>;
+
+    fn has_delayed_refs(&self) -> bool;
+
+    /// An existing extent lost its last reference while its delayed ref
+    /// was applied: pin its space.
+    fn extent_released(&mut self, bytenr: u64, len: u64);
+
+    /// Called when a commit starts: the pinned ranges it will release once
+    /// durable.
+    fn take_pinned(&mut self) -> Vec<(u64, u64)>;
+
+    /// Called once a commit is durable, with the ranges it freed (taken
+    /// by [`Self::take_pinned`]): those are held, because the commit before
+    /// it, now the newest backup root, still references them; what the
+    /// previous commit freed, referenced only by older backups, is free.
+    fn commit_durable(&mut self, freed: Vec<(u64, u64)>);
+
+    /// Returns ranges to the free map: log nodes no durable superblock
+    /// references any more.
+    fn unpin(&mut self, ranges: Vec<(u64, u64)>);
+
+    /// Log nodes freed since the last log sync: free once the next log
+    /// superblock (or commit) is durable.
+    fn take_log_pinned(&mut self) -> Vec<(u64, u64)>;
+
+    /// Claims a data extent that a log being replayed references but the
+    /// extent tree does not record: it becomes a new extent of this
+    /// transaction with no references yet.
+    fn claim_logged_extent(&mut self, bytenr: u64, len: u64, owner: u64);
+
+    /// Takes a block of a log being replayed out of the free map; it is
+    /// released (as a written log node) once the replay's commit is durable.
+    /// Fails if the block is not free: the log would overlap live data.
+    fn reserve_log_block(&mut self, start: u64) -> bool;
+}
+
+impl TransactionSpace for Allocator {
+    fn profile(&self) -> MetadataProfile {
+        self.profile
+    }
+
+    fn metadata_bytes(&self) -> u64 {
+        self.metadata_bytes
+    }
+
+    fn delayed_ref_count(&self) -> usize {
+        self.delayed_refs.len()
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.free.free_bytes()
+    }
+
+    fn pinned_bytes(&self) -> u64 {
+        self.pinned.iter().map(|&(_, l)| l).sum()
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.held.iter().map(|&(_, l)| l).sum()
+    }
+
+    fn log_pinned_bytes(&self) -> u64 {
+        self.log_pinned.iter().map(|&(_, l)| l).sum()
+    }
+
+    fn bytes_used(&self) -> u64 {
+        self.bytes_used
+    }
+
+    fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    fn is_free(&self, start: u64, len: u64) -> bool {
+        self.free.is_free(start, len)
+    }
+
+    fn alloc_data(&mut self, len: u64, owner: u64) -> Result<(u64, u64)> {
         assert!(len > 0 && len.is_multiple_of(SECTOR_SIZE));
         let unpaired = match (self.profile.primary_end(), self.profile.mirror_offset()) {
             (Some(mid), Some(offset)) => {
@@ -434,9 +565,7 @@ impl Allocator {
         Ok((start, len))
     }
 
-    /// Records one more (delta = 1) or one fewer (delta = -1) file extent
-    /// item pointing into the data extent at `bytenr`.
-    pub fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64, delta: i64) {
+    fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64, delta: i64) {
         let entry = self.delayed_refs.entry(bytenr).or_insert(DelayedRef {
             num_bytes,
             kind: ExtentKind::Data { owner },
@@ -453,108 +582,39 @@ impl Allocator {
         entry.ref_delta += delta;
     }
 
-    /// Returns an unused, never-referenced data allocation (e.g. writeback
-    /// allocated more than it used).
-    pub fn release_unused_data(&mut self, bytenr: u64, len: u64) {
-        let r = self
-            .delayed_refs
-            .remove(&bytenr)
-            .expect("release of unknown data allocation");
-        assert!(
-            r.created && r.ref_delta == 0 && r.num_bytes == len,
-            "release of referenced data extent {bytenr}"
-        );
-        self.bytes_used -= len;
-        self.free.add(bytenr, len);
-    }
-
-    /// Takes the pending extent changes, lowest bytenr first.
-    pub fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)> {
+    fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)> {
         std::mem::take(&mut self.delayed_refs).into_iter().collect()
     }
 
-    pub fn has_delayed_refs(&self) -> bool {
+    fn has_delayed_refs(&self) -> bool {
         !self.delayed_refs.is_empty()
     }
 
-    /// An existing extent lost its last reference while its delayed ref
-    /// was applied: pin its space.
-    pub fn extent_released(&mut self, bytenr: u64, len: u64) {
+    fn extent_released(&mut self, bytenr: u64, len: u64) {
         self.bytes_used -= len;
         self.pinned.push((bytenr, len));
     }
 
-    /// Called when a commit starts: the pinned ranges it will release once
-    /// durable.
-    pub fn take_pinned(&mut self) -> Vec<(u64, u64)> {
+    fn take_pinned(&mut self) -> Vec<(u64, u64)> {
         std::mem::take(&mut self.pinned)
     }
 
-    /// Called once a commit is durable, with the ranges it freed (taken
-    /// by [`Self::take_pinned`]): those are held, because the commit before
-    /// it, now the newest backup root, still references them; what the
-    /// previous commit freed, referenced only by older backups, is free.
-    pub fn commit_durable(&mut self, freed: Vec<(u64, u64)>) {
+    fn commit_durable(&mut self, freed: Vec<(u64, u64)>) {
         let released = std::mem::replace(&mut self.held, freed);
         self.unpin(released);
     }
 
-    /// At mount: holds `[start, start+len)`, free in the mounted commit but
-    /// used by the commit before it, until the next commit is durable.
-    /// Returns false (and holds nothing) unless it is a whole number of
-    /// sectors, all of it free: the range comes from an older commit's
-    /// extent tree, which nothing else has validated.
-    pub fn hold_free_range(&mut self, start: u64, len: u64) -> bool {
-        let whole_sectors = len > 0
-            && start.is_multiple_of(SECTOR_SIZE)
-            && len.is_multiple_of(SECTOR_SIZE)
-            && start.checked_add(len).is_some();
-        if !whole_sectors || !self.free.is_free(start, len) {
-            return false;
-        }
-        self.free.remove(start, len);
-        self.held.push((start, len));
-        true
-    }
-
-    /// Returns ranges to the free map: log nodes no durable superblock
-    /// references any more.
-    pub fn unpin(&mut self, ranges: Vec<(u64, u64)>) {
+    fn unpin(&mut self, ranges: Vec<(u64, u64)>) {
         for (start, len) in ranges {
             self.free.add(start, len);
         }
     }
 
-    /// Allocates a log tree node. Log nodes live only until the next
-    /// commit and are never recorded in the extent tree.
-    pub fn alloc_log_node(&mut self) -> Result<u64> {
-        self.take_node_space()
-    }
-
-    /// Frees a log node. One that no log sync has written is free at once;
-    /// one a durable superblock may reference waits for the next log sync
-    /// or commit ([`Self::take_log_pinned`]).
-    pub fn free_log_node(&mut self, bytenr: u64, written: bool) {
-        let ranges: Vec<_> = self.node_ranges(bytenr).collect();
-        for (start, len) in ranges {
-            if written {
-                self.log_pinned.push((start, len));
-            } else {
-                self.free.add(start, len);
-            }
-        }
-    }
-
-    /// Log nodes freed since the last log sync: free once the next log
-    /// superblock (or commit) is durable.
-    pub fn take_log_pinned(&mut self) -> Vec<(u64, u64)> {
+    fn take_log_pinned(&mut self) -> Vec<(u64, u64)> {
         std::mem::take(&mut self.log_pinned)
     }
 
-    /// Claims a data extent that a log being replayed references but the
-    /// extent tree does not record: it becomes a new extent of this
-    /// transaction with no references yet.
-    pub fn claim_logged_extent(&mut self, bytenr: u64, len: u64, owner: u64) {
+    fn claim_logged_extent(&mut self, bytenr: u64, len: u64, owner: u64) {
         self.free.remove(bytenr, len);
         self.bytes_used += len;
         let prev = self.delayed_refs.insert(
@@ -569,10 +629,7 @@ impl Allocator {
         assert!(prev.is_none(), "logged extent {bytenr} claimed twice");
     }
 
-    /// Takes a block of a log being replayed out of the free map; it is
-    /// released (as a written log node) once the replay's commit is durable.
-    /// Fails if the block is not free: the log would overlap live data.
-    pub fn reserve_log_block(&mut self, start: u64) -> bool {
+    fn reserve_log_block(&mut self, start: u64) -> bool {
         let ranges: Vec<_> = self.node_ranges(start).collect();
         let in_primary_half = self
             .profile

@@ -4,7 +4,7 @@
 //! so committed nodes are evicted and re-read (decoded and validated) from
 //! the device. Failures print `seed=N`; `BIRCH_SEED=N` replays one.
 
-use birch::alloc::{Allocator, FreeSpace};
+use birch::alloc::{Allocator, FreeSpace, TransactionSpace};
 use birch::btree::{Forest, NodeStore, TreeRoot};
 use birch::device::{BlockDevice, MemoryDevice};
 use birch::format::node::MAX_ITEM_DATA;
@@ -33,8 +33,8 @@ fn new_forest() -> Forest<Arc<MemoryDevice>> {
 /// Writes the transaction's nodes and releases what it freed, as a commit
 /// does (without an extent tree: this test is about the B-tree alone).
 fn commit(forest: &mut Forest<Arc<MemoryDevice>>) {
-    forest.alloc.take_delayed_refs();
-    let pinned = forest.alloc.take_pinned();
+    forest.alloc_mut().take_delayed_refs();
+    let pinned = forest.alloc_mut().take_pinned();
     let nodes = forest.begin_commit();
     for node in nodes.values() {
         forest
@@ -44,7 +44,7 @@ fn commit(forest: &mut Forest<Arc<MemoryDevice>>) {
             .unwrap();
     }
     forest.end_commit();
-    forest.alloc.unpin(pinned);
+    forest.alloc_mut().unpin(pinned);
 }
 
 fn random_key(rng: &mut ChaCha8Rng, key_space: u64) -> Key {

@@ -22,7 +22,7 @@ pub use store::{
     RepairStats,
 };
 
-use crate::alloc::Allocator;
+use crate::alloc::{Allocator, TransactionSpace};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{Key, KeyPtr, LeafItem, Node, NodeBody};
@@ -94,7 +94,7 @@ pub struct Forest<D> {
     committing: Arc<HashMap<u64, Arc<Node>>>,
     /// Log nodes sealed by a log sync whose write is in flight.
     log_writing: Arc<HashMap<u64, Arc<Node>>>,
-    pub alloc: Allocator,
+    alloc: Allocator,
     transid: u64,
     pub stats: TreeStats,
     tree_kind: fn(u64) -> TreeKind,
@@ -139,6 +139,23 @@ impl<D: BlockDevice> Forest<D> {
 
     pub fn store(&self) -> &Arc<NodeStore<D>> {
         &self.store
+    }
+
+    /// The allocator, for its counters.
+    pub fn alloc(&self) -> &impl TransactionSpace {
+        &self.alloc
+    }
+
+    /// The allocator, for what a transaction does with space besides tree
+    /// nodes (whose blocks only the forest allocates and frees).
+    pub fn alloc_mut(&mut self) -> &mut impl TransactionSpace {
+        &mut self.alloc
+    }
+
+    /// Replaces the allocator: a mount rebuilds it from the extent tree it
+    /// read through this forest.
+    pub fn set_alloc(&mut self, alloc: Allocator) {
+        self.alloc = alloc;
     }
 
     pub fn dirty_node_count(&self) -> usize {

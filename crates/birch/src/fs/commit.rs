@@ -20,7 +20,7 @@
 //! still references, and T-1, T's first older backup root, stays mountable
 //! while T is the newest commit (docs/BACKUP-ROOTS.md).
 
-use crate::alloc::{DelayedRef, ExtentKind};
+use crate::alloc::{DelayedRef, ExtentKind, TransactionSpace};
 use crate::btree::{Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
@@ -68,7 +68,7 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
             passes < 64,
             "extent tree did not settle after {passes} passes"
         );
-        for (bytenr, delayed) in forest.alloc.take_delayed_refs() {
+        for (bytenr, delayed) in forest.alloc_mut().take_delayed_refs() {
             apply_delayed_ref(forest, &mut roots.extent, bytenr, delayed, transid)?;
         }
         // Root items are written every pass; the first write copies the
@@ -81,7 +81,7 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
                 forest.put(&mut roots.root, key, item.encode())?;
             }
         }
-        if !forest.alloc.has_delayed_refs() && root_items_current(forest, roots)? {
+        if !forest.alloc().has_delayed_refs() && root_items_current(forest, roots)? {
             break;
         }
     }
@@ -94,25 +94,25 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         root_tree_level: roots.root.level,
         extent_root: root_item(&roots.extent),
         fs_root: root_item(&roots.fs),
-        bytes_used: forest.alloc.bytes_used(),
+        bytes_used: forest.alloc().bytes_used(),
     };
     backup_roots[1..].copy_from_slice(&template.backup_roots[..BACKUP_ROOT_COUNT - 1]);
     let superblock = Superblock {
         generation: transid,
         root_tree_bytenr: roots.root.bytenr,
         root_tree_level: roots.root.level,
-        bytes_used: forest.alloc.bytes_used(),
+        bytes_used: forest.alloc().bytes_used(),
         log_root_bytenr: 0,
         log_root_level: 0,
         log_generation: 0,
         backup_roots,
         ..template.clone()
     };
-    let pinned = forest.alloc.take_pinned();
+    let pinned = forest.alloc_mut().take_pinned();
     // The dropped log's written nodes: free once this commit (whose
     // superblock no longer points at the log) is durable. No commit's
     // trees use them, so no backup root needs them kept.
-    let log_released = forest.alloc.take_log_pinned();
+    let log_released = forest.alloc_mut().take_log_pinned();
     let nodes = forest.begin_commit();
     Ok(PreparedCommit {
         nodes,
@@ -199,7 +199,7 @@ fn apply_delayed_ref<D: BlockDevice>(
                         r.ref_delta, 0,
                         "new data extent {bytenr} with negative refs"
                     );
-                    forest.alloc.extent_released(bytenr, r.num_bytes);
+                    forest.alloc_mut().extent_released(bytenr, r.num_bytes);
                     Ok(())
                 }
             } else if r.ref_delta == 0 {
@@ -225,7 +225,7 @@ fn apply_delayed_ref<D: BlockDevice>(
                 }
                 if refs == 0 {
                     forest.delete(extent_root, &key)?;
-                    forest.alloc.extent_released(bytenr, r.num_bytes);
+                    forest.alloc_mut().extent_released(bytenr, r.num_bytes);
                     Ok(())
                 } else {
                     item.refs = refs as u64;

@@ -13,6 +13,7 @@
 use super::decode::decode_item;
 use super::space::Need;
 use super::FsState;
+use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{item_type, DiskRef, FileExtent, Key, Timespec, SECTOR_SIZE};
@@ -69,7 +70,7 @@ impl<D: BlockDevice> FsState<D> {
         if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
             let page = self.load_page(ino, 0)?;
             self.drop_extents(ino, 0, PAGE)?;
-            let (bytenr, got) = self.forest.alloc.alloc_data(PAGE, ino)?;
+            let (bytenr, got) = self.forest.alloc_mut().alloc_data(PAGE, ino)?;
             debug_assert_eq!(got, PAGE);
             self.forest.store().device().write_at(&page, bytenr)?;
             self.stats.data_bytes_written += PAGE;
@@ -107,7 +108,7 @@ impl<D: BlockDevice> FsState<D> {
                 &Key::new(ino, item_type::EXTENT_DATA, file_offset),
             )?;
             self.forest
-                .alloc
+                .alloc_mut()
                 .add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
             let head = DiskRef {
                 num_bytes: at - file_offset,

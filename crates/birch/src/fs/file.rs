@@ -15,6 +15,7 @@
 use super::decode::decode_item;
 use super::space::Need;
 use super::{FallocateMode, FsState, SeekWhence};
+use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
@@ -400,9 +401,12 @@ impl<D: BlockDevice> FsState<D> {
                             FileExtent::prealloc(d)
                         }
                     };
-                    self.forest
-                        .alloc
-                        .add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
+                    self.forest.alloc_mut().add_data_ref(
+                        disk.disk_bytenr,
+                        disk.disk_num_bytes,
+                        ino,
+                        -1,
+                    );
                     if file_offset < start {
                         let head = crate::format::DiskRef {
                             num_bytes: start - file_offset,
@@ -438,7 +442,7 @@ impl<D: BlockDevice> FsState<D> {
     ) -> Result<()> {
         if let Some(d) = extent.disk_ref() {
             self.forest
-                .alloc
+                .alloc_mut()
                 .add_data_ref(d.disk_bytenr, d.disk_num_bytes, ino, 1);
         }
         self.forest.insert(
@@ -646,7 +650,7 @@ impl<D: BlockDevice> FsState<D> {
             while progress.done < bytes.len() as u64 {
                 let done = progress.done;
                 let want = bytes.len() as u64 - done;
-                let (bytenr, got) = self.forest.alloc.alloc_data(want, ino)?;
+                let (bytenr, got) = self.forest.alloc_mut().alloc_data(want, ino)?;
                 let chunk = &bytes[done as usize..(done + got) as usize];
                 self.forest.store().device().write_at(chunk, bytenr)?;
                 self.stats.data_bytes_written += got;
@@ -725,7 +729,7 @@ impl<D: BlockDevice> FsState<D> {
             while at < hole_end {
                 let (bytenr, got) = self
                     .forest
-                    .alloc
+                    .alloc_mut()
                     .alloc_data((hole_end - at).min(MAX_EXTENT_BYTES), ino)?;
                 self.insert_file_extent(
                     ino,

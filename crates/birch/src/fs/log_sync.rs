@@ -6,6 +6,7 @@
 use super::commit;
 use super::transaction::{io_step, Shared};
 use super::LogStats;
+use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::Superblock;
@@ -116,7 +117,7 @@ impl<D: BlockDevice> Shared<D> {
         let mut state = self.lock_state();
         phases.add_to(&mut state.log_stats);
         state.forest.end_log_write();
-        state.forest.alloc.unpin(sealed.released);
+        state.forest.alloc_mut().unpin(sealed.released);
         match superblock {
             Some(sb) => {
                 state.superblock = sb;

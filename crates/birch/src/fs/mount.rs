@@ -143,16 +143,17 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
                 (loaded, superblock, Some(used))
             }
         };
-    forest.alloc = Allocator::new(
+    let mut alloc = Allocator::new(
         loaded.free,
         loaded.bytes_used,
         superblock.total_bytes,
         profile,
     );
-    forest.alloc.set_metadata_bytes(loaded.metadata_bytes);
+    alloc.set_metadata_bytes(loaded.metadata_bytes);
     if let Some(previous) = superblock.older_backup_roots().next() {
-        hold_previous_commit(&mut forest, &loaded.extent_nodes, previous, profile);
+        hold_previous_commit(&forest, &mut alloc, &loaded.extent_nodes, previous, profile);
     }
+    forest.set_alloc(alloc);
     let roots = loaded.roots;
     let next_ino = match forest
         .last_at_or_before(&roots.fs, &Key::new(ORPHAN_OBJECTID - 1, u8::MAX, u64::MAX))?
@@ -415,7 +416,8 @@ fn annotate(e: Error, note: &str) -> Error {
 /// one. A previous commit that cannot be read is already lost: what was
 /// found up to then is held, and the mount goes on.
 fn hold_previous_commit<D: BlockDevice>(
-    forest: &mut Forest<Arc<D>>,
+    forest: &Forest<Arc<D>>,
+    alloc: &mut Allocator,
     mounted_extent_nodes: &HashMap<u64, u64>,
     previous: &BackupRoot,
     profile: MetadataProfile,
@@ -446,10 +448,10 @@ fn hold_previous_commit<D: BlockDevice>(
                         _ => continue,
                     };
                     // Anything the mounted commit still uses is not free.
-                    forest.alloc.hold_free_range(item.key.objectid, len);
+                    alloc.hold_free_range(item.key.objectid, len);
                     if item.key.item_type == item_type::METADATA_ITEM {
                         if let Some(mirror) = profile.mirror_of(item.key.objectid) {
-                            forest.alloc.hold_free_range(mirror, len);
+                            alloc.hold_free_range(mirror, len);
                         }
                     }
                 }

@@ -5,6 +5,7 @@
 use super::decode::decode_item;
 use super::inode::Inode;
 use super::FsState;
+use crate::alloc::TransactionSpace;
 use crate::btree::TreeRoot;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
@@ -88,7 +89,7 @@ impl<D: BlockDevice> FsState<D> {
         // 1. Nothing may be allocated over the log or the data it names.
         for tree in [&root_tree, &log_tree] {
             for block in self.forest.tree_blocks(tree)? {
-                if !self.forest.alloc.reserve_log_block(block) {
+                if !self.forest.alloc_mut().reserve_log_block(block) {
                     return Err(corrupt(format!(
                         "log node {block} overlaps allocated space"
                     )));
@@ -116,15 +117,14 @@ impl<D: BlockDevice> FsState<D> {
             }
             if !self
                 .forest
-                .alloc
-                .free_space()
+                .alloc()
                 .is_free(disk.disk_bytenr, disk.disk_num_bytes)
             {
                 return Err(corrupt(format!(
                     "logged extent {extent_key} overlaps allocated space"
                 )));
             }
-            self.forest.alloc.claim_logged_extent(
+            self.forest.alloc_mut().claim_logged_extent(
                 disk.disk_bytenr,
                 disk.disk_num_bytes,
                 key.objectid,

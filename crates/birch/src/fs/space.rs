@@ -16,6 +16,7 @@
 
 use super::transaction::{shut_down_error, Shared};
 use super::FsState;
+use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
@@ -307,7 +308,7 @@ impl<D: BlockDevice> FsState<D> {
     /// What one changed item may cost a transaction: a copy of its leaf,
     /// on every copy the metadata profile keeps (docs/DUP.md).
     pub(crate) fn meta_item(&self) -> u64 {
-        self.forest.alloc.profile().node_footprint()
+        self.forest.alloc().profile().node_footprint()
     }
 
     /// Metadata reserved for the extents dirty data will become.
@@ -320,12 +321,12 @@ impl<D: BlockDevice> FsState<D> {
     /// every node not yet copied in this transaction plus what the new items
     /// can add.
     pub(crate) fn transaction_metadata(&self) -> u64 {
-        let items = self.delayed.len() as u64 + self.forest.alloc.delayed_ref_count() as u64;
+        let items = self.delayed.len() as u64 + self.forest.alloc().delayed_ref_count() as u64;
         let meta_item = self.meta_item();
         let per_item = items * meta_item;
         let copied = self.forest.dirty_node_count() as u64 * meta_item;
         let growth = (2 * items * GROWTH_PER_ITEM).div_ceil(META_ITEM) * meta_item;
-        let cap = self.forest.alloc.metadata_bytes().saturating_sub(copied) + growth;
+        let cap = self.forest.alloc().metadata_bytes().saturating_sub(copied) + growth;
         per_item.min(cap) + TXN_FIXED_NODES * meta_item
     }
 
@@ -336,7 +337,7 @@ impl<D: BlockDevice> FsState<D> {
     fn settled_metadata(&self) -> u64 {
         let items = self.space.runs * DELALLOC_EXTENT_ITEMS
             + self.delayed.len() as u64
-            + self.forest.alloc.delayed_ref_count() as u64;
+            + self.forest.alloc().delayed_ref_count() as u64;
         2 * items * GROWTH_PER_ITEM * self.meta_item() / META_ITEM
     }
 
@@ -350,7 +351,7 @@ impl<D: BlockDevice> FsState<D> {
     /// What a change may still reserve (negative: over-committed).
     pub(crate) fn space_available(&self, urgent: bool) -> i64 {
         let reserve = if urgent { 0 } else { self.space.global_reserve };
-        self.forest.alloc.free_bytes() as i64 - self.space_reserved() as i64 - reserve as i64
+        self.forest.alloc().free_bytes() as i64 - self.space_reserved() as i64 - reserve as i64
     }
 
     /// Fails with ENOSPC unless `bytes` fit without the global reserve's
@@ -425,7 +426,7 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     pub(crate) fn space_usage(&self) -> SpaceUsage {
-        let alloc = &self.forest.alloc;
+        let alloc = self.forest.alloc();
         SpaceUsage {
             total: alloc.total_bytes(),
             free: alloc.free_bytes(),
@@ -666,7 +667,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
             //    the next commit releases held space.
             if state.space_available(head.urgent) > before {
                 committed_for_held = false;
-            } else if !committed_for_held && state.forest.alloc.held_bytes() > 0 {
+            } else if !committed_for_held && state.forest.alloc().held_bytes() > 0 {
                 committed_for_held = true;
             } else {
                 committed_for_held = false;

@@ -7,6 +7,7 @@
 
 use super::commit;
 use super::FsState;
+use crate::alloc::TransactionSpace;
 use crate::btree::NodeStore;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
@@ -311,9 +312,9 @@ impl<D: BlockDevice> FsState<D> {
         // one newer than the commit in memory (a rescue mount fell back to
         // an older commit: the first commit makes the rollback durable).
         let device_holds_other_commit = self.superblock.generation + 1 != self.forest.transid();
-        let releases_held = purpose == Purpose::Space && self.forest.alloc.held_bytes() > 0;
+        let releases_held = purpose == Purpose::Space && self.forest.alloc().held_bytes() > 0;
         if self.forest.dirty_node_count() == 0
-            && !self.forest.alloc.has_delayed_refs()
+            && !self.forest.alloc().has_delayed_refs()
             && self.superblock.log_root_bytenr == 0
             && !device_holds_other_commit
             && !releases_held
@@ -338,8 +339,8 @@ impl<D: BlockDevice> FsState<D> {
 
     fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
         self.forest.end_commit();
-        self.forest.alloc.commit_durable(prepared.pinned);
-        self.forest.alloc.unpin(prepared.log_released);
+        self.forest.alloc_mut().commit_durable(prepared.pinned);
+        self.forest.alloc_mut().unpin(prepared.log_released);
         self.note_committing_pinned(0);
         self.superblock = prepared.superblock;
         self.stats.commits += 1;

@@ -5,6 +5,7 @@
 
 use super::decode::decode_item;
 use super::FsState;
+use crate::alloc::TransactionSpace;
 use crate::btree::{TreeKind, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::Result;
@@ -772,7 +773,7 @@ impl<D: BlockDevice> FsState<D> {
         )?;
         self.log.trees = Some(trees);
         let nodes = self.forest.seal_log_nodes();
-        let released = self.forest.alloc.take_log_pinned();
+        let released = self.forest.alloc_mut().take_log_pinned();
         Ok(Some(SealedLog {
             id,
             base_generation: self.committed_generation(),
