@@ -11,7 +11,8 @@ use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
     decode_inode_extrefs, decode_inode_refs, decode_xattrs, encode_xattrs, item_type, tree_id,
-    DirEntry, FileExtent, FileType, InodeItem, ItemType, Key, RootItem, Xattr, ROOT_DIR_INO,
+    DirEntry, FileExtent, FileType, InodeItem, ItemType, Key, RootItem, Xattr, NODE_SIZE,
+    ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -59,11 +60,91 @@ struct LoggedInode {
     full_extents: bool,
     dir_added: Vec<DirEntry>,
     dir_removed: Vec<u64>,
+    /// How many log items this group holds.
+    items: usize,
+}
+
+/// What the passes of one replay share.
+struct Replay {
+    /// The log root tree and the fs tree's log tree.
+    log_trees: [TreeRoot; 2],
+    /// Blocks of both log trees, reserved by the first pass.
+    log_blocks: Vec<u64>,
+    /// Every log item, until `group_by_inode` takes them.
+    items: Vec<(Key, Vec<u8>)>,
+    /// How many items the log holds.
+    item_count: usize,
+    /// Data extents (bytenr, length) the log's file extents point into.
+    logged_extents: Vec<(u64, u64)>,
+    /// The log, by inode.
+    logged: BTreeMap<u64, LoggedInode>,
+    /// Names removed by `remove_logged_removals`: (dir, name, inode).
+    removed: Vec<(u64, Vec<u8>, u64)>,
+    /// Names added by `add_logged_entries`: (dir, name, inode).
+    added: Vec<(u64, Vec<u8>, u64)>,
+    /// Inodes whose counts the last pass recomputes.
+    touched: BTreeSet<u64>,
+    report: ReplayReport,
+}
+
+/// One step of replay: `run` changes the running transaction, `check`
+/// then states what must hold after it (`Some(what is wrong)` if not: a
+/// bug, and the replay is discarded like any other failure).
+struct ReplayPass<D> {
+    name: &'static str,
+    run: fn(&mut FsState<D>, &mut Replay) -> Result<()>,
+    check: fn(&mut FsState<D>, &Replay) -> Result<Option<String>>,
 }
 
 impl<D: BlockDevice> FsState<D> {
+    /// Replay's passes, in order: each relies on the ones before it
+    /// (docs/TREE-LOG.md, "Replay"). After bcachefs's recovery-pass table.
+    const REPLAY_PASSES: [ReplayPass<D>; 8] = [
+        ReplayPass {
+            name: "reserve_log_blocks",
+            run: Self::reserve_log_blocks,
+            check: Self::log_blocks_reserved,
+        },
+        ReplayPass {
+            name: "claim_logged_extents",
+            run: Self::claim_logged_extents,
+            check: Self::logged_extents_allocated,
+        },
+        ReplayPass {
+            name: "group_by_inode",
+            run: Self::group_by_inode,
+            check: Self::every_item_grouped,
+        },
+        ReplayPass {
+            name: "replay_inodes",
+            run: Self::replay_inodes,
+            check: Self::logged_inodes_cached,
+        },
+        ReplayPass {
+            name: "remove_logged_removals",
+            run: Self::remove_logged_removals,
+            check: Self::removed_names_gone,
+        },
+        ReplayPass {
+            name: "replay_names",
+            run: Self::replay_names,
+            check: Self::only_logged_names_left,
+        },
+        ReplayPass {
+            name: "add_logged_entries",
+            run: Self::add_logged_entries,
+            check: Self::added_names_found,
+        },
+        ReplayPass {
+            name: "fix_touched_counts",
+            run: Self::fix_touched_counts,
+            check: Self::touched_inodes_named,
+        },
+    ];
+
     /// Replays the log the superblock points at into the running
-    /// transaction.
+    /// transaction: finds the log trees, then runs [`Self::REPLAY_PASSES`]
+    /// in order, checking each one's outcome.
     pub(crate) fn replay_log(&mut self) -> Result<ReplayReport> {
         let sb = self.superblock.clone();
         let log_generation = sb.generation + 1;
@@ -85,26 +166,75 @@ impl<D: BlockDevice> FsState<D> {
             level: item.level,
             generation: item.generation,
         };
+        let mut replay = Replay {
+            log_trees: [root_tree, log_tree],
+            log_blocks: Vec::new(),
+            items: Vec::new(),
+            item_count: 0,
+            logged_extents: Vec::new(),
+            logged: BTreeMap::new(),
+            removed: Vec::new(),
+            added: Vec::new(),
+            touched: BTreeSet::new(),
+            report: ReplayReport::default(),
+        };
+        for pass in Self::REPLAY_PASSES {
+            (pass.run)(self, &mut replay)?;
+            if let Some(wrong) = (pass.check)(self, &replay)? {
+                return Err(corrupt(format!("after replay pass {}: {wrong}", pass.name)));
+            }
+        }
+        Ok(replay.report)
+    }
 
-        // 1. Nothing may be allocated over the log or the data it names.
-        for tree in [&root_tree, &log_tree] {
+    /// Takes the log's own nodes out of the free map: nothing this
+    /// transaction allocates may overwrite the log before the commit that
+    /// supersedes it. A node on space already in use means the log is
+    /// damaged.
+    fn reserve_log_blocks(&mut self, replay: &mut Replay) -> Result<()> {
+        for tree in &replay.log_trees {
             for block in self.forest.tree_blocks(tree)? {
                 if !self.forest.alloc_mut().reserve_log_block(block) {
                     return Err(corrupt(format!(
                         "log node {block} overlaps allocated space"
                     )));
                 }
+                replay.log_blocks.push(block);
             }
         }
-        let items = self.forest.collect_range(&log_tree, Key::MIN, Key::MAX)?;
+        Ok(())
+    }
+
+    /// After [`Self::reserve_log_blocks`]: no log node is free.
+    fn log_blocks_reserved(&mut self, replay: &Replay) -> Result<Option<String>> {
+        let alloc = self.forest.alloc();
+        Ok(replay
+            .log_blocks
+            .iter()
+            .find(|&&b| alloc.is_free(b, NODE_SIZE as u64))
+            .map(|b| format!("log node {b} is still free")))
+    }
+
+    /// Reads the log's items and claims each data extent its file extents
+    /// point into that the extent tree does not record (written in the
+    /// logged transaction): it becomes an extent of this transaction, so
+    /// nothing else is allocated over logged data. An unrecorded extent
+    /// that is not free means the log is damaged.
+    fn claim_logged_extents(&mut self, replay: &mut Replay) -> Result<()> {
+        let [_, log_tree] = replay.log_trees;
+        replay.items = self.forest.collect_range(&log_tree, Key::MIN, Key::MAX)?;
+        replay.item_count = replay.items.len();
         let mut claimed = BTreeSet::new();
-        for (key, data) in &items {
+        for (key, data) in &replay.items {
             if key.item_type != item_type::EXTENT_DATA {
                 continue;
             }
             let Some(disk) = decode_item(key, FileExtent::decode(data))?.disk_ref() else {
                 continue;
             };
+            replay
+                .logged_extents
+                .push((disk.disk_bytenr, disk.disk_num_bytes));
             let extent_key = Key::new(
                 disk.disk_bytenr,
                 item_type::EXTENT_ITEM,
@@ -131,11 +261,25 @@ impl<D: BlockDevice> FsState<D> {
             );
             claimed.insert(disk.disk_bytenr);
         }
+        Ok(())
+    }
 
-        // 2. Group the log by inode.
-        let mut logged: BTreeMap<u64, LoggedInode> = BTreeMap::new();
-        for (key, data) in items {
-            let entry = logged.entry(key.objectid).or_default();
+    /// After [`Self::claim_logged_extents`]: no logged data extent is free.
+    fn logged_extents_allocated(&mut self, replay: &Replay) -> Result<Option<String>> {
+        let alloc = self.forest.alloc();
+        Ok(replay
+            .logged_extents
+            .iter()
+            .find(|&&(bytenr, len)| alloc.is_free(bytenr, len))
+            .map(|(bytenr, len)| format!("logged data extent {bytenr}+{len} is still free")))
+    }
+
+    /// Sorts the log's items by inode into [`LoggedInode`]s. An item type
+    /// the logging side never writes means the log is damaged.
+    fn group_by_inode(&mut self, replay: &mut Replay) -> Result<()> {
+        for (key, data) in std::mem::take(&mut replay.items) {
+            let entry = replay.logged.entry(key.objectid).or_default();
+            entry.items += 1;
             let logged_type = ItemType::of(&key)
                 .map_err(|unknown| corrupt(format!("{unknown} at {key} in the log")))?;
             match logged_type {
@@ -185,14 +329,27 @@ impl<D: BlockDevice> FsState<D> {
                 }
             }
         }
-        let mut report = ReplayReport::default();
-        let mut touched: BTreeSet<u64> = BTreeSet::new();
+        Ok(())
+    }
 
-        // 3. Inodes: items, xattrs, extents.
-        for (&ino, log) in &logged {
+    /// After [`Self::group_by_inode`]: every item the log holds landed in
+    /// one inode's group.
+    fn every_item_grouped(&mut self, replay: &Replay) -> Result<Option<String>> {
+        let grouped: usize = replay.logged.values().map(|l| l.items).sum();
+        Ok((grouped != replay.item_count)
+            .then(|| format!("{grouped} of the log's {} items grouped", replay.item_count)))
+    }
+
+    /// Each logged inode with an inode item gets that item, its logged
+    /// xattrs (replacing the committed ones) and its logged extents (over
+    /// the committed ones; all of them dropped first when the log holds
+    /// the complete set, `LOG_FULL_EXTENTS`). An inode the fs tree does
+    /// not have yet is created.
+    fn replay_inodes(&mut self, replay: &mut Replay) -> Result<()> {
+        for (&ino, log) in &replay.logged {
             let Some(item) = &log.item else { continue };
-            report.inodes += 1;
-            touched.insert(ino);
+            replay.report.inodes += 1;
+            replay.touched.insert(ino);
             self.next_ino = self.next_ino.max(ino + 1);
             match self.inode(ino) {
                 Ok(inode) => inode.item = item.clone(),
@@ -218,7 +375,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             for (offset, extent) in &log.extents {
                 let end = match extent {
-                    FileExtent::Inline { .. } => crate::format::SECTOR_SIZE,
+                    FileExtent::Inline { .. } => SECTOR_SIZE,
                     e => offset + e.len(),
                 };
                 self.drop_extents(ino, *offset, end)?;
@@ -230,12 +387,26 @@ impl<D: BlockDevice> FsState<D> {
                     )?,
                     _ => self.insert_file_extent(ino, *offset, extent.clone())?,
                 }
-                report.extents += 1;
+                replay.report.extents += 1;
             }
         }
+        Ok(())
+    }
 
-        // 4. Entries removed from logged directories.
-        for (&dir, log) in &logged {
+    /// After [`Self::replay_inodes`]: every inode the log holds an item of
+    /// is in the inode cache.
+    fn logged_inodes_cached(&mut self, replay: &Replay) -> Result<Option<String>> {
+        Ok(replay
+            .logged
+            .iter()
+            .find(|(ino, log)| log.item.is_some() && !self.inodes.contains_key(ino))
+            .map(|(ino, _)| format!("logged inode {ino} is not cached")))
+    }
+
+    /// Removes the entries the log records as removed from logged
+    /// directories (DIR_LOG_INDEX) that the committed directory still has.
+    fn remove_logged_removals(&mut self, replay: &mut Replay) -> Result<()> {
+        for (&dir, log) in &replay.logged {
             for &index in &log.dir_removed {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
                 let Some(data) = self.forest.get(&self.roots.fs, &key)? else {
@@ -243,20 +414,38 @@ impl<D: BlockDevice> FsState<D> {
                 };
                 let entry = decode_item(&key, DirEntry::decode(&data))?;
                 self.remove_name(dir, &entry.name, entry.ino)?;
-                report.names_removed += 1;
-                touched.extend([dir, entry.ino]);
+                replay.report.names_removed += 1;
+                replay.touched.extend([dir, entry.ino]);
+                replay.removed.push((dir, entry.name, entry.ino));
             }
         }
+        Ok(())
+    }
 
-        // 5. Logged inodes' names become exactly their logged names.
-        let exists = |s: &mut Self, ino: u64| match s.inode(ino) {
-            Ok(_) => Ok(true),
-            Err(Error::NotFound) => Ok(false),
-            Err(e) => Err(e),
-        };
-        for (&ino, log) in &logged {
+    /// After [`Self::remove_logged_removals`]: no removed name still
+    /// names the inode it named.
+    fn removed_names_gone(&mut self, replay: &Replay) -> Result<Option<String>> {
+        for (dir, name, ino) in &replay.removed {
+            if self.find_entry(*dir, name)?.is_some_and(|e| e.ino == *ino) {
+                return Ok(Some(format!(
+                    "directory {dir} still names inode {ino} {:?}",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Each logged inode whose names the log holds gets exactly those
+    /// names: names it has that the log lacks go, logged names it lacks
+    /// are added (taking the name from whatever inode holds it now) in
+    /// parents that exist as directories.
+    fn replay_names(&mut self, replay: &mut Replay) -> Result<()> {
+        let report = &mut replay.report;
+        let touched = &mut replay.touched;
+        for (&ino, log) in &replay.logged {
             let Some(wanted) = &log.names else { continue };
-            if !exists(self, ino)? {
+            if !self.exists(ino)? {
                 continue;
             }
             let file_type = self.inode(ino)?.item.file_type();
@@ -273,7 +462,7 @@ impl<D: BlockDevice> FsState<D> {
                 if *parent == ino || current.contains(&(*parent, name.clone())) {
                     continue;
                 }
-                if !exists(self, *parent)?
+                if !self.exists(*parent)?
                     || self.inode(*parent)?.item.file_type() != FileType::Directory
                 {
                     report.names_without_parent += 1;
@@ -289,39 +478,103 @@ impl<D: BlockDevice> FsState<D> {
                 touched.extend([*parent, ino]);
             }
         }
+        Ok(())
+    }
 
-        // 6. Entries added to logged directories.
-        for (&dir, log) in &logged {
-            if log.dir_added.is_empty() || !exists(self, dir)? {
+    /// After [`Self::replay_names`]: an inode whose names the log holds
+    /// has no name the log lacks.
+    fn only_logged_names_left(&mut self, replay: &Replay) -> Result<Option<String>> {
+        for (&ino, log) in &replay.logged {
+            let Some(wanted) = &log.names else { continue };
+            if !self.exists(ino)? {
+                continue;
+            }
+            if let Some((parent, name)) = self
+                .names_of(ino)?
+                .into_iter()
+                .find(|n| !wanted.contains(n))
+            {
+                return Ok(Some(format!(
+                    "inode {ino} keeps the unlogged name {:?} in {parent}",
+                    String::from_utf8_lossy(&name)
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Adds the entries the log records as added to logged directories
+    /// (DIR_INDEX) whose inode exists and whose name is free, unless the
+    /// log holds that inode's names and this is not one of them.
+    fn add_logged_entries(&mut self, replay: &mut Replay) -> Result<()> {
+        for (&dir, log) in &replay.logged {
+            if log.dir_added.is_empty() || !self.exists(dir)? {
                 continue;
             }
             for entry in &log.dir_added {
-                if !exists(self, entry.ino)? || self.find_entry(dir, &entry.name)?.is_some() {
+                if !self.exists(entry.ino)? || self.find_entry(dir, &entry.name)?.is_some() {
                     continue;
                 }
                 // An inode whose names are logged has them all in the log.
-                let named = logged.get(&entry.ino).and_then(|l| l.names.as_ref());
+                let named = replay.logged.get(&entry.ino).and_then(|l| l.names.as_ref());
                 if named.is_some_and(|names| !names.contains(&(dir, entry.name.clone()))) {
                     continue;
                 }
                 let file_type = self.inode(entry.ino)?.item.file_type();
                 self.add_name(dir, &entry.name, entry.ino, file_type)?;
-                report.names_added += 1;
-                touched.extend([dir, entry.ino]);
+                replay.report.names_added += 1;
+                replay.touched.extend([dir, entry.ino]);
+                replay.added.push((dir, entry.name.clone(), entry.ino));
             }
         }
+        Ok(())
+    }
 
-        // 7. Link counts, directory sizes and byte counts of everything
-        // touched; an inode left without a name goes.
-        for ino in touched {
-            if !exists(self, ino)? {
+    /// After [`Self::add_logged_entries`]: every added name names its inode.
+    fn added_names_found(&mut self, replay: &Replay) -> Result<Option<String>> {
+        for (dir, name, ino) in &replay.added {
+            if self.find_entry(*dir, name)?.is_none_or(|e| e.ino != *ino) {
+                return Ok(Some(format!(
+                    "directory {dir} does not name inode {ino} {:?}",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Recomputes link counts, directory sizes and byte counts of every
+    /// inode replay touched; one left without a name is deleted.
+    fn fix_touched_counts(&mut self, replay: &mut Replay) -> Result<()> {
+        for &ino in &replay.touched {
+            if !self.exists(ino)? {
                 continue;
             }
             if self.fix_counts(ino)? {
-                report.inodes_deleted += 1;
+                replay.report.inodes_deleted += 1;
             }
         }
-        Ok(report)
+        Ok(())
+    }
+
+    /// After [`Self::fix_touched_counts`]: every touched inode still there
+    /// has a link.
+    fn touched_inodes_named(&mut self, replay: &Replay) -> Result<Option<String>> {
+        for &ino in &replay.touched {
+            if self.exists(ino)? && self.inode(ino)?.item.nlink == 0 {
+                return Ok(Some(format!("inode {ino} is left with no link")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether `ino` exists (in the cache or the fs tree).
+    fn exists(&mut self, ino: u64) -> Result<bool> {
+        match self.inode(ino) {
+            Ok(_) => Ok(true),
+            Err(Error::NotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn replace_xattrs(&mut self, ino: u64, xattrs: &[Xattr]) -> Result<()> {
