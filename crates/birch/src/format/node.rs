@@ -255,69 +255,9 @@ impl Node {
         }
         let body = &bytes[HEADER_SIZE..];
         let body = if level == 0 {
-            if nritems as usize > BODY_SIZE / LEAF_ITEM_HEADER_SIZE {
-                return Err(NodeError::TooManyItems { nritems });
-            }
-            let headers_end = nritems as usize * LEAF_ITEM_HEADER_SIZE;
-            let mut r = Reader::new(&body[..headers_end]);
-            let mut items: Vec<LeafItem> = Vec::with_capacity(nritems as usize);
-            // Item data must lie after the headers, inside the body, and be
-            // packed backwards without overlap, in slot order.
-            let mut prev_start = BODY_SIZE;
-            for slot in 0..nritems as usize {
-                let key = Key::decode(&mut r).map_err(|_| NodeError::ItemOutOfBounds { slot })?;
-                let offset = r.u32().map_err(|_| NodeError::ItemOutOfBounds { slot })? as usize;
-                let size = r.u32().map_err(|_| NodeError::ItemOutOfBounds { slot })? as usize;
-                let end = offset.checked_add(size);
-                if offset < headers_end || end.is_none_or(|end| end > prev_start) {
-                    return Err(NodeError::ItemOutOfBounds { slot });
-                }
-                prev_start = offset;
-                if let Some(prev) = items.last() {
-                    if prev.key >= key {
-                        return Err(NodeError::KeysOutOfOrder {
-                            slot,
-                            prev: prev.key,
-                            key,
-                        });
-                    }
-                }
-                items.push(LeafItem {
-                    key,
-                    data: body[offset..offset + size].to_vec(),
-                });
-            }
-            NodeBody::Leaf(items)
+            NodeBody::Leaf(decode_leaf(body, nritems)?)
         } else {
-            if nritems as usize > MAX_KEY_PTRS || nritems == 0 {
-                return Err(NodeError::TooManyItems { nritems });
-            }
-            let mut r = Reader::new(&body[..nritems as usize * KEY_PTR_SIZE]);
-            let mut ptrs: Vec<KeyPtr> = Vec::with_capacity(nritems as usize);
-            for slot in 0..nritems as usize {
-                let bad = |_| NodeError::ItemOutOfBounds { slot };
-                let key = Key::decode(&mut r).map_err(bad)?;
-                let blockptr = r.u64().map_err(bad)?;
-                let generation = r.u64().map_err(bad)?;
-                if blockptr == 0 || blockptr % super::SECTOR_SIZE != 0 {
-                    return Err(NodeError::BadPointer { slot, blockptr });
-                }
-                if let Some(prev) = ptrs.last() {
-                    if prev.key >= key {
-                        return Err(NodeError::KeysOutOfOrder {
-                            slot,
-                            prev: prev.key,
-                            key,
-                        });
-                    }
-                }
-                ptrs.push(KeyPtr {
-                    key,
-                    blockptr,
-                    generation,
-                });
-            }
-            NodeBody::Internal(ptrs)
+            NodeBody::Internal(decode_internal(body, nritems)?)
         };
         Ok(Node {
             bytenr,
@@ -327,6 +267,76 @@ impl Node {
             body,
         })
     }
+}
+
+/// The items of a leaf node's body holding `nritems`.
+fn decode_leaf(body: &[u8], nritems: u32) -> Result<Vec<LeafItem>, NodeError> {
+    if nritems as usize > BODY_SIZE / LEAF_ITEM_HEADER_SIZE {
+        return Err(NodeError::TooManyItems { nritems });
+    }
+    let headers_end = nritems as usize * LEAF_ITEM_HEADER_SIZE;
+    let mut r = Reader::new(&body[..headers_end]);
+    let mut items: Vec<LeafItem> = Vec::with_capacity(nritems as usize);
+    // Item data must lie after the headers, inside the body, and be
+    // packed backwards without overlap, in slot order.
+    let mut prev_start = BODY_SIZE;
+    for slot in 0..nritems as usize {
+        let key = Key::decode(&mut r).map_err(|_| NodeError::ItemOutOfBounds { slot })?;
+        let offset = r.u32().map_err(|_| NodeError::ItemOutOfBounds { slot })? as usize;
+        let size = r.u32().map_err(|_| NodeError::ItemOutOfBounds { slot })? as usize;
+        let end = offset.checked_add(size);
+        if offset < headers_end || end.is_none_or(|end| end > prev_start) {
+            return Err(NodeError::ItemOutOfBounds { slot });
+        }
+        prev_start = offset;
+        if let Some(prev) = items.last() {
+            if prev.key >= key {
+                return Err(NodeError::KeysOutOfOrder {
+                    slot,
+                    prev: prev.key,
+                    key,
+                });
+            }
+        }
+        items.push(LeafItem {
+            key,
+            data: body[offset..offset + size].to_vec(),
+        });
+    }
+    Ok(items)
+}
+
+/// The pointers of an internal node's body holding `nritems`.
+fn decode_internal(body: &[u8], nritems: u32) -> Result<Vec<KeyPtr>, NodeError> {
+    if nritems as usize > MAX_KEY_PTRS || nritems == 0 {
+        return Err(NodeError::TooManyItems { nritems });
+    }
+    let mut r = Reader::new(&body[..nritems as usize * KEY_PTR_SIZE]);
+    let mut ptrs: Vec<KeyPtr> = Vec::with_capacity(nritems as usize);
+    for slot in 0..nritems as usize {
+        let bad = |_| NodeError::ItemOutOfBounds { slot };
+        let key = Key::decode(&mut r).map_err(bad)?;
+        let blockptr = r.u64().map_err(bad)?;
+        let generation = r.u64().map_err(bad)?;
+        if blockptr == 0 || blockptr % super::SECTOR_SIZE != 0 {
+            return Err(NodeError::BadPointer { slot, blockptr });
+        }
+        if let Some(prev) = ptrs.last() {
+            if prev.key >= key {
+                return Err(NodeError::KeysOutOfOrder {
+                    slot,
+                    prev: prev.key,
+                    key,
+                });
+            }
+        }
+        ptrs.push(KeyPtr {
+            key,
+            blockptr,
+            generation,
+        });
+    }
+    Ok(ptrs)
 }
 
 #[cfg(test)]
