@@ -516,6 +516,9 @@ impl<D: BlockDevice> FsState<D> {
         ))))
     }
 
+    /// rename(2), with RENAME_EXCHANGE and RENAME_NOREPLACE: checks in the
+    /// kernel's order, then exchanges the two names or moves the source's
+    /// name over the target's.
     pub(crate) fn rename(
         &mut self,
         parent: u64,
@@ -570,30 +573,59 @@ impl<D: BlockDevice> FsState<D> {
             }
         }
         self.ensure_space(0)?;
-        let now = Timespec::now();
         if flags.exchange {
             let target = target.expect("checked above");
-            if source.ino == target.ino {
-                return Ok(());
-            }
-            self.remove_name(parent, name, source.ino)?;
-            self.remove_name(new_parent, new_name, target.ino)?;
-            self.add_name(new_parent, new_name, source.ino, source.file_type)?;
-            self.add_name(parent, name, target.ino, target.file_type)?;
-            if parent != new_parent {
-                let delta = |e: &DirEntry| i64::from(e.file_type == FileType::Directory);
-                let shift = delta(&source) - delta(&target);
-                self.update_inode(parent, |p| p.nlink = (i64::from(p.nlink) - shift) as u32)?;
-                self.update_inode(new_parent, |p| {
-                    p.nlink = (i64::from(p.nlink) + shift) as u32
-                })?;
-            }
-            for ino in [source.ino, target.ino] {
-                self.update_inode(ino, |i| i.ctime = now)?;
-                self.inode(ino)?.log.renamed_trans = self.forest.transid();
-            }
+            self.rename_exchange(parent, name, source, new_parent, new_name, target)
+        } else {
+            self.rename_move(parent, name, source, new_parent, new_name, target)
+        }
+    }
+
+    /// RENAME_EXCHANGE once checked: `source` and `target` swap names.
+    fn rename_exchange(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        source: DirEntry,
+        new_parent: u64,
+        new_name: &[u8],
+        target: DirEntry,
+    ) -> Result<()> {
+        if source.ino == target.ino {
             return Ok(());
         }
+        let now = Timespec::now();
+        self.remove_name(parent, name, source.ino)?;
+        self.remove_name(new_parent, new_name, target.ino)?;
+        self.add_name(new_parent, new_name, source.ino, source.file_type)?;
+        self.add_name(parent, name, target.ino, target.file_type)?;
+        if parent != new_parent {
+            let delta = |e: &DirEntry| i64::from(e.file_type == FileType::Directory);
+            let shift = delta(&source) - delta(&target);
+            self.update_inode(parent, |p| p.nlink = (i64::from(p.nlink) - shift) as u32)?;
+            self.update_inode(new_parent, |p| {
+                p.nlink = (i64::from(p.nlink) + shift) as u32
+            })?;
+        }
+        for ino in [source.ino, target.ino] {
+            self.update_inode(ino, |i| i.ctime = now)?;
+            self.inode(ino)?.log.renamed_trans = self.forest.transid();
+        }
+        Ok(())
+    }
+
+    /// A plain rename once checked: the source's name moves to
+    /// `new_parent/new_name`, replacing `target` if there is one.
+    fn rename_move(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        source: DirEntry,
+        new_parent: u64,
+        new_name: &[u8],
+        target: Option<DirEntry>,
+    ) -> Result<()> {
+        let now = Timespec::now();
         let source_is_dir = source.file_type == FileType::Directory;
         if let Some(target) = &target {
             if target.ino == source.ino {
