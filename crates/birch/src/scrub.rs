@@ -7,7 +7,7 @@ use crate::btree::{copy_name, read_node_copies, NodeExpectation};
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::format::tree_name;
-use crate::format::{item_type, tree_id, NodeBody, RootItem};
+use crate::format::{item_type, tree_id, Node, NodeBody, RootItem, Superblock};
 use crate::fs::read_superblock;
 use std::collections::HashSet;
 use std::fmt;
@@ -92,38 +92,9 @@ pub fn scrub_device<D: BlockDevice + ?Sized>(dev: &D) -> Result<ScrubReport> {
             level,
             generation,
         });
-        report.nodes += 1;
-        let mut good = None;
-        let mut bad = Vec::new();
-        for copy in read_node_copies(dev, &sb.fsid, profile, bytenr, expect) {
-            report.copies += 1;
-            match copy.result {
-                Ok(ok) => good = good.or(Some(ok)),
-                Err(e) => bad.push((copy.index, copy.offset, e)),
-            }
-        }
-        let Some((node, raw)) = good else {
-            let reasons: Vec<String> = bad.iter().map(|(_, _, e)| e.to_string()).collect();
-            report.unrepaired.push(format!(
-                "block {bytenr} of tree {}: no good copy: {}",
-                tree_name(tree),
-                reasons.join("; ")
-            ));
+        let Some(node) = scrub_node(dev, &sb, bytenr, tree, expect, &mut report) else {
             continue;
         };
-        for (index, offset, error) in bad {
-            let which = copy_name(index);
-            let line = format!(
-                "block {bytenr} of tree {}: {which} at {offset}: {error}",
-                tree_name(tree)
-            );
-            match dev.write_at(&raw, offset) {
-                Ok(()) => report.repaired.push(line),
-                Err(e) => report
-                    .unrepaired
-                    .push(format!("{line}; rewriting it failed: {e}")),
-            }
-        }
         match &node.body {
             NodeBody::Internal(ptrs) => stack.extend(ptrs.iter().map(|p| {
                 (
@@ -159,4 +130,50 @@ pub fn scrub_device<D: BlockDevice + ?Sized>(dev: &D) -> Result<ScrubReport> {
         }
     }
     Ok(report)
+}
+
+/// Reads every copy of node `bytenr` of `tree` and rewrites each bad one
+/// from a good one. Returns the node, or `None` when no copy is good (the
+/// report says so).
+fn scrub_node<D: BlockDevice + ?Sized>(
+    dev: &D,
+    sb: &Superblock,
+    bytenr: u64,
+    tree: u64,
+    expect: Option<NodeExpectation>,
+    report: &mut ScrubReport,
+) -> Option<Node> {
+    report.nodes += 1;
+    let mut good = None;
+    let mut bad = Vec::new();
+    for copy in read_node_copies(dev, &sb.fsid, sb.metadata_profile, bytenr, expect) {
+        report.copies += 1;
+        match copy.result {
+            Ok(ok) => good = good.or(Some(ok)),
+            Err(e) => bad.push((copy.index, copy.offset, e)),
+        }
+    }
+    let Some((node, raw)) = good else {
+        let reasons: Vec<String> = bad.iter().map(|(_, _, e)| e.to_string()).collect();
+        report.unrepaired.push(format!(
+            "block {bytenr} of tree {}: no good copy: {}",
+            tree_name(tree),
+            reasons.join("; ")
+        ));
+        return None;
+    };
+    for (index, offset, error) in bad {
+        let which = copy_name(index);
+        let line = format!(
+            "block {bytenr} of tree {}: {which} at {offset}: {error}",
+            tree_name(tree)
+        );
+        match dev.write_at(&raw, offset) {
+            Ok(()) => report.repaired.push(line),
+            Err(e) => report
+                .unrepaired
+                .push(format!("{line}; rewriting it failed: {e}")),
+        }
+    }
+    Some(node)
 }
