@@ -87,6 +87,23 @@ struct Replay {
     report: ReplayReport,
 }
 
+impl Replay {
+    fn new(log_trees: [TreeRoot; 2]) -> Replay {
+        Replay {
+            log_trees,
+            log_blocks: Vec::new(),
+            items: Vec::new(),
+            item_count: 0,
+            logged_extents: Vec::new(),
+            logged: BTreeMap::new(),
+            removed: Vec::new(),
+            added: Vec::new(),
+            touched: BTreeSet::new(),
+            report: ReplayReport::default(),
+        }
+    }
+}
+
 /// One step of replay: `run` changes the running transaction, `check`
 /// then states what must hold after it (`Some(what is wrong)` if not: a
 /// bug, and the replay is discarded like any other failure).
@@ -166,18 +183,7 @@ impl<D: BlockDevice> FsState<D> {
             level: item.level,
             generation: item.generation,
         };
-        let mut replay = Replay {
-            log_trees: [root_tree, log_tree],
-            log_blocks: Vec::new(),
-            items: Vec::new(),
-            item_count: 0,
-            logged_extents: Vec::new(),
-            logged: BTreeMap::new(),
-            removed: Vec::new(),
-            added: Vec::new(),
-            touched: BTreeSet::new(),
-            report: ReplayReport::default(),
-        };
+        let mut replay = Replay::new([root_tree, log_tree]);
         for pass in Self::REPLAY_PASSES {
             (pass.run)(self, &mut replay)?;
             if let Some(wrong) = (pass.check)(self, &replay)? {
@@ -651,5 +657,37 @@ impl<D: BlockDevice> FsState<D> {
             i.nbytes = nbytes;
         })?;
         Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Replay;
+    use crate::device::MemoryDevice;
+    use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions};
+
+    /// The checks after the name passes see what they claim to: a name
+    /// still there, a name missing.
+    #[test]
+    fn name_pass_checks_find_a_wrong_outcome() {
+        let dev = MemoryDevice::new(16 << 20);
+        mkfs(&dev, &MkfsOptions::default()).unwrap();
+        let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+        let root = fs.root_ino();
+        let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+        let mut state = fs.lock();
+        let mut replay = Replay::new([state.roots.fs; 2]);
+        replay.removed.push((root, b"f".to_vec(), f));
+        replay.added.push((root, b"g".to_vec(), f));
+        let still_there = state.removed_names_gone(&replay).unwrap();
+        assert!(still_there.is_some_and(|w| w.contains("still names inode")));
+        let missing = state.added_names_found(&replay).unwrap();
+        assert!(missing.is_some_and(|w| w.contains("does not name inode")));
+
+        let mut replay = Replay::new([state.roots.fs; 2]);
+        replay.removed.push((root, b"g".to_vec(), f));
+        replay.added.push((root, b"f".to_vec(), f));
+        assert_eq!(state.removed_names_gone(&replay).unwrap(), None);
+        assert_eq!(state.added_names_found(&replay).unwrap(), None);
     }
 }
