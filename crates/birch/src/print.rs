@@ -161,9 +161,6 @@ pub fn node_header(node: &Node) -> String {
 
 /// One item's payload, decoded by its key type. Multi-entry items (refs,
 /// dir items, xattrs) print one entry per line, joined by `\n\t\t`.
-///
-/// Long because it is one match with a short arm per item type: the one
-/// place that says how each type prints.
 pub fn item_body(key: &Key, data: &[u8]) -> String {
     let raw = || format!("{} bytes: {}", data.len(), hex(data, 32));
     let item_type = match ItemType::of(key) {

@@ -315,10 +315,10 @@ impl FsBuilder {
         self.items.insert(key, encode_xattrs(&xs));
     }
 
-    /// Lays out the trees and writes the image. One function over 100
-    /// lines on purpose: it is test-support code that lays out every tree
-    /// of an image in one reading order (fs items, extent items, nodes,
-    /// root items, superblock), and the phases share the layout state.
+    /// Lays out the trees and writes the image. Long because it is
+    /// test-support code that lays out every tree of an image in one
+    /// reading order (fs items, extent items, nodes, root items,
+    /// superblock), and the phases share the layout state.
     pub fn build(&self) -> Fixture {
         let gen = self.generation;
         let mut fs_items: BTreeMap<Key, Vec<u8>> = self.items.clone();
