@@ -91,6 +91,17 @@ struct MkfsArgs {
     /// away, so a damaged node is read (and repaired) from the other one
     #[arg(long, value_enum, default_value_t = MetadataArg::Dup)]
     metadata: MetadataArg,
+    /// A crc32c of every 4 KiB data block, verified by every read and by
+    /// `birch scrub` (docs/DATA-CHECKSUMS.md)
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    data_checksums: OnOff,
+}
+
+/// `birch mkfs --data-checksums`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 /// `birch mkfs --metadata`.
@@ -368,6 +379,10 @@ fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
         metadata: match args.metadata {
             MetadataArg::Single => birch::fs::MetadataCopies::Single,
             MetadataArg::Dup => birch::fs::MetadataCopies::Dup,
+        },
+        data_checksums: match args.data_checksums {
+            OnOff::On => birch::fs::DataChecksums::On,
+            OnOff::Off => birch::fs::DataChecksums::Off,
         },
         ..Default::default()
     };

@@ -13,8 +13,8 @@ use crate::format::node::MAX_LEVEL;
 use crate::format::{
     decode_dir_items, decode_inode_extrefs, decode_inode_refs, decode_xattrs, extref_hash,
     item_type, item_type_name, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeItem,
-    Key, LeafItem, MetadataProfile, NodeBody, RootItem, FIRST_DIR_INDEX, NODE_SIZE,
-    ORPHAN_OBJECTID, ROOT_DIR_INO,
+    Key, LeafItem, MetadataProfile, NodeBody, RootItem, EXTENT_CSUM_OBJECTID, FIRST_DIR_INDEX,
+    NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::print::{name, tree_name};
 use std::collections::HashSet;
@@ -27,6 +27,7 @@ enum Kind {
     Fs,
     LogRoot,
     Log,
+    Csum,
     /// A tree this version does not know: structure only.
     Other,
 }
@@ -86,6 +87,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         let kind = match id {
             tree_id::EXTENT => Kind::Extent,
             tree_id::FS => Kind::Fs,
+            tree_id::CSUM => Kind::Csum,
             tree_id::ROOT | tree_id::LOG | tree_id::LOG_ROOT => {
                 c.fault_at(
                     &loc,
@@ -357,6 +359,7 @@ impl Checker<'_> {
                             Kind::Extent => self.collect_extent_item(&loc, item),
                             Kind::Fs => self.collect_fs_item(&loc, item, false),
                             Kind::Log => self.collect_fs_item(&loc, item, true),
+                            Kind::Csum => self.collect_csum_item(&loc, item, false),
                             Kind::Other => {}
                         }
                     }
@@ -494,6 +497,9 @@ impl Checker<'_> {
         use item_type::*;
         let key = item.key;
         let data = &item.data[..];
+        if log && key.objectid == EXTENT_CSUM_OBJECTID {
+            return self.collect_csum_item(loc, item, true);
+        }
         if key.objectid == ORPHAN_OBJECTID {
             if key.item_type != ORPHAN_ITEM {
                 return self.item_fault(

@@ -28,6 +28,9 @@ pub mod item_type {
     pub const DIR_ITEM: u8 = 84;
     pub const DIR_INDEX: u8 = 96;
     pub const EXTENT_DATA: u8 = 108;
+    /// Checksum tree (and log trees): crc32c of each 4 KiB block of a run
+    /// of data starting at the key offset (docs/DATA-CHECKSUMS.md).
+    pub const EXTENT_CSUM: u8 = 128;
     pub const ROOT_ITEM: u8 = 132;
     pub const EXTENT_ITEM: u8 = 168;
     pub const METADATA_ITEM: u8 = 169;
@@ -47,6 +50,7 @@ pub fn item_type_name(t: u8) -> &'static str {
         DIR_ITEM => "DIR_ITEM",
         DIR_INDEX => "DIR_INDEX",
         EXTENT_DATA => "EXTENT_DATA",
+        EXTENT_CSUM => "EXTENT_CSUM",
         ROOT_ITEM => "ROOT_ITEM",
         EXTENT_ITEM => "EXTENT_ITEM",
         METADATA_ITEM => "METADATA_ITEM",

@@ -131,9 +131,16 @@ impl<D: BlockDevice> FsState<D> {
             claimed.insert(disk.disk_bytenr);
         }
 
-        // 2. Group the log by inode.
+        // 2. Group the log by inode; checksum items (and the extents the
+        // log names, which they must lie in) aside.
         let mut logged: BTreeMap<u64, LoggedInode> = BTreeMap::new();
+        let mut csum_items = Vec::new();
+        let mut logged_extents = BTreeMap::new();
         for (key, data) in items {
+            if key.item_type == item_type::EXTENT_CSUM {
+                csum_items.push((key, data));
+                continue;
+            }
             let entry = logged.entry(key.objectid).or_default();
             match key.item_type {
                 item_type::INODE_ITEM => {
@@ -158,9 +165,13 @@ impl<D: BlockDevice> FsState<D> {
                 item_type::XATTR_ITEM => entry
                     .xattrs
                     .extend(decode_item(&key, decode_xattrs(&data))?),
-                item_type::EXTENT_DATA => entry
-                    .extents
-                    .push((key.offset, decode_item(&key, FileExtent::decode(&data))?)),
+                item_type::EXTENT_DATA => {
+                    let extent = decode_item(&key, FileExtent::decode(&data))?;
+                    if let Some(disk) = extent.disk_ref() {
+                        logged_extents.insert(disk.disk_bytenr, disk.disk_num_bytes);
+                    }
+                    entry.extents.push((key.offset, extent));
+                }
                 item_type::LOG_FULL_EXTENTS => entry.full_extents = true,
                 // Its names are logged, and there are none.
                 item_type::LOG_UNLINKED => {
@@ -225,6 +236,8 @@ impl<D: BlockDevice> FsState<D> {
                 report.extents += 1;
             }
         }
+
+        self.replay_csums(csum_items, &logged_extents)?;
 
         // 4. Entries removed from logged directories.
         for (&dir, log) in &logged {
