@@ -318,3 +318,66 @@ fn checksum_cost() {
         "a commit with checksums writes more than the checksum tree's leaf and the root tree's extra path"
     );
 }
+
+#[test]
+fn scrub_names_a_bad_data_block_by_path_and_offset() {
+    let dev = memory_fs(DataChecksums::On, MetadataCopies::Dup);
+    let fs = mount(dev.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    let data = pattern(14, 16);
+    let ino = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(ino, 0, &data).unwrap();
+    create(&fs, "g", &pattern(15, 4));
+    fs.close().unwrap();
+    let clean = birch::scrub::scrub_device(dev.as_ref()).unwrap();
+    assert!(clean.is_clean(), "{clean}");
+    assert_eq!(
+        (
+            clean.data_extents,
+            clean.data_blocks_verified,
+            clean.data_blocks_not_verified
+        ),
+        (2, 20, 0),
+        "{clean}"
+    );
+
+    let bytenr = find_block(&dev.snapshot(), &data[5 * BLOCK..6 * BLOCK]);
+    dev.write_at(&[0x5a; 16], bytenr + 4000).unwrap();
+    let report = birch::scrub::scrub_device(dev.as_ref()).unwrap();
+    assert!(!report.is_clean(), "{report}");
+    assert_eq!(
+        (report.data_blocks_bad, report.data_blocks_verified),
+        (1, 19),
+        "{report}"
+    );
+    assert_eq!(report.unrepaired.len(), 1, "{report}");
+    assert!(
+        report.unrepaired[0].contains(&format!("data block {bytenr}: checksum"))
+            && report.unrepaired[0].contains(&format!("/d/f offset {} (inode {ino})", 5 * BLOCK)),
+        "{report}"
+    );
+    // Scrub cannot repair data and does not touch it; metadata stays clean.
+    assert!(dev.snapshot()[bytenr as usize + 4000..][..16]
+        .iter()
+        .all(|&b| b == 0x5a));
+    assert_clean(dev.as_ref(), "after scrubbing a bad data block");
+}
+
+#[test]
+fn scrub_counts_data_without_checksums_as_not_verified() {
+    let dev = memory_fs(DataChecksums::Off, MetadataCopies::Single);
+    let fs = mount(dev.clone());
+    create(&fs, "f", &pattern(16, 8));
+    fs.close().unwrap();
+    let report = birch::scrub::scrub_device(dev.as_ref()).unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(
+        (
+            report.data_extents,
+            report.data_blocks_verified,
+            report.data_blocks_not_verified
+        ),
+        (1, 0, 8),
+        "{report}"
+    );
+}
