@@ -23,6 +23,7 @@ pub fn tree_name(id: u64) -> String {
         tree_id::ROOT => "root",
         tree_id::EXTENT => "extent",
         tree_id::FS => "fs",
+        tree_id::CSUM => "csum",
         tree_id::LOG => "log",
         tree_id::LOG_ROOT => "log-root",
         _ => return id.to_string(),
@@ -39,6 +40,7 @@ pub fn parse_tree_name(s: &str) -> Option<u64> {
         "root" => tree_id::ROOT,
         "extent" => tree_id::EXTENT,
         "fs" => tree_id::FS,
+        "csum" => tree_id::CSUM,
         "log" => tree_id::LOG,
         "log-root" | "log_root" | "logroot" => tree_id::LOG_ROOT,
         other => other.parse().ok()?,
@@ -143,6 +145,19 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
         s,
         "\tlog_root_bytenr {} level {} log_generation {}",
         sb.log_root_bytenr, sb.log_root_level, sb.log_generation
+    );
+    let _ = writeln!(
+        s,
+        "\tdata_checksums {}{}",
+        if sb.data_checksums { "on" } else { "off" },
+        if sb.data_checksums {
+            format!(
+                " (incompat_flags {:#x})",
+                crate::format::INCOMPAT_DATA_CSUMS
+            )
+        } else {
+            String::new()
+        }
     );
     let _ = match sb.metadata_profile {
         crate::format::MetadataProfile::Single => writeln!(s, "\tmetadata single"),
@@ -260,6 +275,17 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
                 })
                 .collect(),
         ),
+        Item::Csums(sums) => {
+            let shown: Vec<String> = sums.iter().take(8).map(|c| format!("{c:#010x}")).collect();
+            format!(
+                "csums {} blocks [{}, {}): {}{}",
+                sums.len(),
+                key.offset,
+                key.offset + crate::format::csum_item_span(data.len()),
+                shown.join(" "),
+                if sums.len() > 8 { " ..." } else { "" }
+            )
+        }
         Item::FileExtent(e) => file_extent(&e),
         Item::Root(r) => format!(
             "root bytenr {} generation {} level {}",
@@ -526,6 +552,7 @@ mod tests {
             tree_id::ROOT,
             tree_id::EXTENT,
             tree_id::FS,
+            tree_id::CSUM,
             tree_id::LOG,
             tree_id::LOG_ROOT,
             77,

@@ -5,17 +5,19 @@
 //! wrong. docs/FORMAT.md draws each layout.
 
 mod bytes;
+mod csum;
 mod items;
 mod key;
 pub mod node;
 mod superblock;
 
+pub use csum::*;
 pub use items::*;
 pub use key::{item_type, item_type_name, ItemType, Key, TreeKind, UnknownItemType};
 pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
 pub use superblock::{
     BackupRoot, MetadataProfile, Superblock, SuperblockError, BACKUP_ROOTS_OFFSET,
-    BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_METADATA_DUP,
+    BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_DATA_CSUMS, INCOMPAT_METADATA_DUP,
 };
 
 /// Allocation unit for data and metadata.
@@ -41,6 +43,9 @@ pub mod tree_id {
     pub const EXTENT: u64 = 2;
     /// The one subvolume birch has today.
     pub const FS: u64 = 5;
+    /// Data checksums (docs/DATA-CHECKSUMS.md); only on images with
+    /// `INCOMPAT_DATA_CSUMS`.
+    pub const CSUM: u64 = 7;
     /// Owner of every log tree node; the log root tree names each log tree
     /// by the subvolume it logs.
     pub const LOG: u64 = u64::MAX - 6;
@@ -49,6 +54,8 @@ pub mod tree_id {
 
 /// Objectid of the orphan items (inodes with no names left, still open).
 pub const ORPHAN_OBJECTID: u64 = u64::MAX - 5;
+/// Objectid of the checksum items (btrfs's EXTENT_CSUM_OBJECTID).
+pub const EXTENT_CSUM_OBJECTID: u64 = u64::MAX - 9;
 /// Inode number of a subvolume's root directory.
 pub const ROOT_DIR_INO: u64 = 256;
 /// First inode number handed out to a new file.

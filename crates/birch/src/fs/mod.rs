@@ -7,6 +7,7 @@
 
 mod attr_flags;
 mod commit;
+mod csum;
 mod delayed;
 mod extent_ops;
 mod file;

@@ -131,12 +131,19 @@ impl<D: BlockDevice> FsState<D> {
             claimed.insert(disk.disk_bytenr);
         }
 
-        // 2. Group the log by inode.
+        // 2. Group the log by inode; checksum items (and the extents the
+        // log names, which they must lie in) aside.
         let mut logged: BTreeMap<u64, LoggedInode> = BTreeMap::new();
+        let mut csum_items = Vec::new();
+        let mut logged_extents = BTreeMap::new();
         for (key, data) in items {
-            let entry = logged.entry(key.objectid).or_default();
             let logged_type = ItemType::of(&key)
                 .map_err(|unknown| corrupt(format!("{unknown} at {key} in the log")))?;
+            if logged_type == ItemType::ExtentCsum {
+                csum_items.push((key, data));
+                continue;
+            }
+            let entry = logged.entry(key.objectid).or_default();
             match logged_type {
                 ItemType::InodeItem => {
                     entry.item = Some(decode_item(&key, InodeItem::decode(&data))?)
@@ -160,9 +167,13 @@ impl<D: BlockDevice> FsState<D> {
                 ItemType::XattrItem => entry
                     .xattrs
                     .extend(decode_item(&key, decode_xattrs(&data))?),
-                ItemType::ExtentData => entry
-                    .extents
-                    .push((key.offset, decode_item(&key, FileExtent::decode(&data))?)),
+                ItemType::ExtentData => {
+                    let extent = decode_item(&key, FileExtent::decode(&data))?;
+                    if let Some(disk) = extent.disk_ref() {
+                        logged_extents.insert(disk.disk_bytenr, disk.disk_num_bytes);
+                    }
+                    entry.extents.push((key.offset, extent));
+                }
                 ItemType::LogFullExtents => entry.full_extents = true,
                 // Its names are logged, and there are none.
                 ItemType::LogUnlinked => {
@@ -172,7 +183,9 @@ impl<D: BlockDevice> FsState<D> {
                     .dir_added
                     .push(decode_item(&key, DirEntry::decode(&data))?),
                 ItemType::DirLogIndex => entry.dir_removed.push(key.offset),
-                ItemType::OrphanItem
+                // Checksum items were taken aside above.
+                ItemType::ExtentCsum
+                | ItemType::OrphanItem
                 | ItemType::DirItem
                 | ItemType::RootItem
                 | ItemType::ExtentItem
@@ -232,6 +245,8 @@ impl<D: BlockDevice> FsState<D> {
                 report.extents += 1;
             }
         }
+
+        self.replay_csums(csum_items, &logged_extents)?;
 
         // 4. Entries removed from logged directories.
         for (&dir, log) in &logged {
