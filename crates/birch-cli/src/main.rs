@@ -91,6 +91,17 @@ struct MkfsArgs {
     /// away, so a damaged node is read (and repaired) from the other one
     #[arg(long, value_enum, default_value_t = MetadataArg::Dup)]
     metadata: MetadataArg,
+    /// A crc32c of every 4 KiB data block, verified by every read and by
+    /// `birch scrub` (docs/DATA-CHECKSUMS.md)
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    data_checksums: OnOff,
+}
+
+/// `birch mkfs --data-checksums`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 /// `birch mkfs --metadata`.
@@ -369,6 +380,10 @@ fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
             MetadataArg::Single => birch::fs::MetadataCopies::Single,
             MetadataArg::Dup => birch::fs::MetadataCopies::Dup,
         },
+        data_checksums: match args.data_checksums {
+            OnOff::On => birch::fs::DataChecksums::On,
+            OnOff::Off => birch::fs::DataChecksums::Off,
+        },
         ..Default::default()
     };
     match &args.write_log {
@@ -448,14 +463,43 @@ fn scrub(args: &CheckArgs) -> Result<u8, Failure> {
     let dev = FileDevice::open(path, false)
         .map_err(|e| Failure::unreadable(format!("{}: cannot open read-write: {e}", show(path))))?;
     mount::lock_image(dev.file(), path)?;
-    let report = birch::scrub::scrub_device(&dev)
+    let report = birch::scrub::scrub_device_with_progress(&dev, &mut scrub_progress())
         .map_err(|e| Failure::unreadable(format!("{}: {e}", show(path))))?;
+    finish_progress(report.data_extents > 0);
     dev.flush()
         .map_err(|e| Failure::new(format!("{}: flush after the repairs: {e}", show(path))))?;
     let mut out = io::stdout().lock();
     writeln!(out, "scrubbing {}", show(path)).map_err(output)?;
     write!(out, "{report}").map_err(output)?;
     Ok(if report.is_clean() { 0 } else { 1 })
+}
+
+/// Scrub progress on stderr when it is a terminal (at most a line per
+/// percent); nothing otherwise, so scripts get only the summary.
+fn scrub_progress() -> impl FnMut(birch::scrub::ScrubProgress) {
+    let tty = io::IsTerminal::is_terminal(&io::stderr());
+    let mut shown = None;
+    move |p: birch::scrub::ScrubProgress| {
+        if !tty || p.data_bytes_total == 0 {
+            return;
+        }
+        let percent = p.data_bytes_done * 100 / p.data_bytes_total;
+        if shown != Some(percent) {
+            shown = Some(percent);
+            eprint!(
+                "\rscrubbing data: {percent:3}% ({} of {} MiB)",
+                p.data_bytes_done >> 20,
+                p.data_bytes_total >> 20
+            );
+        }
+    }
+}
+
+/// Ends the progress line, if one was drawn (`drawn`: there was data).
+fn finish_progress(drawn: bool) {
+    if drawn && io::IsTerminal::is_terminal(&io::stderr()) {
+        eprintln!();
+    }
 }
 
 // ----- dump -----

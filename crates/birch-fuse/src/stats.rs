@@ -25,10 +25,11 @@ pub enum Group {
     Reservations,
     SpaceNow,
     MetadataCopies,
+    DataChecksums,
 }
 
 impl Group {
-    pub const ALL: [Group; 7] = [
+    pub const ALL: [Group; 8] = [
         Group::Transactions,
         Group::Fsync,
         Group::FsyncFallbacks,
@@ -36,6 +37,7 @@ impl Group {
         Group::Reservations,
         Group::SpaceNow,
         Group::MetadataCopies,
+        Group::DataChecksums,
     ];
 
     pub fn title(self) -> &'static str {
@@ -47,6 +49,7 @@ impl Group {
             Group::Reservations => "space reservations",
             Group::SpaceNow => "space now",
             Group::MetadataCopies => "metadata copies (DUP read repair)",
+            Group::DataChecksums => "data checksums",
         }
     }
 }
@@ -135,6 +138,7 @@ counter_table! {
         metadata_bad_copies: MetadataCopies Count Total, "Tree-node copies read that failed their checksum or checks (or the read failed) while the other copy was good.", "Non-zero: the device is damaging or losing writes; run `birch scrub` on the image and look at the device (docs/DUP.md).";
         metadata_repairs: MetadataCopies Count Total, "Bad copies rewritten from the good one (not on a read-only mount).", "Below `metadata_bad_copies` on a read-only mount: the damage stays until a read-write mount or a scrub repairs it.";
         metadata_unrepairable: MetadataCopies Count Total, "Node reads that found no good copy (both bad, or a single-profile image).", "Non-zero: data behind those nodes is unreadable; the error names the block.";
+        data_csum_errors: DataChecksums Count Total, "Data blocks read whose checksum did not match (or that had none): each such read failed with EIO, logged with inode, file offset and disk bytenr.", "Non-zero: the device returned damaged file data; `birch scrub` names every bad block by path (docs/DATA-CHECKSUMS.md).";
     }
     log_stats -> LogStats "" {
         logged_fsyncs: Fsync Count Total, "fsyncs that logged their inode: answered by a log sync instead of a commit.", "The fast path of fsync. An fsync of an inode logged and unchanged since is in neither this nor `noop_fsyncs`: it waits for that log.";

@@ -110,6 +110,19 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
         "\tlog_root_bytenr {} level {} log_generation {}",
         sb.log_root_bytenr, sb.log_root_level, sb.log_generation
     );
+    let _ = writeln!(
+        s,
+        "\tdata_checksums {}{}",
+        if sb.data_checksums { "on" } else { "off" },
+        if sb.data_checksums {
+            format!(
+                " (incompat_flags {:#x})",
+                crate::format::INCOMPAT_DATA_CSUMS
+            )
+        } else {
+            String::new()
+        }
+    );
     let _ = match sb.metadata_profile {
         crate::format::MetadataProfile::Single => writeln!(s, "\tmetadata single"),
         crate::format::MetadataProfile::Dup { mirror_offset } => writeln!(
@@ -226,6 +239,17 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
                 })
                 .collect(),
         ),
+        Item::Csums(sums) => {
+            let shown: Vec<String> = sums.iter().take(8).map(|c| format!("{c:#010x}")).collect();
+            format!(
+                "csums {} blocks [{}, {}): {}{}",
+                sums.len(),
+                key.offset,
+                key.offset + crate::format::csum_item_span(data.len()),
+                shown.join(" "),
+                if sums.len() > 8 { " ..." } else { "" }
+            )
+        }
         Item::FileExtent(e) => file_extent(&e),
         Item::Root(r) => format!(
             "root bytenr {} generation {} level {}",

@@ -465,8 +465,14 @@ fn single_images_keep_one_copy_and_zero_new_superblock_bytes() {
     assert_eq!(superblock(&dev).metadata_profile, MetadataProfile::Single);
     let mut raw = vec![0u8; 4096];
     dev.read_at(&mut raw, 65536).unwrap();
+    // Its only incompat flag is data checksums' (mkfs's default).
+    assert_eq!(
+        raw[112..120],
+        birch::format::INCOMPAT_DATA_CSUMS.to_le_bytes(),
+        "a single image's incompat flags"
+    );
     assert!(
-        raw[112..256].iter().all(|&b| b == 0),
+        raw[120..256].iter().all(|&b| b == 0),
         "a single image sets new superblock bytes"
     );
     // Without a second copy a damaged node is an error naming it.

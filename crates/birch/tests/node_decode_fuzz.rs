@@ -436,6 +436,7 @@ fn check_device_on_random_images() {
                 } else {
                     MetadataProfile::Single
                 },
+                data_checksums: rng.gen_bool(0.5),
             };
             let off = SUPERBLOCK_OFFSETS[0] as usize;
             image[off..off + SUPERBLOCK_SIZE].copy_from_slice(&sb.encode(SUPERBLOCK_OFFSETS[0]));

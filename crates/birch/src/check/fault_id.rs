@@ -298,6 +298,24 @@ fault_ids! {
         /// A file extent's end overflows.
         FileExtentOverflow = "file-extent-overflow",
     }
+    pass_id::DATA_CSUMS => {
+        /// An EXTENT_CSUM item under another objectid than EXTENT_CSUM_OBJECTID.
+        CsumKey = "csum-key",
+        /// A checksum item whose start is not sector aligned.
+        CsumUnaligned = "csum-unaligned",
+        /// A checksum tree on an image without the data checksums flag.
+        CsumTreeWithoutFlag = "csum-tree-without-flag",
+        /// A log checksum item on an image without the data checksums flag.
+        CsumLogWithoutFlag = "csum-log-without-flag",
+        /// The data checksums flag without a checksum tree.
+        CsumTreeMissing = "csum-tree-missing",
+        /// Checksums that do not lie within one data extent.
+        CsumOutsideExtent = "csum-outside-extent",
+        /// A block of a data extent in use without a checksum.
+        CsumMissing = "csum-missing",
+        /// Two checksum items overlap.
+        CsumOverlap = "csum-overlap",
+    }
 }
 
 impl fmt::Display for FaultId {

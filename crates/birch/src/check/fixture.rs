@@ -486,6 +486,7 @@ impl FsBuilder {
             log_generation: 0,
             backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
             metadata_profile: crate::format::MetadataProfile::Single,
+            data_checksums: false,
         };
         let mut fx = Fixture {
             image: vec![0; self.total_bytes as usize],

@@ -26,6 +26,7 @@
 //! levels strictly decrease down a tree, so a cyclic or hostile image
 //! terminates.
 
+mod csums;
 mod extents;
 mod fault_id;
 mod files;
@@ -80,6 +81,7 @@ pub const PASSES: &[Pass] = &[
     },
     Pass { id: "nlink", description: "link counts; directories have one name; unlinked inodes have orphan items", run: namespace::run_nlink },
     Pass { id: "file-extents", description: "file extents: aligned, ordered, no overlap, inline rules, symlinks, below i_size, nbytes", run: files::run },
+    Pass { id: "data-csums", description: "data checksums: every block of every data extent a regular file extent uses has one, none covers anything else, no overlaps (docs/DATA-CHECKSUMS.md)", run: csums::run },
 ];
 
 /// Pass ids, for callers that filter faults.
@@ -91,6 +93,7 @@ pub mod pass_id {
     pub const NAMESPACE: &str = "namespace";
     pub const NLINK: &str = "nlink";
     pub const FILE_EXTENTS: &str = "file-extents";
+    pub const DATA_CSUMS: &str = "data-csums";
 }
 
 /// What a pass did.
@@ -513,6 +516,7 @@ pub(crate) struct Checker<'a> {
     log_roots: BTreeMap<u64, (crate::format::RootItem, Loc)>,
     extents: Vec<ExtentRec>,
     fs: FsRecords,
+    csums: csums::CsumRecords,
 }
 
 /// Where a fault is, as far as known.
@@ -555,6 +559,7 @@ impl<'a> Checker<'a> {
             log_roots: BTreeMap::new(),
             extents: Vec::new(),
             fs: FsRecords::default(),
+            csums: csums::CsumRecords::default(),
         }
     }
 

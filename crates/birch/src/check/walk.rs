@@ -100,6 +100,7 @@ fn walk_named_trees(c: &mut Checker<'_>, sb: &Superblock) {
         let kind = match id {
             tree_id::EXTENT => Some(TreeKind::Extent),
             tree_id::FS => Some(TreeKind::Fs),
+            tree_id::CSUM => Some(TreeKind::Csum),
             tree_id::ROOT | tree_id::LOG | tree_id::LOG_ROOT => {
                 c.fault_at(
                     FaultId::RootItemForbidden,
@@ -415,6 +416,7 @@ impl Checker<'_> {
         let key = leaf.key;
         let item_type = ItemType::of(&key);
         if matches!(kind, TreeKind::Fs | TreeKind::Log)
+            && item_type != Ok(ItemType::ExtentCsum)
             && !self.collect_objectid(loc, item_type == Ok(ItemType::OrphanItem), kind)
         {
             return;
@@ -519,6 +521,7 @@ impl Checker<'_> {
                 );
                 false
             }
+            ItemType::ExtentCsum => self.check_csum_key(loc),
             ItemType::MetadataItem => {
                 if key.offset > u64::from(MAX_LEVEL) {
                     self.fault_at(
@@ -614,6 +617,7 @@ impl Checker<'_> {
                 }
             }
             Item::DirLogIndex | Item::LogFullExtents | Item::LogUnlinked => {}
+            Item::Csums(sums) => self.record_csums(kind, loc, sums.len()),
             Item::Root(r) => {
                 if r.level > MAX_LEVEL {
                     self.fault_at(
@@ -795,6 +799,7 @@ fn tree_kind_name(kind: TreeKind) -> &'static str {
         TreeKind::Fs => "the fs tree",
         TreeKind::LogRoot => "the log root tree",
         TreeKind::Log => "a log tree",
+        TreeKind::Csum => "the checksum tree",
     }
 }
 

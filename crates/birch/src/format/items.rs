@@ -635,6 +635,8 @@ pub enum Item {
     DirItems(Vec<DirEntry>),
     DirIndex(DirEntry),
     FileExtent(FileExtent),
+    /// One crc32c per 4 KiB block from the key offset on.
+    Csums(Vec<u32>),
     Root(RootItem),
     DataExtent(ExtentItem),
     MetadataExtent(ExtentItem),
@@ -655,6 +657,7 @@ impl Item {
             ItemType::DirItem => Item::DirItems(decode_dir_items(data)?),
             ItemType::DirIndex => Item::DirIndex(DirEntry::decode(data)?),
             ItemType::ExtentData => Item::FileExtent(FileExtent::decode(data)?),
+            ItemType::ExtentCsum => Item::Csums(super::decode_csums(data)?),
             ItemType::RootItem => Item::Root(RootItem::decode(data)?),
             ItemType::ExtentItem => Item::DataExtent(ExtentItem::decode(data)?),
             ItemType::MetadataItem => Item::MetadataExtent(ExtentItem::decode(data)?),

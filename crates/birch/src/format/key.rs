@@ -28,6 +28,9 @@ pub enum TreeKind {
     LogRoot,
     /// A log tree: a subvolume's items, plus replay instructions.
     Log,
+    /// The checksum tree: the crc32c of every data block
+    /// (docs/DATA-CHECKSUMS.md).
+    Csum,
 }
 
 /// The table of item types: one row per type gives its variant, its code
@@ -108,6 +111,10 @@ item_types! {
     DirItem = 84, DIR_ITEM, in [Fs];
     DirIndex = 96, DIR_INDEX, in [Fs, Log];
     ExtentData = 108, EXTENT_DATA, in [Fs, Log];
+    /// The crc32c of each 4 KiB block of a run of data starting at the
+    /// key offset (docs/DATA-CHECKSUMS.md); a log tree carries those of
+    /// the extents it logs.
+    ExtentCsum = 128, EXTENT_CSUM, in [Csum, Log];
     RootItem = 132, ROOT_ITEM, in [Root, LogRoot];
     ExtentItem = 168, EXTENT_ITEM, in [Extent];
     MetadataItem = 169, METADATA_ITEM, in [Extent];
@@ -160,6 +167,7 @@ impl ItemType {
             | ItemType::DirItem
             | ItemType::DirIndex
             | ItemType::ExtentData
+            | ItemType::ExtentCsum
             | ItemType::RootItem => None,
         }
     }

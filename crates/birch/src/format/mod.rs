@@ -5,17 +5,19 @@
 //! wrong. docs/FORMAT.md draws each layout.
 
 mod bytes;
+mod csum;
 mod items;
 mod key;
 pub mod node;
 mod superblock;
 
+pub use csum::*;
 pub use items::*;
 pub use key::{item_type, item_type_name, ItemType, Key, TreeKind, UnknownItemType};
 pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
 pub use superblock::{
     BackupRoot, MetadataProfile, Superblock, SuperblockError, BACKUP_ROOTS_OFFSET,
-    BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_METADATA_DUP,
+    BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_DATA_CSUMS, INCOMPAT_METADATA_DUP,
 };
 
 /// Allocation unit for data and metadata.
@@ -41,6 +43,9 @@ pub mod tree_id {
     pub const EXTENT: u64 = 2;
     /// The one subvolume birch has today.
     pub const FS: u64 = 5;
+    /// Data checksums (docs/DATA-CHECKSUMS.md); only on images with
+    /// `INCOMPAT_DATA_CSUMS`.
+    pub const CSUM: u64 = 7;
     /// Owner of every log tree node; the log root tree names each log tree
     /// by the subvolume it logs.
     pub const LOG: u64 = u64::MAX - 6;
@@ -53,6 +58,7 @@ pub fn tree_name(id: u64) -> String {
         tree_id::ROOT => "root",
         tree_id::EXTENT => "extent",
         tree_id::FS => "fs",
+        tree_id::CSUM => "csum",
         tree_id::LOG => "log",
         tree_id::LOG_ROOT => "log-root",
         _ => return id.to_string(),
@@ -69,6 +75,7 @@ pub fn parse_tree_name(s: &str) -> Option<u64> {
         "root" => tree_id::ROOT,
         "extent" => tree_id::EXTENT,
         "fs" => tree_id::FS,
+        "csum" => tree_id::CSUM,
         "log" => tree_id::LOG,
         "log-root" | "log_root" | "logroot" => tree_id::LOG_ROOT,
         other => other.parse().ok()?,
@@ -83,6 +90,8 @@ pub fn parse_tree_name(s: &str) -> Option<u64> {
 
 /// Objectid of the orphan items (inodes with no names left, still open).
 pub const ORPHAN_OBJECTID: u64 = u64::MAX - 5;
+/// Objectid of the checksum items (btrfs's EXTENT_CSUM_OBJECTID).
+pub const EXTENT_CSUM_OBJECTID: u64 = u64::MAX - 9;
 /// Inode number of a subvolume's root directory.
 pub const ROOT_DIR_INO: u64 = 256;
 /// First inode number handed out to a new file.
@@ -121,6 +130,7 @@ mod tests {
             tree_id::ROOT,
             tree_id::EXTENT,
             tree_id::FS,
+            tree_id::CSUM,
             tree_id::LOG,
             tree_id::LOG_ROOT,
             77,

@@ -17,7 +17,7 @@
 //! 88  log_root_bytenr   u64  0 = no log to replay
 //! 96  log_root_level    u8   (+7 pad)
 //! 104 log_generation    u64  log transaction that wrote the log root
-//! 112 incompat_flags    u64  INCOMPAT_METADATA_DUP, or 0
+//! 112 incompat_flags    u64  INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS, or 0
 //! 120 metadata_mirror_offset u64  DUP: every node also lives this far
 //!                                 above its address; single: 0
 //! 128 reserved (zeroes)
@@ -34,6 +34,15 @@ use std::fmt;
 /// does not know it must refuse the image: it would allocate data over the
 /// mirror copies.
 pub const INCOMPAT_METADATA_DUP: u64 = 1;
+
+/// Incompat flag: the image has a checksum tree and every data extent
+/// written under the flag has checksums (docs/DATA-CHECKSUMS.md). A birch
+/// that does not know it must refuse the image: it would write extents
+/// without checksums and free extents without deleting theirs.
+pub const INCOMPAT_DATA_CSUMS: u64 = 2;
+
+/// Every incompat flag this version knows.
+const KNOWN_INCOMPAT: u64 = INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS;
 
 /// How many copies of each tree node the device holds (docs/DUP.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -214,6 +223,9 @@ pub struct Superblock {
     /// superblock's own commit once written by a birch that keeps them.
     pub backup_roots: [BackupRoot; BACKUP_ROOT_COUNT],
     pub metadata_profile: MetadataProfile,
+    /// `INCOMPAT_DATA_CSUMS`: data extents have checksums in the checksum
+    /// tree.
+    pub data_checksums: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,13 +270,18 @@ impl Superblock {
         put_u64(&mut out, self.log_root_bytenr);
         put_u64(&mut out, u64::from(self.log_root_level));
         put_u64(&mut out, self.log_generation);
+        let csums = if self.data_checksums {
+            INCOMPAT_DATA_CSUMS
+        } else {
+            0
+        };
         match self.metadata_profile {
             MetadataProfile::Single => {
-                put_u64(&mut out, 0);
+                put_u64(&mut out, csums);
                 put_u64(&mut out, 0);
             }
             MetadataProfile::Dup { mirror_offset } => {
-                put_u64(&mut out, INCOMPAT_METADATA_DUP);
+                put_u64(&mut out, INCOMPAT_METADATA_DUP | csums);
                 put_u64(&mut out, mirror_offset);
             }
         }
@@ -315,7 +332,7 @@ impl Superblock {
                 "sector size {sector_size} / node size {node_size}"
             )));
         }
-        if incompat & !INCOMPAT_METADATA_DUP != 0 {
+        if incompat & !KNOWN_INCOMPAT != 0 {
             return Err(SuperblockError::Unsupported(format!(
                 "incompat flags {incompat:#x}"
             )));
@@ -368,6 +385,7 @@ impl Superblock {
             log_generation,
             backup_roots,
             metadata_profile,
+            data_checksums: incompat & INCOMPAT_DATA_CSUMS != 0,
         })
     }
 
@@ -418,6 +436,7 @@ mod tests {
                 BackupRoot::EMPTY,
             ],
             metadata_profile: MetadataProfile::Single,
+            data_checksums: false,
         };
         let bytes = sb.encode(65536);
         assert!(bytes[120..BACKUP_ROOTS_OFFSET].iter().all(|&b| b == 0));
@@ -438,10 +457,26 @@ mod tests {
         );
         let dup = Superblock {
             metadata_profile: MetadataProfile::dup_for(1 << 30),
-            ..sb
+            ..sb.clone()
         };
         let bytes = dup.encode(65536);
         assert_eq!(bytes[112], INCOMPAT_METADATA_DUP as u8);
         assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), dup);
+        let csums = Superblock {
+            data_checksums: true,
+            ..dup
+        };
+        let bytes = csums.encode(65536);
+        assert_eq!(
+            bytes[112],
+            (INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS) as u8
+        );
+        assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), csums);
+        let single_csums = Superblock {
+            data_checksums: true,
+            ..sb
+        };
+        let bytes = single_csums.encode(65536);
+        assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), single_csums);
     }
 }

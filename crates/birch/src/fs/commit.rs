@@ -38,6 +38,19 @@ pub(crate) struct Roots {
     pub root: TreeRoot,
     pub extent: TreeRoot,
     pub fs: TreeRoot,
+    /// The checksum tree, on images with data checksums
+    /// (docs/DATA-CHECKSUMS.md).
+    pub csum: Option<TreeRoot>,
+}
+
+impl Roots {
+    /// The trees recorded by root items in the root tree.
+    fn recorded(&self) -> Vec<TreeRoot> {
+        [self.extent, self.fs]
+            .into_iter()
+            .chain(self.csum)
+            .collect()
+    }
 }
 
 /// Everything a commit writes once the state lock is released.
@@ -69,11 +82,15 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
             "extent tree did not settle after {passes} passes"
         );
         for (bytenr, delayed) in forest.alloc_mut().take_delayed_refs() {
-            apply_delayed_ref(forest, &mut roots.extent, bytenr, delayed, transid)?;
+            let freed = apply_delayed_ref(forest, &mut roots.extent, bytenr, delayed, transid)?;
+            // A freed extent's checksums go in the same transaction.
+            if let (Some(len), Some(csum)) = (freed, roots.csum.as_mut()) {
+                super::csum::delete_extent_csums(forest, csum, bytenr, len)?;
+            }
         }
         // Root items are written every pass; the first write copies the
         // root tree's path, so its root always carries this transid.
-        for tree in [roots.extent, roots.fs] {
+        for tree in roots.recorded() {
             let item = root_item(&tree);
             let key = Key::new(tree.id, item_type::ROOT_ITEM, 0);
             if forest.get(&roots.root, &key)?.as_deref() != Some(&item.encode()[..]) || passes == 1
@@ -131,7 +148,7 @@ fn root_item(tree: &TreeRoot) -> RootItem {
 }
 
 fn root_items_current<D: BlockDevice>(forest: &Forest<D>, roots: &Roots) -> Result<bool> {
-    for tree in [roots.extent, roots.fs] {
+    for tree in roots.recorded() {
         let item = root_item(&tree);
         if forest
             .get(&roots.root, &Key::new(tree.id, item_type::ROOT_ITEM, 0))?
@@ -144,13 +161,15 @@ fn root_items_current<D: BlockDevice>(forest: &Forest<D>, roots: &Roots) -> Resu
     Ok(true)
 }
 
+/// Applies one delayed ref to the extent tree; returns the length of the
+/// data extent it freed, if it freed one.
 fn apply_delayed_ref<D: BlockDevice>(
     forest: &mut Forest<D>,
     extent_root: &mut TreeRoot,
     bytenr: u64,
     r: DelayedRef,
     transid: u64,
-) -> Result<()> {
+) -> Result<Option<u64>> {
     let missing = |key: Key| {
         Error::corrupt(Corruption {
             tree: Some(tree_id::EXTENT),
@@ -172,13 +191,15 @@ fn apply_delayed_ref<D: BlockDevice>(
                         owner,
                     }
                     .encode(),
-                ),
-                (false, -1) => forest
-                    .delete(extent_root, &key)?
-                    .map(|_| ())
-                    .ok_or_else(|| missing(key)),
+                )?,
+                (false, -1) => {
+                    forest
+                        .delete(extent_root, &key)?
+                        .ok_or_else(|| missing(key))?;
+                }
                 other => panic!("impossible metadata ref change {other:?} for node {bytenr}"),
             }
+            Ok(None)
         }
         ExtentKind::Data { owner } => {
             let key = Key::new(bytenr, item_type::EXTENT_ITEM, r.num_bytes);
@@ -193,17 +214,18 @@ fn apply_delayed_ref<D: BlockDevice>(
                             owner,
                         }
                         .encode(),
-                    )
+                    )?;
+                    Ok(None)
                 } else {
                     assert_eq!(
                         r.ref_delta, 0,
                         "new data extent {bytenr} with negative refs"
                     );
                     forest.alloc_mut().extent_released(bytenr, r.num_bytes);
-                    Ok(())
+                    Ok(Some(r.num_bytes))
                 }
             } else if r.ref_delta == 0 {
-                Ok(())
+                Ok(None)
             } else {
                 let data = forest.get(extent_root, &key)?.ok_or_else(|| missing(key))?;
                 let mut item = ExtentItem::decode(&data).map_err(|e| {
@@ -226,10 +248,11 @@ fn apply_delayed_ref<D: BlockDevice>(
                 if refs == 0 {
                     forest.delete(extent_root, &key)?;
                     forest.alloc_mut().extent_released(bytenr, r.num_bytes);
-                    Ok(())
+                    Ok(Some(r.num_bytes))
                 } else {
                     item.refs = refs as u64;
-                    forest.put(extent_root, key, item.encode())
+                    forest.put(extent_root, key, item.encode())?;
+                    Ok(None)
                 }
             }
         }

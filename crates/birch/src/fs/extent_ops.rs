@@ -72,8 +72,7 @@ impl<D: BlockDevice> FsState<D> {
             self.drop_extents(ino, 0, PAGE)?;
             let (bytenr, got) = self.forest.alloc_mut().alloc_data(PAGE, ino)?;
             debug_assert_eq!(got, PAGE);
-            self.forest.store().device().write_at(&page, bytenr)?;
-            self.stats.data_bytes_written += PAGE;
+            self.write_data_extent(bytenr, &page)?;
             self.insert_file_extent(
                 ino,
                 0,

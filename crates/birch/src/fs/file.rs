@@ -90,7 +90,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Fills `buf` (page aligned, at page-aligned `start`) with the file's
     /// on-disk content; holes and preallocated ranges read as zeros.
-    fn read_extents_into(&self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
+    fn read_extents_into(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
         debug_assert!(start.is_multiple_of(PAGE) && (buf.len() as u64).is_multiple_of(PAGE));
         let end = start + buf.len() as u64;
         for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
@@ -105,12 +105,12 @@ impl<D: BlockDevice> FsState<D> {
                     disk_bytenr,
                     offset,
                     ..
-                } => {
-                    self.forest
-                        .store()
-                        .device()
-                        .read_at(dst, disk_bytenr + offset + (ov_start - file_offset))?;
-                }
+                } => self.read_data(
+                    ino,
+                    ov_start,
+                    disk_bytenr + offset + (ov_start - file_offset),
+                    dst,
+                )?,
                 FileExtent::Prealloc { .. } => dst.fill(0),
             }
         }
@@ -652,8 +652,7 @@ impl<D: BlockDevice> FsState<D> {
                 let want = bytes.len() as u64 - done;
                 let (bytenr, got) = self.forest.alloc_mut().alloc_data(want, ino)?;
                 let chunk = &bytes[done as usize..(done + got) as usize];
-                self.forest.store().device().write_at(chunk, bytenr)?;
-                self.stats.data_bytes_written += got;
+                self.write_data_extent(bytenr, chunk)?;
                 let file_offset = start + done;
                 self.drop_extents(ino, file_offset, file_offset + got)?;
                 self.insert_file_extent(

@@ -11,6 +11,7 @@
 
 mod attr_flags;
 mod commit;
+mod csum;
 mod decode;
 mod delayed;
 mod extent_ops;

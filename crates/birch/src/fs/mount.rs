@@ -4,7 +4,10 @@ use super::commit::{self, Roots};
 use super::delayed::DelayedItems;
 use super::space::SpaceInfo;
 use super::tree_log::{self, LogState};
-use super::{BackupRootUsed, FsState, FsStats, MetadataCopies, MkfsOptions, MountOptions, Rescue};
+use super::{
+    BackupRootUsed, DataChecksums, FsState, FsStats, MetadataCopies, MkfsOptions, MountOptions,
+    Rescue,
+};
 use crate::alloc::{Allocator, FreeSpace};
 use crate::btree::{Forest, NodeExpectation, NodeStore, TreeRoot};
 use crate::device::BlockDevice;
@@ -60,6 +63,10 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         root: forest.create_tree(tree_id::ROOT)?,
         extent: forest.create_tree(tree_id::EXTENT)?,
         fs: forest.create_tree(tree_id::FS)?,
+        csum: match options.data_checksums {
+            DataChecksums::On => Some(forest.create_tree(tree_id::CSUM)?),
+            DataChecksums::Off => None,
+        },
     };
     let now = crate::format::Timespec::now();
     let root_dir = InodeItem {
@@ -100,6 +107,7 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         log_generation: 0,
         backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
         metadata_profile,
+        data_checksums: roots.csum.is_some(),
     };
     let prepared = commit::seal_transaction(&mut forest, &mut roots, &template)?;
     commit::write_commit(dev, &prepared)?;
@@ -193,6 +201,8 @@ struct CommitToLoad {
     /// For a backup root: the extent and fs roots its slot records, which
     /// the root tree's items must match.
     recorded: Option<BackupRoot>,
+    /// The image has data checksums: the root tree names a checksum tree.
+    data_checksums: bool,
 }
 
 impl CommitToLoad {
@@ -206,10 +216,11 @@ impl CommitToLoad {
             },
             bytes_used: superblock.bytes_used,
             recorded: None,
+            data_checksums: superblock.data_checksums,
         }
     }
 
-    fn backup(backup: &BackupRoot) -> CommitToLoad {
+    fn backup(backup: &BackupRoot, data_checksums: bool) -> CommitToLoad {
         CommitToLoad {
             root_tree: TreeRoot {
                 id: tree_id::ROOT,
@@ -219,6 +230,7 @@ impl CommitToLoad {
             },
             bytes_used: backup.bytes_used,
             recorded: Some(*backup),
+            data_checksums,
         }
     }
 }
@@ -262,6 +274,11 @@ fn load_commit<D: BlockDevice>(
     };
     let extent = load_root(tree_id::EXTENT)?;
     let fs = load_root(tree_id::FS)?;
+    let csum = if commit.data_checksums {
+        Some(load_root(tree_id::CSUM)?)
+    } else {
+        None
+    };
     if let Some(recorded) = &commit.recorded {
         for (tree, slot) in [(&extent, &recorded.extent_root), (&fs, &recorded.fs_root)] {
             if (tree.bytenr, tree.level, tree.generation)
@@ -282,7 +299,7 @@ fn load_commit<D: BlockDevice>(
         }
     }
     // Validate the roots now so a damaged image fails at open, naming the block.
-    for r in [root, extent, fs] {
+    for r in [root, extent, fs].into_iter().chain(csum) {
         forest.node(
             r.bytenr,
             NodeExpectation {
@@ -307,7 +324,12 @@ fn load_commit<D: BlockDevice>(
         ))));
     }
     Ok(LoadedCommit {
-        roots: Roots { root, extent, fs },
+        roots: Roots {
+            root,
+            extent,
+            fs,
+            csum,
+        },
         free: scanned.free,
         bytes_used: scanned.bytes_used,
         metadata_bytes: scanned.metadata_bytes,
@@ -330,7 +352,11 @@ fn load_backup_root<D: BlockDevice>(
         .enumerate()
         .filter(|(_, b)| !b.is_empty() && b.generation < newest.generation);
     for (rolled_back, (slot, backup)) in (1..).zip(older) {
-        match load_commit(forest, &CommitToLoad::backup(backup), newest.total_bytes) {
+        match load_commit(
+            forest,
+            &CommitToLoad::backup(backup, newest.data_checksums),
+            newest.total_bytes,
+        ) {
             Ok(loaded) => {
                 // The slots from the mounted commit on, as the superblock
                 // that commit wrote had them (older ones fell off).

@@ -76,6 +76,10 @@ struct Replay {
     item_count: usize,
     /// Data extents (bytenr, length) the log's file extents point into.
     logged_extents: Vec<(u64, u64)>,
+    /// The log's checksum items, set aside by `group_by_inode`.
+    csum_items: Vec<(Key, Vec<u8>)>,
+    /// Keys of the checksum items `replay_logged_csums` put back.
+    csums_replayed: Vec<Key>,
     /// The log, by inode.
     logged: BTreeMap<u64, LoggedInode>,
     /// Names removed by `remove_logged_removals`: (dir, name, inode).
@@ -95,6 +99,8 @@ impl Replay {
             items: Vec::new(),
             item_count: 0,
             logged_extents: Vec::new(),
+            csum_items: Vec::new(),
+            csums_replayed: Vec::new(),
             logged: BTreeMap::new(),
             removed: Vec::new(),
             added: Vec::new(),
@@ -116,7 +122,7 @@ struct ReplayPass<D> {
 impl<D: BlockDevice> FsState<D> {
     /// Replay's passes, in order: each relies on the ones before it
     /// (docs/TREE-LOG.md, "Replay"). After bcachefs's recovery-pass table.
-    const REPLAY_PASSES: [ReplayPass<D>; 8] = [
+    const REPLAY_PASSES: [ReplayPass<D>; 9] = [
         ReplayPass {
             name: "reserve_log_blocks",
             run: Self::reserve_log_blocks,
@@ -136,6 +142,11 @@ impl<D: BlockDevice> FsState<D> {
             name: "replay_inodes",
             run: Self::replay_inodes,
             check: Self::logged_inodes_cached,
+        },
+        ReplayPass {
+            name: "replay_logged_csums",
+            run: Self::replay_logged_csums,
+            check: Self::replayed_csums_in_tree,
         },
         ReplayPass {
             name: "remove_logged_removals",
@@ -280,14 +291,19 @@ impl<D: BlockDevice> FsState<D> {
             .map(|(bytenr, len)| format!("logged data extent {bytenr}+{len} is still free")))
     }
 
-    /// Sorts the log's items by inode into [`LoggedInode`]s. An item type
-    /// the logging side never writes means the log is damaged.
+    /// Sorts the log's items by inode into [`LoggedInode`]s, checksum items
+    /// aside. An item type the logging side never writes means the log is
+    /// damaged.
     fn group_by_inode(&mut self, replay: &mut Replay) -> Result<()> {
         for (key, data) in std::mem::take(&mut replay.items) {
-            let entry = replay.logged.entry(key.objectid).or_default();
-            entry.items += 1;
             let logged_type = ItemType::of(&key)
                 .map_err(|unknown| corrupt(format!("{unknown} at {key} in the log")))?;
+            if logged_type == ItemType::ExtentCsum {
+                replay.csum_items.push((key, data));
+                continue;
+            }
+            let entry = replay.logged.entry(key.objectid).or_default();
+            entry.items += 1;
             match logged_type {
                 ItemType::InodeItem => {
                     entry.item = Some(decode_item(&key, InodeItem::decode(&data))?)
@@ -323,7 +339,9 @@ impl<D: BlockDevice> FsState<D> {
                     .dir_added
                     .push(decode_item(&key, DirEntry::decode(&data))?),
                 ItemType::DirLogIndex => entry.dir_removed.push(key.offset),
-                ItemType::OrphanItem
+                // Checksum items were taken aside above.
+                ItemType::ExtentCsum
+                | ItemType::OrphanItem
                 | ItemType::DirItem
                 | ItemType::RootItem
                 | ItemType::ExtentItem
@@ -341,7 +359,8 @@ impl<D: BlockDevice> FsState<D> {
     /// After [`Self::group_by_inode`]: every item the log holds landed in
     /// one inode's group.
     fn every_item_grouped(&mut self, replay: &Replay) -> Result<Option<String>> {
-        let grouped: usize = replay.logged.values().map(|l| l.items).sum();
+        let grouped: usize =
+            replay.logged.values().map(|l| l.items).sum::<usize>() + replay.csum_items.len();
         Ok((grouped != replay.item_count)
             .then(|| format!("{grouped} of the log's {} items grouped", replay.item_count)))
     }
@@ -407,6 +426,34 @@ impl<D: BlockDevice> FsState<D> {
             .iter()
             .find(|(ino, log)| log.item.is_some() && !self.inodes.contains_key(ino))
             .map(|(ino, _)| format!("logged inode {ino} is not cached")))
+    }
+
+    /// Puts the log's checksum items into the checksum tree, those of the
+    /// data extents the log's file extents point into (docs/DATA-CHECKSUMS.md).
+    fn replay_logged_csums(&mut self, replay: &mut Replay) -> Result<()> {
+        let extents: BTreeMap<u64, u64> = replay.logged_extents.iter().copied().collect();
+        let items = std::mem::take(&mut replay.csum_items);
+        replay.csums_replayed = self.replay_csums(items, &extents)?;
+        Ok(())
+    }
+
+    /// After [`Self::replay_logged_csums`]: each checksum item it put back
+    /// is in the checksum tree.
+    fn replayed_csums_in_tree(&mut self, replay: &Replay) -> Result<Option<String>> {
+        let Some(root) = self.roots.csum else {
+            return Ok(replay
+                .csums_replayed
+                .first()
+                .map(|key| format!("checksum item {key} replayed without a checksum tree")));
+        };
+        for key in &replay.csums_replayed {
+            if self.forest.get(&root, key)?.is_none() {
+                return Ok(Some(format!(
+                    "replayed checksum item {key} is not in the checksum tree"
+                )));
+            }
+        }
+        Ok(None)
     }
 
     /// Removes the entries the log records as removed from logged

@@ -182,6 +182,12 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     fn log_put(&mut self, key: Key, data: Vec<u8>) -> Result<()> {
+        // A logged extent brings its checksums (docs/DATA-CHECKSUMS.md).
+        if key.item_type == item_type::EXTENT_DATA {
+            for (csum_key, csums) in self.csums_to_log(&key, &data)? {
+                self.log_put(csum_key, csums)?;
+            }
+        }
         let mut trees = self.log_trees()?;
         let result = self.forest.put(&mut trees.log, key, data);
         self.log.trees = Some(trees);

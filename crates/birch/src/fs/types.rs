@@ -128,6 +128,18 @@ pub struct MkfsOptions {
     /// whoever runs it, so a user can write into an image they made).
     pub root_owner: (u32, u32),
     pub metadata: MetadataCopies,
+    pub data_checksums: DataChecksums,
+}
+
+/// Whether `mkfs` gives data extents checksums (docs/DATA-CHECKSUMS.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DataChecksums {
+    /// A crc32c per 4 KiB block, verified by every read.
+    #[default]
+    On,
+    /// No checksum tree: data is read unverified (as images made before
+    /// data checksums).
+    Off,
 }
 
 #[derive(Debug, Clone)]
@@ -269,6 +281,9 @@ pub struct FsStats {
     pub metadata_bad_copies: u64,
     pub metadata_repairs: u64,
     pub metadata_unrepairable: u64,
+    /// Data blocks whose checksum did not match when read (each read
+    /// failed with EIO; docs/DATA-CHECKSUMS.md).
+    pub data_csum_errors: u64,
 }
 
 /// Counters of delayed allocation and space reservation since mount

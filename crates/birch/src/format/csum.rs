@@ -1,0 +1,73 @@
+//! Data checksum items (docs/DATA-CHECKSUMS.md): key
+//! `(EXTENT_CSUM_OBJECTID, EXTENT_CSUM, bytenr)`, payload one crc32c (u32
+//! little-endian) per SECTOR_SIZE block of `[bytenr, bytenr + n × 4096)`.
+
+use super::items::ItemError;
+use super::{item_type, Key, EXTENT_CSUM_OBJECTID, SECTOR_SIZE};
+
+/// Bytes of one block's checksum.
+pub const CSUM_SIZE: usize = 4;
+/// Most blocks one item covers (4 MiB of data, a 4 KiB item): an extent's
+/// items start at its bytenr and every `CSUMS_PER_ITEM` blocks after.
+pub const CSUMS_PER_ITEM: u64 = 1024;
+
+/// Key of the checksum item whose run starts at `bytenr`.
+pub fn csum_key(bytenr: u64) -> Key {
+    Key::new(EXTENT_CSUM_OBJECTID, item_type::EXTENT_CSUM, bytenr)
+}
+
+/// The checksum of one data block.
+pub fn block_csum(block: &[u8]) -> u32 {
+    crc32c::crc32c(block)
+}
+
+/// The payload of a checksum item for `data` (a whole number of blocks).
+pub fn encode_csums(data: &[u8]) -> Vec<u8> {
+    debug_assert!((data.len() as u64).is_multiple_of(SECTOR_SIZE));
+    data.chunks(SECTOR_SIZE as usize)
+        .flat_map(|block| block_csum(block).to_le_bytes())
+        .collect()
+}
+
+/// The checksums of a checksum item's payload, validating its shape.
+pub fn decode_csums(bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(CSUM_SIZE) {
+        return Err(ItemError(format!(
+            "checksum item of {} bytes: must be a nonzero multiple of {CSUM_SIZE}",
+            bytes.len()
+        )));
+    }
+    if bytes.len() as u64 / CSUM_SIZE as u64 > CSUMS_PER_ITEM {
+        return Err(ItemError(format!(
+            "checksum item of {} checksums: at most {CSUMS_PER_ITEM}",
+            bytes.len() / CSUM_SIZE
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(CSUM_SIZE)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect())
+}
+
+/// Bytes of data a checksum item of `payload_len` bytes covers.
+pub fn csum_item_span(payload_len: usize) -> u64 {
+    (payload_len / CSUM_SIZE) as u64 * SECTOR_SIZE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csum_items_round_trip_and_reject_bad_shapes() {
+        let data: Vec<u8> = (0..3 * SECTOR_SIZE).map(|i| (i % 251) as u8).collect();
+        let payload = encode_csums(&data);
+        assert_eq!(payload.len(), 3 * CSUM_SIZE);
+        let sums = decode_csums(&payload).unwrap();
+        assert_eq!(sums[1], block_csum(&data[4096..8192]));
+        assert_eq!(csum_item_span(payload.len()), 3 * SECTOR_SIZE);
+        assert!(decode_csums(&[]).is_err());
+        assert!(decode_csums(&payload[..5]).is_err());
+        assert!(decode_csums(&vec![0; (CSUMS_PER_ITEM as usize + 1) * CSUM_SIZE]).is_err());
+    }
+}

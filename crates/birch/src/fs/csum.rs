@@ -1,0 +1,232 @@
+//! Data checksums in the running transaction (docs/DATA-CHECKSUMS.md): a
+//! new extent's checksums go into the checksum tree when it is written, a
+//! freed extent's go when the commit frees it (fs/commit.rs), reads verify
+//! them, the log carries those of extents it logs, and replay puts those
+//! back.
+
+use super::decode::decode_item;
+use super::FsState;
+use crate::btree::{Forest, TreeRoot};
+use crate::device::BlockDevice;
+use crate::error::{Corruption, Error, Result};
+use crate::format::{
+    block_csum, csum_item_span, csum_key, decode_csums, encode_csums, item_type, tree_id,
+    FileExtent, Key, CSUMS_PER_ITEM, EXTENT_CSUM_OBJECTID, SECTOR_SIZE,
+};
+use std::collections::BTreeMap;
+
+/// Bytes of data one full checksum item covers.
+const ITEM_SPAN: u64 = CSUMS_PER_ITEM * SECTOR_SIZE;
+
+fn corrupt(tree: u64, reason: String) -> Error {
+    Error::corrupt(Corruption {
+        tree: Some(tree),
+        block: None,
+        slot: None,
+        reason,
+    })
+}
+
+/// Records the checksums of `data`, just written as the new extent at
+/// `bytenr`: one item per `CSUMS_PER_ITEM` blocks, from the extent's start.
+pub(super) fn insert_extent_csums<D: BlockDevice>(
+    forest: &mut Forest<D>,
+    root: &mut TreeRoot,
+    bytenr: u64,
+    data: &[u8],
+) -> Result<()> {
+    for (i, run) in data.chunks(ITEM_SPAN as usize).enumerate() {
+        forest.put(
+            root,
+            csum_key(bytenr + i as u64 * ITEM_SPAN),
+            encode_csums(run),
+        )?;
+    }
+    Ok(())
+}
+
+/// Deletes the checksums of the extent `[bytenr, bytenr + len)`, being
+/// freed. (Items never span two extents, so every item starting inside
+/// the extent is wholly its.)
+pub(super) fn delete_extent_csums<D: BlockDevice>(
+    forest: &mut Forest<D>,
+    root: &mut TreeRoot,
+    bytenr: u64,
+    len: u64,
+) -> Result<()> {
+    for (key, _) in forest.collect_range(root, csum_key(bytenr), csum_key(bytenr + len - 1))? {
+        forest.delete(root, &key)?;
+    }
+    Ok(())
+}
+
+/// The checksum of each block of `[start, end)` (sector aligned) that the
+/// tree `root` records, `None` where no item covers the block.
+pub(crate) fn lookup_csums<D: BlockDevice>(
+    forest: &Forest<D>,
+    root: &TreeRoot,
+    start: u64,
+    end: u64,
+) -> Result<Vec<Option<u32>>> {
+    let mut out = vec![None; ((end - start) / SECTOR_SIZE) as usize];
+    let mut fill = |key: &Key, data: &[u8]| -> Result<()> {
+        let sums = decode_csums(data)
+            .map_err(|e| corrupt(root.id, format!("checksum item {key}: {e}")))?;
+        for (i, sum) in sums.into_iter().enumerate() {
+            let at = key.offset + i as u64 * SECTOR_SIZE;
+            if (start..end).contains(&at) {
+                out[((at - start) / SECTOR_SIZE) as usize] = Some(sum);
+            }
+        }
+        Ok(())
+    };
+    // Only the last item starting before `start` can reach into the range.
+    if let Some((key, data)) = forest.last_at_or_before(root, &csum_key(start))? {
+        if key.objectid == EXTENT_CSUM_OBJECTID
+            && key.item_type == item_type::EXTENT_CSUM
+            && key.offset < start
+        {
+            fill(&key, &data)?;
+        }
+    }
+    for (key, data) in forest.collect_range(root, csum_key(start), csum_key(end - 1))? {
+        fill(&key, &data)?;
+    }
+    Ok(out)
+}
+
+/// The first block of `data` (read from `disk_bytenr`) whose checksum is
+/// not the one recorded: its index, and what was recorded (`None`: no
+/// checksum at all).
+pub(crate) fn first_bad_block(data: &[u8], sums: &[Option<u32>]) -> Option<(usize, Option<u32>)> {
+    data.chunks(SECTOR_SIZE as usize)
+        .zip(sums)
+        .enumerate()
+        .find(|(_, (block, sum))| **sum != Some(block_csum(block)))
+        .map(|(i, (_, sum))| (i, *sum))
+}
+
+/// How a failed block reads in a message: what the tree recorded against
+/// what the block holds.
+pub(crate) fn mismatch(recorded: Option<u32>, block: &[u8]) -> String {
+    match recorded {
+        Some(sum) => format!(
+            "checksum {sum:#010x} recorded, the block has {:#010x}",
+            block_csum(block)
+        ),
+        None => "no checksum recorded for the block".to_string(),
+    }
+}
+
+impl<D: BlockDevice> FsState<D> {
+    /// Writes `data` as the new extent at `bytenr` (just allocated) and, on
+    /// a checksum image, records its checksums in the same transaction.
+    pub(super) fn write_data_extent(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
+        self.forest.store().device().write_at(data, bytenr)?;
+        self.stats.data_bytes_written += data.len() as u64;
+        if let Some(root) = self.roots.csum.as_mut() {
+            insert_extent_csums(&mut self.forest, root, bytenr, data)?;
+        }
+        Ok(())
+    }
+
+    /// Reads `buf` from `disk_bytenr` (file `ino` at `file_offset`, both
+    /// sector aligned), verifying each block on a checksum image: a block
+    /// that fails is never returned; the read fails with EIO, counted and
+    /// logged with where it is.
+    pub(super) fn read_data(
+        &mut self,
+        ino: u64,
+        file_offset: u64,
+        disk_bytenr: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        self.forest.store().device().read_at(buf, disk_bytenr)?;
+        let Some(root) = self.roots.csum else {
+            return Ok(());
+        };
+        let sums = lookup_csums(
+            &self.forest,
+            &root,
+            disk_bytenr,
+            disk_bytenr + buf.len() as u64,
+        )?;
+        let Some((i, recorded)) = first_bad_block(buf, &sums) else {
+            return Ok(());
+        };
+        self.stats.data_csum_errors += 1;
+        let at = i as u64 * SECTOR_SIZE;
+        let block = &buf[at as usize..(at + SECTOR_SIZE) as usize];
+        let what = format!(
+            "inode {ino} file offset {} disk bytenr {}: {}",
+            file_offset + at,
+            disk_bytenr + at,
+            mismatch(recorded, block)
+        );
+        eprintln!("birch: data checksum error: {what}");
+        Err(Error::BadData(what))
+    }
+
+    /// The checksum items to log with the file extent item `key`/`data`:
+    /// those of its extent when the extent was written in this transaction
+    /// (no extent item in the extent tree yet), which the committed
+    /// checksum tree does not have. Extents of earlier commits need none.
+    pub(super) fn csums_to_log(&self, key: &Key, data: &[u8]) -> Result<Vec<(Key, Vec<u8>)>> {
+        let Some(root) = self.roots.csum else {
+            return Ok(Vec::new());
+        };
+        let extent = decode_item(key, FileExtent::decode(data))?;
+        let (FileExtent::Regular { .. }, Some(disk)) = (&extent, extent.disk_ref()) else {
+            return Ok(Vec::new());
+        };
+        let extent_key = Key::new(
+            disk.disk_bytenr,
+            item_type::EXTENT_ITEM,
+            disk.disk_num_bytes,
+        );
+        if self.forest.get(&self.roots.extent, &extent_key)?.is_some() {
+            return Ok(Vec::new());
+        }
+        self.forest.collect_range(
+            &root,
+            csum_key(disk.disk_bytenr),
+            csum_key(disk.disk_bytenr + disk.disk_num_bytes - 1),
+        )
+    }
+
+    /// Replay: puts the log's checksum items into the checksum tree, those
+    /// lying inside an extent a logged file extent names (`extents`:
+    /// bytenr -> length). Others belong to extents rewritten and freed
+    /// after an earlier fsync logged them; they must not cover free space.
+    /// Returns the keys of the items put back.
+    pub(super) fn replay_csums(
+        &mut self,
+        items: Vec<(Key, Vec<u8>)>,
+        extents: &BTreeMap<u64, u64>,
+    ) -> Result<Vec<Key>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(root) = self.roots.csum.as_mut() else {
+            return Err(corrupt(
+                tree_id::LOG,
+                "the log holds checksum items but the image has no data checksums".into(),
+            ));
+        };
+        let mut replayed = Vec::new();
+        for (key, data) in items {
+            decode_csums(&data)
+                .map_err(|e| corrupt(tree_id::LOG, format!("checksum item {key}: {e}")))?;
+            let end = key.offset + csum_item_span(data.len());
+            let inside = extents
+                .range(..=key.offset)
+                .next_back()
+                .is_some_and(|(&bytenr, &len)| end <= bytenr + len);
+            if inside {
+                self.forest.put(root, key, data)?;
+                replayed.push(key);
+            }
+        }
+        Ok(replayed)
+    }
+}
