@@ -2,7 +2,6 @@
 //! `(EXTENT_CSUM_OBJECTID, EXTENT_CSUM, bytenr)`, payload one crc32c (u32
 //! little-endian) per SECTOR_SIZE block of `[bytenr, bytenr + n × 4096)`.
 
-use super::items::ItemError;
 use super::{item_type, Key, EXTENT_CSUM_OBJECTID, SECTOR_SIZE};
 
 /// Bytes of one block's checksum.
@@ -27,26 +26,6 @@ pub fn encode_csums(data: &[u8]) -> Vec<u8> {
     data.chunks(SECTOR_SIZE as usize)
         .flat_map(|block| block_csum(block).to_le_bytes())
         .collect()
-}
-
-/// The checksums of a checksum item's payload, validating its shape.
-pub fn decode_csums(bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
-    if bytes.is_empty() || !bytes.len().is_multiple_of(CSUM_SIZE) {
-        return Err(ItemError(format!(
-            "checksum item of {} bytes: must be a nonzero multiple of {CSUM_SIZE}",
-            bytes.len()
-        )));
-    }
-    if bytes.len() as u64 / CSUM_SIZE as u64 > CSUMS_PER_ITEM {
-        return Err(ItemError(format!(
-            "checksum item of {} checksums: at most {CSUMS_PER_ITEM}",
-            bytes.len() / CSUM_SIZE
-        )));
-    }
-    Ok(bytes
-        .chunks_exact(CSUM_SIZE)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect())
 }
 
 /// Bytes of data a checksum item of `payload_len` bytes covers.

@@ -3,7 +3,7 @@
 //! says which field is wrong, never a panic.
 
 use super::bytes::{put_i64, put_u16, put_u32, put_u64, Reader, ShortRead};
-use super::{ItemType, NAME_MAX, SECTOR_SIZE};
+use super::{ItemType, CSUMS_PER_ITEM, CSUM_SIZE, NAME_MAX, SECTOR_SIZE};
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -642,6 +642,26 @@ pub enum Item {
     MetadataExtent(ExtentItem),
 }
 
+/// The checksums of a checksum item's payload, validating its shape.
+pub fn decode_csums(bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(CSUM_SIZE) {
+        return Err(ItemError(format!(
+            "checksum item of {} bytes: must be a nonzero multiple of {CSUM_SIZE}",
+            bytes.len()
+        )));
+    }
+    if bytes.len() as u64 / CSUM_SIZE as u64 > CSUMS_PER_ITEM {
+        return Err(ItemError(format!(
+            "checksum item of {} checksums: at most {CSUMS_PER_ITEM}",
+            bytes.len() / CSUM_SIZE
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(CSUM_SIZE)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect())
+}
+
 impl Item {
     /// Decodes and validates the payload of an item of type `item_type`.
     pub fn decode(item_type: ItemType, data: &[u8]) -> Result<Item, ItemError> {
@@ -657,7 +677,7 @@ impl Item {
             ItemType::DirItem => Item::DirItems(decode_dir_items(data)?),
             ItemType::DirIndex => Item::DirIndex(DirEntry::decode(data)?),
             ItemType::ExtentData => Item::FileExtent(FileExtent::decode(data)?),
-            ItemType::ExtentCsum => Item::Csums(super::decode_csums(data)?),
+            ItemType::ExtentCsum => Item::Csums(decode_csums(data)?),
             ItemType::RootItem => Item::Root(RootItem::decode(data)?),
             ItemType::ExtentItem => Item::DataExtent(ExtentItem::decode(data)?),
             ItemType::MetadataItem => Item::MetadataExtent(ExtentItem::decode(data)?),
