@@ -14,6 +14,7 @@
 mod loopdev;
 mod mount;
 mod replay;
+mod scrub;
 mod stats;
 
 use birch::check::{
@@ -59,9 +60,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Print a mounted filesystem's counters by section, with rates since mount (--json for scripts)
     Stats(stats::StatsArgs),
-    /// Read every copy of every tree node of an unmounted image, rewrite bad
-    /// copies from good ones (exit 0 clean or repaired, 1 something unrepaired)
-    Scrub(CheckArgs),
+    /// Read every copy of every tree node of an unmounted image or a mounted filesystem, rewrite bad
+    /// copies from good ones, verify every data block (exit 0 clean or repaired, 1 something unrepaired)
+    Scrub(ScrubArgs),
 }
 
 /// The IMAGE argument, the same in every subcommand.
@@ -109,6 +110,13 @@ enum OnOff {
 enum MetadataArg {
     Single,
     Dup,
+}
+
+#[derive(Args)]
+struct ScrubArgs {
+    /// An unmounted image file or block device, or where a birch filesystem is mounted
+    #[arg(value_name = "IMAGE|MOUNTPOINT")]
+    target: PathBuf,
 }
 
 #[derive(Args)]
@@ -450,15 +458,13 @@ fn check(args: &CheckArgs) -> Result<u8, Failure> {
 
 // ----- scrub -----
 
-/// Scrubs an image under the lock a mount takes, so no mounted filesystem
-/// can reuse a block while scrub rewrites it.
-fn scrub(args: &CheckArgs) -> Result<u8, Failure> {
-    let path = &args.image.image;
+/// Scrubs a mounted filesystem through its daemon, or an image under the
+/// lock a mount takes, so no mounted filesystem can reuse a block while
+/// scrub rewrites it.
+fn scrub(args: &ScrubArgs) -> Result<u8, Failure> {
+    let path = &args.target;
     if path.is_dir() {
-        return Err(Failure::new(format!(
-            "{}: is a directory: scrubbing a mounted filesystem is not built yet; unmount it and scrub its image",
-            show(path)
-        )));
+        return scrub::scrub_mounted(path);
     }
     let dev = FileDevice::open(path, false)
         .map_err(|e| Failure::unreadable(format!("{}: cannot open read-write: {e}", show(path))))?;

@@ -37,7 +37,7 @@ pub fn stats(args: &StatsArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-fn fetch(mountpoint: &Path) -> Result<StatsReport, Failure> {
+pub(crate) fn fetch(mountpoint: &Path) -> Result<StatsReport, Failure> {
     let dir = File::open(mountpoint)
         .map_err(|e| Failure::new(format!("{}: {e}", mountpoint.display())))?;
     let mut buf = vec![0u8; BIRCH_STATS_MAX];

@@ -13,6 +13,7 @@ use crate::attr::{
 };
 use crate::remount::RemountWatch;
 use crate::requests::RequestCounts;
+use crate::scrub::BIRCH_IOC_SCRUB;
 use crate::stats::{self, ImageInfo, StatsReport};
 use birch::device::BlockDevice;
 use birch::format::ROOT_DIR_INO;
@@ -1347,7 +1348,10 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        if matches!(cmd, FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR | BIRCH_IOC_SYNC) {
+        if matches!(
+            cmd,
+            FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR | BIRCH_IOC_SYNC | BIRCH_IOC_SCRUB
+        ) {
             self.follow_remount();
         }
         let ino = to_engine_ino(ino.0);
@@ -1424,6 +1428,15 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     reply.ioctl(0, text.as_bytes());
                 }
             }
+            // Runs in this request thread (the others keep serving, the
+            // CLI's progress polls among them) until the scrub is done.
+            BIRCH_IOC_SCRUB => match self.fs.scrub() {
+                Ok(report) => {
+                    let text = crate::scrub::encode(&report, out_size as usize);
+                    reply.ioctl(0, text.as_bytes());
+                }
+                Err(e) => reply.error(self.errno(&e)),
+            },
             XFS_IOC_GOINGDOWN => {
                 // Whatever the flags (FUSE passes none for this _IOR
                 // command), nothing more reaches the device: the next mount

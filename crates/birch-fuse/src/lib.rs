@@ -8,6 +8,7 @@ mod attr;
 mod fuseblk;
 mod remount;
 mod requests;
+pub mod scrub;
 pub mod stats;
 mod transport;
 
@@ -15,6 +16,7 @@ pub use adapter::{
     BirchFuse, FuseOptions, MountControl, NoControl, TransportChoice, BIRCH_IOC_STATS,
     BIRCH_IOC_SYNC, BIRCH_STATS_MAX, XFS_IOC_GOINGDOWN,
 };
+pub use scrub::{BIRCH_IOC_SCRUB, BIRCH_SCRUB_MAX};
 
 use birch::device::BlockDevice;
 use birch::fs::Filesystem;

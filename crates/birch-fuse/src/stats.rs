@@ -26,10 +26,11 @@ pub enum Group {
     SpaceNow,
     MetadataCopies,
     DataChecksums,
+    Scrub,
 }
 
 impl Group {
-    pub const ALL: [Group; 8] = [
+    pub const ALL: [Group; 9] = [
         Group::Transactions,
         Group::Fsync,
         Group::FsyncFallbacks,
@@ -38,6 +39,7 @@ impl Group {
         Group::SpaceNow,
         Group::MetadataCopies,
         Group::DataChecksums,
+        Group::Scrub,
     ];
 
     pub fn title(self) -> &'static str {
@@ -50,6 +52,7 @@ impl Group {
             Group::SpaceNow => "space now",
             Group::MetadataCopies => "metadata copies (DUP read repair)",
             Group::DataChecksums => "data checksums",
+            Group::Scrub => "scrub (`birch scrub MOUNTPOINT`)",
         }
     }
 }
@@ -135,10 +138,12 @@ counter_table! {
         data_bytes_written: Transactions Bytes Total, "File data written to the device.", "The data rate the device sees; against what the workload wrote it shows write amplification.";
         nodes_written: Transactions Count Total, "Tree nodes written by commits.", "The metadata cost of commits; per commit, how much of the trees each one copies.";
         fsyncs: Fsync Count Total, "fsync and fsyncdir calls (and those a `sync` or `dirsync` mount makes for each change).", "The base the other fsync counters are shares of.";
-        metadata_bad_copies: MetadataCopies Count Total, "Tree-node copies read that failed their checksum or checks (or the read failed) while the other copy was good.", "Non-zero: the device is damaging or losing writes; run `birch scrub` on the image and look at the device (docs/DUP.md).";
+        metadata_bad_copies: MetadataCopies Count Total, "Tree-node copies read that failed their checksum or checks (or the read failed) while the other copy was good.", "Non-zero: the device is damaging or losing writes; run `birch scrub` on the mount point (or the unmounted image) and look at the device (docs/DUP.md).";
         metadata_repairs: MetadataCopies Count Total, "Bad copies rewritten from the good one (not on a read-only mount).", "Below `metadata_bad_copies` on a read-only mount: the damage stays until a read-write mount or a scrub repairs it.";
         metadata_unrepairable: MetadataCopies Count Total, "Node reads that found no good copy (both bad, or a single-profile image).", "Non-zero: data behind those nodes is unreadable; the error names the block.";
         data_csum_errors: DataChecksums Count Total, "Data blocks read whose checksum did not match (or that had none): each such read failed with EIO, logged with inode, file offset and disk bytenr.", "Non-zero: the device returned damaged file data; `birch scrub` names every bad block by path (docs/DATA-CHECKSUMS.md).";
+        scrub_nodes: Scrub Count Total, "Tree nodes scrubbed on this mount (every copy of each read and verified), counted as a scrub goes.", "Rising: a scrub is running; `birch scrub MOUNTPOINT` shows it as progress. Commits wait for a scrub.";
+        scrub_data_bytes: Scrub Bytes Total, "Bytes of data extents scrubbed on this mount (read and verified against their checksums), counted as a scrub goes.", "With `scrub_nodes`: how far a running scrub is; its rate is the scrub's read rate.";
     }
     log_stats -> LogStats "" {
         logged_fsyncs: Fsync Count Total, "fsyncs that logged their inode: answered by a log sync instead of a commit.", "The fast path of fsync. An fsync of an inode logged and unchanged since is in neither this nor `noop_fsyncs`: it waits for that log.";

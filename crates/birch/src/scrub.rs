@@ -1,10 +1,15 @@
-//! `birch scrub IMAGE`: reads every copy of every tree node of an image that
-//! nothing else has open, verifies each, and rewrites a bad copy from a good
-//! one (docs/DUP.md); then reads every data extent and verifies each block
-//! against its checksum (docs/DATA-CHECKSUMS.md). Data has one copy: a bad
-//! block is reported by path and file offset, unrepaired. Extents without
-//! checksums (images without the feature, preallocated extents) are counted
-//! as not verified.
+//! `birch scrub IMAGE|MOUNTPOINT`: reads every copy of every tree node,
+//! verifies each, and rewrites a bad copy from a good one (docs/DUP.md);
+//! then reads every data extent and verifies each block against its
+//! checksum (docs/DATA-CHECKSUMS.md). Data has one copy: a bad block is
+//! reported by path and file offset, unrepaired. Extents without checksums
+//! (images without the feature, preallocated extents) are counted as not
+//! verified.
+//!
+//! The walk ([`scrub_trees`]) serves both an image nothing else has open
+//! ([`scrub_device`]) and a mounted filesystem, whose engine calls it on
+//! its own device with its durable superblock while no commit can run
+//! (`Filesystem::scrub`).
 
 use crate::btree::{copy_name, read_node_copies, NodeExpectation};
 use crate::device::BlockDevice;
@@ -12,7 +17,7 @@ use crate::error::Result;
 use crate::format::tree_name;
 use crate::format::{
     block_csum, decode_csums, decode_inode_extrefs, decode_inode_refs, item_type, tree_id,
-    FileExtent, LeafItem, NodeBody, RootItem, ROOT_DIR_INO, SECTOR_SIZE,
+    FileExtent, LeafItem, NodeBody, RootItem, Superblock, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use crate::fs::read_superblock;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -32,8 +37,14 @@ pub struct ScrubReport {
     /// One line per bad copy rewritten from the good one.
     pub repaired: Vec<String>,
     /// One line per node with no good copy, per bad copy whose rewrite
-    /// failed, and per root item that does not decode.
+    /// failed (or was not allowed: a read-only mount), per root item that
+    /// does not decode, and per bad data block.
     pub unrepaired: Vec<String>,
+    /// Lines left out of `repaired` and `unrepaired` to keep a report
+    /// short (a mounted scrub's reply has a bounded size); they count in
+    /// the summary all the same.
+    pub repaired_not_listed: u64,
+    pub unrepaired_not_listed: u64,
     /// Data extents read, and their blocks verified against a checksum and
     /// read without one (no checksums on the image, or a preallocated
     /// extent never written).
@@ -45,18 +56,41 @@ pub struct ScrubReport {
     pub data_blocks_bad: u64,
 }
 
-/// How far a data scrub is: bytes of data extents read of all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How far a scrub is: tree nodes scrubbed, and bytes of data extents
+/// read of all (the total is known, and non-zero, once the node walk is
+/// done).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScrubProgress {
+    pub nodes_done: u64,
     pub data_bytes_done: u64,
     pub data_bytes_total: u64,
 }
 
 impl ScrubReport {
-    /// Whether every node has a good copy in place on every mirror now.
+    /// Whether nothing was left unrepaired: every node has a good copy in
+    /// place on every mirror, and every verified data block matched.
     pub fn is_clean(&self) -> bool {
-        self.unrepaired.is_empty()
+        self.unrepaired.is_empty() && self.unrepaired_not_listed == 0
     }
+
+    pub fn repaired_count(&self) -> u64 {
+        self.repaired.len() as u64 + self.repaired_not_listed
+    }
+
+    pub fn unrepaired_count(&self) -> u64 {
+        self.unrepaired.len() as u64 + self.unrepaired_not_listed
+    }
+}
+
+/// What a scrub may write and which trees it reaches.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScrubScope<'a> {
+    /// Also scrub the log root tree and its log trees. Only where no log
+    /// sync can run: a mounted filesystem's log syncs free and reuse log
+    /// blocks while the scrub walks.
+    pub walk_log: bool,
+    /// Why bad copies must not be rewritten (a read-only mount), if so.
+    pub no_repair: Option<&'a str>,
 }
 
 impl fmt::Display for ScrubReport {
@@ -64,8 +98,14 @@ impl fmt::Display for ScrubReport {
         for line in &self.repaired {
             writeln!(f, "repaired: {line}")?;
         }
+        if self.repaired_not_listed > 0 {
+            writeln!(f, "repaired: … and {} more", self.repaired_not_listed)?;
+        }
         for line in &self.unrepaired {
             writeln!(f, "unrepaired: {line}")?;
+        }
+        if self.unrepaired_not_listed > 0 {
+            writeln!(f, "unrepaired: … and {} more", self.unrepaired_not_listed)?;
         }
         writeln!(
             f,
@@ -73,8 +113,8 @@ impl fmt::Display for ScrubReport {
             self.nodes,
             self.copies,
             self.profile,
-            self.repaired.len(),
-            self.unrepaired.len()
+            self.repaired_count(),
+            self.unrepaired_count()
         )?;
         writeln!(
             f,
@@ -96,12 +136,28 @@ pub fn scrub_device<D: BlockDevice + ?Sized>(dev: &D) -> Result<ScrubReport> {
     scrub_device_with_progress(dev, &mut |_| {})
 }
 
-/// [`scrub_device`], calling `progress` as the data scrub goes.
+/// [`scrub_device`], calling `progress` as the scrub goes.
 pub fn scrub_device_with_progress<D: BlockDevice + ?Sized>(
     dev: &D,
     progress: &mut dyn FnMut(ScrubProgress),
 ) -> Result<ScrubReport> {
     let sb = read_superblock(dev)?;
+    let scope = ScrubScope {
+        walk_log: true,
+        no_repair: None,
+    };
+    Ok(scrub_trees(dev, &sb, scope, progress))
+}
+
+/// Scrubs the trees `sb` names (the log's only if `scope.walk_log`), then
+/// the data extents of its extent tree. The caller guarantees that no
+/// block those trees use is freed and reused while this runs.
+pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
+    dev: &D,
+    sb: &Superblock,
+    scope: ScrubScope<'_>,
+    progress: &mut dyn FnMut(ScrubProgress),
+) -> ScrubReport {
     let profile = sb.metadata_profile;
     let mut report = ScrubReport {
         profile: profile.name(),
@@ -115,7 +171,7 @@ pub fn scrub_device_with_progress<D: BlockDevice + ?Sized>(
         sb.root_tree_level,
         Some(sb.generation),
     )];
-    if sb.log_root_bytenr != 0 {
+    if scope.walk_log && sb.log_root_bytenr != 0 {
         stack.push((
             sb.log_root_bytenr,
             tree_id::LOG_ROOT,
@@ -135,6 +191,10 @@ pub fn scrub_device_with_progress<D: BlockDevice + ?Sized>(
             generation,
         });
         report.nodes += 1;
+        progress(ScrubProgress {
+            nodes_done: report.nodes,
+            ..Default::default()
+        });
         let mut good = None;
         let mut bad = Vec::new();
         for copy in read_node_copies(dev, &sb.fsid, profile, bytenr, expect) {
@@ -159,6 +219,12 @@ pub fn scrub_device_with_progress<D: BlockDevice + ?Sized>(
                 "block {bytenr} of tree {}: {which} at {offset}: {error}",
                 tree_name(tree)
             );
+            if let Some(why) = scope.no_repair {
+                report
+                    .unrepaired
+                    .push(format!("{line}; not rewritten: {why}"));
+                continue;
+            }
             match dev.write_at(&raw, offset) {
                 Ok(()) => report.repaired.push(line),
                 Err(e) => report
@@ -201,7 +267,7 @@ pub fn scrub_device_with_progress<D: BlockDevice + ?Sized>(
         }
     }
     scrub_data(dev, &data, &mut report, progress);
-    Ok(report)
+    report
 }
 
 /// What the data scrub needs from the trees, gathered by the node walk.
@@ -363,6 +429,7 @@ fn scrub_data<D: BlockDevice + ?Sized>(
             at += chunk;
             done += chunk;
             progress(ScrubProgress {
+                nodes_done: report.nodes,
                 data_bytes_done: done,
                 data_bytes_total: total,
             });

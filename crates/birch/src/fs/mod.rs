@@ -36,6 +36,7 @@ use crate::btree::Forest;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{Superblock, SECTOR_SIZE};
+use crate::scrub::{scrub_trees, ScrubProgress, ScrubReport, ScrubScope};
 use commit::Roots;
 use delayed::DelayedItems;
 use inode::Inode;
@@ -829,6 +830,68 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Makes everything durable.
     pub fn sync(&self) -> Result<()> {
         self.commit()
+    }
+
+    /// Scrubs the durable commit in place (docs/DUP.md, "Scrub"): every
+    /// copy of every node of its trees is read and verified, a bad copy is
+    /// rewritten from the good one (not on a read-only filesystem), then
+    /// every data extent is verified against its checksums. The log is not
+    /// scrubbed (log syncs keep freeing and reusing its blocks; a mount
+    /// replays it with read repair). Progress shows in [`Self::stats`]
+    /// (`scrub_nodes`, `scrub_data_bytes`) as it goes.
+    ///
+    /// Holds the commit lock throughout: with no commit, nothing the
+    /// durable commit uses can be freed and reused (what the running
+    /// transaction frees stays pinned until its commit), so a rewrite
+    /// cannot land on a block in new use. Requests, writeback and fsyncs
+    /// through the log go on; commits (periodic, `sync`, fsync fallbacks,
+    /// reclaim) wait until the scrub is done. The node cache needs no
+    /// change: it holds only nodes decoded from a good copy, whose bytes a
+    /// repair writes.
+    pub fn scrub(&self) -> Result<ScrubReport> {
+        self.shared.check_not_poisoned()?;
+        let _commit = self
+            .shared
+            .commit_lock
+            .lock()
+            .expect("commit lock poisoned");
+        let (superblock, no_repair) = {
+            let state = self.lock();
+            if state.shut_down {
+                return Err(shut_down_error());
+            }
+            let no_repair = if let Some(why) = &state.failed {
+                Some(format!(
+                    "the filesystem is read-only after an earlier failure: {why}"
+                ))
+            } else if state.options.read_only {
+                Some("the filesystem is mounted read-only".to_string())
+            } else {
+                None
+            };
+            (state.superblock.clone(), no_repair)
+        };
+        let scope = ScrubScope {
+            walk_log: false,
+            no_repair: no_repair.as_deref(),
+        };
+        let dev = self.shared.store.device().as_ref();
+        let mut counted = ScrubProgress::default();
+        let report = scrub_trees(dev, &superblock, scope, &mut |now| {
+            let mut state = self.lock();
+            state.stats.scrub_nodes += now.nodes_done - counted.nodes_done;
+            state.stats.scrub_data_bytes += now.data_bytes_done - counted.data_bytes_done;
+            counted = now;
+        });
+        if !report.repaired.is_empty() {
+            dev.flush().map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("scrub: flush after the repairs: {e}"),
+                ))
+            })?;
+        }
+        Ok(report)
     }
 
     /// Commits the running transaction (no-op when nothing changed).
