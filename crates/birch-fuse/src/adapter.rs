@@ -1430,7 +1430,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             }
             // Runs in this request thread (the others keep serving, the
             // CLI's progress polls among them) until the scrub is done.
-            BIRCH_IOC_SCRUB => match self.fs.scrub() {
+            BIRCH_IOC_SCRUB => match birch::scrub::scrub_filesystem(&self.fs) {
                 Ok(report) => {
                     let text = crate::scrub::encode(&report, out_size as usize);
                     reply.ioctl(0, text.as_bytes());

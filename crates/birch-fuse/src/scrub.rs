@@ -1,5 +1,5 @@
 //! `birch scrub MOUNTPOINT`'s reply: the daemon runs
-//! `Filesystem::scrub` when the scrub ioctl arrives and sends its
+//! `scrub::scrub_filesystem` when the scrub ioctl arrives and sends its
 //! [`ScrubReport`] as lines of text ([`encode`]), which the CLI reads back
 //! ([`decode`]) and prints as `birch scrub IMAGE` prints its own report.
 //!

@@ -9,17 +9,17 @@
 //! The walk ([`scrub_trees`]) serves both an image nothing else has open
 //! ([`scrub_device`]) and a mounted filesystem, whose engine calls it on
 //! its own device with its durable superblock while no commit can run
-//! (`Filesystem::scrub`).
+//! (`scrub::scrub_filesystem`).
 
 use crate::btree::{copy_name, read_node_copies, NodeExpectation};
 use crate::device::BlockDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::tree_name;
 use crate::format::{
     block_csum, decode_csums, decode_inode_extrefs, decode_inode_refs, item_type, tree_id,
-    FileExtent, LeafItem, NodeBody, RootItem, Superblock, ROOT_DIR_INO, SECTOR_SIZE,
+    FileExtent, LeafItem, Node, NodeBody, RootItem, Superblock, ROOT_DIR_INO, SECTOR_SIZE,
 };
-use crate::fs::read_superblock;
+use crate::fs::{read_superblock, Filesystem};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
@@ -149,6 +149,41 @@ pub fn scrub_device_with_progress<D: BlockDevice + ?Sized>(
     Ok(scrub_trees(dev, &sb, scope, progress))
 }
 
+/// Scrubs the durable commit of an open filesystem in place (docs/DUP.md,
+/// "Scrub"): every copy of every node of its trees is read and verified, a
+/// bad copy is rewritten from the good one (not on a read-only
+/// filesystem), then every data extent is verified against its checksums.
+/// Commits wait meanwhile ([`Filesystem::with_durable_commit`] says why
+/// that makes the rewrites safe). The log is not scrubbed: log syncs keep
+/// freeing and reusing its blocks, and a mount replays it with read
+/// repair. Progress shows in the filesystem's `scrub_nodes` and
+/// `scrub_data_bytes` counters as it goes.
+pub fn scrub_filesystem<D: BlockDevice>(fs: &Filesystem<D>) -> Result<ScrubReport> {
+    fs.with_durable_commit(|dev, superblock, no_rewrite| {
+        let scope = ScrubScope {
+            walk_log: false,
+            no_repair: no_rewrite,
+        };
+        let mut counted = ScrubProgress::default();
+        let report = scrub_trees(dev, superblock, scope, &mut |now| {
+            fs.count_scrub_progress(
+                now.nodes_done - counted.nodes_done,
+                now.data_bytes_done - counted.data_bytes_done,
+            );
+            counted = now;
+        });
+        if !report.repaired.is_empty() {
+            dev.flush().map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("scrub: flush after the repairs: {e}"),
+                ))
+            })?;
+        }
+        Ok(report)
+    })?
+}
+
 /// Scrubs the trees `sb` names (the log's only if `scope.walk_log`), then
 /// the data extents of its extent tree. The caller guarantees that no
 /// block those trees use is freed and reused while this runs.
@@ -195,43 +230,9 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
             nodes_done: report.nodes,
             ..Default::default()
         });
-        let mut good = None;
-        let mut bad = Vec::new();
-        for copy in read_node_copies(dev, &sb.fsid, profile, bytenr, expect) {
-            report.copies += 1;
-            match copy.result {
-                Ok(ok) => good = good.or(Some(ok)),
-                Err(e) => bad.push((copy.index, copy.offset, e)),
-            }
-        }
-        let Some((node, raw)) = good else {
-            let reasons: Vec<String> = bad.iter().map(|(_, _, e)| e.to_string()).collect();
-            report.unrepaired.push(format!(
-                "block {bytenr} of tree {}: no good copy: {}",
-                tree_name(tree),
-                reasons.join("; ")
-            ));
+        let Some(node) = scrub_node(dev, sb, bytenr, tree, expect, scope, &mut report) else {
             continue;
         };
-        for (index, offset, error) in bad {
-            let which = copy_name(index);
-            let line = format!(
-                "block {bytenr} of tree {}: {which} at {offset}: {error}",
-                tree_name(tree)
-            );
-            if let Some(why) = scope.no_repair {
-                report
-                    .unrepaired
-                    .push(format!("{line}; not rewritten: {why}"));
-                continue;
-            }
-            match dev.write_at(&raw, offset) {
-                Ok(()) => report.repaired.push(line),
-                Err(e) => report
-                    .unrepaired
-                    .push(format!("{line}; rewriting it failed: {e}")),
-            }
-        }
         match &node.body {
             NodeBody::Internal(ptrs) => stack.extend(ptrs.iter().map(|p| {
                 (
@@ -268,6 +269,58 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
     }
     scrub_data(dev, &data, &mut report, progress);
     report
+}
+
+/// Reads every copy of node `bytenr` of `tree` and rewrites each bad one
+/// from a good one (unless `scope.no_repair` says why not). Returns the
+/// node, or `None` when no copy is good (the report says so).
+fn scrub_node<D: BlockDevice + ?Sized>(
+    dev: &D,
+    sb: &Superblock,
+    bytenr: u64,
+    tree: u64,
+    expect: Option<NodeExpectation>,
+    scope: ScrubScope<'_>,
+    report: &mut ScrubReport,
+) -> Option<Node> {
+    let mut good = None;
+    let mut bad = Vec::new();
+    for copy in read_node_copies(dev, &sb.fsid, sb.metadata_profile, bytenr, expect) {
+        report.copies += 1;
+        match copy.result {
+            Ok(ok) => good = good.or(Some(ok)),
+            Err(e) => bad.push((copy.index, copy.offset, e)),
+        }
+    }
+    let Some((node, raw)) = good else {
+        let reasons: Vec<String> = bad.iter().map(|(_, _, e)| e.to_string()).collect();
+        report.unrepaired.push(format!(
+            "block {bytenr} of tree {}: no good copy: {}",
+            tree_name(tree),
+            reasons.join("; ")
+        ));
+        return None;
+    };
+    for (index, offset, error) in bad {
+        let which = copy_name(index);
+        let line = format!(
+            "block {bytenr} of tree {}: {which} at {offset}: {error}",
+            tree_name(tree)
+        );
+        if let Some(why) = scope.no_repair {
+            report
+                .unrepaired
+                .push(format!("{line}; not rewritten: {why}"));
+            continue;
+        }
+        match dev.write_at(&raw, offset) {
+            Ok(()) => report.repaired.push(line),
+            Err(e) => report
+                .unrepaired
+                .push(format!("{line}; rewriting it failed: {e}")),
+        }
+    }
+    Some(node)
 }
 
 /// What the data scrub needs from the trees, gathered by the node walk.

@@ -591,7 +591,7 @@ fn scrub_repairs_every_bad_copy_and_reports_what_it_cannot() {
     );
 }
 
-/// `Filesystem::scrub` on an open filesystem: one bad copy of every node
+/// `scrub::scrub_filesystem` on an open filesystem: one bad copy of every node
 /// of the durable commit, damaged while it is open, is repaired in one
 /// pass while an fsync goes on through the log; the scrub counters show
 /// the nodes it read; a second scrub finds nothing.
@@ -620,7 +620,7 @@ fn mounted_scrub_repairs_the_durable_commit_while_it_is_open() {
     fs.write_file(ino, 0, &[7; 5000]).unwrap();
     fs.fsync(ino, false).unwrap();
     let read_repairs = fs.stats().metadata_repairs;
-    let report = fs.scrub().unwrap();
+    let report = birch::scrub::scrub_filesystem(&fs).unwrap();
     assert_eq!(
         (report.nodes, report.copies),
         (nodes.len() as u64, 2 * nodes.len() as u64),
@@ -639,7 +639,7 @@ fn mounted_scrub_repairs_the_durable_commit_while_it_is_open() {
         assert_eq!(node_bytes(&dev, node.bytenr + offset), good, "{node:?}");
     }
     assert_eq!(fs.stats().scrub_nodes, nodes.len() as u64);
-    let again = fs.scrub().unwrap();
+    let again = birch::scrub::scrub_filesystem(&fs).unwrap();
     assert!(again.repaired.is_empty() && again.is_clean(), "{again}");
     assert_eq!(fs.stats().scrub_nodes, 2 * nodes.len() as u64);
     fs.close().unwrap();
@@ -660,7 +660,7 @@ fn mounted_scrub_of_a_read_only_filesystem_writes_nothing() {
     let node = superblock(&dev).root_tree_bytenr;
     damage(&dev, node, &mut ChaCha8Rng::seed_from_u64(35));
     let damaged = dev.snapshot();
-    let report = fs.scrub().unwrap();
+    let report = birch::scrub::scrub_filesystem(&fs).unwrap();
     assert!(!report.is_clean() && report.repaired.is_empty(), "{report}");
     assert_eq!(report.unrepaired.len(), 1, "{report}");
     assert!(

@@ -32,21 +32,3 @@ pub fn encode_csums(data: &[u8]) -> Vec<u8> {
 pub fn csum_item_span(payload_len: usize) -> u64 {
     (payload_len / CSUM_SIZE) as u64 * SECTOR_SIZE
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn csum_items_round_trip_and_reject_bad_shapes() {
-        let data: Vec<u8> = (0..3 * SECTOR_SIZE).map(|i| (i % 251) as u8).collect();
-        let payload = encode_csums(&data);
-        assert_eq!(payload.len(), 3 * CSUM_SIZE);
-        let sums = decode_csums(&payload).unwrap();
-        assert_eq!(sums[1], block_csum(&data[4096..8192]));
-        assert_eq!(csum_item_span(payload.len()), 3 * SECTOR_SIZE);
-        assert!(decode_csums(&[]).is_err());
-        assert!(decode_csums(&payload[..5]).is_err());
-        assert!(decode_csums(&vec![0; (CSUMS_PER_ITEM as usize + 1) * CSUM_SIZE]).is_err());
-    }
-}

@@ -36,7 +36,6 @@ use crate::btree::Forest;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{Superblock, SECTOR_SIZE};
-use crate::scrub::{scrub_trees, ScrubProgress, ScrubReport, ScrubScope};
 use commit::Roots;
 use delayed::DelayedItems;
 use inode::Inode;
@@ -832,35 +831,35 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.commit()
     }
 
-    /// Scrubs the durable commit in place (docs/DUP.md, "Scrub"): every
-    /// copy of every node of its trees is read and verified, a bad copy is
-    /// rewritten from the good one (not on a read-only filesystem), then
-    /// every data extent is verified against its checksums. The log is not
-    /// scrubbed (log syncs keep freeing and reusing its blocks; a mount
-    /// replays it with read repair). Progress shows in [`Self::stats`]
-    /// (`scrub_nodes`, `scrub_data_bytes`) as it goes.
+    /// Runs `f` on the durable commit with commits held (docs/DUP.md,
+    /// "Scrub"): `f` gets the device, the durable superblock, and why the
+    /// commit's blocks may not be rewritten now (`None` if they may). For
+    /// `scrub::scrub_filesystem`, which lives above this layer.
     ///
     /// Holds the commit lock throughout: with no commit, nothing the
     /// durable commit uses can be freed and reused (what the running
-    /// transaction frees stays pinned until its commit), so a rewrite
-    /// cannot land on a block in new use. Requests, writeback and fsyncs
-    /// through the log go on; commits (periodic, `sync`, fsync fallbacks,
-    /// reclaim) wait until the scrub is done. The node cache needs no
-    /// change: it holds only nodes decoded from a good copy, whose bytes a
-    /// repair writes.
-    pub fn scrub(&self) -> Result<ScrubReport> {
+    /// transaction frees stays pinned until its commit), so a rewrite of
+    /// one of its blocks cannot land on a block in new use. Requests,
+    /// writeback and fsyncs through the log go on; commits (periodic,
+    /// `sync`, fsync fallbacks, reclaim) wait until `f` returns. The node
+    /// cache holds only nodes decoded from a good copy, so rewriting a bad
+    /// copy with the good bytes leaves it right.
+    pub fn with_durable_commit<R>(
+        &self,
+        f: impl FnOnce(&D, &Superblock, Option<&str>) -> R,
+    ) -> Result<R> {
         self.shared.check_not_poisoned()?;
         let _commit = self
             .shared
             .commit_lock
             .lock()
             .expect("commit lock poisoned");
-        let (superblock, no_repair) = {
+        let (superblock, no_rewrite) = {
             let state = self.lock();
             if state.shut_down {
                 return Err(shut_down_error());
             }
-            let no_repair = if let Some(why) = &state.failed {
+            let no_rewrite = if let Some(why) = &state.failed {
                 Some(format!(
                     "the filesystem is read-only after an earlier failure: {why}"
                 ))
@@ -869,29 +868,21 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             } else {
                 None
             };
-            (state.superblock.clone(), no_repair)
+            (state.superblock.clone(), no_rewrite)
         };
-        let scope = ScrubScope {
-            walk_log: false,
-            no_repair: no_repair.as_deref(),
-        };
-        let dev = self.shared.store.device().as_ref();
-        let mut counted = ScrubProgress::default();
-        let report = scrub_trees(dev, &superblock, scope, &mut |now| {
-            let mut state = self.lock();
-            state.stats.scrub_nodes += now.nodes_done - counted.nodes_done;
-            state.stats.scrub_data_bytes += now.data_bytes_done - counted.data_bytes_done;
-            counted = now;
-        });
-        if !report.repaired.is_empty() {
-            dev.flush().map_err(|e| {
-                Error::Io(std::io::Error::new(
-                    e.kind(),
-                    format!("scrub: flush after the repairs: {e}"),
-                ))
-            })?;
-        }
-        Ok(report)
+        Ok(f(
+            self.shared.store.device().as_ref(),
+            &superblock,
+            no_rewrite.as_deref(),
+        ))
+    }
+
+    /// Adds a scrub's progress to the `scrub_nodes` and `scrub_data_bytes`
+    /// counters, which [`Self::stats`] shows while it runs.
+    pub fn count_scrub_progress(&self, nodes: u64, data_bytes: u64) {
+        let mut state = self.lock();
+        state.stats.scrub_nodes += nodes;
+        state.stats.scrub_data_bytes += data_bytes;
     }
 
     /// Commits the running transaction (no-op when nothing changed).

@@ -284,7 +284,7 @@ pub struct FsStats {
     /// Data blocks whose checksum did not match when read (each read
     /// failed with EIO; docs/DATA-CHECKSUMS.md).
     pub data_csum_errors: u64,
-    /// Scrubs of the mounted filesystem (`Filesystem::scrub`): tree nodes
+    /// Scrubs of the mounted filesystem (`scrub::scrub_filesystem`): tree nodes
     /// scrubbed and bytes of data extents read, counted as they go, so
     /// that another thread can show a scrub's progress.
     pub scrub_nodes: u64,
