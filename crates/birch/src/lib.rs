@@ -15,6 +15,7 @@ pub mod device;
 pub mod error;
 pub mod format;
 pub mod fs;
+mod lock_order;
 pub mod print;
 pub mod scrub;
 

@@ -19,6 +19,7 @@ use std::path::Path;
 /// ones below it.
 const LAYERS: &[(&str, u32)] = &[
     ("format", 0),
+    ("lock_order", 0),
     ("error", 1),
     ("device", 1),
     ("btree", 2),

@@ -6,8 +6,9 @@ use super::cache::NodeCache;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{MetadataProfile, Node, NODE_SIZE};
+use crate::lock_order::{LockRank, RankedMutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// What a parent (or a root item) promises about a child node.
 #[derive(Debug, Clone, Copy)]
@@ -33,7 +34,7 @@ pub struct NodeStore<D> {
     dev: D,
     fsid: [u8; 16],
     profile: MetadataProfile,
-    cache: Mutex<NodeCache>,
+    cache: RankedMutex<NodeCache>,
     /// Whether a bad copy is rewritten: not on a read-only mount, whose
     /// device must not change.
     repair_writes: AtomicBool,
@@ -48,7 +49,7 @@ impl<D: BlockDevice> NodeStore<D> {
             dev,
             fsid,
             profile,
-            cache: Mutex::new(NodeCache::new(cache_nodes)),
+            cache: RankedMutex::new(LockRank::NodeCache, NodeCache::new(cache_nodes)),
             repair_writes: AtomicBool::new(false),
             bad_copies: AtomicU64::new(0),
             repairs: AtomicU64::new(0),

@@ -36,12 +36,13 @@ use crate::btree::Forest;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{Superblock, SECTOR_SIZE};
+use crate::lock_order::{LockRank, RankedCondvar, RankedGuard, RankedMutex};
 use commit::Roots;
 use delayed::DelayedItems;
 use inode::Inode;
 use space::Need;
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 use transaction::{background_worker, shut_down_error, Shared, SyncProgress};
@@ -87,7 +88,7 @@ pub struct Filesystem<D: BlockDevice + 'static> {
     /// Behind a lock because a read-only open starts them later, from
     /// whichever request thread switches it to read-write; holding the lock
     /// also makes that switch happen once.
-    threads: Mutex<BackgroundThreads>,
+    threads: RankedMutex<BackgroundThreads>,
     /// `close` ran: dropping has nothing left to do.
     closed: bool,
 }
@@ -149,21 +150,21 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             ..Default::default()
         };
         let shared = Arc::new(Shared {
-            state: Mutex::new(state),
-            commit_lock: Mutex::new(()),
-            sync: Mutex::new(sync),
-            sync_changed: Condvar::new(),
-            superblock_lock: Mutex::new(()),
+            state: RankedMutex::new(LockRank::State, state),
+            commit_lock: RankedMutex::new(LockRank::Commit, ()),
+            sync: RankedMutex::new(LockRank::Sync, sync),
+            sync_changed: RankedCondvar::new(),
+            superblock_lock: RankedMutex::new(LockRank::Superblock, ()),
             store,
-            worker_stop: Mutex::new(false),
-            worker_wake: Condvar::new(),
-            space_cv: Condvar::new(),
-            flusher_wake: Condvar::new(),
-            reclaim_lock: Mutex::new(()),
+            worker_stop: RankedMutex::new(LockRank::WorkerStop, false),
+            worker_wake: RankedCondvar::new(),
+            space_cv: RankedCondvar::new(),
+            flusher_wake: RankedCondvar::new(),
+            reclaim_lock: RankedMutex::new(LockRank::Reclaim, ()),
         });
         let fs = Filesystem {
             shared,
-            threads: Mutex::new(BackgroundThreads::default()),
+            threads: RankedMutex::new(LockRank::Threads, BackgroundThreads::default()),
             closed: false,
         };
         if !read_only {
@@ -209,7 +210,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.start_writing(&mut threads)
     }
 
-    fn lock_threads(&self) -> MutexGuard<'_, BackgroundThreads> {
+    fn lock_threads(&self) -> RankedGuard<'_, BackgroundThreads> {
         self.threads
             .lock()
             .expect("background threads lock poisoned")
@@ -264,7 +265,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         Ok(())
     }
 
-    fn lock(&self) -> MutexGuard<'_, FsState<D>> {
+    fn lock(&self) -> RankedGuard<'_, FsState<D>> {
         self.shared
             .state
             .lock()

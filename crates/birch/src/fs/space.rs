@@ -20,8 +20,8 @@ use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
+use crate::lock_order::RankedGuard;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 pub use super::types::{SpaceStats, SpaceUsage};
@@ -487,7 +487,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
     pub(super) fn reserve(
         &self,
         need: &dyn Fn(&mut FsState<D>) -> Result<Need>,
-    ) -> Result<MutexGuard<'_, FsState<D>>> {
+    ) -> Result<RankedGuard<'_, FsState<D>>> {
         let mut state = self.lock_state();
         let mut held = 0u64;
         loop {
@@ -535,10 +535,10 @@ impl<D: BlockDevice + 'static> Shared<D> {
     /// reclaims itself (one reclaimer at a time; it serves every ticket).
     fn wait_ticket<'a>(
         &'a self,
-        mut state: MutexGuard<'a, FsState<D>>,
+        mut state: RankedGuard<'a, FsState<D>>,
         id: u64,
     ) -> (
-        MutexGuard<'a, FsState<D>>,
+        RankedGuard<'a, FsState<D>>,
         std::result::Result<u64, Refusal>,
     ) {
         loop {

@@ -12,7 +12,8 @@ use crate::btree::NodeStore;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::SECTOR_SIZE;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use crate::lock_order::{RankedCondvar, RankedGuard, RankedMutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Pages a commit writes back per state-lock hold before it seals.
@@ -46,24 +47,24 @@ pub(super) struct SyncProgress {
 }
 
 pub(super) struct Shared<D> {
-    pub(super) state: Mutex<FsState<D>>,
+    pub(super) state: RankedMutex<FsState<D>>,
     /// Serializes commits; held across a commit's unlocked I/O.
-    pub(super) commit_lock: Mutex<()>,
-    pub(super) sync: Mutex<SyncProgress>,
-    pub(super) sync_changed: Condvar,
+    pub(super) commit_lock: RankedMutex<()>,
+    pub(super) sync: RankedMutex<SyncProgress>,
+    pub(super) sync_changed: RankedCondvar,
     /// Held while writing and flushing a superblock, by commits and log
     /// syncs alike, so their superblocks reach the disk in order.
-    pub(super) superblock_lock: Mutex<()>,
+    pub(super) superblock_lock: RankedMutex<()>,
     pub(super) store: Arc<NodeStore<Arc<D>>>,
-    pub(super) worker_stop: Mutex<bool>,
-    pub(super) worker_wake: Condvar,
+    pub(super) worker_stop: RankedMutex<bool>,
+    pub(super) worker_wake: RankedCondvar,
     /// With the state lock: space came back (tickets served, dirty memory
     /// went down).
-    pub(super) space_cv: Condvar,
+    pub(super) space_cv: RankedCondvar,
     /// With the state lock: wakes the flusher.
-    pub(super) flusher_wake: Condvar,
+    pub(super) flusher_wake: RankedCondvar,
     /// One reclaimer at a time.
-    pub(super) reclaim_lock: Mutex<()>,
+    pub(super) reclaim_lock: RankedMutex<()>,
 }
 
 impl<D: BlockDevice> Shared<D> {
@@ -82,11 +83,11 @@ impl<D: BlockDevice> Shared<D> {
         Ok(())
     }
 
-    pub(super) fn lock_state(&self) -> MutexGuard<'_, FsState<D>> {
+    pub(super) fn lock_state(&self) -> RankedGuard<'_, FsState<D>> {
         self.state.lock().expect("filesystem state lock poisoned")
     }
 
-    pub(super) fn lock_sync(&self) -> MutexGuard<'_, SyncProgress> {
+    pub(super) fn lock_sync(&self) -> RankedGuard<'_, SyncProgress> {
         self.sync.lock().expect("sync progress lock poisoned")
     }
 
