@@ -11,8 +11,7 @@
 //! (BENCH_IMAGE: an existing image file or block device, formatted here;
 //! defaults: 10,000 files, an fsync every 100).
 
-use birch::device::FileDevice;
-use birch::fs::{Filesystem, MkfsOptions, MountOptions, RenameFlags};
+use birch::{FileDevice, Filesystem, MkfsOptions, MountOptions, RenameFlags};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -275,6 +275,7 @@ impl Allocator {
         self.metadata_bytes = bytes;
     }
 
+    #[cfg(test)]
     pub fn free_space(&self) -> &FreeSpace {
         &self.free
     }
@@ -354,21 +355,6 @@ impl Allocator {
             .saturating_sub(self.profile.node_footprint());
         let ranges: Vec<_> = self.node_ranges(bytenr).collect();
         self.pinned.extend(ranges);
-    }
-
-    /// Returns an unused, never-referenced data allocation (e.g. writeback
-    /// allocated more than it used).
-    pub fn release_unused_data(&mut self, bytenr: u64, len: u64) {
-        let r = self
-            .delayed_refs
-            .remove(&bytenr)
-            .expect("release of unknown data allocation");
-        assert!(
-            r.created && r.ref_delta == 0 && r.num_bytes == len,
-            "release of referenced data extent {bytenr}"
-        );
-        self.bytes_used -= len;
-        self.free.add(bytenr, len);
     }
 
     /// At mount: holds `[start, start+len)`, free in the mounted commit but

@@ -38,6 +38,7 @@ pub(crate) enum LockRank {
     WorkerStop,
 }
 
+#[cfg(debug_assertions)]
 impl LockRank {
     /// Whether the lock must be taken with no other engine lock held.
     fn alone(self) -> bool {

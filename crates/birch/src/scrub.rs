@@ -6,7 +6,7 @@
 //! (images without the feature, preallocated extents) are counted as not
 //! verified.
 //!
-//! The walk ([`scrub_trees`]) serves both an image nothing else has open
+//! The walk (`scrub_trees`) serves both an image nothing else has open
 //! ([`scrub_device`]) and a mounted filesystem, whose engine calls it on
 //! its own device with its durable superblock while no commit can run
 //! (`scrub::scrub_filesystem`).

@@ -7,19 +7,16 @@
 
 mod common;
 
-use birch::alloc::{Allocator, FreeSpace};
-use birch::btree::{Forest, NodeStore, TreeRoot};
 use birch::check::fixture::corrupt_node;
-use birch::check::{check_device, FaultId};
+use birch::check::{check_device, tree_nodes, FaultId, TreeRootRef};
 use birch::device::{BlockDevice, DeviceEvent, MemoryDevice, RecordingDevice};
 use birch::error::Error;
 use birch::format::{
-    item_type, tree_id, BackupRoot, Key, Superblock, BACKUP_ROOT_COUNT, NODE_SIZE,
+    item_type, tree_id, BackupRoot, NodeBody, Superblock, BACKUP_ROOT_COUNT, NODE_SIZE,
     SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use birch::fs::{read_superblock, AtimeUpdates, BackupRootUsed, Filesystem, MountOptions, Rescue};
 use common::{assert_clean, crash_points, memory_fs, view, Enumeration, View};
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 const DEVICE_BYTES: u64 = 64 << 20;
@@ -176,25 +173,22 @@ fn extents_of(image: Vec<u8>, backup: &BackupRoot, fsid: [u8; 16]) -> Vec<(u64, 
 
 /// [`extents_of`] on a device.
 fn extents_on(dev: Arc<MemoryDevice>, backup: &BackupRoot, fsid: [u8; 16]) -> Vec<(u64, u64)> {
-    let total = dev.size_bytes();
-    let profile = birch::fs::read_superblock(dev.as_ref())
-        .unwrap()
-        .metadata_profile;
-    let store = Arc::new(NodeStore::new(dev, fsid, profile, 64));
-    let forest = Forest::new(
-        store,
-        Allocator::new(FreeSpace::default(), 0, total, profile),
-        1,
-    );
-    let extent_root = TreeRoot {
-        id: tree_id::EXTENT,
+    let profile = read_superblock(dev.as_ref()).unwrap().metadata_profile;
+    let extent_root = TreeRootRef {
+        tree: tree_id::EXTENT,
+        subvolume: None,
         bytenr: backup.extent_root.bytenr,
         level: backup.extent_root.level,
-        generation: backup.extent_root.generation,
+        generation: Some(backup.extent_root.generation),
     };
+    let (nodes, problems) = tree_nodes(dev.as_ref(), &fsid, extent_root);
+    assert!(problems.is_empty(), "{problems:?}");
     let mut extents = Vec::new();
-    forest
-        .scan(&extent_root, Key::MIN, Key::MAX, &mut |k, _| {
+    for (_, node) in nodes {
+        let NodeBody::Leaf(items) = node.body else {
+            continue;
+        };
+        for k in items.iter().map(|i| i.key) {
             let len = match k.item_type {
                 item_type::METADATA_ITEM => NODE_SIZE as u64,
                 _ => k.offset,
@@ -207,9 +201,8 @@ fn extents_on(dev: Arc<MemoryDevice>, backup: &BackupRoot, fsid: [u8; 16]) -> Ve
             {
                 extents.push((mirror, len));
             }
-            Ok(ControlFlow::Continue(()))
-        })
-        .unwrap();
+        }
+    }
     extents
 }
 

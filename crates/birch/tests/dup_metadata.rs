@@ -6,12 +6,9 @@
 
 mod common;
 
-use birch::btree::read_node_uncached;
-use birch::check::check_device;
+use birch::check::{check_device, tree_nodes, tree_roots};
 use birch::device::{BlockDevice, MemoryDevice, RecordingDevice};
-use birch::format::{
-    item_type, tree_id, MetadataProfile, Node, NodeBody, RootItem, Superblock, NODE_SIZE,
-};
+use birch::format::{tree_id, MetadataProfile, Superblock, NODE_SIZE};
 use birch::fs::{
     read_superblock, Filesystem, MetadataCopies, MkfsOptions, MountOptions, XattrSetMode,
 };
@@ -148,37 +145,17 @@ struct NodeAt {
 /// tree a root item names, and the log root tree with its log trees.
 fn every_node(dev: &MemoryDevice) -> Vec<NodeAt> {
     let sb = read_superblock(dev).unwrap();
+    let (roots, problems) = tree_roots(dev, &sb);
+    assert!(problems.is_empty(), "{problems:?}");
     let mut out = Vec::new();
-    let mut roots = vec![(sb.root_tree_bytenr, tree_id::ROOT)];
-    if sb.log_root_bytenr != 0 {
-        roots.push((sb.log_root_bytenr, tree_id::LOG_ROOT));
-    }
-    while let Some((root, tree)) = roots.pop() {
-        let mut stack = vec![root];
-        while let Some(bytenr) = stack.pop() {
-            let node: Node = read_node_uncached(dev, &sb.fsid, bytenr, None).unwrap();
-            out.push(NodeAt {
-                bytenr,
-                tree,
-                is_root: bytenr == root,
-            });
-            match &node.body {
-                NodeBody::Internal(ptrs) => stack.extend(ptrs.iter().map(|p| p.blockptr)),
-                NodeBody::Leaf(items) => {
-                    for item in items
-                        .iter()
-                        .filter(|i| i.key.item_type == item_type::ROOT_ITEM)
-                    {
-                        let child = if tree == tree_id::LOG_ROOT {
-                            tree_id::LOG
-                        } else {
-                            item.key.objectid
-                        };
-                        roots.push((RootItem::decode(&item.data).unwrap().bytenr, child));
-                    }
-                }
-            }
-        }
+    for root in roots {
+        let (nodes, problems) = tree_nodes(dev, &sb.fsid, root);
+        assert!(problems.is_empty(), "{problems:?}");
+        out.extend(nodes.into_iter().map(|(bytenr, _)| NodeAt {
+            bytenr,
+            tree: root.tree,
+            is_root: bytenr == root.bytenr,
+        }));
     }
     out.sort_by_key(|n| n.bytenr);
     out

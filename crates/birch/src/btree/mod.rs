@@ -15,12 +15,11 @@
 //! records; only a root may be empty; no node overflows.
 
 mod cache;
+#[cfg(test)]
+mod model_tests;
 mod store;
 
-pub use store::{
-    copy_name, read_node_copies, read_node_uncached, NodeCopy, NodeExpectation, NodeStore,
-    RepairStats,
-};
+pub use store::{copy_name, read_node_copies, read_node_uncached, NodeExpectation, NodeStore};
 
 use crate::alloc::{Allocator, TransactionSpace};
 use crate::device::BlockDevice;
@@ -750,6 +749,7 @@ impl<D: BlockDevice> Forest<D> {
     }
 
     /// Walks a whole tree and asserts the structural invariants (tests).
+    #[cfg(test)]
     pub fn verify_tree(&self, root: &TreeRoot) -> Result<usize> {
         let mut count = 0;
         self.verify_node(
@@ -763,6 +763,7 @@ impl<D: BlockDevice> Forest<D> {
         Ok(count)
     }
 
+    #[cfg(test)]
     fn verify_node(
         &self,
         bytenr: u64,

@@ -39,7 +39,7 @@ mod superblock;
 mod walk;
 
 pub use fault_id::FaultId;
-pub use roots::{tree_roots, TreeRootRef};
+pub use roots::{tree_nodes, tree_roots, TreeRootRef};
 pub use superblock::{
     newest_valid_copy, read_superblock_copies, SuperblockCopy, SuperblockCopyError,
 };

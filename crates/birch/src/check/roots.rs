@@ -1,9 +1,9 @@
-//! Finding every tree's root from a superblock, for `birch dump` (the
-//! check itself finds them while walking, see `walk.rs`).
+//! Finding every tree's root and nodes from a superblock, for `birch dump`
+//! and tests (the check itself finds them while walking, see `walk.rs`).
 
 use crate::btree::{read_node_uncached, NodeExpectation};
 use crate::device::BlockDevice;
-use crate::format::{item_type, tree_id, NodeBody, RootItem, Superblock};
+use crate::format::{item_type, tree_id, Node, NodeBody, RootItem, Superblock};
 use std::collections::HashSet;
 
 /// Where one tree's root is.
@@ -68,14 +68,20 @@ pub fn tree_roots<D: BlockDevice + ?Sized>(
     (out, problems)
 }
 
-/// The decodable ROOT_ITEMs of a root tree, as ((objectid, offset), item).
-fn root_items<D: BlockDevice + ?Sized>(
+/// Every node of the tree `root` leads to, depth first, each read from
+/// its primary copy and validated as what its parent's pointer promises
+/// (owner, level, generation). A node that does not read is left out,
+/// with a message in the second list, and so is what is below it; a
+/// node reached twice is visited once. For tools and tests that look at
+/// an image's trees without opening it (`birch check` reads every copy
+/// itself).
+pub fn tree_nodes<D: BlockDevice + ?Sized>(
     dev: &D,
     fsid: &[u8; 16],
     root: TreeRootRef,
-    problems: &mut Vec<String>,
-) -> Vec<((u64, u64), RootItem)> {
+) -> (Vec<(u64, Node)>, Vec<String>) {
     let mut out = Vec::new();
+    let mut problems = Vec::new();
     let mut seen = HashSet::new();
     let mut stack = vec![(root.bytenr, root.level, root.generation)];
     while let Some((bytenr, level, generation)) = stack.pop() {
@@ -103,22 +109,37 @@ fn root_items<D: BlockDevice + ?Sized>(
                 continue;
             }
         };
-        match &node.body {
-            NodeBody::Leaf(items) => {
-                for i in items
-                    .iter()
-                    .filter(|i| i.key.item_type == item_type::ROOT_ITEM)
-                {
-                    match RootItem::decode(&i.data) {
-                        Ok(r) => out.push(((i.key.objectid, i.key.offset), r)),
-                        Err(e) => problems.push(format!("root item {}: {e}", i.key)),
-                    }
-                }
+        if let NodeBody::Internal(ptrs) = &node.body {
+            for p in ptrs.iter().rev() {
+                stack.push((p.blockptr, level.saturating_sub(1), Some(p.generation)));
             }
-            NodeBody::Internal(ptrs) => {
-                for p in ptrs.iter().rev() {
-                    stack.push((p.blockptr, level.saturating_sub(1), Some(p.generation)));
-                }
+        }
+        out.push((bytenr, node));
+    }
+    (out, problems)
+}
+
+/// The decodable ROOT_ITEMs of a root tree, as ((objectid, offset), item).
+fn root_items<D: BlockDevice + ?Sized>(
+    dev: &D,
+    fsid: &[u8; 16],
+    root: TreeRootRef,
+    problems: &mut Vec<String>,
+) -> Vec<((u64, u64), RootItem)> {
+    let (nodes, mut unread) = tree_nodes(dev, fsid, root);
+    problems.append(&mut unread);
+    let mut out = Vec::new();
+    for (_, node) in nodes {
+        let NodeBody::Leaf(items) = &node.body else {
+            continue;
+        };
+        for i in items
+            .iter()
+            .filter(|i| i.key.item_type == item_type::ROOT_ITEM)
+        {
+            match RootItem::decode(&i.data) {
+                Ok(r) => out.push(((i.key.objectid, i.key.offset), r)),
+                Err(e) => problems.push(format!("root item {}: {e}", i.key)),
             }
         }
     }

@@ -83,6 +83,38 @@ pub fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()> {
 }
 
 /// A mounted birch filesystem.
+///
+/// Changes live in memory until they are made durable: `fsync` of a file
+/// or directory writes the log tree (docs/TREE-LOG.md says exactly what
+/// an fsync covers), `sync` commits everything. A power cut keeps what was
+/// durable; the next [`open`](Self::open) replays the log.
+///
+/// ```
+/// use birch::{Filesystem, MemoryDevice, MkfsOptions, MountOptions, RenameFlags};
+/// use std::sync::Arc;
+///
+/// # fn main() -> birch::Result<()> {
+/// let dev = Arc::new(MemoryDevice::new(64 << 20));
+/// Filesystem::mkfs(dev.as_ref(), &MkfsOptions::default())?;
+/// let fs = Filesystem::open(dev.clone(), MountOptions::default())?;
+/// let root = fs.root_ino();
+/// // The classic safe replace: write a new file, fsync it, rename it over
+/// // the old one, fsync the directory.
+/// let tmp = fs.create(root, b"config.tmp", 0o644, 0, 0)?;
+/// fs.write_file(tmp.ino, 0, b"v2")?;
+/// fs.fsync(tmp.ino, false)?;
+/// fs.rename(root, b"config.tmp", root, b"config", RenameFlags::default())?;
+/// fs.fsync(root, false)?;
+///
+/// // A power cut now: the device holds only what was written so far.
+/// let after_cut = Arc::new(MemoryDevice::from_bytes(dev.snapshot()));
+/// let fs = Filesystem::open(after_cut, MountOptions::default())?;
+/// let config = fs.lookup(fs.root_ino(), b"config")?;
+/// assert_eq!(fs.read_file(config.ino, 0, 16)?, b"v2");
+/// assert!(fs.lookup(fs.root_ino(), b"config.tmp").is_err());
+/// # Ok(())
+/// # }
+/// ```
 pub struct Filesystem<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
     /// Behind a lock because a read-only open starts them later, from

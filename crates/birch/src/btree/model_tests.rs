@@ -4,11 +4,11 @@
 //! so committed nodes are evicted and re-read (decoded and validated) from
 //! the device. Failures print `seed=N`; `BIRCH_SEED=N` replays one.
 
-use birch::alloc::{Allocator, FreeSpace, TransactionSpace};
-use birch::btree::{Forest, NodeStore, TreeRoot};
-use birch::device::{BlockDevice, MemoryDevice};
-use birch::format::node::MAX_ITEM_DATA;
-use birch::format::{Key, MetadataProfile, FIRST_ALLOCATABLE_BYTE};
+use super::{Forest, NodeStore, TreeRoot};
+use crate::alloc::{Allocator, FreeSpace, TransactionSpace};
+use crate::device::{BlockDevice, MemoryDevice};
+use crate::format::node::MAX_ITEM_DATA;
+use crate::format::{Key, MetadataProfile, FIRST_ALLOCATABLE_BYTE};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -82,7 +82,7 @@ fn run(seed: u64, steps: usize, key_space: u64, verify_every: usize) {
                     e.insert(v);
                 } else {
                     assert!(
-                        matches!(result, Err(birch::Error::Exists)),
+                        matches!(result, Err(crate::Error::Exists)),
                         "{ctx}: insert of present key {k}"
                     );
                 }
