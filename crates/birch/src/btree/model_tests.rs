@@ -66,6 +66,11 @@ fn random_value(rng: &mut ChaCha8Rng) -> Vec<u8> {
 
 /// Runs `steps` random operations; walks the whole tree to verify its
 /// invariants every `verify_every` steps.
+///
+/// Long because it is one loop with one short arm per operation, each
+/// applying it to the tree and the model and comparing at once; split up,
+/// every arm would take the tree, the model and the generator as
+/// arguments and the comparison would read further from the operation.
 fn run(seed: u64, steps: usize, key_space: u64, verify_every: usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut forest = new_forest();
