@@ -13,9 +13,10 @@ use crate::btree::{Forest, NodeExpectation, NodeStore, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    encode_inode_refs, item_type, tree_id, BackupRoot, ExtentItem, InodeItem, InodeRefEntry, Key,
-    MetadataProfile, NodeBody, RootItem, Superblock, BACKUP_ROOT_COUNT, FIRST_ALLOCATABLE_BYTE,
-    FIRST_FREE_INO, MIN_DEVICE_BYTES, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE,
+    encode_inode_refs, item_type, tree_id, BackupRoot, ExtentItem, InodeItem, InodeRefEntry,
+    ItemType, Key, MetadataProfile, NodeBody, RootItem, Superblock, BACKUP_ROOT_COUNT,
+    FIRST_ALLOCATABLE_BYTE, FIRST_FREE_INO, MIN_DEVICE_BYTES, NODE_SIZE, ORPHAN_OBJECTID,
+    ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -468,10 +469,13 @@ fn hold_previous_commit<D: BlockDevice>(
         match &node.body {
             NodeBody::Leaf(items) => {
                 for item in items {
-                    let len = match item.key.item_type {
-                        item_type::METADATA_ITEM => NODE_SIZE as u64,
-                        item_type::EXTENT_ITEM => item.key.offset,
-                        _ => continue,
+                    // Not an extent item: nothing the commit uses (an
+                    // unknown type is the check's to report).
+                    let Some(len) = ItemType::of(&item.key)
+                        .ok()
+                        .and_then(|t| t.extent_len(&item.key))
+                    else {
+                        continue;
                     };
                     // Anything the mounted commit still uses is not free.
                     alloc.hold_free_range(item.key.objectid, len);
@@ -524,13 +528,9 @@ fn free_space_from_extent_tree<D: BlockDevice>(
     let mut fault = None;
     let node_len = NODE_SIZE as u64;
     forest.scan(extent, Key::MIN, Key::MAX, &mut |k, data| {
-        let len = match k.item_type {
-            item_type::METADATA_ITEM => node_len,
-            item_type::EXTENT_ITEM => k.offset,
-            _ => {
-                fault = Some(format!("unexpected item {k} in the extent tree"));
-                return Ok(ControlFlow::Break(()));
-            }
+        let Some(len) = ItemType::of(k).ok().and_then(|t| t.extent_len(k)) else {
+            fault = Some(format!("unexpected item {k} in the extent tree"));
+            return Ok(ControlFlow::Break(()));
         };
         let item = match ExtentItem::decode(data) {
             Ok(item) => item,
