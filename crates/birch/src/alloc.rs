@@ -113,10 +113,15 @@ impl FreeSpace {
 
     /// Whether all of `[start, start+len)` is free.
     pub fn is_free(&self, start: u64, len: u64) -> bool {
+        // A range past the end of the address space (a hostile log's
+        // extent) is not free, and must not overflow.
+        let Some(end) = start.checked_add(len) else {
+            return false;
+        };
         self.ranges
             .range(..=start)
             .next_back()
-            .is_some_and(|(&s, &l)| s + l >= start + len)
+            .is_some_and(|(&s, &l)| s + l >= end)
     }
 
     /// First free run of at least `len` bytes at or after `hint`, wrapping
@@ -635,6 +640,15 @@ impl TransactionSpace for Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_past_the_address_space_is_not_free() {
+        let mut free = FreeSpace::default();
+        free.add(1 << 20, 1 << 20);
+        assert!(free.is_free(1 << 20, 4096));
+        assert!(!free.is_free(u64::MAX - 4095, 8192));
+        assert!(!free.is_free(1 << 20, u64::MAX));
+    }
 
     #[test]
     fn free_space_coalesces_and_splits() {
