@@ -481,9 +481,10 @@ impl FileExtent {
                 .offset
                 .checked_add(disk.num_bytes)
                 .is_none_or(|end| end > disk.disk_num_bytes)
+            || disk.disk_bytenr.checked_add(disk.disk_num_bytes).is_none()
         {
             return Err(ItemError(format!(
-                "file extent: range offset {} + {} does not fit disk extent {}+{} or is not sector aligned",
+                "file extent: range offset {} + {} does not fit disk extent {}+{}, the disk extent ends past the address space, or it is not sector aligned",
                 disk.offset, disk.num_bytes, disk.disk_bytenr, disk.disk_num_bytes
             )));
         }
@@ -779,6 +780,15 @@ mod tests {
             num_bytes: 4096,
         };
         assert!(FileExtent::decode(&e.encode()).is_err());
+        // A hostile disk extent ending past u64::MAX: refused at decode,
+        // before any range arithmetic on it.
+        let past_the_end = FileExtent::Regular {
+            disk_bytenr: u64::MAX - 4095,
+            disk_num_bytes: 8192,
+            offset: 0,
+            num_bytes: 4096,
+        };
+        assert!(FileExtent::decode(&past_the_end.encode()).is_err());
     }
 
     #[test]
