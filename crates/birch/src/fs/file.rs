@@ -70,10 +70,10 @@ impl SparePages {
         }
     }
 
-    /// Keeps `page` for reuse, up to `SPARE_PAGES_MAX` of them.
+    /// Keeps `page` for reuse, up to `SPARE_PAGES_MAX` of them (dirty
+    /// pages are all one page long; anything else is not kept).
     fn give(&mut self, page: Box<[u8]>) {
-        debug_assert_eq!(page.len(), PAGE as usize);
-        if self.free.len() < SPARE_PAGES_MAX {
+        if page.len() == PAGE as usize && self.free.len() < SPARE_PAGES_MAX {
             self.free.push(page);
         }
     }
