@@ -201,11 +201,15 @@ impl<D: BlockDevice> Forest<D> {
         }
         let old = self.node(bytenr, expect)?;
         let new_bytenr = self.allocate_block(expect.tree, expect.level)?;
-        let mut copy = (*old).clone();
+        self.free_block(bytenr, expect.tree, expect.level);
+        // Once the cache has forgotten the old block, a node nothing else
+        // holds (no commit or log sync writing it) is taken over as it is:
+        // a copy costs one allocation per leaf item, on every first change
+        // of a node in a transaction or after a log sync.
+        let mut copy = Arc::try_unwrap(old).unwrap_or_else(|shared| (*shared).clone());
         copy.bytenr = new_bytenr;
         copy.generation = self.transid;
         self.dirty.insert(new_bytenr, Arc::new(copy));
-        self.free_block(bytenr, expect.tree, expect.level);
         self.stats.nodes_cowed += 1;
         Ok(new_bytenr)
     }

@@ -206,6 +206,22 @@ impl AlignedBuffer {
         let start = bytes.as_ptr().align_offset(DIRECT_IO_ALIGN);
         AlignedBuffer { bytes, start, len }
     }
+    /// An aligned copy of `data`, written once: a write's bounce buffer
+    /// needs no zero fill before the copy (zeroing a buffer per device
+    /// write was half of this function's cost in the daemon's profile).
+    fn copy_of(data: &[u8]) -> Self {
+        let mut bytes: Vec<u8> = Vec::with_capacity(data.len() + DIRECT_IO_ALIGN);
+        // The capacity is allocated and never reallocated below, so the
+        // offset found now stays the data's alignment.
+        let start = bytes.as_ptr().align_offset(DIRECT_IO_ALIGN);
+        bytes.resize(start, 0);
+        bytes.extend_from_slice(data);
+        AlignedBuffer {
+            bytes,
+            start,
+            len: data.len(),
+        }
+    }
     fn as_mut(&mut self) -> &mut [u8] {
         &mut self.bytes[self.start..self.start + self.len]
     }
@@ -228,8 +244,7 @@ impl BlockDevice for FileDevice {
         check_range(buf.len(), offset, self.size_bytes)?;
         if self.direct_io {
             Self::check_direct_io(offset, buf.len(), "write")?;
-            let mut bounce = AlignedBuffer::new(buf.len());
-            bounce.as_mut().copy_from_slice(buf);
+            let mut bounce = AlignedBuffer::copy_of(buf);
             return self.file.write_all_at(bounce.as_mut(), offset);
         }
         self.file.write_all_at(buf, offset)
@@ -249,9 +264,7 @@ impl BlockDevice for FileDevice {
         for (offset, buf) in writes {
             check_range(buf.len(), *offset, self.size_bytes)?;
             Self::check_direct_io(*offset, buf.len(), "write")?;
-            let mut bounce = AlignedBuffer::new(buf.len());
-            bounce.as_mut().copy_from_slice(buf);
-            aligned.push((*offset, bounce));
+            aligned.push((*offset, AlignedBuffer::copy_of(buf)));
         }
         let mut ring = ring.lock().expect("io_uring lock poisoned");
         for chunk in aligned.chunks_mut(WRITE_RING_ENTRIES as usize) {
@@ -286,6 +299,17 @@ mod tests {
         let file = File::create(&path).expect("create scratch image");
         file.set_len(bytes).expect("size scratch image");
         path
+    }
+
+    #[test]
+    fn a_copy_for_a_write_is_aligned_and_holds_the_data() {
+        for len in [0, 1, 4096, 3 * 4096, 65536 + 4096] {
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut copy = AlignedBuffer::copy_of(&data);
+            let bytes = copy.as_mut();
+            assert_eq!(bytes.as_ptr() as usize % DIRECT_IO_ALIGN, 0, "len {len}");
+            assert_eq!(bytes, &data[..], "len {len}");
+        }
     }
 
     #[test]

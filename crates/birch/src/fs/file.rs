@@ -35,6 +35,49 @@ struct RunProgress {
 const PAGE: u64 = SECTOR_SIZE;
 /// Largest file size (as btrfs: offsets must fit an i64).
 const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+/// Most page buffers kept for reuse (4 MiB).
+const SPARE_PAGES_MAX: usize = 1024;
+
+/// Page buffers that writeback is done with, kept for the next writes.
+/// Allocating and freeing a 4 KiB buffer per written page was a tenth of
+/// the daemon's CPU on dbench and untar (issue 12, docs/FUSE.md "Daemon
+/// CPU per request"): pages are allocated by request threads and freed by
+/// whichever thread writes them back, so glibc's per-thread heaps shrank
+/// and grew again (mprotect) and every new page was zeroed and faulted in
+/// by the kernel.
+#[derive(Default)]
+pub(crate) struct SparePages {
+    free: Vec<Box<[u8]>>,
+}
+
+impl SparePages {
+    /// A page buffer holding whatever it held last: only for a caller
+    /// that overwrites all of it.
+    fn take_for_overwrite(&mut self) -> Box<[u8]> {
+        self.free
+            .pop()
+            .unwrap_or_else(|| vec![0u8; PAGE as usize].into_boxed_slice())
+    }
+
+    /// A page buffer of zeros.
+    fn take_zeroed(&mut self) -> Box<[u8]> {
+        match self.free.pop() {
+            Some(mut page) => {
+                page.fill(0);
+                page
+            }
+            None => vec![0u8; PAGE as usize].into_boxed_slice(),
+        }
+    }
+
+    /// Keeps `page` for reuse, up to `SPARE_PAGES_MAX` of them (dirty
+    /// pages are all one page long; anything else is not kept).
+    fn give(&mut self, page: Box<[u8]>) {
+        if page.len() == PAGE as usize && self.free.len() < SPARE_PAGES_MAX {
+            self.free.push(page);
+        }
+    }
+}
 
 impl<D: BlockDevice> FsState<D> {
     pub(super) fn require_regular(&mut self, ino: u64) -> Result<()> {
@@ -119,10 +162,13 @@ impl<D: BlockDevice> FsState<D> {
 
     /// One page of the file as it is now (dirty copy or disk content).
     pub(super) fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
-        if let Some(page) = self.inode(ino)?.pages.get(&index) {
-            return Ok(page.clone());
+        let inode = self.inodes.get(&ino);
+        if let Some(dirty) = inode.and_then(|i| i.pages.get(&index)) {
+            let mut page = self.spare_pages.take_for_overwrite();
+            page.copy_from_slice(dirty);
+            return Ok(page);
         }
-        let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
+        let mut page = self.spare_pages.take_zeroed();
         if index * PAGE < self.inode(ino)?.item.size {
             self.read_extents_into(ino, index * PAGE, &mut page)?;
         }
@@ -134,7 +180,8 @@ impl<D: BlockDevice> FsState<D> {
     pub(super) fn put_dirty_page(&mut self, ino: u64, index: u64, page: Box<[u8]>) -> Result<()> {
         let pages = &mut self.inode(ino)?.pages;
         if let Some(old) = pages.get_mut(&index) {
-            *old = page;
+            let old = std::mem::replace(old, page);
+            self.spare_pages.give(old);
             return Ok(());
         }
         let left = index > 0 && pages.contains_key(&(index - 1));
@@ -321,14 +368,21 @@ impl<D: BlockDevice> FsState<D> {
             let page_start = index * PAGE;
             let from = offset.max(page_start);
             let to = end.min(page_start + PAGE);
+            let bytes = &data[(from - offset) as usize..(to - offset) as usize];
+            let within = (from - page_start) as usize..(to - page_start) as usize;
+            // A page dirty already takes the bytes where it is: its place
+            // in the dirty set and the space accounting stay as they are.
+            if let Some(dirty) = self.inode(ino)?.pages.get_mut(&index) {
+                dirty[within].copy_from_slice(bytes);
+                continue;
+            }
             let mut page = if from == page_start && to == page_start + PAGE {
                 // Fully overwritten: no need to read the old content.
-                vec![0u8; PAGE as usize].into_boxed_slice()
+                self.spare_pages.take_for_overwrite()
             } else {
                 self.load_page(ino, index)?
             };
-            page[(from - page_start) as usize..(to - page_start) as usize]
-                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            page[within].copy_from_slice(bytes);
             self.put_dirty_page(ino, index, page)?;
         }
         let now = Timespec::now();
@@ -604,19 +658,33 @@ impl<D: BlockDevice> FsState<D> {
             )?;
             self.note_written_range(ino, 0, PAGE)?;
             self.update_inode(ino, |i| i.nbytes += size)?;
+            for page in pages.into_values() {
+                self.spare_pages.give(page);
+            }
             return Ok(written);
         }
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (index, page) in pages {
-            match runs.last_mut() {
-                Some((start, bytes))
-                    if *start + bytes.len() as u64 == index * PAGE
-                        && (bytes.len() as u64) < MAX_EXTENT_BYTES =>
+        // Runs of contiguous pages, as (first page, pages), so that each
+        // run's buffer is allocated once at its size.
+        let mut run_pages: Vec<(u64, u64)> = Vec::new();
+        for &index in pages.keys() {
+            match run_pages.last_mut() {
+                Some((first, count))
+                    if *first + *count == index && *count * PAGE < MAX_EXTENT_BYTES =>
                 {
-                    bytes.extend_from_slice(&page)
+                    *count += 1
                 }
-                _ => runs.push((index * PAGE, page.to_vec())),
+                _ => run_pages.push((index, 1)),
             }
+        }
+        let mut pages = pages.into_values();
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::with_capacity(run_pages.len());
+        for (first, count) in run_pages {
+            let mut bytes = Vec::with_capacity((count * PAGE) as usize);
+            for page in pages.by_ref().take(count as usize) {
+                bytes.extend_from_slice(&page);
+                self.spare_pages.give(page);
+            }
+            runs.push((first * PAGE, bytes));
         }
         let mut added = 0;
         let mut progress = RunProgress::default();

@@ -58,6 +58,8 @@ pub(crate) struct FsState<D> {
     next_ino: u64,
     /// Bytes held in dirty pages of all inodes.
     dirty_page_bytes: u64,
+    /// Page buffers written back, for the next writes to reuse.
+    spare_pages: file::SparePages,
     /// Reservations, the dirty-inode queue, tickets (docs/DELALLOC.md).
     space: space::SpaceInfo,
     stats: FsStats,

@@ -179,6 +179,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         delayed: DelayedItems::default(),
         next_ino,
         dirty_page_bytes: 0,
+        spare_pages: Default::default(),
         space: SpaceInfo::new(total_bytes, profile),
         stats: FsStats::default(),
         log: LogState {

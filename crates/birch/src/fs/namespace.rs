@@ -696,7 +696,13 @@ impl<D: BlockDevice> FsState<D> {
                     return Ok(ControlFlow::Continue(()));
                 }
                 match DirEntry::decode(data) {
-                    Ok(e) => out.push(listed(k.offset, &e)),
+                    // The decoded name moves into the listing: no second copy.
+                    Ok(e) => out.push(DirListEntry {
+                        ino: e.ino,
+                        next_offset: k.offset + 1,
+                        file_type: e.file_type,
+                        name: e.name,
+                    }),
                     Err(e) => {
                         err = Some(decode_item::<()>(k, Err(e)).unwrap_err());
                         return Ok(ControlFlow::Break(()));
