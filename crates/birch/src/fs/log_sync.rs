@@ -9,7 +9,7 @@ use super::LogStats;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::Superblock;
+use crate::format::{LogManifest, Superblock, MAX_LOG_MANIFEST_NODES};
 use std::time::{Duration, Instant};
 
 impl<D: BlockDevice> Shared<D> {
@@ -52,11 +52,12 @@ impl<D: BlockDevice> Shared<D> {
         }
     }
 
-    /// Seals the filling log transaction and writes it: nodes, FLUSH, then
-    /// (once its base commit is durable) the superblock, FLUSH. Returns the
-    /// log transaction now durable.
+    /// Seals the filling log transaction and writes it: nodes and (once its
+    /// base commit is durable) the superblock, then one FLUSH, where the
+    /// mount can validate the log (docs/LOG-FLUSH.md); else nodes, FLUSH,
+    /// superblock, FLUSH. Returns the log transaction now durable.
     fn write_log(&self) -> Result<u64> {
-        let sealed = {
+        let (sealed, data_checksums) = {
             let mut state = self.lock_state();
             // A change that failed since this log was filled may have left
             // it half changed (logged names are kept current in it).
@@ -67,33 +68,38 @@ impl<D: BlockDevice> Shared<D> {
             }
             let filling = state.log.filling;
             match state.seal_log()? {
-                Some(s) => s,
+                Some(s) => (s, state.superblock.data_checksums),
                 // Nothing logged since the last sync: it is all durable.
                 None => return Ok(filling),
             }
         };
         let dev = self.store.device().as_ref();
         let fsid = *self.store.fsid();
+        let profile = self.store.profile();
         let mut phases = LogSyncPhases::start();
         let step = format!(
             "log sync {} (on generation {})",
             sealed.id, sealed.base_generation
         );
-        commit::write_nodes(dev, &sealed.nodes, &fsid, self.store.profile())
-            .map_err(|e| io_step(e, &step))?;
-        phases.lap(|p| &mut p.write);
-        dev.flush().map_err(|e| io_step(e.into(), &step))?;
-        phases.lap(|p| &mut p.nodes_flush);
-        // Seed 002: only this write waits for the commit the log is based on.
-        {
-            let mut sync = self.lock_sync();
-            while sync.durable_generation < sealed.base_generation && sync.failed.is_none() {
-                sync = self
-                    .sync_changed
-                    .wait(sync)
-                    .expect("sync progress lock poisoned");
-            }
+        let encoded = commit::EncodedNodes::new(&sealed.nodes, &fsid);
+        // Logged data can be validated at mount only against its logged
+        // checksums, and the manifest has room for so many nodes.
+        let one_flush = data_checksums && encoded.checksums.len() <= MAX_LOG_MANIFEST_NODES;
+        let base_durable = self.lock_sync().durable_generation >= sealed.base_generation;
+        // Seed 002: the nodes do not wait for the commit the log is based
+        // on; only the superblock does. When the base is durable already
+        // (the usual case) the nodes go with the superblocks.
+        let nodes_written = !(one_flush && base_durable);
+        if nodes_written {
+            dev.write_batch(&encoded.writes(profile))
+                .map_err(|e| io_step(e.into(), &step))?;
+            phases.lap(|p| &mut p.write);
         }
+        if !one_flush {
+            dev.flush().map_err(|e| io_step(e.into(), &step))?;
+            phases.lap(|p| &mut p.nodes_flush);
+        }
+        self.wait_for_base(sealed.base_generation);
         let _superblock = self
             .superblock_lock
             .lock()
@@ -106,14 +112,38 @@ impl<D: BlockDevice> Shared<D> {
                 log_root_bytenr: sealed.root.bytenr,
                 log_root_level: sealed.root.level,
                 log_generation: sealed.id,
+                // The log the superblock names now is durable: a log sync
+                // replaces it only once its flush returned (F2).
+                log_manifest: one_flush.then(|| LogManifest {
+                    previous: state.superblock.log_root(),
+                    nodes: encoded.checksums.clone(),
+                }),
                 ..state.superblock.clone()
             })
         };
         phases.lap(|p| &mut p.base_wait);
-        if let Some(sb) = &superblock {
+        if one_flush {
+            let copies = superblock.as_ref().map(commit::superblock_copies);
+            let mut writes = if nodes_written {
+                Vec::new()
+            } else {
+                encoded.writes(profile)
+            };
+            writes.extend(
+                copies
+                    .iter()
+                    .flatten()
+                    .map(|(offset, bytes)| (*offset, bytes.as_slice())),
+            );
+            dev.write_batch(&writes)
+                .map_err(|e| io_step(e.into(), &step))?;
+            phases.lap(|p| &mut p.write);
+            dev.flush().map_err(|e| io_step(e.into(), &step))?;
+            phases.lap(|p| &mut p.nodes_flush);
+        } else if let Some(sb) = &superblock {
             commit::write_superblocks(dev, sb).map_err(|e| io_step(e, &step))?;
+            phases.lap(|p| &mut p.superblock);
         }
-        phases.lap(|p| &mut p.superblock);
         let mut state = self.lock_state();
         phases.add_to(&mut state.log_stats);
         state.forest.end_log_write();
@@ -126,6 +156,20 @@ impl<D: BlockDevice> Shared<D> {
             None => state.log_stats.log_syncs_superseded += 1,
         }
         Ok(sealed.id)
+    }
+}
+
+impl<D: BlockDevice> Shared<D> {
+    /// Waits until the commit a log is based on is durable (or the
+    /// filesystem failed): seed 002, only a log's superblock waits for it.
+    fn wait_for_base(&self, base_generation: u64) {
+        let mut sync = self.lock_sync();
+        while sync.durable_generation < base_generation && sync.failed.is_none() {
+            sync = self
+                .sync_changed
+                .wait(sync)
+                .expect("sync progress lock poisoned");
+        }
     }
 }
 
