@@ -476,16 +476,9 @@ impl Superblock {
             let at = BACKUP_ROOTS_OFFSET + i * BACKUP_ROOT_SIZE;
             *slot = BackupRoot::decode(&bytes[at..at + BACKUP_ROOT_SIZE])?;
         }
-        let log_manifest = if incompat & INCOMPAT_LOG_MANIFEST != 0 {
-            if log_root_bytenr == 0 {
-                return Err(SuperblockError::Unsupported(
-                    "a log manifest without a log root".into(),
-                ));
-            }
-            Some(decode_log_manifest(bytes)?)
-        } else {
-            None
-        };
+        let log_manifest = (incompat & INCOMPAT_LOG_MANIFEST != 0)
+            .then(|| decode_log_manifest(bytes, log_root_bytenr))
+            .transpose()?;
         Ok(Superblock {
             fsid,
             generation,
@@ -513,8 +506,13 @@ impl Superblock {
 }
 
 /// The manifest fields and entries of a superblock with
-/// `INCOMPAT_LOG_MANIFEST`.
-fn decode_log_manifest(bytes: &[u8]) -> Result<LogManifest, SuperblockError> {
+/// `INCOMPAT_LOG_MANIFEST` (whose log root is at `log_root_bytenr`).
+fn decode_log_manifest(bytes: &[u8], log_root_bytenr: u64) -> Result<LogManifest, SuperblockError> {
+    if log_root_bytenr == 0 {
+        return Err(SuperblockError::Unsupported(
+            "a log manifest without a log root".into(),
+        ));
+    }
     let field = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     let at = LOG_MANIFEST_FIELDS_OFFSET;
     let previous_level = field(at + 8);
@@ -654,7 +652,10 @@ mod tests {
                 ..plain.clone()
             };
             let bytes = sb.encode(65536);
-            assert_eq!(bytes[112], INCOMPAT_LOG_MANIFEST as u8);
+            assert_eq!(
+                bytes[112],
+                (INCOMPAT_LOG_MANIFEST | INCOMPAT_DATA_CSUMS) as u8
+            );
             assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), sb);
             // Without its log it is no manifest: the superblock is refused.
             let mut orphan = bytes.clone();

@@ -248,6 +248,10 @@ fn validate_extent_blocks<D: BlockDevice + ?Sized>(
     Ok(())
 }
 
+/// Called by [`walk`] on each leaf item: the leaf's block, the key, the
+/// payload.
+type LeafVisitor<'a> = dyn FnMut(u64, &Key, &[u8]) -> Result<()> + 'a;
+
 /// Visits every leaf item of the tree whose root is at `root`, each node
 /// read from a good copy: one that validates as what its parent promises
 /// and, if `listed` names its block, has the listed checksum.
@@ -257,7 +261,7 @@ fn walk<D: BlockDevice + ?Sized>(
     root: u64,
     expect: NodeExpectation,
     listed: &HashMap<u64, u32>,
-    visit: &mut dyn FnMut(u64, &Key, &[u8]) -> Result<()>,
+    visit: &mut LeafVisitor<'_>,
 ) -> Result<()> {
     let mut stack = vec![(root, expect)];
     let mut seen = HashSet::new();

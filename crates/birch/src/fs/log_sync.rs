@@ -5,6 +5,7 @@
 
 use super::commit;
 use super::transaction::{io_step, Shared};
+use super::tree_log::SealedLog;
 use super::LogStats;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
@@ -104,23 +105,8 @@ impl<D: BlockDevice> Shared<D> {
             .superblock_lock
             .lock()
             .expect("superblock lock poisoned");
-        let superblock = {
-            let state = self.lock_state();
-            // A commit after the base made the log's content durable: a
-            // superblock pointing at this log would roll the disk back.
-            (state.superblock.generation == sealed.base_generation).then(|| Superblock {
-                log_root_bytenr: sealed.root.bytenr,
-                log_root_level: sealed.root.level,
-                log_generation: sealed.id,
-                // The log the superblock names now is durable: a log sync
-                // replaces it only once its flush returned (F2).
-                log_manifest: one_flush.then(|| LogManifest {
-                    previous: state.superblock.log_root(),
-                    nodes: encoded.checksums.clone(),
-                }),
-                ..state.superblock.clone()
-            })
-        };
+        let manifest = one_flush.then_some(&encoded.checksums[..]);
+        let superblock = self.log_superblock(&sealed, manifest);
         phases.lap(|p| &mut p.base_wait);
         if one_flush {
             let copies = superblock.as_ref().map(commit::superblock_copies);
@@ -160,6 +146,30 @@ impl<D: BlockDevice> Shared<D> {
 }
 
 impl<D: BlockDevice> Shared<D> {
+    /// The superblock that points at `sealed` (with `manifest`, the
+    /// checksums of its nodes, when it is written with one flush), or
+    /// `None` when a commit after its base made the log's content durable:
+    /// a superblock pointing at this log would roll the disk back.
+    fn log_superblock(
+        &self,
+        sealed: &SealedLog,
+        manifest: Option<&[(u64, u32)]>,
+    ) -> Option<Superblock> {
+        let state = self.lock_state();
+        (state.superblock.generation == sealed.base_generation).then(|| Superblock {
+            log_root_bytenr: sealed.root.bytenr,
+            log_root_level: sealed.root.level,
+            log_generation: sealed.id,
+            // The log the superblock names now is durable: a log sync
+            // replaces it only once its flush returned (LOG-FLUSH.md, F2).
+            log_manifest: manifest.map(|nodes| LogManifest {
+                previous: state.superblock.log_root(),
+                nodes: nodes.to_vec(),
+            }),
+            ..state.superblock.clone()
+        })
+    }
+
     /// Waits until the commit a log is based on is durable (or the
     /// filesystem failed): seed 002, only a log's superblock waits for it.
     fn wait_for_base(&self, base_generation: u64) {
