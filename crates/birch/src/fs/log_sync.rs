@@ -83,6 +83,7 @@ impl<D: BlockDevice> Shared<D> {
             sealed.id, sealed.base_generation
         );
         let encoded = commit::EncodedNodes::new(&sealed.nodes, &fsid);
+        phases.lap(|p| &mut p.write);
         // Logged data can be validated at mount only against its logged
         // checksums, and the manifest has room for so many nodes.
         let one_flush = data_checksums && encoded.checksums.len() <= MAX_LOG_MANIFEST_NODES;
