@@ -365,3 +365,41 @@ fn checksums_off_keeps_two_flushes() {
         fs.close().unwrap();
     }
 }
+
+#[test]
+fn large_log_sync_keeps_two_flushes() {
+    use birch::format::MAX_LOG_MANIFEST_NODES;
+    use birch::fs::XattrSetMode;
+    let rec = common::recorder(128 << 20, FSID[0]);
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    // One 9000-byte xattr fills a leaf: the log gets a leaf for each.
+    let count = MAX_LOG_MANIFEST_NODES + 20;
+    for i in 0..count {
+        let name = format!("user.big_{i:04}");
+        let value = pattern(9000, i as u8);
+        fs.setxattr(f, name.as_bytes(), &value, XattrSetMode::default())
+            .unwrap();
+    }
+    let before = rec.flush_count();
+    fs.fsync(f, false).unwrap();
+    assert_eq!(
+        rec.flush_count() - before,
+        2,
+        "too many nodes for a manifest"
+    );
+    let sb = read_superblock(rec.as_ref()).unwrap();
+    assert!(sb.log_root_bytenr != 0 && sb.log_manifest.is_none());
+    std::mem::forget(fs);
+    let point = CrashPoint {
+        flushes_completed: rec.flush_count(),
+        kept_writes: vec![],
+    };
+    common::crash_mount(&rec, &point, |fs| {
+        let f = common::ino(fs, "f");
+        assert_eq!(fs.listxattr(f).unwrap().len(), count);
+        let last = format!("user.big_{:04}", count - 1);
+        let value = fs.getxattr(f, last.as_bytes()).unwrap();
+        assert_eq!(value, pattern(9000, (count - 1) as u8));
+    });
+}
