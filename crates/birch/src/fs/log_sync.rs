@@ -122,9 +122,12 @@ impl<D: BlockDevice> Shared<D> {
                     .flatten()
                     .map(|(offset, bytes)| (*offset, bytes.as_slice())),
             );
-            dev.write_batch(&writes)
-                .map_err(|e| io_step(e.into(), &step))?;
-            phases.lap(|p| &mut p.write);
+            // Empty when the nodes went ahead and a commit superseded the log.
+            if !writes.is_empty() {
+                dev.write_batch(&writes)
+                    .map_err(|e| io_step(e.into(), &step))?;
+                phases.lap(|p| &mut p.write);
+            }
             dev.flush().map_err(|e| io_step(e.into(), &step))?;
             phases.lap(|p| &mut p.nodes_flush);
         } else if let Some(sb) = &superblock {
