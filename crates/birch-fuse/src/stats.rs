@@ -159,10 +159,10 @@ counter_table! {
         name_conflict_logs: Fsync Count Total, "Inodes logged because a logged inode took a name they held at the last commit, or they took one it gave up.", "Extra log work from renames and name reuse (docs/TREE-LOG.md, \"Name conflicts\").";
         logging_nanos: Fsync Nanos Total, "Time spent logging inodes, the fsynced file's data writeback included.", "The CPU side of fsync's cost (seed 003's figure); per logged fsync, how long a log takes.";
         fsync_nanos: Fsync Nanos Total, "Time in the engine's fsync from entry to durable, waits for other syncs included.", "Divided by fsyncs: the engine's share of an fsync; the rest of what the caller sees is FUSE (docs/FUSE.md, \"Where an fsync's time goes\").";
-        log_write_nanos: Fsync Nanos Total, "Log syncs: writing the sealed log's nodes.", "Per log sync, the device's write latency for the log.";
-        log_nodes_flush_nanos: Fsync Nanos Total, "Log syncs: the flush that makes data and log nodes durable.", "Per log sync, the device's flush latency.";
+        log_write_nanos: Fsync Nanos Total, "Log syncs: writing the sealed log's nodes (with one flush, and its superblocks: docs/LOG-FLUSH.md).", "Per log sync, the device's write latency for the log.";
+        log_nodes_flush_nanos: Fsync Nanos Total, "Log syncs: the flush that makes data and log nodes (with one flush, the whole sync) durable.", "Per log sync, the device's flush latency.";
         log_base_wait_nanos: Fsync Nanos Total, "Log syncs: waiting for the commit the log is based on.", "Large: fsyncs queue behind a commit in flight (seed 002).";
-        log_superblock_nanos: Fsync Nanos Total, "Log syncs: the superblock write and its flush.", "Per log sync, the second write + flush a log sync needs.";
+        log_superblock_nanos: Fsync Nanos Total, "Log syncs written with two flushes (no data checksums, or more nodes than the superblock's manifest lists): the superblock write and its flush.", "Zero while every log sync takes one flush; else the second write + flush those need.";
     }
     space_stats -> SpaceStats "" {
         reclaim_requests: Reservations Count Total, "Times space reclaim asked the writeback for a number of pages.", "Non-zero: writers ran short of unreserved space and reclaim had to make room (docs/DELALLOC.md).";

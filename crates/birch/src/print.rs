@@ -110,6 +110,21 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
         "\tlog_root_bytenr {} level {} log_generation {}",
         sb.log_root_bytenr, sb.log_root_level, sb.log_generation
     );
+    if let Some(manifest) = &sb.log_manifest {
+        let previous = match manifest.previous {
+            Some(p) => format!(
+                "previous log {} level {} log_generation {}",
+                p.bytenr, p.level, p.log_generation
+            ),
+            None => "no previous log".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "\tlog_manifest {} nodes written with one flush (incompat_flags {:#x}), {previous}",
+            manifest.nodes.len(),
+            crate::format::INCOMPAT_LOG_MANIFEST
+        );
+    }
     let _ = writeln!(
         s,
         "\tdata_checksums {}{}",

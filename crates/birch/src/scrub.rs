@@ -13,12 +13,13 @@
 
 use crate::btree::{copy_name, read_node_copies, NodeExpectation};
 use crate::device::BlockDevice;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::tree_name;
 use crate::format::{
     block_csum, decode_csums, decode_inode_extrefs, decode_inode_refs, item_type, tree_id,
     FileExtent, LeafItem, Node, NodeBody, RootItem, Superblock, ROOT_DIR_INO, SECTOR_SIZE,
 };
+use crate::fs::log_choice::choose_log;
 use crate::fs::{read_superblock, Filesystem};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -206,13 +207,21 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
         sb.root_tree_level,
         Some(sb.generation),
     )];
-    if scope.walk_log && sb.log_root_bytenr != 0 {
-        stack.push((
-            sb.log_root_bytenr,
-            tree_id::LOG_ROOT,
-            sb.log_root_level,
-            None,
-        ));
+    // The log a mount would replay (docs/LOG-FLUSH.md), its last sync's
+    // nodes judged by the checksums the superblock's manifest lists.
+    let mut manifest = HashMap::new();
+    if scope.walk_log {
+        match choose_log(dev, sb) {
+            Ok(choice) => {
+                if let Some(log) = choice.log {
+                    stack.push((log.bytenr, tree_id::LOG_ROOT, log.level, None));
+                }
+                manifest = choice.manifest_checksums;
+            }
+            Err(e) => report
+                .unrepaired
+                .push(format!("fsync log: {e} (not scrubbed)")),
+        }
     }
     let mut seen = HashSet::new();
     let mut data = DataMaps::default();
@@ -230,7 +239,9 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
             nodes_done: report.nodes,
             ..Default::default()
         });
-        let Some(node) = scrub_node(dev, sb, bytenr, tree, expect, scope, &mut report) else {
+        let listed = manifest.get(&bytenr).copied();
+        let Some(node) = scrub_node(dev, sb, (bytenr, listed), tree, expect, scope, &mut report)
+        else {
             continue;
         };
         match &node.body {
@@ -272,12 +283,14 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
 }
 
 /// Reads every copy of node `bytenr` of `tree` and rewrites each bad one
-/// from a good one (unless `scope.no_repair` says why not). Returns the
-/// node, or `None` when no copy is good (the report says so).
+/// from a good one (unless `scope.no_repair` says why not). A copy whose
+/// checksum is not the one the log manifest lists for the block (`listed`)
+/// is bad. Returns the node, or `None` when no copy is good (the report
+/// says so).
 fn scrub_node<D: BlockDevice + ?Sized>(
     dev: &D,
     sb: &Superblock,
-    bytenr: u64,
+    (bytenr, listed): (u64, Option<u32>),
     tree: u64,
     expect: Option<NodeExpectation>,
     scope: ScrubScope<'_>,
@@ -287,7 +300,21 @@ fn scrub_node<D: BlockDevice + ?Sized>(
     let mut bad = Vec::new();
     for copy in read_node_copies(dev, &sb.fsid, sb.metadata_profile, bytenr, expect) {
         report.copies += 1;
-        match copy.result {
+        let result = copy.result.and_then(|(node, raw)| {
+            let stored = u32::from_le_bytes(raw[0..4].try_into().expect("4 bytes"));
+            match listed {
+                Some(want) if want != stored => Err(Error::corrupt(Corruption::at_block(
+                    Some(tree),
+                    bytenr,
+                    None,
+                    format!(
+                        "checksum {stored:#010x}, the superblock's log manifest lists {want:#010x}"
+                    ),
+                ))),
+                _ => Ok((node, raw)),
+            }
+        });
+        match result {
             Ok(ok) => good = good.or(Some(ok)),
             Err(e) => bad.push((copy.index, copy.offset, e)),
         }

@@ -437,6 +437,7 @@ fn check_device_on_random_images() {
                     MetadataProfile::Single
                 },
                 data_checksums: rng.gen_bool(0.5),
+                log_manifest: None,
             };
             let off = SUPERBLOCK_OFFSETS[0] as usize;
             image[off..off + SUPERBLOCK_SIZE].copy_from_slice(&sb.encode(SUPERBLOCK_OFFSETS[0]));

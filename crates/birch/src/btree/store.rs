@@ -7,6 +7,7 @@ use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{MetadataProfile, Node, NODE_SIZE};
 use crate::lock_order::{LockRank, RankedMutex};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -41,6 +42,11 @@ pub struct NodeStore<D> {
     bad_copies: AtomicU64,
     repairs: AtomicU64,
     unrepairable: AtomicU64,
+    /// Checksums a log being replayed must have, from the superblock's
+    /// manifest (docs/LOG-FLUSH.md): a copy with another one is bad even
+    /// if its header is what the parent promises (a stale log node of the
+    /// same transaction). Never held with the cache lock.
+    manifest: RankedMutex<HashMap<u64, u32>>,
 }
 
 impl<D: BlockDevice> NodeStore<D> {
@@ -54,6 +60,21 @@ impl<D: BlockDevice> NodeStore<D> {
             bad_copies: AtomicU64::new(0),
             repairs: AtomicU64::new(0),
             unrepairable: AtomicU64::new(0),
+            manifest: RankedMutex::new(LockRank::NodeCache, HashMap::new()),
+        }
+    }
+
+    /// Sets the checksums the blocks of a log being replayed must have
+    /// (empty: none); nodes of those blocks read before are read again.
+    pub fn expect_checksums(&self, checksums: HashMap<u64, u32>) {
+        let new: Vec<u64> = checksums.keys().copied().collect();
+        let old = std::mem::replace(
+            &mut *self.manifest.lock().expect("manifest lock poisoned"),
+            checksums,
+        );
+        let mut cache = self.cache.lock().expect("cache lock poisoned");
+        for bytenr in old.keys().chain(&new) {
+            cache.remove(*bytenr);
         }
     }
 
@@ -107,10 +128,19 @@ impl<D: BlockDevice> NodeStore<D> {
     /// good so that a damaged mirror is found while the primary still
     /// holds, not when it is the last copy left.
     fn read_and_repair(&self, bytenr: u64, expect: NodeExpectation) -> Result<Node> {
+        let listed = self
+            .manifest
+            .lock()
+            .expect("manifest lock poisoned")
+            .get(&bytenr)
+            .copied();
         let mut good = None;
         let mut bad = Vec::new();
         for copy in read_node_copies(&self.dev, &self.fsid, self.profile, bytenr, Some(expect)) {
-            match copy.result {
+            match copy
+                .result
+                .and_then(|ok| stale_check(bytenr, expect, listed, ok))
+            {
                 Ok(ok) => good = good.or(Some(ok)),
                 Err(e) => bad.push((copy.index, copy.offset, e)),
             }
@@ -181,6 +211,29 @@ impl<D: BlockDevice> NodeStore<D> {
             .lock()
             .expect("cache lock poisoned")
             .remove(bytenr);
+    }
+}
+
+/// A copy whose checksum is not the one the log manifest lists for its
+/// block is not the node the log means (docs/LOG-FLUSH.md).
+fn stale_check(
+    bytenr: u64,
+    expect: NodeExpectation,
+    listed: Option<u32>,
+    (node, raw): (Node, Vec<u8>),
+) -> Result<(Node, Vec<u8>)> {
+    let stored = u32::from_le_bytes(raw[0..4].try_into().expect("4 bytes"));
+    match listed {
+        Some(want) if stored != want => Err(Error::corrupt(Corruption::at_block(
+            Some(expect.tree),
+            bytenr,
+            None,
+            format!(
+                "checksum {stored:#010x}, the superblock's log manifest lists {want:#010x} \
+                 (a write of the last log sync that did not reach the disk)"
+            ),
+        ))),
+        _ => Ok((node, raw)),
     }
 }
 

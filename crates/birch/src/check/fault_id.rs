@@ -127,6 +127,12 @@ fault_ids! {
         RootItemGenerationNewer = "root-item-generation-newer",
         /// (Warning) a root item for a tree this version does not know.
         UnknownTree = "unknown-tree",
+        /// (Warning) the newest log's one-flush sync did not reach the disk whole (a crash before its flush); the log before it, which a mount replays, is checked.
+        LogIncomplete = "log-incomplete",
+        /// The newest log did not reach the disk whole and the log before it is damaged.
+        LogUnusable = "log-unusable",
+        /// (Warning) a copy of a node the last log sync wrote did not reach the disk; the other copy holds the node (a read-write mount rewrites it).
+        LogNodeCopyIncomplete = "log-node-copy-incomplete",
         /// A log of a subvolume that does not exist.
         LogOfUnknownSubvolume = "log-of-unknown-subvolume",
     }

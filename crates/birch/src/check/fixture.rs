@@ -487,6 +487,7 @@ impl FsBuilder {
             backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
             metadata_profile: crate::format::MetadataProfile::Single,
             data_checksums: false,
+            log_manifest: None,
         };
         let mut fx = Fixture {
             image: vec![0; self.total_bytes as usize],

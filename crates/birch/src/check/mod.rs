@@ -514,6 +514,10 @@ pub(crate) struct Checker<'a> {
     roots: BTreeMap<u64, (crate::format::RootItem, Loc)>,
     /// `(subvolume) -> (root item, where)` from the log root tree.
     log_roots: BTreeMap<u64, (crate::format::RootItem, Loc)>,
+    /// The superblock's log manifest, when the log checked is the newest
+    /// (docs/LOG-FLUSH.md): a copy of a listed block with another
+    /// checksum is not the node.
+    log_manifest: HashMap<u64, u32>,
     extents: Vec<ExtentRec>,
     fs: FsRecords,
     csums: csums::CsumRecords,
@@ -557,6 +561,7 @@ impl<'a> Checker<'a> {
             nodes: HashMap::new(),
             roots: BTreeMap::new(),
             log_roots: BTreeMap::new(),
+            log_manifest: HashMap::new(),
             extents: Vec::new(),
             fs: FsRecords::default(),
             csums: csums::CsumRecords::default(),
@@ -624,6 +629,22 @@ impl<'a> Checker<'a> {
             key: None,
         };
         self.push(Severity::Fault, id, place, reason.into());
+    }
+
+    fn warn_block(
+        &mut self,
+        id: FaultId,
+        tree: Option<u64>,
+        block: u64,
+        reason: impl Into<String>,
+    ) {
+        let place = Place {
+            tree,
+            block: Some(block),
+            slot: None,
+            key: None,
+        };
+        self.push(Severity::Warning, id, place, reason.into());
     }
 
     fn fault_tree(&mut self, id: FaultId, tree: Option<u64>, reason: impl Into<String>) {

@@ -26,13 +26,16 @@ impl BadCopy {
 }
 
 /// Reads the copy at `offset` of the node at `bytenr` and validates it as
-/// that node and, with `expect`, as what its parent's pointer promises.
+/// that node and, with `expect`, as what its parent's pointer promises;
+/// with `listed` (the log manifest's checksum for the block), also that it
+/// has that checksum.
 pub(super) fn read_copy<D: BlockDevice + ?Sized>(
     dev: &D,
     fsid: &[u8; 16],
     bytenr: u64,
     offset: u64,
     expect: Option<NodeExpectation>,
+    listed: Option<u32>,
 ) -> Result<Node, BadCopy> {
     if !offset.is_multiple_of(SECTOR_SIZE)
         || offset
@@ -51,6 +54,16 @@ pub(super) fn read_copy<D: BlockDevice + ?Sized>(
     dev.read_at(&mut buf, offset)
         .map_err(|e| BadCopy::new(FaultId::NodeUnreadable, format!("cannot read node: {e}")))?;
     let node = Node::decode(&buf, bytenr, fsid).map_err(|e| node_error(&e))?;
+    let stored = u32::from_le_bytes(buf[0..4].try_into().expect("4 bytes"));
+    if let Some(want) = listed.filter(|&want| want != stored) {
+        return Err(BadCopy::new(
+            FaultId::LogNodeCopyIncomplete,
+            format!(
+                "checksum {stored:#010x}, the superblock's log manifest lists {want:#010x} \
+                 (a write of the last log sync that did not reach the disk)"
+            ),
+        ));
+    }
     if let Some(e) = expect {
         if node.owner != e.tree {
             return Err(BadCopy::new(

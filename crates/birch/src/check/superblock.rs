@@ -127,7 +127,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             }
             // A cut between the two copies of a log sync's superblock: the
             // other copy points at the previous log (or none).
-            Ok(other) if other.generation == sb.generation && other.log_generation < sb.log_generation && Superblock { log_root_bytenr: sb.log_root_bytenr, log_root_level: sb.log_root_level, log_generation: sb.log_generation, ..other.clone() } == sb => c.warn_tree(
+            Ok(other) if other.generation == sb.generation && other.log_generation < sb.log_generation && Superblock { log_root_bytenr: sb.log_root_bytenr, log_root_level: sb.log_root_level, log_generation: sb.log_generation, log_manifest: sb.log_manifest.clone(), ..other.clone() } == sb => c.warn_tree(
                 FaultId::SuperblockOlderLog,
                 None,
                 format!("superblock copy at {} points at an older log (log generation {}; using the copy at {}, log generation {})", copy.bytenr, other.log_generation, current.bytenr, sb.log_generation),

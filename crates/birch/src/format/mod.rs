@@ -16,8 +16,9 @@ pub use items::*;
 pub use key::{item_type, item_type_name, ItemType, Key, TreeKind, UnknownItemType};
 pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
 pub use superblock::{
-    BackupRoot, MetadataProfile, Superblock, SuperblockError, BACKUP_ROOTS_OFFSET,
-    BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_DATA_CSUMS, INCOMPAT_METADATA_DUP,
+    BackupRoot, LogManifest, LogRootRef, MetadataProfile, Superblock, SuperblockError,
+    BACKUP_ROOTS_OFFSET, BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_DATA_CSUMS,
+    INCOMPAT_LOG_MANIFEST, INCOMPAT_METADATA_DUP, MAX_LOG_MANIFEST_NODES,
 };
 
 /// Allocation unit for data and metadata.

@@ -17,12 +17,20 @@
 //! 88  log_root_bytenr   u64  0 = no log to replay
 //! 96  log_root_level    u8   (+7 pad)
 //! 104 log_generation    u64  log transaction that wrote the log root
-//! 112 incompat_flags    u64  INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS, or 0
+//! 112 incompat_flags    u64  INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS
+//!                            | INCOMPAT_LOG_MANIFEST, or 0
 //! 120 metadata_mirror_offset u64  DUP: every node also lives this far
 //!                                 above its address; single: 0
-//! 128 reserved (zeroes)
+//! with INCOMPAT_LOG_MANIFEST (a one-flush log sync, docs/LOG-FLUSH.md),
+//! else zeroes:
+//! 128 prev_log_root_bytenr u64  the log durable before this one; 0 = none
+//! 136 prev_log_root_level  u8   (+7 pad)
+//! 144 prev_log_generation  u64
+//! 152 log_manifest_count   u32  1..=MAX_LOG_MANIFEST_NODES
+//! 156 reserved (zeroes)
 //! 256 backup_roots      4 x 64 bytes, newest first (BackupRoot)
-//! 512 reserved (zeroes)
+//! 512 log manifest      log_manifest_count x (bytenr u64, node csum u32)
+//!     reserved (zeroes) to the end
 //! ```
 
 use super::bytes::{put_u32, put_u64, Reader};
@@ -41,8 +49,49 @@ pub const INCOMPAT_METADATA_DUP: u64 = 1;
 /// without checksums and free extents without deleting theirs.
 pub const INCOMPAT_DATA_CSUMS: u64 = 2;
 
+/// Incompat flag: the log root was written by a one-flush log sync and
+/// may not have reached the disk whole; the superblock lists the nodes
+/// that sync wrote and names the log durable before it
+/// (docs/LOG-FLUSH.md). A birch that does not know it must refuse the
+/// image: it would replay the log without validating it. Only a
+/// superblock that points at such a log has it; a commit clears it.
+pub const INCOMPAT_LOG_MANIFEST: u64 = 4;
+
 /// Every incompat flag this version knows.
-const KNOWN_INCOMPAT: u64 = INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS;
+const KNOWN_INCOMPAT: u64 = INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS | INCOMPAT_LOG_MANIFEST;
+
+/// Where the log manifest's fields start (bytes 128..256 hold them).
+const LOG_MANIFEST_FIELDS_OFFSET: usize = 128;
+/// Where the manifest's entries start.
+const LOG_MANIFEST_ENTRIES_OFFSET: usize =
+    BACKUP_ROOTS_OFFSET + BACKUP_ROOT_COUNT * BACKUP_ROOT_SIZE;
+/// Bytes of one manifest entry: the node's bytenr and its checksum.
+const LOG_MANIFEST_ENTRY_SIZE: usize = 12;
+/// Most log nodes one one-flush log sync may write: what the superblock
+/// has room to list.
+pub const MAX_LOG_MANIFEST_NODES: usize =
+    (SUPERBLOCK_SIZE - LOG_MANIFEST_ENTRIES_OFFSET) / LOG_MANIFEST_ENTRY_SIZE;
+
+/// A log root as a superblock names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRootRef {
+    pub bytenr: u64,
+    pub level: u8,
+    /// The log transaction that wrote it.
+    pub log_generation: u64,
+}
+
+/// What a one-flush log sync adds to the superblock (docs/LOG-FLUSH.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogManifest {
+    /// The log the superblock pointed at before this one (durable when
+    /// this one was written); `None`: the last commit had no log.
+    pub previous: Option<LogRootRef>,
+    /// Every log node the sync wrote: (bytenr, the node's header
+    /// checksum). Nodes of the log not listed were written by earlier,
+    /// flushed syncs.
+    pub nodes: Vec<(u64, u32)>,
+}
 
 /// How many copies of each tree node the device holds (docs/DUP.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -226,6 +275,36 @@ pub struct Superblock {
     /// `INCOMPAT_DATA_CSUMS`: data extents have checksums in the checksum
     /// tree.
     pub data_checksums: bool,
+    /// `INCOMPAT_LOG_MANIFEST`: the log was written with one flush; the
+    /// mount validates it and may fall back to the previous log.
+    pub log_manifest: Option<LogManifest>,
+}
+
+impl Superblock {
+    /// The log root this superblock points at, if any.
+    pub fn log_root(&self) -> Option<LogRootRef> {
+        (self.log_root_bytenr != 0).then_some(LogRootRef {
+            bytenr: self.log_root_bytenr,
+            level: self.log_root_level,
+            log_generation: self.log_generation,
+        })
+    }
+
+    /// This superblock pointing at `log` (none: no log), with no manifest.
+    pub fn with_log(&self, log: Option<LogRootRef>) -> Superblock {
+        let log = log.unwrap_or(LogRootRef {
+            bytenr: 0,
+            level: 0,
+            log_generation: 0,
+        });
+        Superblock {
+            log_root_bytenr: log.bytenr,
+            log_root_level: log.level,
+            log_generation: log.log_generation,
+            log_manifest: None,
+            ..self.clone()
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -274,6 +353,10 @@ impl Superblock {
             INCOMPAT_DATA_CSUMS
         } else {
             0
+        } | if self.log_manifest.is_some() {
+            INCOMPAT_LOG_MANIFEST
+        } else {
+            0
         };
         match self.metadata_profile {
             MetadataProfile::Single => {
@@ -285,9 +368,29 @@ impl Superblock {
                 put_u64(&mut out, mirror_offset);
             }
         }
+        if let Some(manifest) = &self.log_manifest {
+            assert!(
+                !manifest.nodes.is_empty() && manifest.nodes.len() <= MAX_LOG_MANIFEST_NODES,
+                "log manifest of {} nodes",
+                manifest.nodes.len()
+            );
+            let previous = manifest.previous.unwrap_or(LogRootRef {
+                bytenr: 0,
+                level: 0,
+                log_generation: 0,
+            });
+            put_u64(&mut out, previous.bytenr);
+            put_u64(&mut out, u64::from(previous.level));
+            put_u64(&mut out, previous.log_generation);
+            put_u32(&mut out, manifest.nodes.len() as u32);
+        }
         out.resize(BACKUP_ROOTS_OFFSET, 0);
         for backup in &self.backup_roots {
             backup.encode_into(&mut out);
+        }
+        for &(bytenr, csum) in self.log_manifest.iter().flat_map(|m| &m.nodes) {
+            put_u64(&mut out, bytenr);
+            put_u32(&mut out, csum);
         }
         out.resize(SUPERBLOCK_SIZE, 0);
         let csum = crc32c::crc32c(&out[4..]);
@@ -373,6 +476,9 @@ impl Superblock {
             let at = BACKUP_ROOTS_OFFSET + i * BACKUP_ROOT_SIZE;
             *slot = BackupRoot::decode(&bytes[at..at + BACKUP_ROOT_SIZE])?;
         }
+        let log_manifest = (incompat & INCOMPAT_LOG_MANIFEST != 0)
+            .then(|| decode_log_manifest(bytes, log_root_bytenr))
+            .transpose()?;
         Ok(Superblock {
             fsid,
             generation,
@@ -386,6 +492,7 @@ impl Superblock {
             backup_roots,
             metadata_profile,
             data_checksums: incompat & INCOMPAT_DATA_CSUMS != 0,
+            log_manifest,
         })
     }
 
@@ -396,6 +503,45 @@ impl Superblock {
             .iter()
             .filter(move |b| !b.is_empty() && b.generation < self.generation)
     }
+}
+
+/// The manifest fields and entries of a superblock with
+/// `INCOMPAT_LOG_MANIFEST` (whose log root is at `log_root_bytenr`).
+fn decode_log_manifest(bytes: &[u8], log_root_bytenr: u64) -> Result<LogManifest, SuperblockError> {
+    if log_root_bytenr == 0 {
+        return Err(SuperblockError::Unsupported(
+            "a log manifest without a log root".into(),
+        ));
+    }
+    let field = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let at = LOG_MANIFEST_FIELDS_OFFSET;
+    let previous_level = field(at + 8);
+    let count = u32::from_le_bytes(bytes[at + 24..at + 28].try_into().expect("4 bytes")) as usize;
+    if count == 0 || count > MAX_LOG_MANIFEST_NODES {
+        return Err(SuperblockError::Unsupported(format!(
+            "log manifest of {count} nodes (1..={MAX_LOG_MANIFEST_NODES})"
+        )));
+    }
+    let previous_level = u8::try_from(previous_level)
+        .ok()
+        .filter(|&l| l <= super::node::MAX_LEVEL)
+        .ok_or_else(|| {
+            SuperblockError::Unsupported(format!("previous log root level {previous_level}"))
+        })?;
+    let previous = Some(LogRootRef {
+        bytenr: field(at),
+        level: previous_level,
+        log_generation: field(at + 16),
+    })
+    .filter(|p| p.bytenr != 0);
+    let nodes = (0..count)
+        .map(|i| {
+            let at = LOG_MANIFEST_ENTRIES_OFFSET + i * LOG_MANIFEST_ENTRY_SIZE;
+            let csum = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().expect("4 bytes"));
+            (field(at), csum)
+        })
+        .collect();
+    Ok(LogManifest { previous, nodes })
 }
 
 #[cfg(test)]
@@ -437,6 +583,7 @@ mod tests {
             ],
             metadata_profile: MetadataProfile::Single,
             data_checksums: false,
+            log_manifest: None,
         };
         let bytes = sb.encode(65536);
         assert!(bytes[120..BACKUP_ROOTS_OFFSET].iter().all(|&b| b == 0));
@@ -478,5 +625,69 @@ mod tests {
         };
         let bytes = single_csums.encode(65536);
         assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), single_csums);
+    }
+
+    #[test]
+    fn log_manifest_round_trips_and_sets_its_incompat_bit() {
+        let plain = Superblock::decode(&sample().encode(65536), 65536).unwrap();
+        let full: Vec<(u64, u32)> = (0..MAX_LOG_MANIFEST_NODES as u64)
+            .map(|i| ((1 << 20) + i * NODE_SIZE as u64, i as u32 ^ 0xdead_beef))
+            .collect();
+        for (previous, nodes) in [
+            (None, vec![(1 << 20, 7)]),
+            (
+                Some(LogRootRef {
+                    bytenr: 5 << 20,
+                    level: 1,
+                    log_generation: 3,
+                }),
+                full,
+            ),
+        ] {
+            let sb = Superblock {
+                log_root_bytenr: 4 << 20,
+                log_root_level: 0,
+                log_generation: 4,
+                log_manifest: Some(LogManifest { previous, nodes }),
+                ..plain.clone()
+            };
+            let bytes = sb.encode(65536);
+            assert_eq!(
+                bytes[112],
+                (INCOMPAT_LOG_MANIFEST | INCOMPAT_DATA_CSUMS) as u8
+            );
+            assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), sb);
+            // Without its log it is no manifest: the superblock is refused.
+            let mut orphan = bytes.clone();
+            orphan[88..96].fill(0);
+            let csum = crc32c::crc32c(&orphan[4..]);
+            orphan[0..4].copy_from_slice(&csum.to_le_bytes());
+            assert!(matches!(
+                Superblock::decode(&orphan, 65536),
+                Err(SuperblockError::Unsupported(_))
+            ));
+        }
+        // A superblock without the bit (as every birch before it wrote)
+        // decodes with no manifest, whatever its reserved bytes.
+        assert_eq!(plain.log_manifest, None);
+        assert_eq!(plain.encode(65536)[112] & INCOMPAT_LOG_MANIFEST as u8, 0);
+    }
+
+    fn sample() -> Superblock {
+        Superblock {
+            fsid: [3; 16],
+            generation: 9,
+            root_tree_bytenr: 1 << 20,
+            root_tree_level: 1,
+            total_bytes: 1 << 30,
+            bytes_used: 65536,
+            log_root_bytenr: 0,
+            log_root_level: 0,
+            log_generation: 0,
+            backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
+            metadata_profile: MetadataProfile::Single,
+            data_checksums: true,
+            log_manifest: None,
+        }
     }
 }

@@ -122,6 +122,7 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         log_root_bytenr: 0,
         log_root_level: 0,
         log_generation: 0,
+        log_manifest: None,
         backup_roots,
         ..template.clone()
     };
@@ -327,10 +328,11 @@ impl RunBatch {
         self.bytes += encoded.len();
     }
 
-    /// Writes the runs, and under DUP each again at its mirror: nodes are
-    /// allocated with their mirrors at a fixed distance, so a run of
-    /// adjacent nodes has an adjacent run of mirrors.
-    fn write<D: BlockDevice + ?Sized>(&mut self, dev: &D, profile: MetadataProfile) -> Result<()> {
+    /// The device writes of the runs: each run, and under DUP each again
+    /// at its mirror (nodes are allocated with their mirrors at a fixed
+    /// distance, so a run of adjacent nodes has an adjacent run of
+    /// mirrors).
+    fn writes(&self, profile: MetadataProfile) -> Vec<(u64, &[u8])> {
         let primaries = self
             .runs
             .iter()
@@ -340,20 +342,59 @@ impl RunBatch {
                 .mirror_of(*start)
                 .map(|mirror| (mirror, run.as_slice()))
         });
-        let writes: Vec<(u64, &[u8])> = primaries.chain(mirrors).collect();
-        dev.write_batch(&writes)?;
+        primaries.chain(mirrors).collect()
+    }
+
+    /// Writes the runs (and mirrors) in one batch and empties the batch.
+    fn write<D: BlockDevice + ?Sized>(&mut self, dev: &D, profile: MetadataProfile) -> Result<()> {
+        dev.write_batch(&self.writes(profile))?;
         self.runs.clear();
         self.bytes = 0;
         Ok(())
     }
 }
 
-/// Writes both superblock copies and flushes.
-pub(crate) fn write_superblocks<D: BlockDevice + ?Sized>(dev: &D, sb: &Superblock) -> Result<()> {
-    let copies: Vec<(u64, Vec<u8>)> = SUPERBLOCK_OFFSETS
+/// A log sync's nodes encoded for one batch (a one-flush log sync writes
+/// them with its superblocks, docs/LOG-FLUSH.md), with each node's
+/// checksum for the superblock's manifest.
+pub(crate) struct EncodedNodes {
+    runs: RunBatch,
+    /// (bytenr, header checksum) of every node, in address order.
+    pub checksums: Vec<(u64, u32)>,
+}
+
+impl EncodedNodes {
+    pub(crate) fn new(nodes: &HashMap<u64, Arc<Node>>, fsid: &[u8; 16]) -> EncodedNodes {
+        let mut nodes: Vec<&Arc<Node>> = nodes.values().collect();
+        nodes.sort_by_key(|n| n.bytenr);
+        let mut runs = RunBatch::default();
+        let mut checksums = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let encoded = node.encode(fsid);
+            let csum = u32::from_le_bytes(encoded[0..4].try_into().expect("4 bytes"));
+            checksums.push((node.bytenr, csum));
+            runs.add(node.bytenr, &encoded);
+        }
+        EncodedNodes { runs, checksums }
+    }
+
+    /// The device writes of the nodes and, under DUP, their mirrors.
+    pub(crate) fn writes(&self, profile: MetadataProfile) -> Vec<(u64, &[u8])> {
+        self.runs.writes(profile)
+    }
+}
+
+/// The two superblock copies of `sb`, each encoded for its offset.
+pub(crate) fn superblock_copies(sb: &Superblock) -> Vec<(u64, Vec<u8>)> {
+    SUPERBLOCK_OFFSETS
         .iter()
         .map(|&offset| (offset, sb.encode(offset)))
-        .collect();
+        .collect()
+}
+
+/// Writes both superblock copies and flushes.
+pub(crate) fn write_superblocks<D: BlockDevice + ?Sized>(dev: &D, sb: &Superblock) -> Result<()> {
+    let copies = superblock_copies(sb);
     let writes: Vec<(u64, &[u8])> = copies
         .iter()
         .map(|(offset, bytes)| (*offset, bytes.as_slice()))

@@ -5,11 +5,12 @@
 
 use super::commit;
 use super::transaction::{io_step, Shared};
+use super::tree_log::SealedLog;
 use super::LogStats;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::Superblock;
+use crate::format::{LogManifest, Superblock, MAX_LOG_MANIFEST_NODES};
 use std::time::{Duration, Instant};
 
 impl<D: BlockDevice> Shared<D> {
@@ -52,11 +53,12 @@ impl<D: BlockDevice> Shared<D> {
         }
     }
 
-    /// Seals the filling log transaction and writes it: nodes, FLUSH, then
-    /// (once its base commit is durable) the superblock, FLUSH. Returns the
-    /// log transaction now durable.
+    /// Seals the filling log transaction and writes it: nodes and (once its
+    /// base commit is durable) the superblock, then one FLUSH, where the
+    /// mount can validate the log (docs/LOG-FLUSH.md); else nodes, FLUSH,
+    /// superblock, FLUSH. Returns the log transaction now durable.
     fn write_log(&self) -> Result<u64> {
-        let sealed = {
+        let (sealed, data_checksums) = {
             let mut state = self.lock_state();
             // A change that failed since this log was filled may have left
             // it half changed (logged names are kept current in it).
@@ -67,53 +69,71 @@ impl<D: BlockDevice> Shared<D> {
             }
             let filling = state.log.filling;
             match state.seal_log()? {
-                Some(s) => s,
+                Some(s) => (s, state.superblock.data_checksums),
                 // Nothing logged since the last sync: it is all durable.
                 None => return Ok(filling),
             }
         };
         let dev = self.store.device().as_ref();
         let fsid = *self.store.fsid();
+        let profile = self.store.profile();
         let mut phases = LogSyncPhases::start();
         let step = format!(
             "log sync {} (on generation {})",
             sealed.id, sealed.base_generation
         );
-        commit::write_nodes(dev, &sealed.nodes, &fsid, self.store.profile())
-            .map_err(|e| io_step(e, &step))?;
+        let encoded = commit::EncodedNodes::new(&sealed.nodes, &fsid);
         phases.lap(|p| &mut p.write);
-        dev.flush().map_err(|e| io_step(e.into(), &step))?;
-        phases.lap(|p| &mut p.nodes_flush);
-        // Seed 002: only this write waits for the commit the log is based on.
-        {
-            let mut sync = self.lock_sync();
-            while sync.durable_generation < sealed.base_generation && sync.failed.is_none() {
-                sync = self
-                    .sync_changed
-                    .wait(sync)
-                    .expect("sync progress lock poisoned");
-            }
+        // Logged data can be validated at mount only against its logged
+        // checksums, and the manifest has room for so many nodes.
+        let one_flush = data_checksums && encoded.checksums.len() <= MAX_LOG_MANIFEST_NODES;
+        let base_durable = self.lock_sync().durable_generation >= sealed.base_generation;
+        // Seed 002: the nodes do not wait for the commit the log is based
+        // on; only the superblock does. When the base is durable already
+        // (the usual case) the nodes go with the superblocks.
+        let nodes_written = !(one_flush && base_durable);
+        if nodes_written {
+            dev.write_batch(&encoded.writes(profile))
+                .map_err(|e| io_step(e.into(), &step))?;
+            phases.lap(|p| &mut p.write);
         }
+        if !one_flush {
+            dev.flush().map_err(|e| io_step(e.into(), &step))?;
+            phases.lap(|p| &mut p.nodes_flush);
+        }
+        self.wait_for_base(sealed.base_generation);
         let _superblock = self
             .superblock_lock
             .lock()
             .expect("superblock lock poisoned");
-        let superblock = {
-            let state = self.lock_state();
-            // A commit after the base made the log's content durable: a
-            // superblock pointing at this log would roll the disk back.
-            (state.superblock.generation == sealed.base_generation).then(|| Superblock {
-                log_root_bytenr: sealed.root.bytenr,
-                log_root_level: sealed.root.level,
-                log_generation: sealed.id,
-                ..state.superblock.clone()
-            })
-        };
+        let manifest = one_flush.then_some(&encoded.checksums[..]);
+        let superblock = self.log_superblock(&sealed, manifest);
         phases.lap(|p| &mut p.base_wait);
-        if let Some(sb) = &superblock {
+        if one_flush {
+            let copies = superblock.as_ref().map(commit::superblock_copies);
+            let mut writes = if nodes_written {
+                Vec::new()
+            } else {
+                encoded.writes(profile)
+            };
+            writes.extend(
+                copies
+                    .iter()
+                    .flatten()
+                    .map(|(offset, bytes)| (*offset, bytes.as_slice())),
+            );
+            // Empty when the nodes went ahead and a commit superseded the log.
+            if !writes.is_empty() {
+                dev.write_batch(&writes)
+                    .map_err(|e| io_step(e.into(), &step))?;
+                phases.lap(|p| &mut p.write);
+            }
+            dev.flush().map_err(|e| io_step(e.into(), &step))?;
+            phases.lap(|p| &mut p.nodes_flush);
+        } else if let Some(sb) = &superblock {
             commit::write_superblocks(dev, sb).map_err(|e| io_step(e, &step))?;
+            phases.lap(|p| &mut p.superblock);
         }
-        phases.lap(|p| &mut p.superblock);
         let mut state = self.lock_state();
         phases.add_to(&mut state.log_stats);
         state.forest.end_log_write();
@@ -126,6 +146,44 @@ impl<D: BlockDevice> Shared<D> {
             None => state.log_stats.log_syncs_superseded += 1,
         }
         Ok(sealed.id)
+    }
+}
+
+impl<D: BlockDevice> Shared<D> {
+    /// The superblock that points at `sealed` (with `manifest`, the
+    /// checksums of its nodes, when it is written with one flush), or
+    /// `None` when a commit after its base made the log's content durable:
+    /// a superblock pointing at this log would roll the disk back.
+    fn log_superblock(
+        &self,
+        sealed: &SealedLog,
+        manifest: Option<&[(u64, u32)]>,
+    ) -> Option<Superblock> {
+        let state = self.lock_state();
+        (state.superblock.generation == sealed.base_generation).then(|| Superblock {
+            log_root_bytenr: sealed.root.bytenr,
+            log_root_level: sealed.root.level,
+            log_generation: sealed.id,
+            // The log the superblock names now is durable: a log sync
+            // replaces it only once its flush returned (LOG-FLUSH.md, F2).
+            log_manifest: manifest.map(|nodes| LogManifest {
+                previous: state.superblock.log_root(),
+                nodes: nodes.to_vec(),
+            }),
+            ..state.superblock.clone()
+        })
+    }
+
+    /// Waits until the commit a log is based on is durable (or the
+    /// filesystem failed): seed 002, only a log's superblock waits for it.
+    fn wait_for_base(&self, base_generation: u64) {
+        let mut sync = self.lock_sync();
+        while sync.durable_generation < base_generation && sync.failed.is_none() {
+            sync = self
+                .sync_changed
+                .wait(sync)
+                .expect("sync progress lock poisoned");
+        }
     }
 }
 

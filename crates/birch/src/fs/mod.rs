@@ -17,6 +17,7 @@ mod delayed;
 mod extent_ops;
 mod file;
 mod inode;
+pub(crate) mod log_choice;
 mod log_sync;
 mod mount;
 mod namespace;

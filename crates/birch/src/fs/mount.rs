@@ -109,6 +109,7 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         backup_roots: [BackupRoot::EMPTY; BACKUP_ROOT_COUNT],
         metadata_profile,
         data_checksums: roots.csum.is_some(),
+        log_manifest: None,
     };
     let prepared = commit::seal_transaction(&mut forest, &mut roots, &template)?;
     commit::write_commit(dev, &prepared)?;
@@ -375,6 +376,7 @@ fn load_backup_root<D: BlockDevice>(
                     log_root_bytenr: 0,
                     log_root_level: 0,
                     log_generation: 0,
+                    log_manifest: None,
                     backup_roots,
                     ..newest.clone()
                 };

@@ -4,6 +4,7 @@
 
 use super::decode::decode_item;
 use super::inode::Inode;
+use super::log_choice;
 use super::FsState;
 use crate::alloc::TransactionSpace;
 use crate::btree::TreeRoot;
@@ -11,8 +12,8 @@ use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
     decode_inode_extrefs, decode_inode_refs, decode_xattrs, encode_xattrs, item_type, tree_id,
-    DirEntry, FileExtent, FileType, InodeItem, ItemType, Key, RootItem, Xattr, NODE_SIZE,
-    ROOT_DIR_INO, SECTOR_SIZE,
+    DirEntry, FileExtent, FileType, InodeItem, ItemType, Key, LogRootRef, RootItem, Xattr,
+    NODE_SIZE, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -28,6 +29,10 @@ pub struct ReplayReport {
     /// replay. The logging side logs every new ancestor, so this should
     /// stay 0; it is counted to make a slip visible.
     pub names_without_parent: u64,
+    /// The newest log's one-flush sync had not reached the disk whole (a
+    /// crash before its flush): the log durable before it was replayed,
+    /// or none if the last commit had none (docs/LOG-FLUSH.md).
+    pub newest_log_incomplete: bool,
 }
 
 /// What a mount did with the log it found.
@@ -174,12 +179,43 @@ impl<D: BlockDevice> FsState<D> {
     /// transaction: finds the log trees, then runs [`Self::REPLAY_PASSES`]
     /// in order, checking each one's outcome.
     pub(crate) fn replay_log(&mut self) -> Result<ReplayReport> {
-        let sb = self.superblock.clone();
-        let log_generation = sb.generation + 1;
+        let store = self.forest.store().clone();
+        let choice = log_choice::choose_log(store.device(), &self.superblock)?;
+        if let Some(why) = &choice.newest_rejected {
+            eprintln!(
+                "birch: {why}; replaying {}",
+                match choice.log {
+                    Some(log) =>
+                        format!("the log before it (log generation {})", log.log_generation),
+                    None => "nothing: the last commit had no log".to_string(),
+                }
+            );
+        }
+        let Some(log) = choice.log else {
+            return Ok(ReplayReport {
+                newest_log_incomplete: true,
+                ..Default::default()
+            });
+        };
+        // Read repair judges the newest sync's nodes by their listed
+        // checksums while replay reads them; once it is over they are
+        // reserved, then freed by the replay's commit.
+        store.expect_checksums(choice.manifest_checksums);
+        let replayed = self.replay_from(log);
+        store.expect_checksums(HashMap::new());
+        let mut report = replayed?;
+        report.newest_log_incomplete = choice.newest_rejected.is_some();
+        Ok(report)
+    }
+
+    /// Replays the log whose root tree is at `log`.
+    fn replay_from(&mut self, log: LogRootRef) -> Result<ReplayReport> {
+        // Every node of a log carries the transaction after its base.
+        let log_generation = self.superblock.generation + 1;
         let root_tree = TreeRoot {
             id: tree_id::LOG_ROOT,
-            bytenr: sb.log_root_bytenr,
-            level: sb.log_root_level,
+            bytenr: log.bytenr,
+            level: log.level,
             generation: log_generation,
         };
         let key = Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS);
