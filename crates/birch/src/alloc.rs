@@ -443,13 +443,21 @@ pub trait TransactionSpace {
     /// item pointing into the data extent at `bytenr`.
     fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64, delta: i64);
 
+    /// Records one fewer file extent item pointing into the data extent at
+    /// `bytenr`, for an item deleted with nothing to replace it (unlike an
+    /// extent split, whose count passes through zero). Returns true when
+    /// that released an extent allocated in this transaction: its space
+    /// is pinned now rather than at the commit, and the caller deletes its
+    /// checksums now, so the commit has nothing left to do for it.
+    fn drop_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64) -> bool;
+
     /// Takes the pending extent changes, lowest bytenr first.
     fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)>;
 
     fn has_delayed_refs(&self) -> bool;
 
-    /// An existing extent lost its last reference while its delayed ref
-    /// was applied: pin its space.
+    /// A data extent lost its last reference (its delayed ref applied, or
+    /// [`Self::drop_data_ref`]): pin its space.
     fn extent_released(&mut self, bytenr: u64, len: u64);
 
     /// Called when a commit starts: the pinned ranges it will release once
@@ -571,6 +579,17 @@ impl TransactionSpace for Allocator {
         // one item removed, two added) is not a release: the commit applies
         // the net change, and frees a new extent that ended with none.
         entry.ref_delta += delta;
+    }
+
+    fn drop_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64) -> bool {
+        self.add_data_ref(bytenr, num_bytes, owner, -1);
+        let entry = self.delayed_refs[&bytenr];
+        if !(entry.created && entry.ref_delta == 0) {
+            return false;
+        }
+        self.delayed_refs.remove(&bytenr);
+        self.extent_released(bytenr, num_bytes);
+        true
     }
 
     fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)> {

@@ -245,6 +245,32 @@ fn csum_free_crash() {
     assert!(states > 4);
 }
 
+#[test]
+fn csum_written_and_freed_before_commit_crash() {
+    let rec = recorder(DataChecksums::On);
+    let fs = mount(rec.clone());
+    fs.sync().unwrap();
+    let from = rec.flush_count();
+    // Both extents are allocated in the running transaction, logged with
+    // their checksums, and released before the commit: f's by the unlink,
+    // g's by the truncate. Their space is pinned and their checksums are
+    // deleted at once; the commit has no delayed ref left for them.
+    let (f_data, g_data) = (pattern(11, 8), pattern(12, 8));
+    let f = create(&fs, "f", &f_data);
+    fs.fsync(f, false).unwrap();
+    let g = create(&fs, "g", &g_data);
+    fs.fsync(g, false).unwrap();
+    fs.unlink(fs.root_ino(), b"f").unwrap();
+    fs.truncate(g, 0).unwrap();
+    fs.sync().unwrap();
+    std::mem::forget(fs);
+    let states = for_every_crash_after(&rec, from, &Enumeration::thorough(5), |v| {
+        content_is(v, "/f", &[&f_data]).or_else(|_| content_is(v, "/f", &[]))?;
+        content_is(v, "/g", &[&g_data, &[]]).or_else(|_| content_is(v, "/g", &[]))
+    });
+    assert!(states > 4);
+}
+
 /// Bytes and writes a recording saw from event `from` on.
 fn written_since(rec: &RecordingDevice, from: usize) -> (u64, u64) {
     rec.events()[from..]

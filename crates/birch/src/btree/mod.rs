@@ -53,6 +53,17 @@ impl TreeRoot {
     }
 }
 
+/// One change of a batch applied by `Forest::apply_sorted`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Insert a new item; one already there is left and reported.
+    Insert(Vec<u8>),
+    /// Insert the item, or replace the data of the one with its key.
+    Put(Vec<u8>),
+    /// Remove the item with its key; a missing one is reported.
+    Delete,
+}
+
 /// One step of a root-to-leaf path: the node and the slot taken in it
 /// (for a leaf, the item's position or insertion point).
 #[derive(Debug, Clone, Copy)]
@@ -449,12 +460,23 @@ impl<D: BlockDevice> Forest<D> {
 
     /// Copies the root-to-leaf path toward `key` into this transaction.
     fn cow_path(&mut self, root: &mut TreeRoot, key: &Key) -> Result<Vec<PathStep>> {
+        Ok(self.cow_path_bounded(root, key)?.0)
+    }
+
+    /// As `cow_path`, and also the leaf's upper bound: the smallest key
+    /// that belongs to a leaf to its right (`None`: the leaf is the last).
+    fn cow_path_bounded(
+        &mut self,
+        root: &mut TreeRoot,
+        key: &Key,
+    ) -> Result<(Vec<PathStep>, Option<Key>)> {
         let new_root = self.cow(root.bytenr, root.expectation())?;
         root.bytenr = new_root;
         root.generation = self.transid;
         let mut path = Vec::with_capacity(root.level as usize + 1);
         let mut bytenr = new_root;
         let mut level = root.level;
+        let mut upper = None;
         loop {
             // Copy out what is needed before touching the node mutably: a
             // live Arc clone would make `Arc::make_mut` deep-copy it.
@@ -462,10 +484,13 @@ impl<D: BlockDevice> Forest<D> {
                 NodeBody::Leaf(items) => {
                     let slot = leaf_slot(items, key).unwrap_or_else(|i| i);
                     path.push(PathStep { bytenr, slot });
-                    return Ok(path);
+                    return Ok((path, upper));
                 }
                 NodeBody::Internal(ptrs) => {
                     let slot = child_slot(ptrs, key);
+                    if let Some(next) = ptrs.get(slot + 1) {
+                        upper = Some(next.key);
+                    }
                     (slot, ptrs[slot])
                 }
             };
@@ -532,6 +557,77 @@ impl<D: BlockDevice> Forest<D> {
         }
         self.rebalance(root, &path, path.len() - 1)?;
         Ok(Some(removed.data))
+    }
+
+    /// Applies `changes` (keys strictly ascending) as one pass over the
+    /// leaves they fall in: each leaf's path is copied once and the leaf
+    /// rebalanced or split once, for all its changes, instead of once per
+    /// item. A commit applies tens of thousands of extent and checksum
+    /// changes this way while requests wait for the state lock. Returns
+    /// the keys of the changes that did not apply: inserts that found an
+    /// item, deletions that found none.
+    pub fn apply_sorted(
+        &mut self,
+        root: &mut TreeRoot,
+        changes: Vec<(Key, Change)>,
+    ) -> Result<Vec<Key>> {
+        assert!(
+            changes.windows(2).all(|w| w[0].0 < w[1].0),
+            "batch of tree {} is not in strictly ascending key order",
+            root.id
+        );
+        let mut refused = Vec::new();
+        let mut changes = changes.into_iter().peekable();
+        while let Some((first_key, _)) = changes.peek() {
+            let (path, upper) = self.cow_path_bounded(root, first_key)?;
+            let depth = path.len() - 1;
+            let items = self.node_mut(path[depth].bytenr).leaf_items_mut();
+            let low_key = items.first().map(|i| i.key);
+            let mut used: usize = items.iter().map(leaf_item_size).sum();
+            // Merged into a new list rather than inserted and removed in
+            // place: a leaf holds hundreds of small items (checksums,
+            // extent items), and shifting them for each change made a
+            // batch quadratic in the leaf's size.
+            let mut old = std::mem::take(items).into_iter().peekable();
+            let mut merged = Vec::with_capacity(old.len());
+            // A leaf takes changes until it overflows by at most one item,
+            // so that one split into two leaves always makes it fit.
+            while let Some((key, _)) = changes.peek() {
+                if upper.is_some_and(|u| *key >= u) || used > BODY_SIZE {
+                    break;
+                }
+                let (key, change) = changes.next().expect("peeked");
+                while let Some(before) = old.next_if(|i| i.key < key) {
+                    merged.push(before);
+                }
+                match (old.next_if(|i| i.key == key), change) {
+                    (Some(present), Change::Insert(_)) => {
+                        refused.push(key);
+                        merged.push(present);
+                    }
+                    (None, Change::Delete) => refused.push(key),
+                    (Some(present), Change::Delete) => used -= leaf_item_size(&present),
+                    (present, Change::Put(data) | Change::Insert(data)) => {
+                        assert!(data.len() <= MAX_ITEM_DATA, "item {key} too large");
+                        let item = LeafItem { key, data };
+                        used = used + leaf_item_size(&item)
+                            - present.as_ref().map_or(0, leaf_item_size);
+                        merged.push(item);
+                    }
+                }
+            }
+            merged.extend(old);
+            *items = merged;
+            if items.first().map(|i| i.key) != low_key && !items.is_empty() {
+                self.fix_low_keys(&path, depth);
+            }
+            if used > BODY_SIZE {
+                self.split_if_needed(root, &path, depth)?;
+            } else {
+                self.rebalance(root, &path, depth)?;
+            }
+        }
+        Ok(refused)
     }
 
     /// After the first key of `path[depth]` changed, rewrites the keys that
@@ -847,12 +943,12 @@ fn append_body(dst: &mut Node, src: NodeBody) {
 /// Splits an overfull leaf's items into pieces that each fit: two balanced
 /// halves when possible, otherwise greedy packing (a very large item may
 /// need a piece of its own).
+fn leaf_item_size(item: &LeafItem) -> usize {
+    crate::format::node::LEAF_ITEM_HEADER_SIZE + item.data.len()
+}
+
 fn split_leaf_items(items: Vec<LeafItem>) -> Vec<Vec<LeafItem>> {
-    use crate::format::node::LEAF_ITEM_HEADER_SIZE;
-    let sizes: Vec<usize> = items
-        .iter()
-        .map(|i| LEAF_ITEM_HEADER_SIZE + i.data.len())
-        .collect();
+    let sizes: Vec<usize> = items.iter().map(leaf_item_size).collect();
     let total: usize = sizes.iter().sum();
     let mut prefix = 0;
     let mut best: Option<(usize, usize)> = None;

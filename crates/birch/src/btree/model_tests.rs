@@ -4,7 +4,7 @@
 //! so committed nodes are evicted and re-read (decoded and validated) from
 //! the device. Failures print `seed=N`; `BIRCH_SEED=N` replays one.
 
-use super::{Forest, NodeStore, TreeRoot};
+use super::{Change, Forest, NodeStore, TreeRoot};
 use crate::alloc::{Allocator, FreeSpace, TransactionSpace};
 use crate::device::{BlockDevice, MemoryDevice};
 use crate::format::node::MAX_ITEM_DATA;
@@ -62,6 +62,39 @@ fn random_value(rng: &mut ChaCha8Rng) -> Vec<u8> {
         _ => rng.gen_range(0..120),
     };
     (0..len).map(|_| rng.gen()).collect()
+}
+
+/// A sorted batch of changes for `Forest::apply_sorted`: up to a few
+/// hundred keys from a window of the key space (narrow windows give dense
+/// runs that fill and split leaves, wide ones scattered single changes),
+/// deletions biased toward present keys.
+fn random_batch(
+    rng: &mut ChaCha8Rng,
+    model: &BTreeMap<Key, Vec<u8>>,
+    key_space: u64,
+) -> Vec<(Key, Change)> {
+    let width = rng.gen_range(1..=key_space);
+    let base = rng.gen_range(0..=key_space - width);
+    let count = rng.gen_range(1..400);
+    let mut batch = BTreeMap::new();
+    for _ in 0..count {
+        let key = Key::new(
+            base + rng.gen_range(0..width),
+            rng.gen_range(0..3),
+            rng.gen_range(0..4),
+        );
+        let key = match model.range(key..).next() {
+            Some((present, _)) if rng.gen_bool(0.5) => *present,
+            _ => key,
+        };
+        let change = match rng.gen_range(0..3) {
+            0 => Change::Insert(random_value(rng)),
+            1 => Change::Put(random_value(rng)),
+            _ => Change::Delete,
+        };
+        batch.insert(key, change);
+    }
+    batch.into_iter().collect()
 }
 
 /// Runs `steps` random operations; walks the whole tree to verify its
@@ -124,7 +157,7 @@ fn run(seed: u64, steps: usize, key_space: u64, verify_every: usize) {
                     "{ctx}: last_at_or_before {k}"
                 );
             }
-            93..=97 => {
+            93..=95 => {
                 let (a, b) = (
                     random_key(&mut rng, key_space),
                     random_key(&mut rng, key_space),
@@ -148,6 +181,27 @@ fn run(seed: u64, steps: usize, key_space: u64, verify_every: usize) {
                     .map(|(k, v)| (*k, v.clone()))
                     .collect();
                 assert_eq!(got, want, "{ctx}: scan {lo}..={hi} limit {limit}");
+            }
+            96..=97 => {
+                let changes = random_batch(&mut rng, &model, key_space);
+                let refused = forest
+                    .apply_sorted(&mut root, changes.clone())
+                    .unwrap_or_else(|e| panic!("{ctx}: batch: {e}"));
+                let mut want_refused = Vec::new();
+                for (k, change) in changes {
+                    match change {
+                        Change::Insert(_) if model.contains_key(&k) => want_refused.push(k),
+                        Change::Insert(v) | Change::Put(v) => {
+                            model.insert(k, v);
+                        }
+                        Change::Delete => {
+                            if model.remove(&k).is_none() {
+                                want_refused.push(k);
+                            }
+                        }
+                    }
+                }
+                assert_eq!(refused, want_refused, "{ctx}: batch refused");
             }
             _ => commit(&mut forest),
         }
@@ -229,4 +283,30 @@ fn a_node_is_copied_at_most_once_per_transaction() {
         first,
         "the same path is not copied again in the same transaction"
     );
+}
+
+#[test]
+fn a_batch_far_larger_than_a_leaf_fills_and_empties_a_tree() {
+    // A commit appends every new node's extent item at the end of the
+    // extent tree in one batch: tens of thousands of keys past the last
+    // leaf, which must split as it goes rather than all at once.
+    let mut forest = new_forest();
+    let mut root = forest.create_tree(5).unwrap();
+    let keys: Vec<Key> = (0..200_000u64).map(|i| Key::new(i, 1, 0)).collect();
+    let inserts = keys.iter().map(|k| (*k, Change::Insert(vec![7; 100])));
+    let refused = forest.apply_sorted(&mut root, inserts.collect()).unwrap();
+    assert!(refused.is_empty());
+    assert_eq!(forest.verify_tree(&root).unwrap(), keys.len());
+    assert!(root.level >= 2, "200,000 items make a tree of height 3");
+    commit(&mut forest);
+    let mut deletes: Vec<(Key, Change)> = keys.iter().map(|k| (*k, Change::Delete)).collect();
+    deletes.push((Key::new(300_000, 1, 0), Change::Delete));
+    let refused = forest.apply_sorted(&mut root, deletes).unwrap();
+    assert_eq!(
+        refused,
+        vec![Key::new(300_000, 1, 0)],
+        "only the absent key"
+    );
+    assert_eq!(forest.verify_tree(&root).unwrap(), 0);
+    assert_eq!(root.level, 0, "an emptied tree collapses to one leaf");
 }

@@ -21,7 +21,7 @@
 //! while T is the newest commit (docs/BACKUP-ROOTS.md).
 
 use crate::alloc::{DelayedRef, ExtentKind, TransactionSpace};
-use crate::btree::{Forest, TreeRoot};
+use crate::btree::{Change, Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
@@ -81,13 +81,7 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
             passes < 64,
             "extent tree did not settle after {passes} passes"
         );
-        for (bytenr, delayed) in forest.alloc_mut().take_delayed_refs() {
-            let freed = apply_delayed_ref(forest, &mut roots.extent, bytenr, delayed, transid)?;
-            // A freed extent's checksums go in the same transaction.
-            if let (Some(len), Some(csum)) = (freed, roots.csum.as_mut()) {
-                super::csum::delete_extent_csums(forest, csum, bytenr, len)?;
-            }
-        }
+        apply_delayed_refs(forest, roots, transid)?;
         // Root items are written every pass; the first write copies the
         // root tree's path, so its root always carries this transid.
         for tree in roots.recorded() {
@@ -162,73 +156,123 @@ fn root_items_current<D: BlockDevice>(forest: &Forest<D>, roots: &Roots) -> Resu
     Ok(true)
 }
 
-/// Applies one delayed ref to the extent tree; returns the length of the
-/// data extent it freed, if it freed one.
-fn apply_delayed_ref<D: BlockDevice>(
+/// Applies the delayed refs taken so far to the extent tree, and deletes
+/// the checksums of the data extents they free (in the same transaction),
+/// each tree in one sorted batch ([`Forest::apply_sorted`]).
+fn apply_delayed_refs<D: BlockDevice>(
     forest: &mut Forest<D>,
-    extent_root: &mut TreeRoot,
-    bytenr: u64,
-    r: DelayedRef,
+    roots: &mut Roots,
     transid: u64,
-) -> Result<Option<u64>> {
-    let missing = |key: Key| {
-        Error::corrupt(Corruption {
+) -> Result<()> {
+    let refs = forest.alloc_mut().take_delayed_refs();
+    let mut changes = Vec::with_capacity(refs.len());
+    let mut freed_data = Vec::new();
+    for (bytenr, delayed) in refs {
+        let outcome = extent_change(forest, &roots.extent, bytenr, delayed, transid)?;
+        changes.extend(outcome.item);
+        if let Some(len) = outcome.frees {
+            forest.alloc_mut().extent_released(bytenr, len);
+            freed_data.push((bytenr, len));
+        }
+    }
+    // Each bytenr has one delayed ref and one extent item key: in order.
+    let refused = forest.apply_sorted(&mut roots.extent, changes)?;
+    if let Some(key) = refused.first() {
+        return Err(Error::corrupt(Corruption {
             tree: Some(tree_id::EXTENT),
             block: None,
             slot: None,
-            reason: format!("extent item {key} to update does not exist"),
-        })
+            reason: format!(
+                "extent item {key}: a new extent's item already exists, \
+                 or a freed extent's item does not"
+            ),
+        }));
+    }
+    if let Some(csum) = roots.csum.as_mut() {
+        super::csum::delete_extents_csums(forest, csum, &freed_data)?;
+    }
+    Ok(())
+}
+
+fn missing_extent_item(key: Key) -> Error {
+    Error::corrupt(Corruption {
+        tree: Some(tree_id::EXTENT),
+        block: None,
+        slot: None,
+        reason: format!("extent item {key} to update does not exist"),
+    })
+}
+
+/// What one delayed ref does.
+struct RefOutcome {
+    /// The change to the extent tree (read as it was before the batch).
+    item: Option<(Key, Change)>,
+    /// The length of the data extent it frees, if it frees one.
+    frees: Option<u64>,
+}
+
+impl RefOutcome {
+    fn item(key: Key, change: Change) -> Self {
+        RefOutcome {
+            item: Some((key, change)),
+            frees: None,
+        }
+    }
+}
+
+/// What one delayed ref changes in the extent tree and frees.
+fn extent_change<D: BlockDevice>(
+    forest: &Forest<D>,
+    extent_root: &TreeRoot,
+    bytenr: u64,
+    r: DelayedRef,
+    transid: u64,
+) -> Result<RefOutcome> {
+    let new_item = |owner, refs| {
+        Change::Insert(
+            ExtentItem {
+                refs,
+                generation: transid,
+                owner,
+            }
+            .encode(),
+        )
     };
     match r.kind {
         ExtentKind::Metadata { owner, level } => {
             let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level));
-            match (r.created, r.ref_delta) {
-                (true, 1) => forest.insert(
-                    extent_root,
-                    key,
-                    ExtentItem {
-                        refs: 1,
-                        generation: transid,
-                        owner,
-                    }
-                    .encode(),
-                )?,
-                (false, -1) => {
-                    forest
-                        .delete(extent_root, &key)?
-                        .ok_or_else(|| missing(key))?;
-                }
+            let change = match (r.created, r.ref_delta) {
+                // A present (or missing) item is reported by the batch.
+                (true, 1) => new_item(owner, 1),
+                (false, -1) => Change::Delete,
                 other => panic!("impossible metadata ref change {other:?} for node {bytenr}"),
-            }
-            Ok(None)
+            };
+            Ok(RefOutcome::item(key, change))
         }
         ExtentKind::Data { owner } => {
             let key = Key::new(bytenr, item_type::EXTENT_ITEM, r.num_bytes);
             if r.created {
                 if r.ref_delta > 0 {
-                    forest.insert(
-                        extent_root,
-                        key,
-                        ExtentItem {
-                            refs: r.ref_delta as u64,
-                            generation: transid,
-                            owner,
-                        }
-                        .encode(),
-                    )?;
-                    Ok(None)
+                    Ok(RefOutcome::item(key, new_item(owner, r.ref_delta as u64)))
                 } else {
                     assert_eq!(
                         r.ref_delta, 0,
                         "new data extent {bytenr} with negative refs"
                     );
-                    forest.alloc_mut().extent_released(bytenr, r.num_bytes);
-                    Ok(Some(r.num_bytes))
+                    Ok(RefOutcome {
+                        item: None,
+                        frees: Some(r.num_bytes),
+                    })
                 }
             } else if r.ref_delta == 0 {
-                Ok(None)
+                Ok(RefOutcome {
+                    item: None,
+                    frees: None,
+                })
             } else {
-                let data = forest.get(extent_root, &key)?.ok_or_else(|| missing(key))?;
+                let data = forest
+                    .get(extent_root, &key)?
+                    .ok_or_else(|| missing_extent_item(key))?;
                 let mut item = ExtentItem::decode(&data).map_err(|e| {
                     Error::corrupt(Corruption {
                         tree: Some(tree_id::EXTENT),
@@ -247,13 +291,13 @@ fn apply_delayed_ref<D: BlockDevice>(
                     }));
                 }
                 if refs == 0 {
-                    forest.delete(extent_root, &key)?;
-                    forest.alloc_mut().extent_released(bytenr, r.num_bytes);
-                    Ok(Some(r.num_bytes))
+                    Ok(RefOutcome {
+                        item: Some((key, Change::Delete)),
+                        frees: Some(r.num_bytes),
+                    })
                 } else {
                     item.refs = refs as u64;
-                    forest.put(extent_root, key, item.encode())?;
-                    Ok(None)
+                    Ok(RefOutcome::item(key, Change::Put(item.encode())))
                 }
             }
         }

@@ -6,7 +6,7 @@
 
 use super::decode::decode_item;
 use super::FsState;
-use crate::btree::{Forest, TreeRoot};
+use crate::btree::{Change, Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
@@ -14,6 +14,7 @@ use crate::format::{
     FileExtent, Key, CSUMS_PER_ITEM, EXTENT_CSUM_OBJECTID, SECTOR_SIZE,
 };
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 
 /// Bytes of data one full checksum item covers.
 const ITEM_SPAN: u64 = CSUMS_PER_ITEM * SECTOR_SIZE;
@@ -45,18 +46,28 @@ pub(super) fn insert_extent_csums<D: BlockDevice>(
     Ok(())
 }
 
-/// Deletes the checksums of the extent `[bytenr, bytenr + len)`, being
-/// freed. (Items never span two extents, so every item starting inside
-/// the extent is wholly its.)
-pub(super) fn delete_extent_csums<D: BlockDevice>(
+/// Deletes the checksums of the extents `(bytenr, len)` being freed
+/// (in address order, disjoint), in one sorted batch. (Items never span
+/// two extents, so every item starting inside an extent is wholly its.)
+pub(super) fn delete_extents_csums<D: BlockDevice>(
     forest: &mut Forest<D>,
     root: &mut TreeRoot,
-    bytenr: u64,
-    len: u64,
+    extents: &[(u64, u64)],
 ) -> Result<()> {
-    for (key, _) in forest.collect_range(root, csum_key(bytenr), csum_key(bytenr + len - 1))? {
-        forest.delete(root, &key)?;
+    let mut doomed = Vec::new();
+    for &(bytenr, len) in extents {
+        forest.scan(
+            root,
+            csum_key(bytenr),
+            csum_key(bytenr + len - 1),
+            &mut |key, _| {
+                doomed.push((*key, Change::Delete));
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
     }
+    let refused = forest.apply_sorted(root, doomed)?;
+    assert!(refused.is_empty(), "scanned checksum items vanished");
     Ok(())
 }
 

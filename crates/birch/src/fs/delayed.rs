@@ -24,6 +24,10 @@ pub(crate) struct DelayedDir {
     pub deletions: BTreeSet<u64>,
 }
 
+/// Records a commit retired, kept only to be dropped outside the state
+/// lock.
+pub(crate) type RetiredRecords = Box<dyn Send>;
+
 #[derive(Debug, Default)]
 pub(crate) struct DelayedItems {
     dirs: HashMap<u64, DelayedDir>,
@@ -104,13 +108,18 @@ impl DelayedItems {
         self.txn_changes.get(&dir)
     }
 
-    /// A commit made the transaction's changes durable.
-    pub fn clear_txn_changes(&mut self) {
-        self.txn_changes.clear();
-        self.unlogged.clear();
-        self.txn_removed.clear();
-        self.removed_by_name.clear();
-        self.removed_names.clear();
+    /// A commit made the transaction's changes durable: takes their
+    /// records, for the caller to free once it has released the state
+    /// lock. After 30 s of dbench they are tens of thousands of small
+    /// allocations, and freeing them under the lock took 7 ms.
+    pub fn take_txn_changes(&mut self) -> RetiredRecords {
+        Box::new((
+            std::mem::take(&mut self.txn_changes),
+            std::mem::take(&mut self.unlogged),
+            std::mem::take(&mut self.txn_removed),
+            std::mem::take(&mut self.removed_by_name),
+            std::mem::take(&mut self.removed_names),
+        ))
     }
 
     /// The indexes of `dir` changed since it was last logged; forgets them.

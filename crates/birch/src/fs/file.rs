@@ -19,7 +19,8 @@ use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
-    item_type, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA, SECTOR_SIZE,
+    item_type, DiskRef, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA,
+    SECTOR_SIZE,
 };
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -455,14 +456,8 @@ impl<D: BlockDevice> FsState<D> {
                             FileExtent::prealloc(d)
                         }
                     };
-                    self.forest.alloc_mut().add_data_ref(
-                        disk.disk_bytenr,
-                        disk.disk_num_bytes,
-                        ino,
-                        -1,
-                    );
                     if file_offset < start {
-                        let head = crate::format::DiskRef {
+                        let head = DiskRef {
                             num_bytes: start - file_offset,
                             ..disk
                         };
@@ -470,7 +465,7 @@ impl<D: BlockDevice> FsState<D> {
                         nbytes_delta += head.num_bytes as i64;
                     }
                     if ext_end > end {
-                        let tail = crate::format::DiskRef {
+                        let tail = DiskRef {
                             offset: disk.offset + (end - file_offset),
                             num_bytes: ext_end - end,
                             ..disk
@@ -478,6 +473,9 @@ impl<D: BlockDevice> FsState<D> {
                         self.insert_file_extent(ino, end, rebuild(tail))?;
                         nbytes_delta += tail.num_bytes as i64;
                     }
+                    // After the head and tail took their references, so
+                    // that the count reaches zero only if nothing is left.
+                    self.drop_file_extent_ref(ino, disk)?;
                 }
             }
         }
@@ -504,6 +502,27 @@ impl<D: BlockDevice> FsState<D> {
             Key::new(ino, item_type::EXTENT_DATA, file_offset),
             extent.encode(),
         )
+    }
+
+    /// Counts a file extent item deleted for good (nothing replaces it)
+    /// off its disk extent. When that frees an extent written in this
+    /// transaction (a file written and deleted or truncated before the
+    /// commit: dbench, build trees), its space is pinned and its checksums
+    /// deleted now, so the commit, which requests wait for, has nothing
+    /// left to do for it.
+    pub(crate) fn drop_file_extent_ref(&mut self, ino: u64, disk: DiskRef) -> Result<()> {
+        let released =
+            self.forest
+                .alloc_mut()
+                .drop_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino);
+        if let (true, Some(csum)) = (released, self.roots.csum.as_mut()) {
+            super::csum::delete_extents_csums(
+                &mut self.forest,
+                csum,
+                &[(disk.disk_bytenr, disk.disk_num_bytes)],
+            )?;
+        }
+        Ok(())
     }
 
     /// Writes every dirty page of every file to new extents (commit).

@@ -4,7 +4,6 @@
 use super::decode::decode_item;
 use super::tree_log::InodeLog;
 use super::{Attr, FsState, SetAttr, SetTime};
-use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
@@ -230,12 +229,7 @@ impl<D: BlockDevice> FsState<D> {
         for (key, data) in keys {
             if key.item_type == item_type::EXTENT_DATA {
                 if let Some(disk) = decode_item(&key, FileExtent::decode(&data))?.disk_ref() {
-                    self.forest.alloc_mut().add_data_ref(
-                        disk.disk_bytenr,
-                        disk.disk_num_bytes,
-                        ino,
-                        -1,
-                    );
+                    self.drop_file_extent_ref(ino, disk)?;
                 }
             }
             self.forest.delete(&mut self.roots.fs, &key)?;

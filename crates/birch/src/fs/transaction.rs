@@ -6,6 +6,7 @@
 //! interval. The log sync that shares these locks is in log_sync.rs.
 
 use super::commit;
+use super::delayed::RetiredRecords;
 use super::FsState;
 use crate::alloc::TransactionSpace;
 use crate::btree::NodeStore;
@@ -119,6 +120,8 @@ impl<D: BlockDevice> Shared<D> {
             }
             sync.commit_sealing = true;
         }
+        // What the seal retired, freed once the state lock is released.
+        let mut retired = None;
         let sealed = (|| {
             let mut state = self.lock_state();
             if state.options.read_only {
@@ -131,7 +134,7 @@ impl<D: BlockDevice> Shared<D> {
             }
             let covering = state.log.filling;
             let generation = state.forest.transid();
-            match state.prepare_commit(purpose) {
+            match state.prepare_commit(purpose, &mut retired) {
                 Ok(p) => Ok(p.map(|p| (p, covering))),
                 Err(e) => {
                     let e = io_step(e, &format!("commit of generation {generation}"));
@@ -140,6 +143,7 @@ impl<D: BlockDevice> Shared<D> {
                 }
             }
         })();
+        drop(retired);
         {
             let mut sync = self.lock_sync();
             sync.commit_sealing = false;
@@ -304,10 +308,16 @@ impl<D: BlockDevice> FsState<D> {
         }
     }
 
-    fn prepare_commit(&mut self, purpose: Purpose) -> Result<Option<commit::PreparedCommit>> {
+    /// Seals the running transaction for a commit. The records it retires
+    /// go to `retired`, for the caller to free after releasing the lock.
+    fn prepare_commit(
+        &mut self,
+        purpose: Purpose,
+        retired: &mut Option<RetiredRecords>,
+    ) -> Result<Option<commit::PreparedCommit>> {
         self.writeback_all()?;
         self.flush_delayed_items()?;
-        self.drop_log()?;
+        *retired = Some(self.drop_log()?);
         // A superblock that points at a log (one replay applied or threw
         // away) is superseded even when nothing else changed, and so is
         // one newer than the commit in memory (a rescue mount fell back to

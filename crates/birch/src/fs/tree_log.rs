@@ -4,6 +4,7 @@
 //! sync protocol in log_sync.rs).
 
 use super::decode::decode_item;
+use super::delayed::RetiredRecords;
 use super::FsState;
 use crate::alloc::TransactionSpace;
 use crate::btree::{TreeKind, TreeRoot};
@@ -818,16 +819,16 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// Drops the log (a commit makes its content durable): its written
-    /// nodes stay pinned until the commit is.
-    pub(crate) fn drop_log(&mut self) -> Result<()> {
+    /// nodes stay pinned until the commit is. Returns the transaction's
+    /// change records, which the caller frees outside the state lock.
+    pub(crate) fn drop_log(&mut self) -> Result<RetiredRecords> {
         if let Some(trees) = self.log.trees.take() {
             self.forest.drop_tree(&trees.log)?;
             self.forest.drop_tree(&trees.root)?;
         }
         self.log.filling_dirty = false;
         self.log.force_commit = None;
-        self.delayed.clear_txn_changes();
-        Ok(())
+        Ok(self.delayed.take_txn_changes())
     }
 }
 
