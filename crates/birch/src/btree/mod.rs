@@ -940,13 +940,14 @@ fn append_body(dst: &mut Node, src: NodeBody) {
     }
 }
 
-/// Splits an overfull leaf's items into pieces that each fit: two balanced
-/// halves when possible, otherwise greedy packing (a very large item may
-/// need a piece of its own).
+/// The bytes an item takes in a leaf's body: its header and its data.
 fn leaf_item_size(item: &LeafItem) -> usize {
     crate::format::node::LEAF_ITEM_HEADER_SIZE + item.data.len()
 }
 
+/// Splits an overfull leaf's items into pieces that each fit: two balanced
+/// halves when possible, otherwise greedy packing (a very large item may
+/// need a piece of its own).
 fn split_leaf_items(items: Vec<LeafItem>) -> Vec<Vec<LeafItem>> {
     let sizes: Vec<usize> = items.iter().map(leaf_item_size).collect();
     let total: usize = sizes.iter().sum();

@@ -178,15 +178,10 @@ fn apply_delayed_refs<D: BlockDevice>(
     // Each bytenr has one delayed ref and one extent item key: in order.
     let refused = forest.apply_sorted(&mut roots.extent, changes)?;
     if let Some(key) = refused.first() {
-        return Err(Error::corrupt(Corruption {
-            tree: Some(tree_id::EXTENT),
-            block: None,
-            slot: None,
-            reason: format!(
-                "extent item {key}: a new extent's item already exists, \
-                 or a freed extent's item does not"
-            ),
-        }));
+        return Err(extent_corruption(format!(
+            "extent item {key}: a new extent's item already exists, \
+             or a freed extent's item does not"
+        )));
     }
     if let Some(csum) = roots.csum.as_mut() {
         super::csum::delete_extents_csums(forest, csum, &freed_data)?;
@@ -194,12 +189,13 @@ fn apply_delayed_refs<D: BlockDevice>(
     Ok(())
 }
 
-fn missing_extent_item(key: Key) -> Error {
+/// A fault found in the extent tree while applying delayed refs.
+fn extent_corruption(reason: String) -> Error {
     Error::corrupt(Corruption {
         tree: Some(tree_id::EXTENT),
         block: None,
         slot: None,
-        reason: format!("extent item {key} to update does not exist"),
+        reason,
     })
 }
 
@@ -270,25 +266,16 @@ fn extent_change<D: BlockDevice>(
                     frees: None,
                 })
             } else {
-                let data = forest
-                    .get(extent_root, &key)?
-                    .ok_or_else(|| missing_extent_item(key))?;
-                let mut item = ExtentItem::decode(&data).map_err(|e| {
-                    Error::corrupt(Corruption {
-                        tree: Some(tree_id::EXTENT),
-                        block: None,
-                        slot: None,
-                        reason: format!("{key}: {e}"),
-                    })
+                let data = forest.get(extent_root, &key)?.ok_or_else(|| {
+                    extent_corruption(format!("extent item {key} to update does not exist"))
                 })?;
+                let mut item = ExtentItem::decode(&data)
+                    .map_err(|e| extent_corruption(format!("{key}: {e}")))?;
                 let refs = item.refs as i64 + r.ref_delta;
                 if refs < 0 {
-                    return Err(Error::corrupt(Corruption {
-                        tree: Some(tree_id::EXTENT),
-                        block: None,
-                        slot: None,
-                        reason: format!("{key}: reference count would drop below zero"),
-                    }));
+                    return Err(extent_corruption(format!(
+                        "{key}: reference count would drop below zero"
+                    )));
                 }
                 if refs == 0 {
                     Ok(RefOutcome {
