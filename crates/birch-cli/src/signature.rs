@@ -148,9 +148,12 @@ mod tests {
         assert_eq!(foreign_signature(&b), Some("an ext4 filesystem"));
     }
 
+    /// Bytes written at an offset into a blank start of device.
+    type Fields = &'static [(usize, &'static [u8])];
+
     #[test]
     fn each_other_signature_is_named() {
-        let cases: [(&str, &[(usize, &[u8])]); 10] = [
+        let cases: [(&str, Fields); 10] = [
             ("an xfs filesystem", &[(0, b"XFSB")]),
             ("a btrfs filesystem", &[(65600, b"_BHRfS_M")]),
             ("swap space", &[(4086, b"SWAPSPACE2")]),
