@@ -233,10 +233,12 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
 /// of it (or a scrub or mkfs) fails instead of corrupting it. A daemon
 /// that was just unmounted still holds the lock while it commits and
 /// exits, so the lock is awaited for a while when a running process holds
-/// it and the image is not listed as mounted; otherwise it fails now,
-/// saying who or what holds it (holders.rs).
+/// it and the image is not listed as mounted. A lock no running process
+/// holds is awaited briefly (the loop device of a daemon that just exited
+/// lets go of the image as it detaches itself) and then refused, saying
+/// what holds it (holders.rs); so is a mounted image, at once.
 pub(crate) fn lock_image(file: &File, image: &Path) -> Result<(), Failure> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let start = std::time::Instant::now();
     loop {
         // SAFETY: flock on an fd we own; no memory is passed.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
@@ -250,8 +252,12 @@ pub(crate) fn lock_image(file: &File, image: &Path) -> Result<(), Failure> {
             )));
         }
         let mounted = is_mounted(image);
-        if mounted || holders::lock_holder(file).is_none() || std::time::Instant::now() >= deadline
-        {
+        let patience = if holders::lock_holder(file).is_some() {
+            Duration::from_secs(20)
+        } else {
+            Duration::from_secs(1)
+        };
+        if mounted || start.elapsed() >= patience {
             return Err(Failure::new(format!(
                 "{}: {}",
                 image.display(),
