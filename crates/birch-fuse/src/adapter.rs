@@ -1640,6 +1640,9 @@ mod tests {
         ] {
             assert_eq!(ioctl_access(cmd), IoctlAccess::Anyone);
         }
+        for cmd in [FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR] {
+            assert_eq!(ioctl_access(cmd), IoctlAccess::CheckedByKernel);
+        }
         // Root's mount: root only.
         assert!(may_administer(0, 0));
         assert!(!may_administer(65534, 0));
