@@ -5,7 +5,10 @@
 //! `dirsync` make changes durable before they return (proved with the
 //! shutdown ioctl), the atime options behave as the kernel defines them; a
 //! directory listing ends while its names are renamed away and back; an
-//! image on a filesystem whose O_DIRECT reads fail is served buffered.
+//! image on a filesystem whose O_DIRECT reads fail is served buffered; the
+//! later of `ro` and `rw` wins; on root's mount another user may not shut
+//! it down, scrub it or change append-only/immutable flags, but may sync
+//! it and read its stats.
 //!
 //! Unprivileged callers are run with setpriv(1) (util-linux, see
 //! scripts/install-test-tools.sh). Run: `cargo test -p birch-cli --test
