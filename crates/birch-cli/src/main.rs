@@ -11,10 +11,12 @@
 //! Every failure is one line on stderr naming the image and what is wrong;
 //! bad arguments get clap's usage error (exit 2).
 
+mod holders;
 mod loopdev;
 mod mount;
 mod replay;
 mod scrub;
+mod signature;
 mod stats;
 
 use birch::check::{
@@ -81,7 +83,8 @@ struct MkfsArgs {
     /// An existing file or block device keeps its own size.
     #[arg(long, short = 's', value_name = "SIZE", value_parser = parse_size)]
     size: Option<u64>,
-    /// Overwrite an existing birch filesystem
+    /// Overwrite an existing filesystem (birch, ext2/3/4, xfs, btrfs, vfat, ntfs, exfat), swap space or
+    /// partition table. Never an image or device in use (mounted, or held by another process)
     #[arg(long, short = 'f')]
     force: bool,
     /// Record mkfs's writes and flushes in FILE (dm-log-writes format); a
@@ -368,19 +371,16 @@ fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
     };
     let dev = FileDevice::open(path, false)
         .map_err(|e| cleanup(Failure::new(format!("{p}: cannot open read-write: {e}"))))?;
+    // Held until mkfs is done, so nothing mounts the image meanwhile.
+    let _exclusive = claim_unused(path, &dev).map_err(cleanup)?;
     if !args.force {
-        let copies = read_superblock_copies(&dev);
-        if let Some(found) = newest_valid_copy(&copies) {
-            let sb = found.superblock.as_ref().expect("valid copy");
-            return Err(Failure::new(format!(
-                "{p} already holds a birch filesystem (superblock at {}: fsid {}, generation {}, {} bytes); use --force to overwrite it",
-                found.bytenr,
-                print::fsid(&sb.fsid),
-                sb.generation,
-                sb.total_bytes
-            )));
-        }
+        refuse_existing_filesystem(path, &dev)?;
     }
+    wipe_foreign_signatures(&dev).map_err(|e| {
+        cleanup(Failure::new(format!(
+            "{p}: cannot clear the old signatures: {e}"
+        )))
+    })?;
     let options = birch::fs::MkfsOptions {
         // SAFETY: getuid and getgid have no preconditions.
         root_owner: unsafe { (libc::getuid(), libc::getgid()) },
@@ -428,6 +428,110 @@ fn mkfs(args: &MkfsArgs) -> Result<u8, Failure> {
     )
     .map_err(output)?;
     Ok(0)
+}
+
+/// Refuses a device or image in use, whatever `--force` says: a mkfs
+/// under a live filesystem destroys both (the mount's next commit writes
+/// its trees over the new ones). A block device is opened O_EXCL, as the
+/// kernel's mounts and other mkfs programs claim it (the descriptor
+/// returned holds that claim); an image file must not be attached to a
+/// loop device, and must take the lock birch's mounts and scrub take.
+fn claim_unused(path: &Path, dev: &FileDevice) -> Result<Option<std::fs::File>, Failure> {
+    let p = show(path);
+    let refuse = |why: String| Failure::new(format!("{why}; not formatting it"));
+    let block_device = dev
+        .file()
+        .metadata()
+        .is_ok_and(|m| m.file_type().is_block_device());
+    let exclusive = if block_device {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(path)
+        {
+            Ok(file) => Some(file),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                let holder = holders::lock_holder(dev.file())
+                    .map(|h| format!(": {h} holds its lock"))
+                    .unwrap_or_default();
+                return Err(refuse(format!(
+                    "{p} is in use (mounted, or claimed by another program){holder}"
+                )));
+            }
+            Err(e) => return Err(Failure::new(format!("{p}: cannot open exclusively: {e}"))),
+        }
+    } else {
+        None
+    };
+    mount::lock_image(dev.file(), path).map_err(|f| refuse(f.message))?;
+    if let Some(loop_dev) = loopdev::devices_of(path).first() {
+        return Err(refuse(format!(
+            "{p} is in use: attached to {} (losetup -d it once nothing uses it)",
+            loop_dev.display()
+        )));
+    }
+    Ok(exclusive)
+}
+
+/// Without `--force`, refuses an image or device that already holds a
+/// filesystem, swap space or a partition table, naming what it found.
+fn refuse_existing_filesystem(path: &Path, dev: &FileDevice) -> Result<(), Failure> {
+    let p = show(path);
+    let copies = read_superblock_copies(dev);
+    if let Some(found) = newest_valid_copy(&copies) {
+        let sb = found.superblock.as_ref().expect("valid copy");
+        return Err(Failure::new(format!(
+            "{p} already holds a birch filesystem (superblock at {}: fsid {}, generation {}, {} bytes); use --force to overwrite it",
+            found.bytenr,
+            print::fsid(&sb.fsid),
+            sb.generation,
+            sb.total_bytes
+        )));
+    }
+    let start = read_start(dev).map_err(|e| Failure::new(format!("{p}: cannot read: {e}")))?;
+    match signature::foreign_signature(&start) {
+        Some(what) => Err(Failure::new(format!(
+            "{p} holds {what}; use --force to overwrite it"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The first [`signature::PROBE_BYTES`] of the device, or all of a
+/// shorter one.
+fn read_start(dev: &FileDevice) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; signature::PROBE_BYTES];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match dev.file().read_at(&mut buf[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
+/// Zeroes what birch never uses below its first superblock, where the
+/// other filesystems' and the partition tables' signatures live, and the
+/// device's last 64 KiB (GPT's backup header), as mkfs.btrfs does: a
+/// device formatted over must not still look like what it was to blkid
+/// and mount(8). Nothing is allocated yet, so the end holds nothing of
+/// the new filesystem.
+fn wipe_foreign_signatures(dev: &FileDevice) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let size = dev.size_bytes();
+    let zeros = vec![0u8; birch::format::SUPERBLOCK_OFFSETS[0] as usize];
+    dev.file().write_all_at(&zeros, 0)?;
+    let tail = size.saturating_sub(zeros.len() as u64);
+    if tail >= birch::format::FIRST_ALLOCATABLE_BYTE {
+        dev.file().write_all_at(&zeros, tail)?;
+    }
+    Ok(())
 }
 
 // ----- check -----
@@ -626,7 +730,13 @@ fn dump(args: &DumpArgs) -> Result<u8, Failure> {
                 .and_then(|c| c.superblock.as_ref().ok())
                 .map(|sb| sb.fsid)
                 .unwrap_or_default();
-            print::block(&mut out, &dev, &fsid, *bytenr).map_err(output)?;
+            if let Err(why) = print::block(&mut out, &dev, &fsid, *bytenr).map_err(output)? {
+                out.flush().map_err(output)?;
+                return Err(Failure::new(format!(
+                    "{}: block {bytenr} is not a node of this filesystem: {why}",
+                    show(path)
+                )));
+            }
         }
     }
     out.flush().map_err(output)?;

@@ -8,6 +8,7 @@
 //! a signal) ends the session, and the filesystem is committed and closed
 //! before the daemon exits.
 
+use crate::holders;
 use crate::loopdev::{self, Backing, LoopDevice};
 use crate::Failure;
 use birch::device::{BlockDevice, FileDevice, ShutdownGate, WriteLogDevice};
@@ -114,7 +115,12 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
                 s.engine.read_only = true;
                 asked_rw = false;
             }
-            ("rw", None) => asked_rw = true,
+            // The later of ro and rw wins, as in mount(8).
+            ("rw", None) => {
+                s.fuse.read_only = false;
+                s.engine.read_only = false;
+                asked_rw = true;
+            }
             ("rescue", Some("usebackuproot")) => use_backup_root = true,
             ("rescue", Some(v)) => {
                 return Err(Failure::new(format!(
@@ -224,11 +230,15 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
 }
 
 /// Takes an exclusive advisory lock on the image so a second `birch mount`
-/// of it fails instead of corrupting it. A daemon that was just unmounted
-/// still holds the lock while it commits and exits, so the lock is awaited
-/// for a while, unless the image is listed as mounted (then it fails now).
+/// of it (or a scrub or mkfs) fails instead of corrupting it. A daemon
+/// that was just unmounted still holds the lock while it commits and
+/// exits, so the lock is awaited for a while when a running process holds
+/// it and the image is not listed as mounted. A lock no running process
+/// holds is awaited briefly (the loop device of a daemon that just exited
+/// lets go of the image as it detaches itself) and then refused, saying
+/// what holds it (holders.rs); so is a mounted image, at once.
 pub(crate) fn lock_image(file: &File, image: &Path) -> Result<(), Failure> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let start = std::time::Instant::now();
     loop {
         // SAFETY: flock on an fd we own; no memory is passed.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
@@ -241,10 +251,17 @@ pub(crate) fn lock_image(file: &File, image: &Path) -> Result<(), Failure> {
                 image.display()
             )));
         }
-        if is_mounted(image) || std::time::Instant::now() >= deadline {
+        let mounted = is_mounted(image);
+        let patience = if holders::lock_holder(file).is_some() {
+            Duration::from_secs(20)
+        } else {
+            Duration::from_secs(1)
+        };
+        if mounted || start.elapsed() >= patience {
             return Err(Failure::new(format!(
-                "{}: already mounted (another birch process holds its lock)",
-                image.display()
+                "{}: {}",
+                image.display(),
+                holders::why_locked(image, file, mounted)
             )));
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -253,7 +270,7 @@ pub(crate) fn lock_image(file: &File, image: &Path) -> Result<(), Failure> {
 
 /// Whether /proc/self/mountinfo lists `image`, or a loop device bound to
 /// it, as a mount's source.
-fn is_mounted(image: &Path) -> bool {
+pub(crate) fn is_mounted(image: &Path) -> bool {
     let Ok(canonical) = image.canonicalize() else {
         return false;
     };

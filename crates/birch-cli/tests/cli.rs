@@ -129,6 +129,36 @@ fn mkfs_refuses_to_overwrite_without_force() {
     assert_one_line_error(&o, 1, &["already holds a birch filesystem", "262144"]);
 }
 
+/// A real ext4 image (mkfs.ext4 on a file): refused without --force,
+/// naming what is there; with --force formatted, and no longer ext4 to
+/// blkid (mkfs clears the old signatures).
+#[test]
+fn mkfs_refuses_to_overwrite_an_ext4_image_without_force() {
+    let s = Scratch::new();
+    let img = s.path("ext4.img");
+    std::fs::write(&img, vec![0u8; 32 << 20]).unwrap();
+    let made = Command::new("mkfs.ext4")
+        .args(["-q", "-F", &img])
+        .output()
+        .expect("mkfs.ext4 (e2fsprogs) is needed for this test");
+    assert!(made.status.success(), "mkfs.ext4: {}", stderr(&made));
+    let o = birch(&["mkfs", &img]);
+    assert_one_line_error(&o, 1, &["holds an ext4 filesystem", "--force"]);
+    let o = birch(&["mkfs", &img, "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = birch(&["check", &img]);
+    assert!(stdout(&o).contains("result: clean"), "{}", stdout(&o));
+    // Formatted over, it is birch's: refused as birch, not as ext4.
+    let o = birch(&["mkfs", &img]);
+    assert_one_line_error(&o, 1, &["already holds a birch filesystem"]);
+    if let Ok(probe) = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE", &img])
+        .output()
+    {
+        assert_eq!(stdout(&probe).trim(), "", "blkid still finds a filesystem");
+    }
+}
+
 #[test]
 fn mkfs_uses_an_existing_file_size_and_rejects_a_conflicting_one() {
     let s = Scratch::new();
@@ -317,15 +347,25 @@ fn dump_prints_super_trees_and_blocks() {
             stdout(&o)
         );
     }
-    // A block that is not a node: the reason and its raw header.
+    // A block that is not a node: its raw header on stdout, the reason on
+    // stderr, and a failure.
     let o = birch(&["dump", &img, "block", "8388608"]);
     assert!(
-        o.status.success()
-            && stdout(&o).contains("block 8388608")
-            && stdout(&o).contains("raw header"),
+        stdout(&o).starts_with("block 8388608: raw header"),
         "{}",
         stdout(&o)
     );
+    assert_one_line_error(&o, 1, &["block 8388608 is not a node", "checksum mismatch"]);
+    // Blocks that cannot be read at all: past the end, or no block number.
+    for far in ["16777216", "18446744073709551615"] {
+        let o = birch(&["dump", &img, "block", far]);
+        assert_eq!(stdout(&o), "");
+        assert_one_line_error(
+            &o,
+            1,
+            &[&format!("block {far} is not a node"), "outside the device"],
+        );
+    }
     // A tree the filesystem does not have, and an unreadable image.
     assert_one_line_error(&birch(&["dump", &img, "tree", "log"]), 1, &["no tree log"]);
     let missing = s.path("missing.img");

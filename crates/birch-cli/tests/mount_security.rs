@@ -5,7 +5,10 @@
 //! `dirsync` make changes durable before they return (proved with the
 //! shutdown ioctl), the atime options behave as the kernel defines them; a
 //! directory listing ends while its names are renamed away and back; an
-//! image on a filesystem whose O_DIRECT reads fail is served buffered.
+//! image on a filesystem whose O_DIRECT reads fail is served buffered; the
+//! later of `ro` and `rw` wins; on root's mount another user may not shut
+//! it down, scrub it or change append-only/immutable flags, but may sync
+//! it and read its stats.
 //!
 //! Unprivileged callers are run with setpriv(1) (util-linux, see
 //! scripts/install-test-tools.sh). Run: `cargo test -p birch-cli --test
@@ -494,6 +497,171 @@ fn a_set_user_id_program_written_by_another_user_loses_the_bit_before_it_runs() 
     assert_eq!(euid_of_run_by_nobody(&id), NOBODY.to_string());
     assert_eq!(cached_mode_of(&id), 0o777);
     assert_eq!(mode_of(&id), 0o777);
+}
+
+/// `ro` and `rw` in either order: the later one wins (mount(8)).
+#[test]
+fn the_later_of_ro_and_rw_wins() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("sec-ro-rw", "256M");
+    fx.options = vec!["ro,rw".into()];
+    fx.mount();
+    assert!(mount_flags(&fx.mnt).contains(&"rw".to_string()));
+    fs::write(fx.path("f"), b"written").unwrap();
+    fx.unmount();
+    fx.options = vec!["rw".into(), "ro".into()];
+    fx.mount();
+    assert!(mount_flags(&fx.mnt).contains(&"ro".to_string()));
+    assert_eq!(
+        fs::write(fx.path("g"), b"").map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EROFS))
+    );
+    assert_eq!(fs::read(fx.path("f")).unwrap(), b"written");
+}
+
+/// Sends ioctl `cmd` on the directory `dir` from a child running as
+/// `uid`/`gid` with no supplementary groups (and so no capabilities),
+/// with a zeroed buffer as argument big enough for any birch reply.
+/// Returns 0 or the errno.
+fn ioctl_as(uid: u32, dir: &Path, cmd: u32) -> i32 {
+    let path = cstr(dir);
+    let mut buf = vec![0u8; 1 << 14];
+    // SAFETY: the child calls only async-signal-safe functions on memory
+    // allocated before the fork, then _exit; the parent reaps it.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(uid) != 0
+                || libc::setuid(uid) != 0
+            {
+                libc::_exit(200);
+            }
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY);
+            if fd < 0 {
+                libc::_exit(201);
+            }
+            let rc = libc::ioctl(fd, cmd as libc::c_ulong, buf.as_mut_ptr());
+            libc::_exit(if rc == 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            });
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(libc::WIFEXITED(status), "ioctl child died: {status:#x}");
+        let code = libc::WEXITSTATUS(status);
+        assert!(code < 200, "ioctl child could not become uid {uid}: {code}");
+        code
+    }
+}
+
+/// On root's mount (allow_other: every user reaches it) the shutdown and
+/// scrub ioctls are root's alone: another user's get EPERM and change
+/// nothing; sync and stats are anyone's (docs/FUSE.md, "Who may send
+/// which ioctl").
+#[test]
+fn only_root_may_shut_down_or_scrub_roots_mount() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("sec-ioctl", "256M");
+    fx.mount();
+    fs::write(fx.path("before"), b"not yet durable").unwrap();
+    let mnt = fx.mnt.clone();
+    assert_eq!(
+        ioctl_as(NOBODY, &mnt, birch_fuse::XFS_IOC_GOINGDOWN),
+        libc::EPERM,
+        "nobody's shutdown"
+    );
+    assert_eq!(
+        ioctl_as(NOBODY, &mnt, birch_fuse::BIRCH_IOC_SCRUB),
+        libc::EPERM,
+        "nobody's scrub"
+    );
+    let scrub = as_user(
+        NOBODY,
+        NOBODY,
+        &[],
+        &[common::BIRCH.as_ref(), "scrub".as_ref(), mnt.as_os_str()],
+    );
+    assert!(
+        !scrub.status.success() && text(&scrub.stderr).contains("Operation not permitted"),
+        "birch scrub as nobody: {}{}",
+        text(&scrub.stdout),
+        text(&scrub.stderr)
+    );
+    // Root's next write still works, and the mount is not failed.
+    fs::write(fx.path("after"), b"written").unwrap();
+    File::open(fx.path("after")).unwrap().sync_all().unwrap();
+    let stats = text(&common::birch(&["stats", mnt.to_str().unwrap()]).stdout);
+    assert!(!stats.contains("read-only after"), "{stats}");
+    // Anyone may commit and read the counters.
+    assert_eq!(ioctl_as(NOBODY, &mnt, birch_fuse::BIRCH_IOC_SYNC), 0);
+    assert_eq!(ioctl_as(NOBODY, &mnt, birch_fuse::BIRCH_IOC_STATS), 0);
+    // Root's scrub and shutdown go through.
+    assert_eq!(ioctl_as(0, &mnt, birch_fuse::BIRCH_IOC_SCRUB), 0);
+    shut_down(&fx);
+    assert_eq!(
+        fs::write(fx.path("late"), b"").map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EIO)),
+        "a write after root's shutdown"
+    );
+    if let Err(e) = fx.try_unmount() {
+        assert!(e.contains("shut down"), "unexpected unmount failure: {e}");
+    }
+    fx.mount();
+    // The sync nobody asked for made both files durable before the cut.
+    assert_eq!(fs::read(fx.path("before")).unwrap(), b"not yet durable");
+    assert_eq!(fs::read(fx.path("after")).unwrap(), b"written");
+}
+
+/// chattr: the kernel checks, before FUSE sends the request, that the
+/// caller owns the file and, for `a` and `i`, has CAP_LINUX_IMMUTABLE.
+#[test]
+fn only_root_may_change_append_only_and_immutable() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("sec-chattr");
+    let mine = fx.path("mine");
+    let roots = fx.path("roots");
+    fs::write(&mine, b"").unwrap();
+    fs::write(&roots, b"").unwrap();
+    std::os::unix::fs::chown(&mine, Some(NOBODY), Some(NOBODY)).unwrap();
+    let chattr = |flag: &str, file: &Path| {
+        as_user(
+            NOBODY,
+            NOBODY,
+            &[],
+            &["chattr".as_ref(), flag.as_ref(), file.as_os_str()],
+        )
+    };
+    for (flag, file) in [("+i", &mine), ("+a", &mine), ("+a", &roots)] {
+        let out = chattr(flag, file);
+        assert!(
+            !out.status.success() && text(&out.stderr).contains("Operation not permitted"),
+            "nobody's chattr {flag} {}: {}",
+            file.display(),
+            text(&out.stderr)
+        );
+    }
+    run_ok(Command::new("chattr").arg("+a").arg(&mine));
+    let out = chattr("-a", &mine);
+    assert!(!out.status.success(), "nobody cleared root's +a");
+    // lsattr is anyone's.
+    let out = as_user(NOBODY, NOBODY, &[], &["lsattr".as_ref(), mine.as_os_str()]);
+    assert!(
+        out.status.success() && text(&out.stdout).starts_with("-----a"),
+        "lsattr as nobody: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    run_ok(Command::new("chattr").arg("-a").arg(&mine));
 }
 
 #[test]

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 const NOBODY: u32 = 65534;
 const NOGROUP: u32 = 65534;
+/// A second unprivileged uid/gid with no passwd entry.
+const OTHER: u32 = 1234;
 
 /// Bounds for a hung mount or daemon (failure, not measurement).
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -166,7 +168,9 @@ fn user_mounts_own_image_with_no_options() {
     }
     // The root directory is the user's (mkfs gave it to its caller).
     assert_ok(
-        "write, read and sync",
+        // The mount's owner may scrub it (docs/FUSE.md, "Who may send
+        // which ioctl").
+        "write, read, sync and scrub",
         &as_user(
             &dir,
             "sh",
@@ -174,10 +178,31 @@ fn user_mounts_own_image_with_no_options() {
                 "-c",
                 &format!(
                     "set -e; mkdir mnt/d; echo data > mnt/d/f; test \"$(cat mnt/d/f)\" = data; \
-                     test \"$(stat -c %u mnt)\" = {NOBODY}; {BIRCH} sync mnt"
+                     test \"$(stat -c %u mnt)\" = {NOBODY}; {BIRCH} sync mnt; \
+                     {BIRCH} scrub mnt > /dev/null"
                 ),
             ],
         ),
+    );
+    // Another user gains nothing over the user's mount: with allow_other
+    // it reaches the mount but may not scrub it (nor shut it down: the
+    // same rule, tested on root's mount in mount_security.rs); without,
+    // it cannot even open it.
+    let other = run(Command::new(BIRCH)
+        .args(["scrub", "mnt"])
+        .current_dir(&dir)
+        .uid(OTHER)
+        .gid(OTHER));
+    let refusal = if user_allow_other() {
+        "Operation not permitted"
+    } else {
+        "Permission denied"
+    };
+    assert!(
+        !other.status.success() && text(&other.stderr).contains(refusal),
+        "scrub of uid {NOBODY}'s mount by uid {OTHER}: {}{}",
+        text(&other.stdout),
+        text(&other.stderr)
     );
     assert_ok(
         "fusermount3 -u",

@@ -364,6 +364,42 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     /// to the daemon's stderr: the operator hears of it once, not at every
     /// refused request.
     failure_reported: AtomicBool,
+    /// The uid that serves the mount (the kernel's `user_id=`): root for
+    /// root's mounts, the user for an unprivileged one. It may shut down
+    /// and scrub its own mount ([`may_administer`]).
+    owner: u32,
+}
+
+/// Who may send an ioctl (docs/FUSE.md, "Who may send which ioctl").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IoctlAccess {
+    /// Anyone who can open a file of the mount: as syncfs(2), statfs(2)
+    /// and lsattr are on kernel filesystems.
+    Anyone,
+    /// Changes an inode's flags: the kernel checks ownership and
+    /// CAP_LINUX_IMMUTABLE before it sends the request.
+    CheckedByKernel,
+    /// CAP_SYS_ADMIN on xfs, ext4 and btrfs: here root or the mount's
+    /// owner ([`may_administer`]).
+    Administrator,
+}
+
+fn ioctl_access(cmd: u32) -> IoctlAccess {
+    match cmd {
+        XFS_IOC_GOINGDOWN | BIRCH_IOC_SCRUB => IoctlAccess::Administrator,
+        FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR => IoctlAccess::CheckedByKernel,
+        _ => IoctlAccess::Anyone,
+    }
+}
+
+/// Whether `caller` may shut down or scrub a mount served by `owner`.
+/// FUSE passes no capabilities, so uid 0 stands for CAP_SYS_ADMIN (as it
+/// stands for CAP_FSETID in [`dropped_mode`]). The owner of an
+/// unprivileged mount may stop or scrub what it serves anyway (it can kill
+/// its daemon), and gains nothing over anyone else's mount: each daemon
+/// knows only its own owner.
+fn may_administer(caller: u32, owner: u32) -> bool {
+    caller == 0 || caller == owner
 }
 
 fn set_time(t: TimeOrNow) -> SetTime {
@@ -428,6 +464,8 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             remount: None,
             transport: Arc::new(OnceLock::new()),
             failure_reported: AtomicBool::new(false),
+            // SAFETY: getuid has no preconditions.
+            owner: unsafe { libc::getuid() },
         }
     }
 
@@ -1339,7 +1377,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
 
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
@@ -1348,6 +1386,13 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        // Any user who can open a file of the mount (root's mounts are
+        // allow_other) can send any ioctl number: the kernel passes FUSE
+        // the ones it does not handle itself unchecked.
+        if ioctl_access(cmd) == IoctlAccess::Administrator && !may_administer(req.uid(), self.owner)
+        {
+            return reply.error(Errno::EPERM);
+        }
         if matches!(
             cmd,
             FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR | BIRCH_IOC_SYNC | BIRCH_IOC_SCRUB
@@ -1360,8 +1405,6 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 Ok(flags) => reply.ioctl(0, &flags.to_ne_bytes()),
                 Err(e) => reply.error(self.errno(&e)),
             },
-            // Who may change which flag (CAP_LINUX_IMMUTABLE for these
-            // two) the kernel checks before it sends this.
             FS_IOC_FSGETXATTR => match self.fs.get_flags(ino) {
                 Ok(flags) => {
                     let mut xflags = 0;
@@ -1377,6 +1420,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 }
                 Err(e) => reply.error(self.errno(&e)),
             },
+            // The kernel's fileattr code (vfs_fileattr_set) sends this and
+            // FS_IOC_SETFLAGS only after its checks: the caller owns the
+            // inode or has CAP_FOWNER, and a change of `a` or `i` needs
+            // CAP_LINUX_IMMUTABLE. User space cannot send either number
+            // past it (do_vfs_ioctl takes them first).
             FS_IOC_FSSETXATTR => {
                 let word = |i: usize| {
                     in_data
@@ -1577,7 +1625,32 @@ fn negative_entry() -> fuser::FileAttr {
 
 #[cfg(test)]
 mod tests {
-    use super::ListingCookie;
+    use super::*;
+
+    #[test]
+    fn only_root_or_the_owner_may_shut_down_or_scrub() {
+        for cmd in [XFS_IOC_GOINGDOWN, BIRCH_IOC_SCRUB] {
+            assert_eq!(ioctl_access(cmd), IoctlAccess::Administrator);
+        }
+        for cmd in [
+            BIRCH_IOC_SYNC,
+            BIRCH_IOC_STATS,
+            FS_IOC_GETFLAGS,
+            FS_IOC_FSGETXATTR,
+        ] {
+            assert_eq!(ioctl_access(cmd), IoctlAccess::Anyone);
+        }
+        for cmd in [FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR] {
+            assert_eq!(ioctl_access(cmd), IoctlAccess::CheckedByKernel);
+        }
+        // Root's mount: root only.
+        assert!(may_administer(0, 0));
+        assert!(!may_administer(65534, 0));
+        // A user's mount: the user and root, nobody else.
+        assert!(may_administer(1000, 1000));
+        assert!(may_administer(0, 1000));
+        assert!(!may_administer(1001, 1000));
+    }
 
     #[test]
     fn listing_cookies_carry_position_and_end() {

@@ -434,31 +434,33 @@ pub fn raw_node_header(raw: &[u8]) -> String {
     )
 }
 
-/// Dumps the block at `bytenr`: decoded when it is a valid node of this
-/// filesystem, otherwise the reason and its raw header.
+/// Dumps the block at `bytenr` decoded, when it is a valid node of this
+/// filesystem. Otherwise prints its raw header (when it can be read) and
+/// returns why it is not a node as the inner error: a dump that shows
+/// nothing of what was asked must not look like a success.
 pub fn block<D: BlockDevice + ?Sized>(
     out: &mut dyn io::Write,
     dev: &D,
     fsid: &[u8; 16],
     bytenr: u64,
-) -> io::Result<()> {
+) -> io::Result<crate::Result<()>> {
     match read_node_uncached(dev, fsid, bytenr, None) {
         Ok(n) => {
             let mut raw = vec![0u8; NODE_SIZE];
             let raw = dev.read_at(&mut raw, bytenr).ok().map(|_| raw);
-            out.write_all(node(&n, raw.as_deref()).as_bytes())
+            out.write_all(node(&n, raw.as_deref()).as_bytes())?;
+            Ok(Ok(()))
         }
         Err(e) => {
-            writeln!(out, "block {bytenr}: {e}")?;
             let mut raw = vec![0u8; NODE_SIZE];
             if bytenr
                 .checked_add(NODE_SIZE as u64)
                 .is_some_and(|end| end <= dev.size_bytes())
                 && dev.read_at(&mut raw, bytenr).is_ok()
             {
-                writeln!(out, "\t{}", raw_node_header(&raw))?;
+                writeln!(out, "block {bytenr}: {}", raw_node_header(&raw))?;
             }
-            Ok(())
+            Ok(Err(e))
         }
     }
 }
