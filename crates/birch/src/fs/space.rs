@@ -341,6 +341,13 @@ impl<D: BlockDevice> FsState<D> {
         2 * items * GROWTH_PER_ITEM * self.meta_item() / META_ITEM
     }
 
+    /// Node space the accounting has promised (both copies under DUP):
+    /// the metadata reservations and the global reserve. Data allocation
+    /// leaves that much room for node pairs (`TransactionSpace::alloc_data`).
+    pub(crate) fn nodes_promised(&self) -> u64 {
+        self.delalloc_metadata() + self.transaction_metadata() + self.space.global_reserve
+    }
+
     pub(crate) fn space_reserved(&self) -> u64 {
         self.dirty_page_bytes
             + self.delalloc_metadata()
