@@ -449,6 +449,10 @@ pub trait TransactionSpace {
     /// Number of extents with a pending extent-tree change.
     fn delayed_ref_count(&self) -> usize;
 
+    /// The most the pending delayed refs can free at the commit: the data
+    /// extents of earlier transactions that lost references in this one.
+    fn delayed_free_bytes(&self) -> u64;
+
     fn free_bytes(&self) -> u64;
 
     fn pinned_bytes(&self) -> u64;
@@ -539,6 +543,14 @@ impl TransactionSpace for Allocator {
 
     fn delayed_ref_count(&self) -> usize {
         self.delayed_refs.len()
+    }
+
+    fn delayed_free_bytes(&self) -> u64 {
+        self.delayed_refs
+            .values()
+            .filter(|r| !r.created && r.ref_delta < 0 && matches!(r.kind, ExtentKind::Data { .. }))
+            .map(|r| r.num_bytes)
+            .sum()
     }
 
     fn free_bytes(&self) -> u64 {

@@ -149,6 +149,11 @@ pub(crate) struct SpaceInfo {
     granted: u64,
     /// Space the commit in flight will unpin once durable.
     committing_pinned: u64,
+    /// Set when a ticket failed after a full reclaim cycle: what a commit
+    /// could then have given back ([`FsState::commit_could_return`]).
+    /// Until that has grown by a ticket's shortfall (space freed since), a
+    /// commit cannot satisfy the ticket and it fails without one.
+    full_at: Option<u64>,
     tickets: VecDeque<Ticket>,
     /// Outcome of tickets no longer queued, until their writer looks.
     resolved: HashMap<u64, std::result::Result<u64, Refusal>>,
@@ -171,6 +176,7 @@ impl SpaceInfo {
             runs: 0,
             granted: 0,
             committing_pinned: 0,
+            full_at: None,
             tickets: VecDeque::new(),
             resolved: HashMap::new(),
             next_ticket: 1,
@@ -411,6 +417,23 @@ impl<D: BlockDevice> FsState<D> {
         (wanted as i64 - self.space_available(head.urgent)).max(PAGE as i64) as u64
     }
 
+    /// The most a commit (and the one after it, for held space) can give
+    /// back: what is pinned, held or committing, the data extents pending
+    /// extent-tree changes may free, and the running
+    /// transaction's worst-case metadata beyond the part every transaction
+    /// reserves again. A shortfall larger than what this grew by since
+    /// the filesystem was last found full is not worth a commit.
+    fn commit_could_return(&self) -> u64 {
+        let alloc = self.forest.alloc();
+        let fixed = TXN_FIXED_NODES * self.meta_item();
+        alloc.pinned_bytes()
+            + alloc.delayed_free_bytes()
+            + alloc.log_pinned_bytes()
+            + alloc.held_bytes()
+            + self.space.committing_pinned
+            + self.transaction_metadata().saturating_sub(fixed)
+    }
+
     /// Pages a reclaim request writes back for a shortfall of `bytes`: as
     /// many as give back that much on average, within bounds.
     fn reclaim_pages_for(&self, bytes: u64) -> u64 {
@@ -479,6 +502,12 @@ impl<D: BlockDevice> Shared<D> {
     /// After anything that may have given space back: grant what fits and
     /// wake whoever waits (ticket holders, throttled writers).
     pub(super) fn space_changed(&self, state: &mut FsState<D>) {
+        // What a commit could give back is measured from its lowest point
+        // since the filesystem was found full: space freed and then reused
+        // (a commit in between released it) does not count twice.
+        if let Some(full_at) = state.space.full_at {
+            state.space.full_at = Some(full_at.min(state.commit_could_return()));
+        }
         let served = !state.space.tickets.is_empty() && state.grant_tickets();
         if served || state.space.throttled > 0 || !state.space.resolved.is_empty() {
             self.space_cv.notify_all();
@@ -599,10 +628,12 @@ impl<D: BlockDevice + 'static> Shared<D> {
         // Writeback requests in a row that gave nothing back (the oldest
         // pages belonged to long runs); each doubles the next request.
         let mut fruitless = 0u32;
-        // A reclaim commit that gave nothing back while space was held for
-        // the previous commit: one more commit releases that space (it
-        // frees what the commit before it freed), so ENOSPC waits for it.
-        let mut committed_for_held = false;
+        // The ticket the commits below were made for, and how many: one
+        // full cycle per ticket (a commit, and a second one while space is
+        // held for the previous commit: only that one releases it), then
+        // ENOSPC — never a commit after commit that each give back a few
+        // nodes.
+        let mut committed_for: Option<(u64, u32)> = None;
         loop {
             let mut state = self.lock_state();
             self.space_changed(&mut state);
@@ -654,9 +685,25 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 continue;
             }
             fruitless = 0;
+            let head_id = state.space.tickets.front().map_or(0, |t| t.id);
+            // Found full before, and not enough freed since for a commit
+            // to cover this ticket: ENOSPC without another commit.
+            if let Some(full_at) = state.space.full_at {
+                let freed_since = state.commit_could_return().saturating_sub(full_at);
+                if committed_for.is_none_or(|(id, _)| id != head_id) && freed_since < shortfall {
+                    state.space.stats.enospc_without_commit += 1;
+                    state.space.serve_front(Err(Refusal::NoSpace));
+                    self.space_cv.notify_all();
+                    continue;
+                }
+            }
             // 2. Commit: the transaction's worst-case metadata becomes what
             //    it really used, and space pinned by earlier frees returns.
-            let before = state.space_available(urgent);
+            let commits = match committed_for {
+                Some((id, n)) if id == head_id => n + 1,
+                _ => 1,
+            };
+            committed_for = Some((head_id, commits));
             state.space.stats.reclaim_commits += 1;
             drop(state);
             let committed = self.commit_for_space();
@@ -668,19 +715,22 @@ impl<D: BlockDevice + 'static> Shared<D> {
             }
             self.space_changed(&mut state);
             let Some(head) = state.space.tickets.front() else {
+                state.space.full_at = None;
                 return;
             };
-            // 3. Nothing came back: truly full for this ticket, unless
-            //    the next commit releases held space.
-            if state.space_available(head.urgent) > before {
-                committed_for_held = false;
-            } else if !committed_for_held && state.forest.alloc().held_bytes() > 0 {
-                committed_for_held = true;
-            } else {
-                committed_for_held = false;
-                state.space.serve_front(Err(Refusal::NoSpace));
-                self.space_cv.notify_all();
+            if head.id != head_id {
+                // The commit satisfied the ticket it was made for.
+                state.space.full_at = None;
+                continue;
             }
+            // 3. The cycle did not satisfy the ticket: truly full for it,
+            //    unless the next commit releases held space.
+            if commits < 2 && state.forest.alloc().held_bytes() > 0 {
+                continue;
+            }
+            state.space.full_at = Some(state.commit_could_return());
+            state.space.serve_front(Err(Refusal::NoSpace));
+            self.space_cv.notify_all();
         }
     }
 
