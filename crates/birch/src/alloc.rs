@@ -20,6 +20,11 @@ use crate::error::{Error, Result};
 use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
 use std::collections::BTreeMap;
 
+/// Under DUP, when node pairs are short: the most a data extent breaks
+/// at once. The bytes across from the ones it takes are left unpaired, for
+/// the next extent; what the last one leaves is lost to metadata.
+const PAIR_BREAK_BYTES: u64 = 1 << 20;
+
 /// What an extent holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExtentKind {
@@ -583,6 +588,7 @@ impl TransactionSpace for Allocator {
 
     fn alloc_data(&mut self, len: u64, owner: u64, keep_for_nodes: u64) -> Result<(u64, u64)> {
         assert!(len > 0 && len.is_multiple_of(SECTOR_SIZE));
+        let mut len = len;
         let unpaired = match (self.profile.primary_end(), self.profile.mirror_offset()) {
             (Some(mid), Some(offset)) => {
                 let cursor = self.data_cursor;
@@ -591,12 +597,17 @@ impl TransactionSpace for Allocator {
                     .map(|start| (start, len))
                     .or_else(|| {
                         // Breaking pairs would leave the nodes promised
-                        // too few places: take a shorter unpaired piece.
+                        // too few places: take a shorter unpaired piece,
+                        // and when there is none break pairs a little at a
+                        // time (the next extent takes the bytes across
+                        // from them; the last one may leave them unused).
                         let pairs = 2 * self.free.pair_bytes(mid, offset);
-                        (pairs < keep_for_nodes.saturating_add(2 * len)).then(|| {
-                            self.free
-                                .longest_unpaired(len, SECTOR_SIZE, cursor, mid, offset)
-                        })?
+                        if pairs >= keep_for_nodes.saturating_add(2 * len) {
+                            return None;
+                        }
+                        len = len.min(PAIR_BREAK_BYTES);
+                        self.free
+                            .longest_unpaired(len, SECTOR_SIZE, cursor, mid, offset)
                     })
             }
             _ => None,

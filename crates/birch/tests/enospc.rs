@@ -244,3 +244,46 @@ fn reclaim_commits_are_bounded_once_full() {
     fs.close().unwrap();
     assert_clean(dev.as_ref(), "after filling with writes and fsyncs");
 }
+
+/// generic/103: what statfs calls available (`f_bavail`), one fallocate
+/// can take on a fresh filesystem — the global reserve, the metadata
+/// every transaction reserves and the metadata that fallocate needs (both
+/// copies under DUP) are not available.
+fn statfs_available_is_one_fallocate(bytes: u64) {
+    let dev = memory_fs(bytes);
+    let fs = mount(dev.clone());
+    let st = fs.statfs().unwrap();
+    let available = st.blocks_available * st.block_size as u64;
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.fallocate(f, 0, available, FallocateMode::Allocate)
+        .unwrap_or_else(|e| {
+            panic!(
+                "fallocate of f_bavail ({available} bytes of {bytes}): {e}; {:?}",
+                fs.space_usage()
+            )
+        });
+    // And not much more: statfs does not hide space either.
+    let g = fs.create(fs.root_ino(), b"g", 0o644, 0, 0).unwrap().ino;
+    let more = bytes / 50;
+    let after = fs.space_usage();
+    let result = fs.fallocate(g, 0, more, FallocateMode::Allocate);
+    assert!(
+        matches!(result, Err(Error::NoSpace)),
+        "{more} more bytes after f_bavail ({available}): {result:?}, {after:?}, {:?}",
+        fs.space_stats()
+    );
+    fs.close().unwrap();
+    assert_clean(dev.as_ref(), "after the fallocate of f_bavail");
+}
+
+#[test]
+fn statfs_available_is_one_fallocate_256m() {
+    statfs_available_is_one_fallocate(256 * MIB);
+}
+
+/// generic/103's size: 6 GiB (a memory device's untouched pages cost
+/// nothing; preallocation writes no data).
+#[test]
+fn statfs_available_is_one_fallocate_6g() {
+    statfs_available_is_one_fallocate(6 << 30);
+}

@@ -890,8 +890,7 @@ impl<D: BlockDevice> FsState<D> {
                 .map(|(a, b)| b - a)
                 .sum(),
         };
-        let extents = holes.div_ceil(MAX_EXTENT_BYTES) + 1;
-        Ok(Need::items(2 * extents + 1).plus_bytes(holes + PAGE))
+        Ok(super::space::prealloc_need(holes))
     }
 
     /// The page-aligned holes of `[offset, end)`: what preallocation fills

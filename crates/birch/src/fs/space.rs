@@ -19,7 +19,7 @@ use super::FsState;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
+use crate::format::{MetadataProfile, MAX_EXTENT_BYTES, NODE_SIZE, SECTOR_SIZE};
 use crate::lock_order::RankedGuard;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -39,6 +39,9 @@ const DELALLOC_EXTENT_ITEMS: u64 = 2;
 const GROWTH_PER_ITEM: u64 = 320;
 /// Nodes every commit may copy whatever it holds: root items, new levels.
 const TXN_FIXED_NODES: u64 = 16;
+/// Items statfs leaves for creating the file that a fallocate of all the
+/// available space goes to: what a create reserves (`Filesystem::mknod`).
+const NEW_FILE_ITEMS: u64 = 6;
 /// Bounds of one reclaim request, in pages.
 pub(crate) const MIN_RECLAIM_PAGES: u64 = 16;
 pub(crate) const MAX_RECLAIM_PAGES: u64 = 4096;
@@ -96,6 +99,15 @@ impl Need {
             ..self
         }
     }
+}
+
+/// What preallocating `holes` bytes may add: the bytes, a page (an inline
+/// file's page 0), and per extent a file extent item and an extent item.
+/// statfs subtracts the same from what it calls available, so one
+/// fallocate can take all of it.
+pub(crate) fn prealloc_need(holes: u64) -> Need {
+    let extents = holes.div_ceil(MAX_EXTENT_BYTES) + 1;
+    Need::items(2 * extents + 1).plus_bytes(holes + PAGE)
 }
 
 /// Delalloc bookkeeping of one inode with dirty pages.
@@ -480,17 +492,34 @@ impl<D: BlockDevice> FsState<D> {
     /// commit returns it to a writer that needs it); dirty data and granted
     /// space count in full, metadata reservations at what they will leave
     /// allocated (their worst-case node copies are transient: reclaim turns
-    /// them into real usage before any writer gets ENOSPC); the global
-    /// reserve is not available.
+    /// them into real usage before any writer gets ENOSPC). Available
+    /// (`f_bavail`) is what one new file can take: without the global
+    /// reserve, the nodes every transaction reserves, what creating the
+    /// file may copy, and what a fallocate of the rest reserves for its
+    /// extents (generic/103).
     pub(crate) fn statfs(&self) -> super::StatFs {
         let u = self.space_usage();
         let reserved = u.dirty_data + u.granted + u.settled_metadata;
         let free = (u.free + u.pinned).saturating_sub(reserved);
+        let meta_item = self.meta_item();
+        let fixed = TXN_FIXED_NODES * meta_item;
+        // A commit holds the nodes it copied for the commit before it, so
+        // of the space held, up to the fixed part never comes back to a
+        // writer: each reclaim commit holds its own copies in its place.
+        let churn = self.forest.alloc().held_bytes().min(fixed);
+        let writable = free
+            .saturating_sub(u.global_reserve)
+            .saturating_sub(fixed)
+            .saturating_sub(churn)
+            .saturating_sub(NEW_FILE_ITEMS * meta_item);
+        // Counting the extents of `writable` itself over-counts by at most
+        // one: what is left fits its own fallocate.
+        let one_file = writable.saturating_sub(prealloc_need(writable).total(meta_item) - writable);
         super::StatFs {
             block_size: SECTOR_SIZE as u32,
             blocks: u.total / SECTOR_SIZE,
             blocks_free: free / SECTOR_SIZE,
-            blocks_available: free.saturating_sub(u.global_reserve) / SECTOR_SIZE,
+            blocks_available: one_file / SECTOR_SIZE,
             files: u64::from(u32::MAX),
             files_free: u64::from(u32::MAX).saturating_sub(self.next_ino),
             name_max: crate::format::NAME_MAX as u32,
