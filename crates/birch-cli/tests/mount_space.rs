@@ -17,16 +17,20 @@ use std::path::PathBuf;
 
 const MIB: u64 = 1 << 20;
 const FILE_BYTES: u64 = 80 * MIB;
-/// Whole files each loop writes (or preallocates) and removes: a count,
-/// not a time.
-const ROUNDS: usize = 6;
+/// Whole files the writer writes and removes, and the preallocator
+/// preallocates and removes: counts, not times (main at 0b215d1 turned
+/// read-only during the writer's first file).
+const WRITER_ROUNDS: usize = 8;
+const PREALLOCATOR_ROUNDS: usize = 40;
+/// xfs_io's pwrite buffer: 4 KiB writes are what the failure took.
+const WRITE_BYTES: usize = 4096;
 
 /// One loop of generic/371. Returns the ENOSPC errors it met; any other
 /// error fails the test, naming the call.
-fn run_loop(path: PathBuf, prealloc: bool) -> u64 {
+fn run_loop(path: PathBuf, prealloc: bool, rounds: usize) -> u64 {
     let mut enospc = 0;
-    let buf = vec![0x5au8; 64 * 1024];
-    for _ in 0..ROUNDS {
+    let buf = vec![0x5au8; WRITE_BYTES];
+    for _ in 0..rounds {
         let f = match OpenOptions::new()
             .create(true)
             .truncate(true)
@@ -74,13 +78,16 @@ fn pwrite_and_fallocate_race_near_full_gives_enospc_not_eio() {
     }
     let mut fx = Fixture::new("space-371", "256M");
     fx.mount();
-    let handles: Vec<_> = [("f1", false), ("f2", true)]
-        .into_iter()
-        .map(|(name, prealloc)| {
-            let path = fx.path(name);
-            std::thread::spawn(move || run_loop(path, prealloc))
-        })
-        .collect();
+    let handles: Vec<_> = [
+        ("f1", false, WRITER_ROUNDS),
+        ("f2", true, PREALLOCATOR_ROUNDS),
+    ]
+    .into_iter()
+    .map(|(name, prealloc, rounds)| {
+        let path = fx.path(name);
+        std::thread::spawn(move || run_loop(path, prealloc, rounds))
+    })
+    .collect();
     let enospc: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     eprintln!("ENOSPC per loop (pwrite, fallocate): {enospc:?}");
     // Still writable: a new file is written and made durable.
