@@ -308,6 +308,14 @@ impl SpaceInfo {
         self.resolved.insert(t.id, outcome);
     }
 
+    /// A reclaim request wrote back `pages`.
+    fn note_reclaim_request(&mut self, pages: u64) {
+        let s = &mut self.stats;
+        s.reclaim_requests += 1;
+        s.reclaim_pages += pages;
+        s.reclaim_pages_max = s.reclaim_pages_max.max(pages);
+    }
+
     fn fail_all(&mut self, why: Refusal) {
         while !self.tickets.is_empty() {
             self.serve_front(Err(why.clone()));
@@ -444,6 +452,14 @@ impl<D: BlockDevice> FsState<D> {
             + alloc.held_bytes()
             + self.space.committing_pinned
             + self.transaction_metadata().saturating_sub(fixed)
+    }
+
+    /// Whether a full reclaim cycle found the filesystem full and what a
+    /// commit could give back has not grown by `shortfall` since.
+    fn commit_cannot_cover(&self, shortfall: u64) -> bool {
+        self.space
+            .full_at
+            .is_some_and(|full_at| self.commit_could_return().saturating_sub(full_at) < shortfall)
     }
 
     /// Pages a reclaim request writes back for a shortfall of `bytes`: as
@@ -689,12 +705,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     .min(state.dirty_page_bytes / PAGE);
                 let before = state.space_available(urgent);
                 match state.writeback_oldest(pages) {
-                    Ok(n) => {
-                        let s = &mut state.space.stats;
-                        s.reclaim_requests += 1;
-                        s.reclaim_pages += n;
-                        s.reclaim_pages_max = s.reclaim_pages_max.max(n);
-                    }
+                    Ok(n) => state.space.note_reclaim_request(n),
                     Err(e) => {
                         state.failed = Some(e.to_string());
                         state.space.fail_all(Refusal::Io(e.to_string()));
@@ -717,21 +728,19 @@ impl<D: BlockDevice + 'static> Shared<D> {
             let head_id = state.space.tickets.front().map_or(0, |t| t.id);
             // Found full before, and not enough freed since for a commit
             // to cover this ticket: ENOSPC without another commit.
-            if let Some(full_at) = state.space.full_at {
-                let freed_since = state.commit_could_return().saturating_sub(full_at);
-                if committed_for.is_none_or(|(id, _)| id != head_id) && freed_since < shortfall {
-                    state.space.stats.enospc_without_commit += 1;
-                    state.space.serve_front(Err(Refusal::NoSpace));
-                    self.space_cv.notify_all();
-                    continue;
-                }
+            if committed_for.is_none_or(|(id, _)| id != head_id)
+                && state.commit_cannot_cover(shortfall)
+            {
+                state.space.stats.enospc_without_commit += 1;
+                state.space.serve_front(Err(Refusal::NoSpace));
+                self.space_cv.notify_all();
+                continue;
             }
             // 2. Commit: the transaction's worst-case metadata becomes what
             //    it really used, and space pinned by earlier frees returns.
-            let commits = match committed_for {
-                Some((id, n)) if id == head_id => n + 1,
-                _ => 1,
-            };
+            let commits = committed_for
+                .filter(|&(id, _)| id == head_id)
+                .map_or(1, |(_, n)| n + 1);
             committed_for = Some((head_id, commits));
             state.space.stats.reclaim_commits += 1;
             drop(state);
@@ -743,11 +752,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 return;
             }
             self.space_changed(&mut state);
-            let Some(head) = state.space.tickets.front() else {
-                state.space.full_at = None;
-                return;
-            };
-            if head.id != head_id {
+            if state.space.tickets.front().is_none_or(|t| t.id != head_id) {
                 // The commit satisfied the ticket it was made for.
                 state.space.full_at = None;
                 continue;
