@@ -169,6 +169,7 @@ counter_table! {
         reclaim_pages: Reservations Pages Total, "Pages written back by reclaim requests.", "How much writeback space pressure caused.";
         reclaim_pages_max: Reservations Pages Peak, "Most pages one reclaim request wrote back.", "Large: writers waited behind a long writeback.";
         reclaim_commits: Reservations Count Total, "Commits reclaim made because page writeback could not cover the shortfall.", "Costly; frequent ones mean the filesystem is nearly full.";
+        enospc_without_commit: Reservations Count Total, "Tickets failed with ENOSPC without a commit: a full reclaim cycle had found the filesystem full and too little was freed since.", "Each saved a commit that could not have helped.";
         tickets_queued: Reservations Count Total, "Writers that had to queue a ticket and wait for space.", "How often writers felt space pressure.";
         tickets_granted: Reservations Count Total, "Queued tickets that got their space.", "With `tickets_failed`: what became of the queued writers.";
         tickets_failed: Reservations Count Total, "Queued tickets that ended in ENOSPC.", "Writers that waited and still failed.";

@@ -20,6 +20,11 @@ use crate::error::{Error, Result};
 use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
 use std::collections::BTreeMap;
 
+/// Under DUP, when node pairs are short: the most a data extent breaks
+/// at once. The bytes across from the ones it takes are left unpaired, for
+/// the next extent; what the last one leaves is lost to metadata.
+const PAIR_BREAK_BYTES: u64 = 1 << 20;
+
 /// What an extent holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExtentKind {
@@ -214,6 +219,39 @@ impl FreeSpace {
             })
         };
         unpaired_in(hint, u64::MAX).or_else(|| unpaired_in(0, u64::MAX))
+    }
+
+    /// Bytes of the node half `[.., mid)` that could still hold DUP node
+    /// pairs: free here and `offset` further on, in pieces of at least a
+    /// node (a smaller piece holds no node).
+    fn pair_bytes(&self, mid: u64, offset: u64) -> u64 {
+        let node = NODE_SIZE as u64;
+        self.runs_within(0, mid)
+            .flat_map(|(s, e)| {
+                self.runs_within(s + offset, e + offset)
+                    .map(|(ms, me)| (me - ms) / node * node)
+            })
+            .sum()
+    }
+
+    /// The longest unpaired free run, down to `min` bytes, of at most
+    /// `len`: the piece a data extent takes when it must not break pairs.
+    fn longest_unpaired(
+        &self,
+        len: u64,
+        min: u64,
+        hint: u64,
+        mid: u64,
+        offset: u64,
+    ) -> Option<(u64, u64)> {
+        let mut want = len;
+        while want >= min {
+            if let Some(start) = self.find_unpaired(want, hint, mid, offset) {
+                return Some((start, want));
+            }
+            want = (want / 2) / min * min;
+        }
+        None
     }
 
     /// Longest free run (for carving a data extent when no run is big enough).
@@ -416,6 +454,10 @@ pub trait TransactionSpace {
     /// Number of extents with a pending extent-tree change.
     fn delayed_ref_count(&self) -> usize;
 
+    /// The most the pending delayed refs can free at the commit: the data
+    /// extents of earlier transactions that lost references in this one.
+    fn delayed_free_bytes(&self) -> u64;
+
     fn free_bytes(&self) -> u64;
 
     fn pinned_bytes(&self) -> u64;
@@ -437,7 +479,13 @@ pub trait TransactionSpace {
     /// returns `(bytenr, allocated_len)`, shorter than asked when free space
     /// is fragmented. Its reference count starts at zero: each file extent
     /// item that points into it adds one with [`Self::add_data_ref`].
-    fn alloc_data(&mut self, len: u64, owner: u64) -> Result<(u64, u64)>;
+    ///
+    /// Under DUP, `keep_for_nodes` is the node space (both copies) the
+    /// space accounting has promised: data breaks free node pairs only
+    /// while that many stay, and otherwise takes shorter unpaired pieces,
+    /// so that free bytes the accounting counts for metadata can really
+    /// hold nodes (a commit that finds no pair fails the filesystem).
+    fn alloc_data(&mut self, len: u64, owner: u64, keep_for_nodes: u64) -> Result<(u64, u64)>;
 
     /// Records one more (delta = 1) or one fewer (delta = -1) file extent
     /// item pointing into the data extent at `bytenr`.
@@ -502,6 +550,14 @@ impl TransactionSpace for Allocator {
         self.delayed_refs.len()
     }
 
+    fn delayed_free_bytes(&self) -> u64 {
+        self.delayed_refs
+            .values()
+            .filter(|r| !r.created && r.ref_delta < 0 && matches!(r.kind, ExtentKind::Data { .. }))
+            .map(|r| r.num_bytes)
+            .sum()
+    }
+
     fn free_bytes(&self) -> u64 {
         self.free.free_bytes()
     }
@@ -530,16 +586,35 @@ impl TransactionSpace for Allocator {
         self.free.is_free(start, len)
     }
 
-    fn alloc_data(&mut self, len: u64, owner: u64) -> Result<(u64, u64)> {
+    fn alloc_data(&mut self, len: u64, owner: u64, keep_for_nodes: u64) -> Result<(u64, u64)> {
         assert!(len > 0 && len.is_multiple_of(SECTOR_SIZE));
+        let mut len = len;
         let unpaired = match (self.profile.primary_end(), self.profile.mirror_offset()) {
             (Some(mid), Some(offset)) => {
-                self.free.find_unpaired(len, self.data_cursor, mid, offset)
+                let cursor = self.data_cursor;
+                self.free
+                    .find_unpaired(len, cursor, mid, offset)
+                    .map(|start| (start, len))
+                    .or_else(|| {
+                        // Breaking pairs would leave the nodes promised
+                        // too few places: take a shorter unpaired piece,
+                        // and when there is none break pairs a little at a
+                        // time (the next extent takes the bytes across
+                        // from them; the last one may leave them unused).
+                        let pairs = 2 * self.free.pair_bytes(mid, offset);
+                        if pairs >= keep_for_nodes.saturating_add(2 * len) {
+                            return None;
+                        }
+                        len = len.min(PAIR_BREAK_BYTES);
+                        self.free
+                            .longest_unpaired(len, SECTOR_SIZE, cursor, mid, offset)
+                    })
             }
             _ => None,
         };
-        let (start, len) = match unpaired.or_else(|| self.free.find(len, self.data_cursor)) {
-            Some(start) => (start, len),
+        let found = unpaired.or_else(|| self.free.find(len, self.data_cursor).map(|s| (s, len)));
+        let (start, len) = match found {
+            Some(found) => found,
             None => {
                 let (start, run) = self.free.largest().ok_or(Error::NoSpace)?;
                 (start, run.min(len))
@@ -736,8 +811,8 @@ mod tests {
         assert_eq!(a.bytes_used(), 2 * NODE_SIZE as u64);
         // The first data extent breaks pairs; the next one takes the
         // now unpaired mirror-half bytes across from it.
-        let (d1, l1) = a.alloc_data(65536, 257).unwrap();
-        let (d2, _) = a.alloc_data(65536, 257).unwrap();
+        let (d1, l1) = a.alloc_data(65536, 257, 0).unwrap();
+        let (d2, _) = a.alloc_data(65536, 257, 0).unwrap();
         assert_eq!(l1, 65536);
         assert_eq!(d2, d1 + offset);
         let n2 = a.alloc_node(5, 0).unwrap();

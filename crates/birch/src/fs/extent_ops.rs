@@ -70,7 +70,8 @@ impl<D: BlockDevice> FsState<D> {
         if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
             let page = self.load_page(ino, 0)?;
             self.drop_extents(ino, 0, PAGE)?;
-            let (bytenr, got) = self.forest.alloc_mut().alloc_data(PAGE, ino)?;
+            let keep = self.nodes_promised();
+            let (bytenr, got) = self.forest.alloc_mut().alloc_data(PAGE, ino, keep)?;
             debug_assert_eq!(got, PAGE);
             self.write_data_extent(bytenr, &page)?;
             self.insert_file_extent(

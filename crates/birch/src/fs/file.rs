@@ -737,7 +737,8 @@ impl<D: BlockDevice> FsState<D> {
             while progress.done < bytes.len() as u64 {
                 let done = progress.done;
                 let want = bytes.len() as u64 - done;
-                let (bytenr, got) = self.forest.alloc_mut().alloc_data(want, ino)?;
+                let keep = self.nodes_promised();
+                let (bytenr, got) = self.forest.alloc_mut().alloc_data(want, ino, keep)?;
                 let chunk = &bytes[done as usize..(done + got) as usize];
                 self.write_data_extent(bytenr, chunk)?;
                 let file_offset = start + done;
@@ -810,13 +811,35 @@ impl<D: BlockDevice> FsState<D> {
         }
         let holes = self.prealloc_holes(ino, offset, end)?;
         let mut added = 0;
-        for (hole_start, hole_end) in holes {
+        let filled = self.fill_holes(ino, &holes, &mut added);
+        // Extents inserted before an error stay (as on ext4 and xfs, a
+        // failed preallocation may leave part of the range allocated): the
+        // inode counts their bytes either way.
+        let now = Timespec::now();
+        let grow = mode == FallocateMode::Allocate && filled.is_ok();
+        self.update_inode(ino, |i| {
+            i.nbytes += added;
+            if grow && end > i.size {
+                i.size = end;
+                i.mtime = now;
+            }
+            i.ctime = now;
+        })?;
+        filled
+    }
+
+    /// Fills `holes` with preallocated extents, adding their bytes to
+    /// `added` as they are inserted.
+    fn fill_holes(&mut self, ino: u64, holes: &[(u64, u64)], added: &mut u64) -> Result<()> {
+        for &(hole_start, hole_end) in holes {
             let mut at = hole_start;
             while at < hole_end {
-                let (bytenr, got) = self
-                    .forest
-                    .alloc_mut()
-                    .alloc_data((hole_end - at).min(MAX_EXTENT_BYTES), ino)?;
+                let keep = self.nodes_promised();
+                let (bytenr, got) = self.forest.alloc_mut().alloc_data(
+                    (hole_end - at).min(MAX_EXTENT_BYTES),
+                    ino,
+                    keep,
+                )?;
                 self.insert_file_extent(
                     ino,
                     at,
@@ -828,20 +851,11 @@ impl<D: BlockDevice> FsState<D> {
                     }),
                 )?;
                 self.note_written_range(ino, at, at + got)?;
-                added += got;
+                *added += got;
                 at += got;
             }
         }
-        let now = Timespec::now();
-        let grow = mode == FallocateMode::Allocate;
-        self.update_inode(ino, |i| {
-            i.nbytes += added;
-            if grow && end > i.size {
-                i.size = end;
-                i.mtime = now;
-            }
-            i.ctime = now;
-        })
+        Ok(())
     }
 
     /// What a fallocate may add to the reservations: preallocation
@@ -876,8 +890,7 @@ impl<D: BlockDevice> FsState<D> {
                 .map(|(a, b)| b - a)
                 .sum(),
         };
-        let extents = holes.div_ceil(MAX_EXTENT_BYTES) + 1;
-        Ok(Need::items(2 * extents + 1).plus_bytes(holes + PAGE))
+        Ok(super::space::prealloc_need(holes))
     }
 
     /// The page-aligned holes of `[offset, end)`: what preallocation fills

@@ -19,7 +19,7 @@ use super::FsState;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
+use crate::format::{MetadataProfile, MAX_EXTENT_BYTES, NODE_SIZE, SECTOR_SIZE};
 use crate::lock_order::RankedGuard;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -39,6 +39,9 @@ const DELALLOC_EXTENT_ITEMS: u64 = 2;
 const GROWTH_PER_ITEM: u64 = 320;
 /// Nodes every commit may copy whatever it holds: root items, new levels.
 const TXN_FIXED_NODES: u64 = 16;
+/// Items statfs leaves for creating the file that a fallocate of all the
+/// available space goes to: what a create reserves (`Filesystem::mknod`).
+const NEW_FILE_ITEMS: u64 = 6;
 /// Bounds of one reclaim request, in pages.
 pub(crate) const MIN_RECLAIM_PAGES: u64 = 16;
 pub(crate) const MAX_RECLAIM_PAGES: u64 = 4096;
@@ -98,6 +101,15 @@ impl Need {
     }
 }
 
+/// What preallocating `holes` bytes may add: the bytes, a page (an inline
+/// file's page 0), and per extent a file extent item and an extent item.
+/// statfs subtracts the same from what it calls available, so one
+/// fallocate can take all of it.
+pub(crate) fn prealloc_need(holes: u64) -> Need {
+    let extents = holes.div_ceil(MAX_EXTENT_BYTES) + 1;
+    Need::items(2 * extents + 1).plus_bytes(holes + PAGE)
+}
+
 /// Delalloc bookkeeping of one inode with dirty pages.
 #[derive(Debug, Clone, Copy)]
 struct DirtyInode {
@@ -149,6 +161,11 @@ pub(crate) struct SpaceInfo {
     granted: u64,
     /// Space the commit in flight will unpin once durable.
     committing_pinned: u64,
+    /// Set when a ticket failed after a full reclaim cycle: what a commit
+    /// could then have given back ([`FsState::commit_could_return`]).
+    /// Until that has grown by a ticket's shortfall (space freed since), a
+    /// commit cannot satisfy the ticket and it fails without one.
+    full_at: Option<u64>,
     tickets: VecDeque<Ticket>,
     /// Outcome of tickets no longer queued, until their writer looks.
     resolved: HashMap<u64, std::result::Result<u64, Refusal>>,
@@ -171,6 +188,7 @@ impl SpaceInfo {
             runs: 0,
             granted: 0,
             committing_pinned: 0,
+            full_at: None,
             tickets: VecDeque::new(),
             resolved: HashMap::new(),
             next_ticket: 1,
@@ -290,6 +308,14 @@ impl SpaceInfo {
         self.resolved.insert(t.id, outcome);
     }
 
+    /// A reclaim request wrote back `pages`.
+    fn note_reclaim_request(&mut self, pages: u64) {
+        let s = &mut self.stats;
+        s.reclaim_requests += 1;
+        s.reclaim_pages += pages;
+        s.reclaim_pages_max = s.reclaim_pages_max.max(pages);
+    }
+
     fn fail_all(&mut self, why: Refusal) {
         while !self.tickets.is_empty() {
             self.serve_front(Err(why.clone()));
@@ -339,6 +365,13 @@ impl<D: BlockDevice> FsState<D> {
             + self.delayed.len() as u64
             + self.forest.alloc().delayed_ref_count() as u64;
         2 * items * GROWTH_PER_ITEM * self.meta_item() / META_ITEM
+    }
+
+    /// Node space the accounting has promised (both copies under DUP):
+    /// the metadata reservations and the global reserve. Data allocation
+    /// leaves that much room for node pairs (`TransactionSpace::alloc_data`).
+    pub(crate) fn nodes_promised(&self) -> u64 {
+        self.delalloc_metadata() + self.transaction_metadata() + self.space.global_reserve
     }
 
     pub(crate) fn space_reserved(&self) -> u64 {
@@ -404,6 +437,31 @@ impl<D: BlockDevice> FsState<D> {
         (wanted as i64 - self.space_available(head.urgent)).max(PAGE as i64) as u64
     }
 
+    /// The most a commit (and the one after it, for held space) can give
+    /// back: what is pinned, held or committing, the data extents pending
+    /// extent-tree changes may free, and the running
+    /// transaction's worst-case metadata beyond the part every transaction
+    /// reserves again. A shortfall larger than what this grew by since
+    /// the filesystem was last found full is not worth a commit.
+    fn commit_could_return(&self) -> u64 {
+        let alloc = self.forest.alloc();
+        let fixed = TXN_FIXED_NODES * self.meta_item();
+        alloc.pinned_bytes()
+            + alloc.delayed_free_bytes()
+            + alloc.log_pinned_bytes()
+            + alloc.held_bytes()
+            + self.space.committing_pinned
+            + self.transaction_metadata().saturating_sub(fixed)
+    }
+
+    /// Whether a full reclaim cycle found the filesystem full and what a
+    /// commit could give back has not grown by `shortfall` since.
+    fn commit_cannot_cover(&self, shortfall: u64) -> bool {
+        self.space
+            .full_at
+            .is_some_and(|full_at| self.commit_could_return().saturating_sub(full_at) < shortfall)
+    }
+
     /// Pages a reclaim request writes back for a shortfall of `bytes`: as
     /// many as give back that much on average, within bounds.
     fn reclaim_pages_for(&self, bytes: u64) -> u64 {
@@ -450,17 +508,34 @@ impl<D: BlockDevice> FsState<D> {
     /// commit returns it to a writer that needs it); dirty data and granted
     /// space count in full, metadata reservations at what they will leave
     /// allocated (their worst-case node copies are transient: reclaim turns
-    /// them into real usage before any writer gets ENOSPC); the global
-    /// reserve is not available.
+    /// them into real usage before any writer gets ENOSPC). Available
+    /// (`f_bavail`) is what one new file can take: without the global
+    /// reserve, the nodes every transaction reserves, what creating the
+    /// file may copy, and what a fallocate of the rest reserves for its
+    /// extents (generic/103).
     pub(crate) fn statfs(&self) -> super::StatFs {
         let u = self.space_usage();
         let reserved = u.dirty_data + u.granted + u.settled_metadata;
         let free = (u.free + u.pinned).saturating_sub(reserved);
+        let meta_item = self.meta_item();
+        let fixed = TXN_FIXED_NODES * meta_item;
+        // A commit holds the nodes it copied for the commit before it, so
+        // of the space held, up to the fixed part never comes back to a
+        // writer: each reclaim commit holds its own copies in its place.
+        let churn = self.forest.alloc().held_bytes().min(fixed);
+        let writable = free
+            .saturating_sub(u.global_reserve)
+            .saturating_sub(fixed)
+            .saturating_sub(churn)
+            .saturating_sub(NEW_FILE_ITEMS * meta_item);
+        // Counting the extents of `writable` itself over-counts by at most
+        // one: what is left fits its own fallocate.
+        let one_file = writable.saturating_sub(prealloc_need(writable).total(meta_item) - writable);
         super::StatFs {
             block_size: SECTOR_SIZE as u32,
             blocks: u.total / SECTOR_SIZE,
             blocks_free: free / SECTOR_SIZE,
-            blocks_available: free.saturating_sub(u.global_reserve) / SECTOR_SIZE,
+            blocks_available: one_file / SECTOR_SIZE,
             files: u64::from(u32::MAX),
             files_free: u64::from(u32::MAX).saturating_sub(self.next_ino),
             name_max: crate::format::NAME_MAX as u32,
@@ -472,6 +547,12 @@ impl<D: BlockDevice> Shared<D> {
     /// After anything that may have given space back: grant what fits and
     /// wake whoever waits (ticket holders, throttled writers).
     pub(super) fn space_changed(&self, state: &mut FsState<D>) {
+        // What a commit could give back is measured from its lowest point
+        // since the filesystem was found full: space freed and then reused
+        // (a commit in between released it) does not count twice.
+        if let Some(full_at) = state.space.full_at {
+            state.space.full_at = Some(full_at.min(state.commit_could_return()));
+        }
         let served = !state.space.tickets.is_empty() && state.grant_tickets();
         if served || state.space.throttled > 0 || !state.space.resolved.is_empty() {
             self.space_cv.notify_all();
@@ -592,10 +673,12 @@ impl<D: BlockDevice + 'static> Shared<D> {
         // Writeback requests in a row that gave nothing back (the oldest
         // pages belonged to long runs); each doubles the next request.
         let mut fruitless = 0u32;
-        // A reclaim commit that gave nothing back while space was held for
-        // the previous commit: one more commit releases that space (it
-        // frees what the commit before it freed), so ENOSPC waits for it.
-        let mut committed_for_held = false;
+        // The ticket the commits below were made for, and how many: one
+        // full cycle per ticket (a commit, and a second one while space is
+        // held for the previous commit: only that one releases it), then
+        // ENOSPC — never a commit after commit that each give back a few
+        // nodes.
+        let mut committed_for: Option<(u64, u32)> = None;
         loop {
             let mut state = self.lock_state();
             self.space_changed(&mut state);
@@ -622,12 +705,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     .min(state.dirty_page_bytes / PAGE);
                 let before = state.space_available(urgent);
                 match state.writeback_oldest(pages) {
-                    Ok(n) => {
-                        let s = &mut state.space.stats;
-                        s.reclaim_requests += 1;
-                        s.reclaim_pages += n;
-                        s.reclaim_pages_max = s.reclaim_pages_max.max(n);
-                    }
+                    Ok(n) => state.space.note_reclaim_request(n),
                     Err(e) => {
                         state.failed = Some(e.to_string());
                         state.space.fail_all(Refusal::Io(e.to_string()));
@@ -647,9 +725,23 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 continue;
             }
             fruitless = 0;
+            let head_id = state.space.tickets.front().map_or(0, |t| t.id);
+            // Found full before, and not enough freed since for a commit
+            // to cover this ticket: ENOSPC without another commit.
+            if committed_for.is_none_or(|(id, _)| id != head_id)
+                && state.commit_cannot_cover(shortfall)
+            {
+                state.space.stats.enospc_without_commit += 1;
+                state.space.serve_front(Err(Refusal::NoSpace));
+                self.space_cv.notify_all();
+                continue;
+            }
             // 2. Commit: the transaction's worst-case metadata becomes what
             //    it really used, and space pinned by earlier frees returns.
-            let before = state.space_available(urgent);
+            let commits = committed_for
+                .filter(|&(id, _)| id == head_id)
+                .map_or(1, |(_, n)| n + 1);
+            committed_for = Some((head_id, commits));
             state.space.stats.reclaim_commits += 1;
             drop(state);
             let committed = self.commit_for_space();
@@ -660,20 +752,19 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 return;
             }
             self.space_changed(&mut state);
-            let Some(head) = state.space.tickets.front() else {
-                return;
-            };
-            // 3. Nothing came back: truly full for this ticket, unless
-            //    the next commit releases held space.
-            if state.space_available(head.urgent) > before {
-                committed_for_held = false;
-            } else if !committed_for_held && state.forest.alloc().held_bytes() > 0 {
-                committed_for_held = true;
-            } else {
-                committed_for_held = false;
-                state.space.serve_front(Err(Refusal::NoSpace));
-                self.space_cv.notify_all();
+            if state.space.tickets.front().is_none_or(|t| t.id != head_id) {
+                // The commit satisfied the ticket it was made for.
+                state.space.full_at = None;
+                continue;
             }
+            // 3. The cycle did not satisfy the ticket: truly full for it,
+            //    unless the next commit releases held space.
+            if commits < 2 && state.forest.alloc().held_bytes() > 0 {
+                continue;
+            }
+            state.space.full_at = Some(state.commit_could_return());
+            state.space.serve_front(Err(Refusal::NoSpace));
+            self.space_cv.notify_all();
         }
     }
 

@@ -304,6 +304,9 @@ pub struct SpaceStats {
     pub reclaim_pages_max: u64,
     /// Commits reclaim made (page writeback could not cover the shortfall).
     pub reclaim_commits: u64,
+    /// Tickets failed with ENOSPC without a commit: a full reclaim cycle
+    /// had found the filesystem full and not enough was freed since.
+    pub enospc_without_commit: u64,
     /// Writers that had to queue a ticket, and what became of the tickets.
     pub tickets_queued: u64,
     pub tickets_granted: u64,
