@@ -11,6 +11,7 @@
 use crate::attr::{
     from_request_time, to_engine_ino, to_fuse_attr, to_fuse_generation, to_fuse_ino,
 };
+use crate::listing::{self, Listed};
 use crate::remount::RemountWatch;
 use crate::requests::RequestCounts;
 use crate::scrub::BIRCH_IOC_SCRUB;
@@ -282,45 +283,6 @@ impl FuseOptions {
             Ok(())
         } else {
             Err(std::io::Error::last_os_error())
-        }
-    }
-}
-
-/// The offset of a directory entry as the kernel keeps it (telldir,
-/// seekdir, the next getdents): the entry's position, and where the
-/// listing it belongs to ends. Every rename gives the entry a new, higher
-/// dir index, so a listing that renames each name it reads away and back
-/// would otherwise never end; like btrfs, a listing stops at the first
-/// index that did not exist when it began (offset 0). With no opendir
-/// round trip (NO_OPENDIR_SUPPORT) the offset is the only state a listing
-/// has, so the end travels in it: bit 62 set, the end in bits 31..=61, the
-/// position in bits 0..=30 (positions never exceed the end). A directory
-/// whose indexes have passed 2^31 gets plain positions and unbounded
-/// listings, as before. Offsets stay valid across inserts and deletes:
-/// positions are dir indexes, which never move.
-struct ListingCookie;
-
-impl ListingCookie {
-    const BOUNDED: u64 = 1 << 62;
-    const SHIFT: u32 = 31;
-    const MAX: u64 = (1 << Self::SHIFT) - 1;
-
-    fn encode(position: u64, end: Option<u64>) -> u64 {
-        match end {
-            Some(end) => Self::BOUNDED | end << Self::SHIFT | position,
-            None => position,
-        }
-    }
-
-    /// (position, end)
-    fn decode(offset: u64) -> (u64, Option<u64>) {
-        if offset & Self::BOUNDED != 0 {
-            (
-                offset & Self::MAX,
-                Some((offset & !Self::BOUNDED) >> Self::SHIFT),
-            )
-        } else {
-            (offset, None)
         }
     }
 }
@@ -597,88 +559,18 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         &self,
         ino: INodeNo,
         offset: u64,
-        mut add: impl FnMut(u64, u64, fuser::FileType, &[u8], Option<&Attr>) -> bool,
+        add: impl FnMut(&Listed, u64, Option<&Attr>) -> bool,
         plus: bool,
     ) -> birch::Result<()> {
         let dir = to_engine_ino(ino.0);
-        // Positions: "." is entry 0 -> next 1, ".." is 1 -> next 2, then
-        // each entry's next position is its dir index + 1 (indexes start at
-        // 2). The offsets handed out also carry where the listing ends
-        // (ListingCookie).
-        let (position, end) = if offset == 0 {
-            if !self.options.nodiratime {
-                self.fs.dir_accessed(dir)?;
+        let started = || {
+            if self.options.nodiratime {
+                Ok(())
+            } else {
+                self.fs.dir_accessed(dir)
             }
-            (
-                0,
-                Some(self.fs.dir_index_end(dir)?).filter(|&e| e <= ListingCookie::MAX),
-            )
-        } else {
-            ListingCookie::decode(offset)
         };
-        let cookie = |position: u64| ListingCookie::encode(position, end);
-        if position < 1 {
-            let attr = if plus {
-                Some(self.fs.getattr(dir)?)
-            } else {
-                None
-            };
-            if add(
-                dir,
-                cookie(1),
-                fuser::FileType::Directory,
-                b".",
-                attr.as_ref(),
-            ) {
-                return Ok(());
-            }
-        }
-        if position < 2 {
-            let parent = self.fs.parent_of_dir(dir)?;
-            let attr = if plus {
-                Some(self.fs.getattr(parent)?)
-            } else {
-                None
-            };
-            if add(
-                parent,
-                cookie(2),
-                fuser::FileType::Directory,
-                b"..",
-                attr.as_ref(),
-            ) {
-                return Ok(());
-            }
-        }
-        let mut next = position.max(2);
-        loop {
-            let batch = self.fs.readdir(dir, next, 128)?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for e in batch {
-                next = e.next_offset;
-                if end.is_some_and(|end| e.next_offset > end) {
-                    // Added (or renamed in) since the listing began.
-                    return Ok(());
-                }
-                let kind = crate::attr::to_fuse_type(e.file_type);
-                if plus {
-                    // The entry may vanish between listing and stat (a
-                    // concurrent unlink): skip it rather than fail the listing.
-                    let attr = match self.fs.getattr(e.ino) {
-                        Ok(a) => a,
-                        Err(birch::Error::NotFound) => continue,
-                        Err(err) => return Err(err),
-                    };
-                    if add(e.ino, cookie(e.next_offset), kind, &e.name, Some(&attr)) {
-                        return Ok(());
-                    }
-                } else if add(e.ino, cookie(e.next_offset), kind, &e.name, None) {
-                    return Ok(());
-                }
-            }
-        }
+        listing::list(&self.fs, dir, offset, plus, started, add)
     }
 }
 
@@ -1112,8 +1004,13 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let result = self.readdir_common(
             ino,
             offset,
-            |entry_ino, next, kind, name, _| {
-                reply.add(to_fuse_ino(entry_ino), next, kind, OsStr::from_bytes(name))
+            |entry, next, _| {
+                reply.add(
+                    to_fuse_ino(entry.ino),
+                    next,
+                    entry.kind,
+                    OsStr::from_bytes(&entry.name),
+                )
             },
             false,
         );
@@ -1136,20 +1033,20 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let result = self.readdir_common(
             ino,
             offset,
-            |entry_ino, next, _kind, name, attr| {
+            |entry, next, attr| {
                 let attr = attr.expect("readdirplus passes attributes");
                 let full = reply.add(
-                    to_fuse_ino(entry_ino),
+                    to_fuse_ino(entry.ino),
                     next,
-                    OsStr::from_bytes(name),
+                    OsStr::from_bytes(&entry.name),
                     &ttl,
                     &to_fuse_attr(attr),
                     to_fuse_generation(attr),
                 );
                 // The kernel counts a lookup for each entry it accepted,
                 // except "." and "..".
-                if !full && name != b"." && name != b".." {
-                    let _ = fs.open_inode(entry_ino);
+                if !full && entry.name != b"." && entry.name != b".." {
+                    let _ = fs.open_inode(entry.ino);
                 }
                 full
             },
@@ -1572,31 +1469,5 @@ fn negative_entry() -> fuser::FileAttr {
         rdev: 0,
         blksize: 4096,
         flags: 0,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ListingCookie;
-
-    #[test]
-    fn listing_cookies_carry_position_and_end() {
-        for (position, end) in [
-            (0, 2),
-            (1, 2),
-            (2, 2),
-            (7, 9000),
-            (ListingCookie::MAX, ListingCookie::MAX),
-        ] {
-            let offset = ListingCookie::encode(position, Some(end));
-            // The kernel keeps offsets in a signed 64-bit file position.
-            assert!(i64::try_from(offset).is_ok());
-            assert_ne!(offset, 0, "0 starts a new listing");
-            assert_eq!(ListingCookie::decode(offset), (position, Some(end)));
-        }
-        // Unbounded listings (huge directories) use plain positions.
-        let huge = 1 << 40;
-        assert_eq!(ListingCookie::encode(huge, None), huge);
-        assert_eq!(ListingCookie::decode(huge), (huge, None));
     }
 }

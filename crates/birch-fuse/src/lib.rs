@@ -6,6 +6,7 @@
 mod adapter;
 mod attr;
 mod fuseblk;
+mod listing;
 mod remount;
 mod requests;
 pub mod scrub;
