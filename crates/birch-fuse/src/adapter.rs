@@ -875,11 +875,17 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         self.reply_entry(self.settle_entry(newparent, result), reply);
     }
 
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if self.options.no_open {
             reply.error(Errno::ENOSYS);
-        } else {
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+            return;
+        }
+        // The VFS checks immutable and append-only at open only from
+        // inode->i_flags, which FUSE never sets (generic/079). O_TRUNC
+        // arrives as a SETATTR of the size, which the engine refuses.
+        match self.fs.deny_open(to_engine_ino(ino.0), flags.0) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 

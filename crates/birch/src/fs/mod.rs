@@ -739,6 +739,16 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| s.get_flags(ino))
     }
 
+    /// Whether an open(2) of `ino` with `flags` (O_ACCMODE, O_APPEND,
+    /// O_TRUNC) is allowed by its inode flags: EPERM for a write or
+    /// truncating open of an immutable inode, and for a write open without
+    /// O_APPEND or a truncating open of an append-only one (the VFS's
+    /// may_open). For a front end that sees opens; writes are refused
+    /// anyway.
+    pub fn deny_open(&self, ino: u64, flags: i32) -> Result<()> {
+        self.read(|s| s.deny_open(ino, flags))
+    }
+
     /// FS_IOC_SETFLAGS: only [`inode_flags::SUPPORTED`] may be set
     /// (EOPNOTSUPP otherwise). Permission is the caller's to check.
     pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
