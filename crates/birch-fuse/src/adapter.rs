@@ -105,6 +105,9 @@ pub struct FuseOptions {
     pub writeback_cache: bool,
     /// Answer open with ENOSYS so the kernel stops sending open/release.
     pub no_open: bool,
+    /// After this long without requests the daemon gives memory back
+    /// (docs/MEMORY.md); `None`: never.
+    pub memory_idle: Option<Duration>,
     pub allow_other: bool,
     /// Mount read-only; the engine is then switched to read-write when
     /// the mount is remounted so (remount.rs).
@@ -149,6 +152,7 @@ impl Default for FuseOptions {
             negative_ttl: Duration::from_secs(3600),
             writeback_cache: false,
             no_open: true,
+            memory_idle: Some(Duration::from_secs(10)),
             allow_other: true,
             read_only: false,
             fsname: "birch".into(),
@@ -309,7 +313,7 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     options: FuseOptions,
     control: Arc<dyn MountControl>,
     /// Requests received, by opcode (`birch stats`).
-    requests: RequestCounts,
+    requests: Arc<RequestCounts>,
     /// When the kernel's INIT arrived: the mount went live (`birch stats`'
     /// uptime and rates).
     mounted_at: Instant,
@@ -384,7 +388,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             fs,
             options,
             control,
-            requests: RequestCounts::default(),
+            requests: Arc::default(),
             mounted_at: Instant::now(),
             negotiated: InitFlags::empty(),
             remount: None,
@@ -413,6 +417,12 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             }
         }
         Errno::from_i32(errno)
+    }
+
+    /// The request counts, for [`serve`](crate::serve)'s idle memory
+    /// release (memory.rs).
+    pub(crate) fn request_counts(&self) -> Arc<RequestCounts> {
+        self.requests.clone()
     }
 
     /// Where [`serve`](crate::serve) records the session's transport.

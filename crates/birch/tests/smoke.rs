@@ -89,3 +89,47 @@ fn readdir_from_any_offset_continues_with_the_next_entry() {
     }
     fs.close().unwrap();
 }
+
+/// docs/MEMORY.md: `release_memory` shrinks the node cache to its idle
+/// size and frees the spare page buffers; the filesystem reads on as
+/// before (the nodes come back from disk).
+#[test]
+fn release_memory_shrinks_the_node_cache_to_its_idle_size() {
+    let dev = Arc::new(MemoryDevice::new(64 << 20));
+    Filesystem::mkfs(&dev, &MkfsOptions::default()).unwrap();
+    let options = MountOptions {
+        idle_cache_nodes: 2,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev.clone(), options.clone()).unwrap();
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    for i in 0..2000 {
+        let f = fs
+            .create(d, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write_file(f.ino, 0, &[i as u8; 5000]).unwrap();
+    }
+    fs.close().unwrap();
+    // Read back from disk: the nodes go through the cache.
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
+    let d = fs.lookup(fs.root_ino(), b"d").unwrap().ino;
+    let read_all = || {
+        for i in (0..2000).step_by(7) {
+            let f = fs.lookup(d, format!("f{i}").as_bytes()).unwrap().ino;
+            assert_eq!(fs.read_file(f, 0, 5000).unwrap(), vec![i as u8; 5000]);
+        }
+    };
+    read_all();
+    let busy = fs.memory_stats();
+    assert!(busy.node_cache_nodes > 2, "{busy:?}");
+    assert_eq!(busy.node_cache_idle, 2);
+    assert_eq!(busy.releases, 0);
+    fs.release_memory();
+    let idle = fs.memory_stats();
+    assert_eq!(idle.node_cache_nodes, 2, "{idle:?}");
+    assert_eq!(idle.spare_pages, 0);
+    assert_eq!(idle.releases, 1);
+    assert_eq!(idle.node_cache_limit, busy.node_cache_limit);
+    read_all();
+    fs.close().unwrap();
+}
