@@ -51,7 +51,7 @@ impl ListingCookie {
     /// (position, end) of an offset with bit 62 set; None for the others.
     fn decode_bounded(offset: u64) -> Option<(u64, u64)> {
         (offset & Self::BOUNDED != 0)
-            .then(|| (offset & Self::MAX, (offset & !Self::BOUNDED) >> Self::SHIFT))
+            .then_some((offset & Self::MAX, (offset & !Self::BOUNDED) >> Self::SHIFT))
     }
 }
 
