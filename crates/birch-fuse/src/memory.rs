@@ -11,7 +11,7 @@ use birch::fs::Filesystem;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The thread that watches for idle spells; stopped by [`IdleRelease::stop`].
 pub(crate) struct IdleRelease {
@@ -30,13 +30,17 @@ impl IdleRelease {
             .name("birch-idle-release".into())
             .spawn(move || {
                 let mut seen = requests.workload_requests();
+                let mut last_request = Instant::now();
                 let mut released = false;
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(idle) {
+                // Looks four times per idle period, so a release comes
+                // between 1 and 1.25 idle periods after the last request.
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(idle / 4) {
                     let now = requests.workload_requests();
                     if now != seen {
                         seen = now;
+                        last_request = Instant::now();
                         released = false;
-                    } else if !released {
+                    } else if !released && last_request.elapsed() >= idle {
                         fs.release_memory();
                         return_free_heap();
                         released = true;
