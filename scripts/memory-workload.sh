@@ -87,7 +87,7 @@ while kill -0 "${pids[@]}" 2>/dev/null; do
     (( kib > peak )) && peak=$kib
     sleep 1
 done
-wait "${pids[@]}" || true
+wait "${pids[@]}" 2>/dev/null || true
 echo "workload:         $(( $(date +%s) - start )) s, peak RSS $(( peak / 1024 )) MiB"
 echo "after workload:   RSS $(rss)"
 echo "  $(memory)"
