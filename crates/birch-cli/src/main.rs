@@ -256,8 +256,26 @@ fn mount_helper_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStrin
     args
 }
 
-/// `1G`, `512M`, `64MiB`, `4096`, `16k`: binary units.
+/// A device size: `1G`, `512M`, `64MiB`, `16777216`: binary units, at
+/// least the minimum device, whole sectors.
 fn parse_size(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    if bytes < MIN_DEVICE_BYTES {
+        return Err(format!(
+            "{bytes} bytes is below the {} MiB minimum",
+            MIN_DEVICE_BYTES >> 20
+        ));
+    }
+    if !bytes.is_multiple_of(SECTOR_SIZE) {
+        return Err(format!(
+            "{bytes} bytes is not a multiple of the {SECTOR_SIZE}-byte sector"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// `1G`, `512M`, `64MiB`, `4096`, `16k`: binary units.
+fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);
@@ -275,21 +293,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 40,
         _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
     };
-    let bytes = n
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))?;
-    if bytes < MIN_DEVICE_BYTES {
-        return Err(format!(
-            "{bytes} bytes is below the {} MiB minimum",
-            MIN_DEVICE_BYTES >> 20
-        ));
-    }
-    if !bytes.is_multiple_of(SECTOR_SIZE) {
-        return Err(format!(
-            "{bytes} bytes is not a multiple of the {SECTOR_SIZE}-byte sector"
-        ));
-    }
-    Ok(bytes)
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 fn parse_tree(s: &str) -> Result<u64, String> {

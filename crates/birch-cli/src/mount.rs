@@ -42,6 +42,9 @@ pub struct MountArgs {
     /// uring_entries=N (per CPU queue), commit=SECONDS,
     /// entry_ttl=SECONDS, attr_ttl=SECONDS, writeback_cache, no_writeback_cache,
     /// no_open, open, direct_io (default), buffered, allow_other, fsname=NAME,
+    /// node_cache=SIZE (clean tree nodes kept, default 256M), node_cache_idle=SIZE
+    /// (kept once idle, default 16M), memory_idle=SECONDS (idle time before memory
+    /// is given back, default 10, 0 never), dirty_limit=SIZE (dirty file data held, default 256M),
     /// rescue=usebackuproot (if the newest commit cannot be read, mount the newest older
     /// one the superblock records, read-only unless `rw` is given too); and mount(8)'s
     /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...
@@ -163,6 +166,19 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             ("attr_ttl", Some(v)) => s.fuse.attr_ttl = seconds(key, v)?,
             ("writeback_cache", None) => s.fuse.writeback_cache = true,
             ("no_writeback_cache", None) => s.fuse.writeback_cache = false,
+            ("node_cache", Some(v)) => s.engine.cache_nodes = cache_nodes(key, v)?,
+            ("node_cache_idle", Some(v)) => s.engine.idle_cache_nodes = cache_nodes(key, v)?,
+            ("dirty_limit", Some(v)) => {
+                s.engine.dirty_limit_bytes = crate::parse_bytes(v)
+                    .ok()
+                    .filter(|&b| b >= 1 << 20)
+                    .ok_or_else(|| {
+                        Failure::new(format!("-o dirty_limit={v}: expected 1M or more"))
+                    })?
+            }
+            ("memory_idle", Some(v)) => {
+                s.fuse.memory_idle = Some(seconds(key, v)?).filter(|d| !d.is_zero())
+            }
             ("no_open", None) => s.fuse.no_open = true,
             ("open", None) => s.fuse.no_open = false,
             ("direct_io", None) => s.direct_io = true,
@@ -222,11 +238,27 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             _ => return Err(Failure::new(format!("unknown mount option '{opt}'"))),
         }
     }
+    if s.engine.idle_cache_nodes > s.engine.cache_nodes {
+        return Err(Failure::new(format!(
+            "-o node_cache_idle ({} nodes) is larger than node_cache ({} nodes)",
+            s.engine.idle_cache_nodes, s.engine.cache_nodes
+        )));
+    }
     s.engine.atime = s.fuse.atime;
     if use_backup_root {
         s.engine.rescue = Rescue::UseBackupRoot { writable: asked_rw };
     }
     Ok(s)
+}
+
+/// A node cache size given in bytes (`-o node_cache=256M`), in nodes of
+/// 16 KiB: at least one.
+fn cache_nodes(key: &str, v: &str) -> Result<usize, Failure> {
+    let bytes = crate::parse_bytes(v).map_err(|e| Failure::new(format!("-o {key}: {e}")))?;
+    usize::try_from(bytes / birch::format::NODE_SIZE as u64)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| Failure::new(format!("-o {key}={v}: expected 16K or more")))
 }
 
 /// Takes an exclusive advisory lock on the image so a second `birch mount`

@@ -307,6 +307,73 @@ fn chattr_append_only_and_immutable() {
     assert!(!out.status.success(), "an unprivileged chattr +i succeeded");
 }
 
+/// generic/079: with `-o open` birch sees opens and refuses them as the
+/// VFS does for kernel filesystems: EPERM at open(2) for a write or
+/// truncating open of an immutable file, and for a write open without
+/// O_APPEND or a truncating one of an append-only file.
+#[test]
+fn open_refuses_writes_to_immutable_and_append_only_files() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("ops-open-flags", "512M");
+    fx.options = vec!["open".into()];
+    fx.mount();
+    let f = fx.path("f");
+    fs::write(&f, b"log:").unwrap();
+    let open = |flags: libc::c_int| -> Result<(), i32> {
+        let c = cstr(&f);
+        // SAFETY: a valid C string; the descriptor is closed at once.
+        let fd = unsafe { libc::open(c.as_ptr(), flags) };
+        if fd < 0 {
+            return Err(errno());
+        }
+        // SAFETY: the descriptor just opened.
+        unsafe { libc::close(fd) };
+        Ok(())
+    };
+    let (rd, wr, rdwr) = (libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR);
+    let (append, trunc) = (libc::O_APPEND, libc::O_TRUNC);
+    let f_ = f.to_str().unwrap();
+
+    assert!(chattr(&["+i", f_]).status.success());
+    for flags in [wr, rdwr, wr | append, rd | trunc, wr | trunc] {
+        assert_eq!(open(flags), Err(libc::EPERM), "immutable, open {flags:#o}");
+    }
+    assert_eq!(open(rd), Ok(()));
+
+    assert!(chattr(&["-i", "+a", f_]).status.success());
+    for flags in [wr, rdwr, wr | trunc, wr | append | trunc] {
+        assert_eq!(
+            open(flags),
+            Err(libc::EPERM),
+            "append-only, open {flags:#o}"
+        );
+    }
+    assert_eq!(open(rd), Ok(()));
+    assert_eq!(open(rdwr | append), Ok(()));
+    OpenOptions::new()
+        .append(true)
+        .open(&f)
+        .unwrap()
+        .write_all(b" one")
+        .unwrap();
+    let truncate = |len: i64| -> Result<(), i32> {
+        let c = cstr(&f);
+        // SAFETY: a valid C string.
+        let rc = unsafe { libc::truncate(c.as_ptr(), len) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(errno())
+        }
+    };
+    assert_eq!(truncate(0), Err(libc::EPERM));
+    assert!(chattr(&["-a", f_]).status.success());
+    assert_eq!(fs::read(&f).unwrap(), b"log: one");
+    assert_eq!(open(wr | trunc), Ok(()));
+}
+
 #[test]
 fn fallocate_modes() {
     if skip_unless_root() {

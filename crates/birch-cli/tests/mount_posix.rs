@@ -1564,6 +1564,125 @@ fn readdir_while_the_directory_changes() {
     assert_eq!(names.iter().filter(|n| *n == "..").count(), 1);
 }
 
+/// generic/676: telldir's values grow along a listing, and seekdir to
+/// any value continues with the first entry whose telldir value is at
+/// least that value (btrfs's semantics: an entry sits at its DIR_INDEX, a
+/// seek continues from the next index at or above it); below the first
+/// entry's value comes "..", past the last entry the end of the directory.
+#[test]
+fn seekdir_to_any_position_continues_with_the_next_entry() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("posix-seekdir");
+    let dir = fx.path("d");
+    fs::create_dir(&dir).unwrap();
+    for i in 0..60 {
+        write_file(&dir.join(format!("f{i:02}")), b"");
+    }
+    // Gaps between the dir indexes that are left.
+    for i in (0..60).step_by(6) {
+        fs::remove_file(dir.join(format!("f{i:02}"))).unwrap();
+    }
+    let d = DirStream::open(&dir);
+    // (telldir before the entry, the entry), then the value at the end.
+    let mut listing: Vec<(i64, String)> = Vec::new();
+    loop {
+        let at = d.tell();
+        match d.read() {
+            Some(name) => listing.push((at, name)),
+            None => {
+                listing.push((at, String::new()));
+                break;
+            }
+        }
+    }
+    assert_eq!(listing.len(), 50 + 2 + 1, "{listing:?}");
+    assert_eq!(listing[0], (0, ".".to_string()));
+    assert_eq!(listing[1].1, "..");
+    for w in listing.windows(2) {
+        assert!(w[0].0 < w[1].0, "telldir does not grow: {listing:?}");
+    }
+    for w in listing.windows(2) {
+        let ((low, _), (high, entry)) = (&w[0], &w[1]);
+        let expected = (!entry.is_empty()).then(|| entry.clone());
+        for to in [low + 1, low + (high - low) / 2, high - 1, *high] {
+            if to > *low {
+                d.seek(to);
+                assert_eq!(d.read(), expected, "seekdir({to}) between {low} and {high}");
+            }
+        }
+    }
+    for (at, entry) in &listing[..listing.len() - 1] {
+        d.seek(*at);
+        assert_eq!(d.read().as_ref(), Some(entry), "seekdir({at})");
+    }
+    let end = listing.last().unwrap().0;
+    for to in [end + 1, end + 12345, i64::MAX] {
+        d.seek(to);
+        assert_eq!(d.read(), None, "seekdir({to}) past the end");
+    }
+    // Below every value but 0 (generic/676 seeks to random values this
+    // small): "..", then the rest in order.
+    for to in [1, 2, 12345, 1 << 40] {
+        d.seek(to);
+        assert_eq!(d.read().as_deref(), Some(".."), "seekdir({to})");
+        let rest: Vec<String> = std::iter::from_fn(|| d.read()).collect();
+        assert_eq!(rest.len(), 50, "seekdir({to}) then the rest");
+    }
+}
+
+/// A libc directory stream (opendir, readdir, telldir, seekdir), closed
+/// when dropped, also by a failed assertion (an open stream would keep the
+/// mount busy at teardown).
+struct DirStream(*mut libc::DIR);
+
+impl DirStream {
+    fn open(dir: &Path) -> DirStream {
+        let c = cstr(dir);
+        // SAFETY: a valid C string.
+        let d = unsafe { libc::opendir(c.as_ptr()) };
+        assert!(!d.is_null(), "opendir {}", dir.display());
+        DirStream(d)
+    }
+
+    /// The next name, None at the end of the directory.
+    fn read(&self) -> Option<String> {
+        // SAFETY: an open stream; the entry is copied before the next
+        // readdir can overwrite it.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let e = libc::readdir(self.0);
+            if e.is_null() {
+                assert_eq!(errno(), 0, "readdir failed");
+                return None;
+            }
+            Some(
+                std::ffi::CStr::from_ptr((*e).d_name.as_ptr())
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        }
+    }
+
+    fn tell(&self) -> i64 {
+        // SAFETY: an open stream.
+        unsafe { libc::telldir(self.0) }
+    }
+
+    fn seek(&self, to: i64) {
+        // SAFETY: an open stream.
+        unsafe { libc::seekdir(self.0, to) }
+    }
+}
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        // SAFETY: opened by DirStream::open, closed only here.
+        unsafe { libc::closedir(self.0) };
+    }
+}
+
 /// Every name `readdir(3)` returns, "." and ".." included.
 fn raw_listing(dir: &Path) -> Vec<String> {
     let c = cstr(dir);

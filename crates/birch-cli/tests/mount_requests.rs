@@ -227,3 +227,67 @@ fn stats_shows_every_section_and_json_every_counter() {
             .sum::<u64>()
     );
 }
+
+/// docs/MEMORY.md: once no request but `birch stats`' ioctls has arrived
+/// for `memory_idle`, the daemon shrinks its node cache to
+/// `node_cache_idle` and frees its spare page buffers; `birch stats` shows
+/// the daemon's RSS and the cache's sizes. The wait is for an event (the
+/// release counted), bounded only to fail rather than hang.
+#[test]
+fn an_idle_mount_gives_memory_back() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("requests-memory", "1G");
+    fx.options = vec![
+        "memory_idle=1".into(),
+        "node_cache=32M".into(),
+        "node_cache_idle=32K".into(),
+    ];
+    fx.mount();
+    let dir = fx.path("d");
+    fs::create_dir(&dir).unwrap();
+    for i in 0..3000 {
+        fs::write(dir.join(format!("f{i}")), [i as u8; 3000]).unwrap();
+    }
+    let out = birch(&["sync", fx.mnt.to_str().unwrap()]);
+    assert!(out.status.success(), "birch sync: {}", text(&out.stderr));
+    // Forget the kernel's inodes, so that the lookups below reach birch
+    // and read the committed nodes from disk, through the cache.
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let memory = |key: &str| {
+        stats_json(&fx.mnt)
+            .get(key)
+            .and_then(Value::as_u64)
+            .unwrap_or_else(|| panic!("no {key} in birch stats --json"))
+    };
+    let releases = memory("memory_releases");
+    for i in 0..3000 {
+        assert_eq!(
+            fs::read(dir.join(format!("f{i}"))).unwrap(),
+            [i as u8; 3000]
+        );
+    }
+    let (nodes, limit, idle) = (
+        memory("memory_node_cache_nodes"),
+        memory("memory_node_cache_limit"),
+        memory("memory_node_cache_idle"),
+    );
+    assert_eq!((limit, idle), (2048, 2), "32M and 32K in 16 KiB nodes");
+    assert!(nodes > idle, "the reads cached only {nodes} nodes");
+    assert!(memory("memory_rss") > 0);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while memory("memory_releases") == releases {
+        assert!(Instant::now() < deadline, "no release after 120 s idle");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(memory("memory_node_cache_nodes") <= idle);
+    assert_eq!(memory("memory_spare_pages"), 0);
+    let human = text(&birch(&["stats", fx.mnt.to_str().unwrap()]).stdout);
+    assert!(
+        human
+            .lines()
+            .any(|l| l.trim_start().starts_with("memory_rss ")),
+        "{human}"
+    );
+}

@@ -11,6 +11,7 @@
 use crate::attr::{
     from_request_time, to_engine_ino, to_fuse_attr, to_fuse_generation, to_fuse_ino,
 };
+use crate::listing::{self, Listed};
 use crate::remount::RemountWatch;
 use crate::requests::RequestCounts;
 use crate::scrub::BIRCH_IOC_SCRUB;
@@ -104,6 +105,9 @@ pub struct FuseOptions {
     pub writeback_cache: bool,
     /// Answer open with ENOSYS so the kernel stops sending open/release.
     pub no_open: bool,
+    /// After this long without requests the daemon gives memory back
+    /// (docs/MEMORY.md); `None`: never.
+    pub memory_idle: Option<Duration>,
     pub allow_other: bool,
     /// Mount read-only; the engine is then switched to read-write when
     /// the mount is remounted so (remount.rs).
@@ -148,6 +152,7 @@ impl Default for FuseOptions {
             negative_ttl: Duration::from_secs(3600),
             writeback_cache: false,
             no_open: true,
+            memory_idle: Some(Duration::from_secs(10)),
             allow_other: true,
             read_only: false,
             fsname: "birch".into(),
@@ -286,45 +291,6 @@ impl FuseOptions {
     }
 }
 
-/// The offset of a directory entry as the kernel keeps it (telldir,
-/// seekdir, the next getdents): the entry's position, and where the
-/// listing it belongs to ends. Every rename gives the entry a new, higher
-/// dir index, so a listing that renames each name it reads away and back
-/// would otherwise never end; like btrfs, a listing stops at the first
-/// index that did not exist when it began (offset 0). With no opendir
-/// round trip (NO_OPENDIR_SUPPORT) the offset is the only state a listing
-/// has, so the end travels in it: bit 62 set, the end in bits 31..=61, the
-/// position in bits 0..=30 (positions never exceed the end). A directory
-/// whose indexes have passed 2^31 gets plain positions and unbounded
-/// listings, as before. Offsets stay valid across inserts and deletes:
-/// positions are dir indexes, which never move.
-struct ListingCookie;
-
-impl ListingCookie {
-    const BOUNDED: u64 = 1 << 62;
-    const SHIFT: u32 = 31;
-    const MAX: u64 = (1 << Self::SHIFT) - 1;
-
-    fn encode(position: u64, end: Option<u64>) -> u64 {
-        match end {
-            Some(end) => Self::BOUNDED | end << Self::SHIFT | position,
-            None => position,
-        }
-    }
-
-    /// (position, end)
-    fn decode(offset: u64) -> (u64, Option<u64>) {
-        if offset & Self::BOUNDED != 0 {
-            (
-                offset & Self::MAX,
-                Some((offset & !Self::BOUNDED) >> Self::SHIFT),
-            )
-        } else {
-            (offset, None)
-        }
-    }
-}
-
 /// What the mount's owner is told, or asked to do, beyond the engine.
 pub trait MountControl: Send + Sync {
     /// An fsync or fsyncdir of `ino` succeeded and is about to be answered
@@ -347,7 +313,7 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     options: FuseOptions,
     control: Arc<dyn MountControl>,
     /// Requests received, by opcode (`birch stats`).
-    requests: RequestCounts,
+    requests: Arc<RequestCounts>,
     /// When the kernel's INIT arrived: the mount went live (`birch stats`'
     /// uptime and rates).
     mounted_at: Instant,
@@ -458,7 +424,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             fs,
             options,
             control,
-            requests: RequestCounts::default(),
+            requests: Arc::default(),
             mounted_at: Instant::now(),
             negotiated: InitFlags::empty(),
             remount: None,
@@ -489,6 +455,12 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             }
         }
         Errno::from_i32(errno)
+    }
+
+    /// The request counts, for [`serve`](crate::serve)'s idle memory
+    /// release (memory.rs).
+    pub(crate) fn request_counts(&self) -> Arc<RequestCounts> {
+        self.requests.clone()
     }
 
     /// Where [`serve`](crate::serve) records the session's transport.
@@ -635,88 +607,18 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         &self,
         ino: INodeNo,
         offset: u64,
-        mut add: impl FnMut(u64, u64, fuser::FileType, &[u8], Option<&Attr>) -> bool,
+        add: impl FnMut(&Listed, u64, Option<&Attr>) -> bool,
         plus: bool,
     ) -> birch::Result<()> {
         let dir = to_engine_ino(ino.0);
-        // Positions: "." is entry 0 -> next 1, ".." is 1 -> next 2, then
-        // each entry's next position is its dir index + 1 (indexes start at
-        // 2). The offsets handed out also carry where the listing ends
-        // (ListingCookie).
-        let (position, end) = if offset == 0 {
-            if !self.options.nodiratime {
-                self.fs.dir_accessed(dir)?;
+        let started = || {
+            if self.options.nodiratime {
+                Ok(())
+            } else {
+                self.fs.dir_accessed(dir)
             }
-            (
-                0,
-                Some(self.fs.dir_index_end(dir)?).filter(|&e| e <= ListingCookie::MAX),
-            )
-        } else {
-            ListingCookie::decode(offset)
         };
-        let cookie = |position: u64| ListingCookie::encode(position, end);
-        if position < 1 {
-            let attr = if plus {
-                Some(self.fs.getattr(dir)?)
-            } else {
-                None
-            };
-            if add(
-                dir,
-                cookie(1),
-                fuser::FileType::Directory,
-                b".",
-                attr.as_ref(),
-            ) {
-                return Ok(());
-            }
-        }
-        if position < 2 {
-            let parent = self.fs.parent_of_dir(dir)?;
-            let attr = if plus {
-                Some(self.fs.getattr(parent)?)
-            } else {
-                None
-            };
-            if add(
-                parent,
-                cookie(2),
-                fuser::FileType::Directory,
-                b"..",
-                attr.as_ref(),
-            ) {
-                return Ok(());
-            }
-        }
-        let mut next = position.max(2);
-        loop {
-            let batch = self.fs.readdir(dir, next, 128)?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for e in batch {
-                next = e.next_offset;
-                if end.is_some_and(|end| e.next_offset > end) {
-                    // Added (or renamed in) since the listing began.
-                    return Ok(());
-                }
-                let kind = crate::attr::to_fuse_type(e.file_type);
-                if plus {
-                    // The entry may vanish between listing and stat (a
-                    // concurrent unlink): skip it rather than fail the listing.
-                    let attr = match self.fs.getattr(e.ino) {
-                        Ok(a) => a,
-                        Err(birch::Error::NotFound) => continue,
-                        Err(err) => return Err(err),
-                    };
-                    if add(e.ino, cookie(e.next_offset), kind, &e.name, Some(&attr)) {
-                        return Ok(());
-                    }
-                } else if add(e.ino, cookie(e.next_offset), kind, &e.name, None) {
-                    return Ok(());
-                }
-            }
-        }
+        listing::list(&self.fs, dir, offset, plus, started, add)
     }
 }
 
@@ -1021,11 +923,17 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         self.reply_entry(self.settle_entry(newparent, result), reply);
     }
 
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if self.options.no_open {
             reply.error(Errno::ENOSYS);
-        } else {
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+            return;
+        }
+        // The VFS checks immutable and append-only at open only from
+        // inode->i_flags, which FUSE never sets (generic/079). O_TRUNC
+        // arrives as a SETATTR of the size, which the engine refuses.
+        match self.fs.deny_open(to_engine_ino(ino.0), flags.0) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -1150,8 +1058,13 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let result = self.readdir_common(
             ino,
             offset,
-            |entry_ino, next, kind, name, _| {
-                reply.add(to_fuse_ino(entry_ino), next, kind, OsStr::from_bytes(name))
+            |entry, next, _| {
+                reply.add(
+                    to_fuse_ino(entry.ino),
+                    next,
+                    entry.kind,
+                    OsStr::from_bytes(&entry.name),
+                )
             },
             false,
         );
@@ -1174,20 +1087,20 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let result = self.readdir_common(
             ino,
             offset,
-            |entry_ino, next, _kind, name, attr| {
+            |entry, next, attr| {
                 let attr = attr.expect("readdirplus passes attributes");
                 let full = reply.add(
-                    to_fuse_ino(entry_ino),
+                    to_fuse_ino(entry.ino),
                     next,
-                    OsStr::from_bytes(name),
+                    OsStr::from_bytes(&entry.name),
                     &ttl,
                     &to_fuse_attr(attr),
                     to_fuse_generation(attr),
                 );
                 // The kernel counts a lookup for each entry it accepted,
                 // except "." and "..".
-                if !full && name != b"." && name != b".." {
-                    let _ = fs.open_inode(entry_ino);
+                if !full && entry.name != b"." && entry.name != b".." {
+                    let _ = fs.open_inode(entry.ino);
                 }
                 full
             },
@@ -1650,26 +1563,5 @@ mod tests {
         assert!(may_administer(1000, 1000));
         assert!(may_administer(0, 1000));
         assert!(!may_administer(1001, 1000));
-    }
-
-    #[test]
-    fn listing_cookies_carry_position_and_end() {
-        for (position, end) in [
-            (0, 2),
-            (1, 2),
-            (2, 2),
-            (7, 9000),
-            (ListingCookie::MAX, ListingCookie::MAX),
-        ] {
-            let offset = ListingCookie::encode(position, Some(end));
-            // The kernel keeps offsets in a signed 64-bit file position.
-            assert!(i64::try_from(offset).is_ok());
-            assert_ne!(offset, 0, "0 starts a new listing");
-            assert_eq!(ListingCookie::decode(offset), (position, Some(end)));
-        }
-        // Unbounded listings (huge directories) use plain positions.
-        let huge = 1 << 40;
-        assert_eq!(ListingCookie::encode(huge, None), huge);
-        assert_eq!(ListingCookie::decode(huge), (huge, None));
     }
 }

@@ -6,6 +6,8 @@
 mod adapter;
 mod attr;
 mod fuseblk;
+mod listing;
+mod memory;
 mod remount;
 mod requests;
 pub mod scrub;
@@ -53,6 +55,7 @@ pub fn serve<D: BlockDevice + 'static>(
         adapter = adapter.with_remount_watch(watch.clone());
     }
     let transport = adapter.transport_cell();
+    let requests = adapter.request_counts();
     let config = options.session_config();
     let session = match &options.block_device {
         Some(device) => {
@@ -103,6 +106,13 @@ pub fn serve<D: BlockDevice + 'static>(
         }
         None => None,
     };
+    let idle_release = match options.memory_idle {
+        Some(idle) => Some(
+            memory::IdleRelease::spawn(fs.clone(), requests, idle)
+                .inspect_err(detach_on_failure)?,
+        ),
+        None => None,
+    };
     ready(fallback_note.as_deref());
     if options.no_open && !options.read_only {
         let mountpoint = mountpoint.to_path_buf();
@@ -115,6 +125,9 @@ pub fn serve<D: BlockDevice + 'static>(
     // is handed back.
     if let Some(watcher) = watcher {
         watcher.stop();
+    }
+    if let Some(idle_release) = idle_release {
+        idle_release.stop();
     }
     served?;
     Arc::try_unwrap(fs)

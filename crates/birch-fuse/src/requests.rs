@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// One past the highest opcode counted (FUSE_STATX = 52); higher ones
 /// (none on Linux today) are counted together as "other".
 const SLOTS: usize = 53;
+const FUSE_IOCTL: usize = 39;
 
 pub struct RequestCounts {
     by_opcode: [AtomicU64; SLOTS],
@@ -92,6 +93,20 @@ impl RequestCounts {
         slot.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Requests the workload sent: every one but IOCTL (`birch stats` and
+    /// `birch sync` are ioctls, and watching a mount must not keep it from
+    /// counting as idle: docs/MEMORY.md).
+    pub fn workload_requests(&self) -> u64 {
+        let ioctl = self.by_opcode[FUSE_IOCTL].load(Ordering::Relaxed);
+        let all: u64 = self
+            .by_opcode
+            .iter()
+            .chain([&self.other])
+            .map(|n| n.load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add);
+        all.wrapping_sub(ioctl)
+    }
+
     /// Every named opcode's count, zeros included, in opcode order, then
     /// "other" (the opcodes without a name, summed).
     pub fn by_opcode(&self) -> Vec<(&'static str, u64)> {
@@ -132,5 +147,7 @@ mod tests {
             ]
         );
         assert_eq!(by_opcode.len(), 51, "50 named opcodes and other");
+        counts.record(39);
+        assert_eq!(counts.workload_requests(), 8, "IOCTL is not workload");
     }
 }

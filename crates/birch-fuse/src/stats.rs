@@ -10,7 +10,7 @@
 
 use crate::FuseOptions;
 use birch::device::BlockDevice;
-use birch::fs::{AtimeUpdates, Filesystem, FsStats, LogStats, SpaceStats, SpaceUsage};
+use birch::fs::{AtimeUpdates, Filesystem, FsStats, LogStats, MemoryStats, SpaceStats, SpaceUsage};
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -27,10 +27,11 @@ pub enum Group {
     MetadataCopies,
     DataChecksums,
     Scrub,
+    Memory,
 }
 
 impl Group {
-    pub const ALL: [Group; 9] = [
+    pub const ALL: [Group; 10] = [
         Group::Transactions,
         Group::Fsync,
         Group::FsyncFallbacks,
@@ -40,6 +41,7 @@ impl Group {
         Group::MetadataCopies,
         Group::DataChecksums,
         Group::Scrub,
+        Group::Memory,
     ];
 
     pub fn title(self) -> &'static str {
@@ -53,6 +55,7 @@ impl Group {
             Group::MetadataCopies => "metadata copies (DUP read repair)",
             Group::DataChecksums => "data checksums",
             Group::Scrub => "scrub (`birch scrub MOUNTPOINT`)",
+            Group::Memory => "memory (the daemon's)",
         }
     }
 }
@@ -198,6 +201,63 @@ counter_table! {
         available: SpaceNow Bytes Now, "What an ordinary change may still reserve.", "Near zero, writers queue tickets and reclaim runs; negative: over-committed into the global reserve.";
         tickets_waiting: SpaceNow Count Now, "Writers waiting for space right now.", "Non-zero: writers are stalled on reclaim this moment.";
     }
+    daemon_memory -> DaemonMemory "memory_" {
+        rss: Memory Bytes Now, "The daemon's resident memory (VmRSS).", "What the mount costs the machine; it falls back toward its idle size once the mount has been idle for `memory_idle` (docs/MEMORY.md).";
+        node_cache_nodes: Memory Count Now, "Clean tree nodes cached (16 KiB each on disk, somewhat more in memory).", "The largest share of the daemon's memory under load; at most `memory_node_cache_limit`, shrunk to `memory_node_cache_idle` when idle.";
+        node_cache_limit: Memory Count Now, "The most nodes the cache holds (`-o node_cache=SIZE`).", "Raise it when metadata reads dominate, lower it to bound memory.";
+        node_cache_idle: Memory Count Now, "Nodes the cache keeps when the mount is idle (`-o node_cache_idle=SIZE`).", "What the cache shrinks to once idle.";
+        spare_pages: Memory Pages Now, "Page buffers kept for the next writes (at most 1024).", "Freed when idle.";
+        releases: Memory Count Total, "Times the idle mount gave memory back (node cache shrunk, spare pages freed, malloc_trim).", "Zero on a busy mount; one per idle spell otherwise.";
+    }
+}
+
+/// The engine's memory figures and the daemon's resident size, for
+/// `birch stats` (the daemon's own process: this runs in it).
+pub struct DaemonMemory {
+    rss: u64,
+    node_cache_nodes: u64,
+    node_cache_limit: u64,
+    node_cache_idle: u64,
+    spare_pages: u64,
+    releases: u64,
+}
+
+trait DaemonMemoryOf {
+    fn daemon_memory(&self) -> DaemonMemory;
+}
+
+impl<D: BlockDevice> DaemonMemoryOf for Filesystem<D> {
+    fn daemon_memory(&self) -> DaemonMemory {
+        let MemoryStats {
+            node_cache_nodes,
+            node_cache_limit,
+            node_cache_idle,
+            spare_pages,
+            releases,
+        } = self.memory_stats();
+        DaemonMemory {
+            rss: resident_bytes().unwrap_or(0),
+            node_cache_nodes,
+            node_cache_limit,
+            node_cache_idle,
+            spare_pages,
+            releases,
+        }
+    }
+}
+
+/// This process's resident set (VmRSS in /proc/self/status).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 /// The image a mount serves, as its owner describes it.

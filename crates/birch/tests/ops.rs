@@ -396,3 +396,40 @@ fn immutable_and_append_only_are_enforced() {
     assert_eq!(fs.read_file(f, 0, 100).unwrap(), b"hello world");
     assert_eq!(ino(&fs, "d/f"), f);
 }
+
+/// generic/079 in the engine: `deny_open` refuses what the VFS's may_open
+/// refuses for immutable and append-only inodes, and nothing else.
+#[test]
+fn opens_of_immutable_and_append_only_files() {
+    let fs = mount(common::memory_fs(IMAGE_BYTES, 15));
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let (rd, wr, rdwr) = (libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR);
+    let (append, trunc) = (libc::O_APPEND, libc::O_TRUNC);
+    let every = [
+        rd,
+        wr,
+        rdwr,
+        wr | append,
+        rdwr | append,
+        rd | trunc,
+        wr | trunc,
+        wr | append | trunc,
+    ];
+    let allowed = |flags: i32| match fs.deny_open(f, flags) {
+        Ok(()) => true,
+        Err(Error::NotPermitted) => false,
+        Err(e) => panic!("open {flags:#o}: {e:?}"),
+    };
+    for flags in every {
+        assert!(allowed(flags), "no flags, open {flags:#o} refused");
+    }
+    fs.set_flags(f, inode_flags::IMMUTABLE).unwrap();
+    for flags in every {
+        assert_eq!(allowed(flags), flags == rd, "immutable, open {flags:#o}");
+    }
+    fs.set_flags(f, inode_flags::APPEND).unwrap();
+    for flags in every {
+        let expected = flags == rd || flags == wr | append || flags == rdwr | append;
+        assert_eq!(allowed(flags), expected, "append-only, open {flags:#o}");
+    }
+}

@@ -90,6 +90,20 @@ impl<D: BlockDevice> NodeStore<D> {
         self.profile
     }
 
+    /// Clean nodes cached now, and at most.
+    pub fn cache_size(&self) -> (usize, usize) {
+        let cache = self.cache.lock().expect("cache lock poisoned");
+        (cache.len(), cache.capacity())
+    }
+
+    /// Evicts cached nodes down to `target` (an idle mount's share).
+    pub fn shrink_cache(&self, target: usize) {
+        self.cache
+            .lock()
+            .expect("cache lock poisoned")
+            .shrink_to(target);
+    }
+
     /// Allows (or stops) rewriting bad copies found by reads.
     pub fn set_repair_writes(&self, allowed: bool) {
         self.repair_writes.store(allowed, Ordering::Relaxed);

@@ -41,6 +41,23 @@ impl<D: BlockDevice> FsState<D> {
         Ok(())
     }
 
+    /// An open(2) with `flags`, as the VFS's may_open refuses it: an
+    /// immutable inode opens for reading only, without O_TRUNC; an
+    /// append-only one for writing only with O_APPEND, never with O_TRUNC.
+    pub(crate) fn deny_open(&mut self, ino: u64, flags: i32) -> Result<()> {
+        let inode_flags = self.inode(ino)?.item.flags as u32;
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let truncates = flags & libc::O_TRUNC != 0;
+        let appends = flags & libc::O_APPEND != 0;
+        if inode_flags & IMMUTABLE != 0 && (writes || truncates) {
+            return Err(Error::NotPermitted);
+        }
+        if inode_flags & APPEND != 0 && ((writes && !appends) || truncates) {
+            return Err(Error::NotPermitted);
+        }
+        Ok(())
+    }
+
     /// A write: nothing into an immutable file, only at EOF into an
     /// append-only one.
     pub(crate) fn deny_write(&mut self, ino: u64, offset: u64) -> Result<()> {

@@ -71,6 +71,16 @@ impl SparePages {
         }
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Frees every kept buffer (an idle mount's memory back to the
+    /// allocator).
+    pub(crate) fn release(&mut self) {
+        self.free = Vec::new();
+    }
+
     /// Keeps `page` for reuse, up to `SPARE_PAGES_MAX` of them (dirty
     /// pages are all one page long; anything else is not kept).
     fn give(&mut self, page: Box<[u8]>) {

@@ -61,6 +61,9 @@ pub(crate) struct FsState<D> {
     dirty_page_bytes: u64,
     /// Page buffers written back, for the next writes to reuse.
     spare_pages: file::SparePages,
+    /// What `release_memory` shrinks the node cache to, and how often it ran.
+    idle_cache_nodes: usize,
+    memory_releases: u64,
     /// Reservations, the dirty-inode queue, tickets (docs/DELALLOC.md).
     space: space::SpaceInfo,
     stats: FsStats,
@@ -739,6 +742,16 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| s.get_flags(ino))
     }
 
+    /// Whether an open(2) of `ino` with `flags` (O_ACCMODE, O_APPEND,
+    /// O_TRUNC) is allowed by its inode flags: EPERM for a write or
+    /// truncating open of an immutable inode, and for a write open without
+    /// O_APPEND or a truncating open of an append-only one (the VFS's
+    /// may_open). For a front end that sees opens; writes are refused
+    /// anyway.
+    pub fn deny_open(&self, ino: u64, flags: i32) -> Result<()> {
+        self.read(|s| s.deny_open(ino, flags))
+    }
+
     /// FS_IOC_SETFLAGS: only [`inode_flags::SUPPORTED`] may be set
     /// (EOPNOTSUPP otherwise). Permission is the caller's to check.
     pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
@@ -860,6 +873,37 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Counters of the fsync path.
     pub fn log_stats(&self) -> LogStats {
         self.lock().log_stats
+    }
+
+    /// What the engine holds in memory now (docs/MEMORY.md).
+    pub fn memory_stats(&self) -> MemoryStats {
+        let (nodes, limit) = self.shared.store.cache_size();
+        let state = self.lock();
+        MemoryStats {
+            node_cache_nodes: nodes as u64,
+            node_cache_limit: limit as u64,
+            node_cache_idle: state.idle_cache_nodes as u64,
+            spare_pages: state.spare_pages.len() as u64,
+            releases: state.memory_releases,
+        }
+    }
+
+    /// Gives back memory an idle filesystem does not need: shrinks the
+    /// node cache to `MountOptions::idle_cache_nodes`, frees the spare page
+    /// buffers and the spare room of the inode table. Everything comes
+    /// back on use (from disk, or newly allocated), so this only costs the
+    /// next requests some reads; the mount calls it once it has been idle
+    /// a while (docs/MEMORY.md). Returning freed memory to the system is
+    /// the caller's (glibc's malloc_trim).
+    pub fn release_memory(&self) {
+        let target = {
+            let mut state = self.lock();
+            state.spare_pages.release();
+            state.inodes.shrink_to_fit();
+            state.memory_releases += 1;
+            state.idle_cache_nodes
+        };
+        self.shared.store.shrink_cache(target);
     }
 
     /// Makes everything durable.

@@ -181,6 +181,8 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         next_ino,
         dirty_page_bytes: 0,
         spare_pages: Default::default(),
+        idle_cache_nodes: options.idle_cache_nodes,
+        memory_releases: 0,
         space: SpaceInfo::new(total_bytes, profile),
         stats: FsStats::default(),
         log: LogState {

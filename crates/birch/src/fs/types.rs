@@ -148,8 +148,12 @@ pub struct MountOptions {
     /// the background worker (commits then happen only on sync, fsync,
     /// space reclaim and close — what deterministic tests want).
     pub commit_interval: Option<Duration>,
-    /// Clean nodes kept in memory.
+    /// Clean nodes kept in memory (16 KiB each on disk, somewhat more
+    /// decoded) while the filesystem is in use.
     pub cache_nodes: usize,
+    /// Clean nodes kept once [`Filesystem::release_memory`](super::Filesystem::release_memory)
+    /// runs (the mount calls it when idle: docs/MEMORY.md).
+    pub idle_cache_nodes: usize,
     /// Dirty file data held in memory. Above half of it the flusher writes
     /// back the oldest dirty pages; a writer that finds more than all of it
     /// waits for the flusher (or, without one, writes back itself) — it
@@ -243,6 +247,7 @@ impl Default for MountOptions {
         MountOptions {
             commit_interval: Some(Duration::from_secs(30)),
             cache_nodes: 16 * 1024,
+            idle_cache_nodes: 1024,
             dirty_limit_bytes: 256 * 1024 * 1024,
             delayed_items_limit: 16 * 1024,
             background_flusher: true,
@@ -263,6 +268,23 @@ impl MountOptions {
             ..Default::default()
         }
     }
+}
+
+/// What the engine holds in memory now (docs/MEMORY.md). `birch stats`
+/// shows each through its line in crates/birch-fuse/src/stats.rs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Clean nodes cached.
+    pub node_cache_nodes: u64,
+    /// The most the cache holds (`MountOptions::cache_nodes`).
+    pub node_cache_limit: u64,
+    /// What [`Filesystem::release_memory`](super::Filesystem::release_memory)
+    /// shrinks it to (`MountOptions::idle_cache_nodes`).
+    pub node_cache_idle: u64,
+    /// Page buffers kept for the next writes.
+    pub spare_pages: u64,
+    /// Times `release_memory` ran.
+    pub releases: u64,
 }
 
 /// Counters of work done since mount. `birch stats` shows each through its
