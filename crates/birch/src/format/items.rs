@@ -145,6 +145,15 @@ impl InodeItem {
                 item.mode
             )));
         }
+        // Sizes are added to and rounded up by every reader.
+        if item.size > super::MAX_FILE_SIZE || item.nbytes > super::MAX_FILE_SIZE {
+            return Err(ItemError(format!(
+                "inode item: size {} or nbytes {} is above the largest file size {}",
+                item.size,
+                item.nbytes,
+                super::MAX_FILE_SIZE
+            )));
+        }
         Ok(item)
     }
 

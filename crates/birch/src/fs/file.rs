@@ -34,8 +34,6 @@ struct RunProgress {
 }
 
 const PAGE: u64 = SECTOR_SIZE;
-/// Largest file size (as btrfs: offsets must fit an i64).
-const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// Most page buffers kept for reuse (4 MiB).
 const SPARE_PAGES_MAX: usize = 1024;
 

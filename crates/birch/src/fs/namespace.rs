@@ -102,11 +102,31 @@ impl<D: BlockDevice> FsState<D> {
 
     fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
         let next = self.peek_dir_index(dir)?;
-        self.inode(dir)?.next_index = Some(next + 1);
+        let after = next
+            .checked_add(1)
+            .filter(|&after| after != u64::MAX)
+            .ok_or(Error::DirIndexesExhausted { dir })?;
+        self.inode(dir)?.next_index = Some(after);
         Ok(next)
     }
 
-    /// The index [`next_dir_index`](Self::next_dir_index) will hand out next.
+    /// Fails with [`Error::DirIndexesExhausted`] (EOVERFLOW) unless `count`
+    /// more names can be added to `dir`. A directory whose last index is
+    /// near 2^64 (only a crafted image has one: each name takes the next
+    /// index and 2^64 names do not fit on a device) takes no more names;
+    /// an operation checks this before it changes anything, so the refusal
+    /// leaves the filesystem as it was.
+    pub(crate) fn require_dir_indexes(&mut self, dir: u64, count: u64) -> Result<()> {
+        let next = self.peek_dir_index(dir)?;
+        // Index u64::MAX is never handed out: peek's "none left".
+        match next.checked_add(count) {
+            Some(end) if end < u64::MAX => Ok(()),
+            _ => Err(Error::DirIndexesExhausted { dir }),
+        }
+    }
+
+    /// The index [`next_dir_index`](Self::next_dir_index) will hand out next
+    /// (u64::MAX: none left, see [`require_dir_indexes`](Self::require_dir_indexes)).
     pub(crate) fn peek_dir_index(&mut self, dir: u64) -> Result<u64> {
         if let Some(next) = self.inode(dir)?.next_index {
             return Ok(next);
@@ -116,8 +136,9 @@ impl<D: BlockDevice> FsState<D> {
             &Key::new(dir, item_type::DIR_INDEX, u64::MAX),
         )?;
         let mut next = match last {
+            // Saturating: an on-disk index of u64::MAX leaves none free.
             Some((k, _)) if k.objectid == dir && k.item_type == item_type::DIR_INDEX => {
-                k.offset + 1
+                k.offset.saturating_add(1)
             }
             _ => FIRST_DIR_INDEX,
         };
@@ -126,7 +147,7 @@ impl<D: BlockDevice> FsState<D> {
             .dir(dir)
             .and_then(|d| d.insertions.keys().next_back())
         {
-            next = next.max(pending + 1);
+            next = next.max(pending.saturating_add(1));
         }
         self.inode(dir)?.next_index = Some(next);
         Ok(next)
@@ -342,6 +363,7 @@ impl<D: BlockDevice> FsState<D> {
         if file_type == FileType::Directory && self.inode(parent)?.item.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
+        self.require_dir_indexes(parent, 1)?;
         let item = self.new_inode_item(mode, uid, gid, rdev);
         let ino = self.add_new_inode(item);
         self.add_name(parent, name, ino, file_type)?;
@@ -416,6 +438,7 @@ impl<D: BlockDevice> FsState<D> {
             return Err(Error::TooManyLinks);
         }
         self.ensure_space(0)?;
+        self.require_dir_indexes(new_parent, 1)?;
         self.add_name(new_parent, new_name, ino, item.file_type())?;
         let now = Timespec::now();
         self.update_inode(ino, |i| {
@@ -573,6 +596,14 @@ impl<D: BlockDevice> FsState<D> {
             }
         }
         self.ensure_space(0)?;
+        if flags.exchange && parent == new_parent {
+            self.require_dir_indexes(parent, 2)?;
+        } else {
+            self.require_dir_indexes(new_parent, 1)?;
+            if flags.exchange {
+                self.require_dir_indexes(parent, 1)?;
+            }
+        }
         if flags.exchange {
             let target = target.expect("checked above");
             self.rename_exchange(parent, name, source, new_parent, new_name, target)
