@@ -20,7 +20,7 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
     item_type, DiskRef, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA,
-    SECTOR_SIZE,
+    MAX_FILE_SIZE, SECTOR_SIZE,
 };
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
