@@ -25,8 +25,8 @@
 use birch::check::check_device;
 use birch::device::{BlockDevice, MemoryDevice};
 use birch::format::{
-    item_type, FileType, Key, Node, NodeBody, FIRST_ALLOCATABLE_BYTE, NODE_SIZE,
-    SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+    item_type, tree_id, FileType, Key, Node, NodeBody, RootItem, NODE_SIZE, SUPERBLOCK_OFFSETS,
+    SUPERBLOCK_SIZE,
 };
 use birch::fs::{read_superblock, Filesystem, MountOptions, XattrSetMode};
 use rand::{Rng, SeedableRng};
@@ -124,8 +124,38 @@ impl std::fmt::Display for Mutation {
 struct Base {
     bytes: Vec<u8>,
     mirror_offset: Option<u64>,
-    /// Every valid node in the primary half: (bytenr, decoded).
+    /// Every node the superblock reaches (trees and log trees):
+    /// (bytenr, decoded).
     nodes: Vec<(u64, Node)>,
+}
+
+/// The nodes reachable from the superblock: the root tree, every tree it
+/// names, the log root tree and every log it names.
+fn live_nodes(bytes: &[u8], sb: &birch::format::Superblock) -> Vec<(u64, Node)> {
+    let mut stack = vec![sb.root_tree_bytenr];
+    if sb.log_root_bytenr != 0 {
+        stack.push(sb.log_root_bytenr);
+    }
+    let mut nodes: Vec<(u64, Node)> = Vec::new();
+    while let Some(bytenr) = stack.pop() {
+        if nodes.iter().any(|(b, _)| *b == bytenr) {
+            continue;
+        }
+        let block = &bytes[bytenr as usize..bytenr as usize + NODE_SIZE];
+        let node = Node::decode(block, bytenr, &sb.fsid).expect("the base image's nodes decode");
+        match &node.body {
+            NodeBody::Internal(ptrs) => stack.extend(ptrs.iter().map(|p| p.blockptr)),
+            NodeBody::Leaf(items) => stack.extend(
+                items
+                    .iter()
+                    .filter(|i| i.key.item_type == item_type::ROOT_ITEM)
+                    .map(|i| RootItem::decode(&i.data).expect("root item").bytenr),
+            ),
+        }
+        nodes.push((bytenr, node));
+    }
+    nodes.sort_by_key(|(b, _)| *b);
+    nodes
 }
 
 /// Builds the base image through the engine: a committed part, then
@@ -152,6 +182,12 @@ fn build_base() -> Base {
         .unwrap();
     fs.link(big, d, b"big-link").unwrap();
     fs.symlink(d, b"sym", b"../big", 0, 0).unwrap();
+    // Enough names for an fs tree of two levels.
+    let many = fs.mkdir(root, b"many", 0o755, 0, 0).unwrap().ino;
+    for i in 0..150 {
+        fs.create(many, format!("empty-{i:03}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+    }
     for i in 0..12 {
         let f = fs.create(d, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
         fs.write_file(f.ino, 0, format!("file {i}").as_bytes())
@@ -171,24 +207,14 @@ fn build_base() -> Base {
     drop(fs);
     let sb = read_superblock(&MemoryDevice::from_bytes(bytes.clone())).expect("superblock");
     assert_ne!(sb.log_root_bytenr, 0, "the base image has an fsync log");
-    let mirror_offset = sb.metadata_profile.mirror_offset();
-    let primary_end = sb
-        .metadata_profile
-        .primary_end()
-        .unwrap_or(IMAGE_BYTES)
-        .min(IMAGE_BYTES);
-    let mut nodes = Vec::new();
-    let mut at = FIRST_ALLOCATABLE_BYTE;
-    while at + NODE_SIZE as u64 <= primary_end {
-        let block = &bytes[at as usize..at as usize + NODE_SIZE];
-        if let Ok(node) = Node::decode(block, at, &sb.fsid) {
-            nodes.push((at, node));
-        }
-        at += NODE_SIZE as u64;
-    }
+    let nodes = live_nodes(&bytes, &sb);
+    assert!(
+        nodes.iter().any(|(_, n)| n.owner == tree_id::FS && n.level > 0),
+        "the base image's fs tree has internal nodes"
+    );
     Base {
+        mirror_offset: sb.metadata_profile.mirror_offset(),
         bytes,
-        mirror_offset,
         nodes,
     }
 }
@@ -228,10 +254,29 @@ fn apply(base: &Base, m: &Mutation) -> Vec<u8> {
     };
     for start in copies {
         let block = &mut img[start as usize..start as usize + len];
+        let old_crc = block[0..4].to_vec();
         put(block, m.at, m.width, m.value);
         seal(block);
+        let new_crc = block[0..4].to_vec();
+        if let Some(bytenr) = m.node.filter(|&b| b == start) {
+            relist(&mut img, bytenr, &old_crc, &new_crc);
+        }
     }
     img
+}
+
+/// A log node the superblock's log manifest lists by checksum
+/// (docs/LOG-FLUSH.md) is listed with its new one, or the mount would take
+/// the mutation for a torn log sync and never decode it.
+fn relist(img: &mut [u8], bytenr: u64, old_crc: &[u8], new_crc: &[u8]) {
+    let entry: Vec<u8> = [&bytenr.to_le_bytes()[..], old_crc].concat();
+    for sb in SUPERBLOCK_OFFSETS {
+        let block = &mut img[sb as usize..sb as usize + SUPERBLOCK_SIZE];
+        if let Some(at) = block.windows(entry.len()).position(|w| w == entry.as_slice()) {
+            block[at + 8..at + 12].copy_from_slice(new_crc);
+            seal(block);
+        }
+    }
 }
 
 /// A value for a field of `width` bytes whose current value is `old`.
@@ -579,4 +624,166 @@ fn mutated_images_never_panic() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+// ----- the panics issue 21 found, as fixed mutations -----
+
+/// The live leaf of tree `owner` holding an item that `pred` picks, and
+/// that item's slot.
+fn find_item(base: &Base, owner: u64, pred: impl Fn(&Key) -> bool) -> (u64, usize, Key) {
+    base.nodes
+        .iter()
+        .filter(|(_, n)| n.owner == owner)
+        .find_map(|(b, n)| match &n.body {
+            NodeBody::Leaf(items) => items
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| pred(&i.key))
+                .last()
+                .map(|(slot, i)| (*b, slot, i.key)),
+            NodeBody::Internal(_) => None,
+        })
+        .unwrap_or_else(|| panic!("the base image has no such item in tree {owner}"))
+}
+
+/// The byte where the body of item `slot` of the node at `bytenr` starts.
+fn item_body_at(base: &Base, bytenr: u64, slot: usize) -> usize {
+    let block = &base.bytes[bytenr as usize..bytenr as usize + NODE_SIZE];
+    BODY + read_field(block, BODY + slot * LEAF_ITEM_HEADER + KEY_SIZE, 4) as usize
+}
+
+fn key_offset_mutation(bytenr: u64, slot: usize, key: Key, value: u64) -> Mutation {
+    Mutation {
+        node: Some(bytenr),
+        both_copies: true,
+        what: format!("slot {slot} ({key}) key.offset"),
+        at: BODY + slot * LEAF_ITEM_HEADER + 9,
+        width: 8,
+        value,
+    }
+}
+
+fn assert_no_panic(img: Vec<u8>, m: &Mutation) {
+    record_panic_locations();
+    IN_CASE.with(|c| c.set(true));
+    let outcome = run_case(img);
+    IN_CASE.with(|c| c.set(false));
+    if let Some((phase, msg)) = outcome {
+        panic!("{m}: panic in {phase}: {msg}");
+    }
+}
+
+/// The log root tree's item for the fs tree's log pointing at
+/// 0xFFFFFFFFFFFFC000: its DUP mirror would lie past 2^64 (`mirror_of`
+/// panicked in check and at mount). Check names the pointer; the mount
+/// takes the log it cannot read for a torn log sync and replays the one
+/// before it (docs/LOG-FLUSH.md).
+#[test]
+fn log_root_item_pointing_near_2_pow_64() {
+    let base = base();
+    let (bytenr, slot, key) = find_item(base, tree_id::LOG_ROOT, |k| {
+        k.item_type == item_type::ROOT_ITEM
+    });
+    let m = Mutation {
+        node: Some(bytenr),
+        both_copies: true,
+        what: format!("slot {slot} ({key}) root.bytenr"),
+        at: item_body_at(base, bytenr, slot),
+        width: 8,
+        value: 0xFFFF_FFFF_FFFF_C000,
+    };
+    let img = apply(base, &m);
+    // A log that cannot be read is what a torn log sync leaves: check
+    // warns, naming the pointer, and checks the log before it.
+    let report = check_device(&MemoryDevice::from_bytes(img.clone())).to_string();
+    assert!(
+        report.contains(&format!("block={}: block pointer outside the device", m.value)),
+        "{m}: check does not name the pointer:\n{report}"
+    );
+    let fs = Filesystem::open(MemoryDevice::from_bytes(img.clone()), MountOptions::deterministic())
+        .expect("the last commit mounts");
+    assert!(
+        matches!(
+            fs.replay_outcome(),
+            Some(birch::fs::ReplayOutcome::Replayed(r)) if r.newest_log_incomplete
+        ),
+        "{m}: {:?}",
+        fs.replay_outcome()
+    );
+    drop(fs);
+    assert_no_panic(img, &m);
+}
+
+/// The last DIR_INDEX of directory `d` at 2^64-1 or 2^64-2: the next
+/// index does not fit (`peek_dir_index`/`next_dir_index` panicked in the
+/// log's replay at mount and at the first create in `d`). Replay fails and
+/// the log is discarded; a create, link or rename into `d` is EOVERFLOW
+/// and changes nothing; the rest of the filesystem takes changes.
+#[test]
+fn dir_index_near_2_pow_64_refuses_new_names() {
+    let base = base();
+    let d = {
+        let fs = Filesystem::open(
+            MemoryDevice::from_bytes(base.bytes.clone()),
+            MountOptions::deterministic(),
+        )
+        .unwrap();
+        fs.lookup(fs.root_ino(), b"d").unwrap().ino
+    };
+    let (bytenr, slot, key) = find_item(base, tree_id::FS, |k| {
+        k.objectid == d && k.item_type == item_type::DIR_INDEX
+    });
+    for value in [u64::MAX, u64::MAX - 1] {
+        let m = key_offset_mutation(bytenr, slot, key, value);
+        let img = apply(base, &m);
+        let fs = Filesystem::open(
+            MemoryDevice::from_bytes(img.clone()),
+            MountOptions::deterministic(),
+        )
+        .expect("mounts");
+        assert!(
+            matches!(fs.replay_outcome(), Some(birch::fs::ReplayOutcome::Discarded(_))),
+            "{m}: {:?}",
+            fs.replay_outcome()
+        );
+        let refused = fs.create(d, b"new", 0o644, 0, 0).map(|a| a.ino);
+        assert_eq!(
+            refused.as_ref().map_err(|e| e.errno()),
+            Err(libc::EOVERFLOW),
+            "{m}: create in d: {refused:?}"
+        );
+        // A link or rename into d is refused before it changes anything.
+        let root = fs.root_ino();
+        let big = fs.lookup(root, b"big").unwrap().ino;
+        let link = fs.link(big, d, b"big-link-2").map(|a| a.ino);
+        assert_eq!(link.map_err(|e| e.errno()), Err(libc::EOVERFLOW), "{m}: link");
+        let moved = fs.rename(root, b"big", d, b"moved", Default::default());
+        assert_eq!(moved.map_err(|e| e.errno()), Err(libc::EOVERFLOW), "{m}: rename");
+        assert_eq!(fs.lookup(root, b"big").map(|a| a.ino).ok(), Some(big), "{m}");
+        assert_eq!(fs.getattr(big).unwrap().nlink, 2, "{m}: big's links");
+        assert!(fs.readdir(d, 0, usize::MAX).is_ok(), "{m}: readdir of d");
+        fs.create(fs.root_ino(), b"elsewhere", 0o644, 0, 0)
+            .unwrap_or_else(|e| panic!("{m}: create elsewhere: {e}"));
+        fs.commit().unwrap_or_else(|e| panic!("{m}: commit: {e}"));
+        drop(fs);
+        assert_no_panic(img, &m);
+    }
+}
+
+/// The checksum tree's last item keyed at 2^64-4096: its range ends past
+/// 2^64 (`birch check` panicked adding its length). Check reports it.
+#[test]
+fn csum_item_keyed_near_2_pow_64() {
+    let base = base();
+    let (bytenr, slot, key) = find_item(base, tree_id::CSUM, |k| {
+        k.item_type == item_type::EXTENT_CSUM
+    });
+    let m = key_offset_mutation(bytenr, slot, key, u64::MAX - 4095);
+    let img = apply(base, &m);
+    let report = check_device(&MemoryDevice::from_bytes(img.clone()));
+    assert!(
+        report.faults_with(birch::check::FaultId::CsumKey).count() > 0,
+        "{m}: no csum-key fault:\n{report}"
+    );
+    assert_no_panic(img, &m);
 }

@@ -102,9 +102,9 @@ impl<D: BlockDevice> FsState<D> {
 
     fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
         let next = self.peek_dir_index(dir)?;
+        // u64::MAX itself is never handed out: it is peek's "none left".
         let after = next
             .checked_add(1)
-            .filter(|&after| after != u64::MAX)
             .ok_or(Error::DirIndexesExhausted { dir })?;
         self.inode(dir)?.next_index = Some(after);
         Ok(next)
@@ -117,11 +117,11 @@ impl<D: BlockDevice> FsState<D> {
     /// an operation checks this before it changes anything, so the refusal
     /// leaves the filesystem as it was.
     pub(crate) fn require_dir_indexes(&mut self, dir: u64, count: u64) -> Result<()> {
-        let next = self.peek_dir_index(dir)?;
-        // Index u64::MAX is never handed out: peek's "none left".
-        match next.checked_add(count) {
-            Some(end) if end < u64::MAX => Ok(()),
-            _ => Err(Error::DirIndexesExhausted { dir }),
+        // The indexes handed out are next..next + count, all below
+        // u64::MAX (peek's "none left").
+        match self.peek_dir_index(dir)?.checked_add(count) {
+            Some(_) => Ok(()),
+            None => Err(Error::DirIndexesExhausted { dir }),
         }
     }
 
@@ -709,10 +709,14 @@ impl<D: BlockDevice> FsState<D> {
             name: e.name.clone(),
         };
         let mut err = None;
+        // Up to u64::MAX - 1: an entry there has a listing position after
+        // it (`index + 1`). The engine never hands out u64::MAX (see
+        // `next_dir_index`); a crafted image's entry there is not listed
+        // (`birch check` reports it) rather than listed forever.
         self.forest.scan(
             &self.roots.fs,
             Key::new(dir, item_type::DIR_INDEX, start),
-            Key::new(dir, item_type::DIR_INDEX, u64::MAX),
+            Key::new(dir, item_type::DIR_INDEX, u64::MAX - 1),
             &mut |k, data| {
                 while let Some((&index, entry)) = inserts.next_if(|(&index, _)| index < k.offset) {
                     if out.len() >= limit {
