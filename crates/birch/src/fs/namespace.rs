@@ -354,6 +354,13 @@ impl<D: BlockDevice> FsState<D> {
         rdev: u64,
     ) -> Result<Attr> {
         validate_new_name(name)?;
+        #[cfg(debug_assertions)]
+        if panics_on_create(name) {
+            panic!(
+                "BIRCH_TEST_PANIC_ON_CREATE: create of {:?}",
+                String::from_utf8_lossy(name)
+            );
+        }
         self.ensure_space(0)?;
         let file_type =
             FileType::from_mode(mode).ok_or(Error::InvalidArgument("mode has no file type"))?;
@@ -757,4 +764,19 @@ impl<D: BlockDevice> FsState<D> {
         out.truncate(limit);
         Ok(out)
     }
+}
+
+/// Debug and test builds only (release builds have no such hook): whether a
+/// create of `name` is to panic with the state lock held, as a bug would,
+/// because the environment variable `BIRCH_TEST_PANIC_ON_CREATE` (read
+/// once per process) names it. The mount test of a panic inside a request
+/// uses it (crates/birch-cli/tests/mount_failure.rs; docs/IO-ERRORS.md,
+/// "Panics"): crafted images no longer reach a panic to test with.
+#[cfg(debug_assertions)]
+fn panics_on_create(name: &[u8]) -> bool {
+    use std::os::unix::ffi::OsStringExt;
+    static NAME: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| std::env::var_os("BIRCH_TEST_PANIC_ON_CREATE").map(|n| n.into_vec()))
+        .as_deref()
+        == Some(name)
 }

@@ -557,11 +557,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
             }
             if state.space.flusher_running {
                 self.flusher_wake.notify_all();
-                state = self
-                    .space_cv
-                    .wait_timeout(state, Duration::from_millis(100))
-                    .expect("state lock poisoned")
-                    .0;
+                state = self.recover_timed_wait(self.space_cv.wait_timeout(state, Duration::from_millis(100)));
                 continue;
             }
             match self.reclaim_lock.try_lock() {
@@ -572,11 +568,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     state = self.lock_state();
                 }
                 Err(_) => {
-                    state = self
-                        .space_cv
-                        .wait_timeout(state, Duration::from_millis(10))
-                        .expect("state lock poisoned")
-                        .0;
+                    state = self.recover_timed_wait(self.space_cv.wait_timeout(state, Duration::from_millis(10)));
                 }
             }
         }
@@ -695,11 +687,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 && state.space.flusher_running
             {
                 self.flusher_wake.notify_all();
-                state = self
-                    .space_cv
-                    .wait_timeout(state, Duration::from_millis(100))
-                    .expect("state lock poisoned")
-                    .0;
+                state = self.recover_timed_wait(self.space_cv.wait_timeout(state, Duration::from_millis(100)));
             }
             state.space.throttled -= 1;
         } else {
@@ -760,11 +748,7 @@ pub(super) fn flusher<D: BlockDevice + 'static>(shared: std::sync::Arc<Shared<D>
                 {
                     break Work::Background;
                 }
-                state = shared
-                    .flusher_wake
-                    .wait_timeout(state, Duration::from_millis(500))
-                    .expect("state lock poisoned")
-                    .0;
+                state = shared.recover_timed_wait(shared.flusher_wake.wait_timeout(state, Duration::from_millis(500)));
             }
         };
         match work {
