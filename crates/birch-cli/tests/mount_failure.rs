@@ -10,6 +10,10 @@
 //! says why once on stderr, `birch stats` shows the reason, and what was
 //! durable before is there at the next mount, which checks clean.
 //!
+//! A panic while serving a request (a bug) does the same without a fault
+//! (`panic_in_a_request_turns_the_mount_read_only`): the request fails
+//! with EIO and the mount keeps answering.
+//!
 //! Run: `cargo test -p birch-cli --test mount_failure` as root.
 
 mod common;
@@ -191,5 +195,75 @@ fn failed_writes_turn_the_mount_read_only_and_say_why() {
         content,
         "what fsync made durable before the failure"
     );
+    fs::create_dir(fx.path("after")).expect("the next mount is writable");
+}
+
+/// A request that panics inside birch (the debug-build hook
+/// `BIRCH_TEST_PANIC_ON_CREATE`: a create of that name panics with the
+/// state lock held) is answered EIO; the daemon says once that the mount
+/// is read-only and why, `birch stats` shows it, the mount keeps serving
+/// reads and refuses changes (EROFS) until unmounted, and the next mount
+/// has what was durable. Before, the panic ended the FUSE event loop
+/// ("event loop thread panicked") and every later call found the state
+/// lock poisoned.
+#[test]
+fn panic_in_a_request_turns_the_mount_read_only() {
+    if skip_unless_root() {
+        return;
+    }
+    let _one_at_a_time = exclusive();
+    let mut fx = Fixture::new("panic", "256M");
+    // One request thread: a panic that ended it (as before) would end the
+    // mount, not one of eight threads.
+    fx.options = vec!["threads=1".into(), "transport=devfuse".into()];
+    fx.daemon_env
+        .push(("BIRCH_TEST_PANIC_ON_CREATE".into(), "boom".into()));
+    fx.mount();
+    let kept = fx.path("kept");
+    let content = b"intact before the panic".to_vec();
+    let mut file = File::create(&kept).expect("create kept");
+    file.write_all(&content).expect("write kept");
+    file.sync_all().expect("fsync kept");
+    drop(file);
+
+    let panicked = File::create(fx.path("boom")).map_err(|e| e.raw_os_error());
+    assert_eq!(panicked.err(), Some(Some(libc::EIO)), "the create that panicked");
+
+    let listed: Vec<String> = fs::read_dir(&fx.mnt)
+        .expect("list the mount after the panic")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(listed.contains(&"kept".to_string()), "{listed:?}");
+    assert_eq!(fs::read(&kept).expect("read kept"), content);
+    let refused = fs::create_dir(fx.path("after")).map_err(|e| e.raw_os_error());
+    assert_eq!(refused, Err(Some(libc::EROFS)), "mkdir after the panic");
+    let refused = File::create(fx.path("after-file")).map_err(|e| e.raw_os_error());
+    assert_eq!(refused.err(), Some(Some(libc::EROFS)), "create after the panic");
+
+    let stats = stats_json(&fx.mnt);
+    let reason = stats
+        .get("failure")
+        .and_then(|v| v.as_str())
+        .unwrap_or_else(|| panic!("birch stats has no failure reason: {stats:?}"))
+        .to_string();
+    assert!(
+        reason.contains("panicked inside birch") && reason.contains("CREATE request"),
+        "{reason}"
+    );
+    let log = fx.daemon_log();
+    let reported: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("read-only from now on"))
+        .collect();
+    assert_eq!(reported.len(), 1, "reported once:\n{log}");
+    assert!(reported[0].contains(&reason), "{}", reported[0]);
+    assert!(!log.contains("poisoned"), "{log}");
+
+    fx.unmount_after_failure();
+    fx.assert_clean();
+    fx.daemon_env.clear();
+    fx.mount();
+    assert_eq!(fs::read(&kept).expect("read kept after the remount"), content);
+    assert!(!fx.path("boom").exists(), "the create that panicked left nothing");
     fs::create_dir(fx.path("after")).expect("the next mount is writable");
 }
