@@ -787,3 +787,37 @@ fn csum_item_keyed_near_2_pow_64() {
     );
     assert_no_panic(img, &m);
 }
+
+/// Every file extent and checksum item of the base image, its key offset
+/// set to each edge in turn: readers add the key offset to the item's
+/// length (file reads, fsync's log, checksum lookups, scrub), so the
+/// decoders refuse one that would end past the largest file or 2^64.
+#[test]
+fn extent_and_checksum_key_offsets_at_edges() {
+    let base = base();
+    let mut failures = Vec::new();
+    for (bytenr, node) in &base.nodes {
+        let NodeBody::Leaf(items) = &node.body else {
+            continue;
+        };
+        for (slot, item) in items.iter().enumerate() {
+            if !matches!(
+                item.key.item_type,
+                item_type::EXTENT_DATA | item_type::EXTENT_CSUM
+            ) {
+                continue;
+            }
+            for value in [u64::MAX, u64::MAX - 4095, 1 << 63, (1 << 63) - 4096] {
+                let m = key_offset_mutation(*bytenr, slot, item.key, value);
+                record_panic_locations();
+                IN_CASE.with(|c| c.set(true));
+                let outcome = run_case(apply(base, &m));
+                IN_CASE.with(|c| c.set(false));
+                if let Some((phase, msg)) = outcome {
+                    failures.push(format!("{m}: panic in {phase}: {msg}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

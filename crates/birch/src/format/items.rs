@@ -504,6 +504,26 @@ impl FileExtent {
         }
     }
 
+    /// [`decode`](Self::decode) of the item at `key`, which must also end
+    /// within the largest file (`key.offset + len <= MAX_FILE_SIZE`): every
+    /// reader adds the two.
+    pub fn decode_at(key: &super::Key, bytes: &[u8]) -> Result<FileExtent, ItemError> {
+        let extent = FileExtent::decode(bytes)?;
+        if key
+            .offset
+            .checked_add(extent.len())
+            .is_none_or(|end| end > super::MAX_FILE_SIZE)
+        {
+            return Err(ItemError(format!(
+                "file extent at file offset {} of {} bytes ends past the largest file size {}",
+                key.offset,
+                extent.len(),
+                super::MAX_FILE_SIZE
+            )));
+        }
+        Ok(extent)
+    }
+
     pub fn regular(d: DiskRef) -> FileExtent {
         FileExtent::Regular {
             disk_bytenr: d.disk_bytenr,
@@ -670,6 +690,20 @@ pub fn decode_csums(bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
         .chunks_exact(CSUM_SIZE)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
         .collect())
+}
+
+/// [`decode_csums`] of the item at `key`, whose blocks must also end below
+/// 2^64 (`key.offset + n × 4096`): every reader adds the two.
+pub fn decode_csums_at(key: &super::Key, bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
+    let sums = decode_csums(bytes)?;
+    let span = sums.len() as u64 * SECTOR_SIZE;
+    if key.offset.checked_add(span).is_none() {
+        return Err(ItemError(format!(
+            "checksum item at {} covers {span} bytes, past 2^64",
+            key.offset
+        )));
+    }
+    Ok(sums)
 }
 
 impl Item {

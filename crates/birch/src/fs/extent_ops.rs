@@ -30,7 +30,7 @@ impl<D: BlockDevice> FsState<D> {
             &self.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, from),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
-            &mut |k, d| match decode_item(k, FileExtent::decode(d)) {
+            &mut |k, d| match decode_item(k, FileExtent::decode_at(k, d)) {
                 Ok(e) => {
                     out.push((k.offset, e));
                     Ok(ControlFlow::Continue(()))

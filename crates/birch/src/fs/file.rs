@@ -100,7 +100,7 @@ impl<D: BlockDevice> FsState<D> {
             &Key::new(ino, item_type::EXTENT_DATA, start),
         )? {
             if key.objectid == ino && key.item_type == item_type::EXTENT_DATA {
-                let e = decode_item(&key, FileExtent::decode(&data))?;
+                let e = decode_item(&key, FileExtent::decode_at(&key, &data))?;
                 if key.offset + e.len() > start {
                     out.push((key.offset, e));
                 }
@@ -113,7 +113,7 @@ impl<D: BlockDevice> FsState<D> {
                 Key::new(ino, item_type::EXTENT_DATA, start + 1),
                 Key::new(ino, item_type::EXTENT_DATA, end - 1),
                 &mut |k, d| {
-                    match FileExtent::decode(d) {
+                    match FileExtent::decode_at(k, d) {
                         Ok(e) => out.push((k.offset, e)),
                         Err(e) => {
                             err = Some(decode_item::<()>(k, Err(e)).unwrap_err());

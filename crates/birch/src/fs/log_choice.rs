@@ -8,7 +8,7 @@ use crate::btree::{read_node_copies, NodeExpectation};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    decode_csums, item_type, tree_id, FileExtent, Key, LogRootRef, NodeBody, RootItem, Superblock,
+    decode_csums_at, item_type, tree_id, FileExtent, Key, LogRootRef, NodeBody, RootItem, Superblock,
     SECTOR_SIZE,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -163,13 +163,13 @@ fn validate_log<D: BlockDevice + ?Sized>(
                         disk_num_bytes,
                         offset,
                         num_bytes,
-                    } = FileExtent::decode(data).map_err(|e| bad(e.to_string()))?
+                    } = FileExtent::decode_at(key, data).map_err(|e| bad(e.to_string()))?
                     {
                         extents.push((*key, disk_bytenr, disk_num_bytes, offset, num_bytes));
                     }
                 }
                 item_type::EXTENT_CSUM => {
-                    for (i, csum) in decode_csums(data)
+                    for (i, csum) in decode_csums_at(key, data)
                         .map_err(|e| bad(e.to_string()))?
                         .into_iter()
                         .enumerate()

@@ -423,7 +423,7 @@ impl<D: BlockDevice> FsState<D> {
                 "symlink {ino} has no target item"
             )))
         })?;
-        match decode_item(&key, FileExtent::decode(&data))? {
+        match decode_item(&key, FileExtent::decode_at(&key, &data))? {
             FileExtent::Inline { data } => Ok(data),
             _ => Err(Error::corrupt(crate::Corruption::general(format!(
                 "symlink {ino} target is not inline"
