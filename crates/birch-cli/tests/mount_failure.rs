@@ -227,7 +227,11 @@ fn panic_in_a_request_turns_the_mount_read_only() {
     drop(file);
 
     let panicked = File::create(fx.path("boom")).map_err(|e| e.raw_os_error());
-    assert_eq!(panicked.err(), Some(Some(libc::EIO)), "the create that panicked");
+    assert_eq!(
+        panicked.err(),
+        Some(Some(libc::EIO)),
+        "the create that panicked"
+    );
 
     let listed: Vec<String> = fs::read_dir(&fx.mnt)
         .expect("list the mount after the panic")
@@ -238,7 +242,11 @@ fn panic_in_a_request_turns_the_mount_read_only() {
     let refused = fs::create_dir(fx.path("after")).map_err(|e| e.raw_os_error());
     assert_eq!(refused, Err(Some(libc::EROFS)), "mkdir after the panic");
     let refused = File::create(fx.path("after-file")).map_err(|e| e.raw_os_error());
-    assert_eq!(refused.err(), Some(Some(libc::EROFS)), "create after the panic");
+    assert_eq!(
+        refused.err(),
+        Some(Some(libc::EROFS)),
+        "create after the panic"
+    );
 
     let stats = stats_json(&fx.mnt);
     let reason = stats
@@ -263,7 +271,13 @@ fn panic_in_a_request_turns_the_mount_read_only() {
     fx.assert_clean();
     fx.daemon_env.clear();
     fx.mount();
-    assert_eq!(fs::read(&kept).expect("read kept after the remount"), content);
-    assert!(!fx.path("boom").exists(), "the create that panicked left nothing");
+    assert_eq!(
+        fs::read(&kept).expect("read kept after the remount"),
+        content
+    );
+    assert!(
+        !fx.path("boom").exists(),
+        "the create that panicked left nothing"
+    );
     fs::create_dir(fx.path("after")).expect("the next mount is writable");
 }

@@ -723,7 +723,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     /// on answering (docs/IO-ERRORS.md, "Panics").
     fn request_panicked(&self, opcode: u32, message: &str) {
         let op = crate::requests::opcode_name(opcode as usize).unwrap_or("unknown");
-        let reason = self.fs.fail_after_panic(&format!("{op} request: {message}"));
+        let reason = self
+            .fs
+            .fail_after_panic(&format!("{op} request: {message}"));
         if !self.failure_reported.swap(true, Ordering::Relaxed) {
             eprintln!(
                 "birch: {}: read-only from now on: {reason}",

@@ -87,7 +87,9 @@ pub enum Error {
     /// Directory `dir` has handed out its last dir index (EOVERFLOW, as
     /// btrfs answers for an exhausted index counter): only a crafted image
     /// gets there.
-    DirIndexesExhausted { dir: u64 },
+    DirIndexesExhausted {
+        dir: u64,
+    },
     /// The device failed; the filesystem has gone read-only.
     Io(io::Error),
     Corrupt(Corruption),

@@ -115,7 +115,11 @@ impl std::fmt::Display for Mutation {
             self.at,
             self.width,
             self.value,
-            if self.both_copies { "" } else { " (primary copy only)" }
+            if self.both_copies {
+                ""
+            } else {
+                " (primary copy only)"
+            }
         )
     }
 }
@@ -189,7 +193,9 @@ fn build_base() -> Base {
             .unwrap();
     }
     for i in 0..12 {
-        let f = fs.create(d, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
+        let f = fs
+            .create(d, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
         fs.write_file(f.ino, 0, format!("file {i}").as_bytes())
             .unwrap();
     }
@@ -209,7 +215,9 @@ fn build_base() -> Base {
     assert_ne!(sb.log_root_bytenr, 0, "the base image has an fsync log");
     let nodes = live_nodes(&bytes, &sb);
     assert!(
-        nodes.iter().any(|(_, n)| n.owner == tree_id::FS && n.level > 0),
+        nodes
+            .iter()
+            .any(|(_, n)| n.owner == tree_id::FS && n.level > 0),
         "the base image's fs tree has internal nodes"
     );
     Base {
@@ -272,7 +280,10 @@ fn relist(img: &mut [u8], bytenr: u64, old_crc: &[u8], new_crc: &[u8]) {
     let entry: Vec<u8> = [&bytenr.to_le_bytes()[..], old_crc].concat();
     for sb in SUPERBLOCK_OFFSETS {
         let block = &mut img[sb as usize..sb as usize + SUPERBLOCK_SIZE];
-        if let Some(at) = block.windows(entry.len()).position(|w| w == entry.as_slice()) {
+        if let Some(at) = block
+            .windows(entry.len())
+            .position(|w| w == entry.as_slice())
+        {
             block[at + 8..at + 12].copy_from_slice(new_crc);
             seal(block);
         }
@@ -304,7 +315,11 @@ fn read_field(block: &[u8], at: usize, width: usize) -> u64 {
 
 /// Fields of an item body by type (offset, width), as the encoders in
 /// format/items.rs lay them out; other types get one random field.
-fn item_body_fields(rng: &mut ChaCha8Rng, key: &Key, len: usize) -> Vec<(&'static str, usize, usize)> {
+fn item_body_fields(
+    rng: &mut ChaCha8Rng,
+    key: &Key,
+    len: usize,
+) -> Vec<(&'static str, usize, usize)> {
     let fields: &[(&'static str, usize, usize)] = match key.item_type {
         item_type::INODE_ITEM => &[
             ("inode.generation", 0, 8),
@@ -341,7 +356,11 @@ fn item_body_fields(rng: &mut ChaCha8Rng, key: &Key, len: usize) -> Vec<(&'stati
         ],
         _ => &[],
     };
-    let fitting: Vec<_> = fields.iter().copied().filter(|f| f.1 + f.2 <= len).collect();
+    let fitting: Vec<_> = fields
+        .iter()
+        .copied()
+        .filter(|f| f.1 + f.2 <= len)
+        .collect();
     if !fitting.is_empty() {
         return fitting;
     }
@@ -389,8 +408,8 @@ fn random_mutation(rng: &mut ChaCha8Rng, base: &Base) -> Mutation {
                 KEY_PTR
             };
             let start = BODY + slot * stride;
-            let (n, at, w) = [("objectid", 0, 8), ("type", 8, 1), ("offset", 9, 8)]
-                [rng.gen_range(0..3)];
+            let (n, at, w) =
+                [("objectid", 0, 8), ("type", 8, 1), ("offset", 9, 8)][rng.gen_range(0..3)];
             (format!("slot {slot} key.{n}"), start + at, w)
         }
         (5..=6, NodeBody::Leaf(_)) => {
@@ -424,7 +443,11 @@ fn random_mutation(rng: &mut ChaCha8Rng, base: &Base) -> Mutation {
         }
         (_, NodeBody::Internal(_)) => {
             let slot = rng.gen_range(0..nritems);
-            (format!("slot {slot} ptr.blockptr"), BODY + slot * KEY_PTR + KEY_SIZE, 8)
+            (
+                format!("slot {slot} ptr.blockptr"),
+                BODY + slot * KEY_PTR + KEY_SIZE,
+                8,
+            )
         }
     };
     let old = read_field(block, at, width);
@@ -697,11 +720,17 @@ fn log_root_item_pointing_near_2_pow_64() {
     // warns, naming the pointer, and checks the log before it.
     let report = check_device(&MemoryDevice::from_bytes(img.clone())).to_string();
     assert!(
-        report.contains(&format!("block={}: block pointer outside the device", m.value)),
+        report.contains(&format!(
+            "block={}: block pointer outside the device",
+            m.value
+        )),
         "{m}: check does not name the pointer:\n{report}"
     );
-    let fs = Filesystem::open(MemoryDevice::from_bytes(img.clone()), MountOptions::deterministic())
-        .expect("the last commit mounts");
+    let fs = Filesystem::open(
+        MemoryDevice::from_bytes(img.clone()),
+        MountOptions::deterministic(),
+    )
+    .expect("the last commit mounts");
     assert!(
         matches!(
             fs.replay_outcome(),
@@ -742,7 +771,10 @@ fn dir_index_near_2_pow_64_refuses_new_names() {
         )
         .expect("mounts");
         assert!(
-            matches!(fs.replay_outcome(), Some(birch::fs::ReplayOutcome::Discarded(_))),
+            matches!(
+                fs.replay_outcome(),
+                Some(birch::fs::ReplayOutcome::Discarded(_))
+            ),
             "{m}: {:?}",
             fs.replay_outcome()
         );
@@ -756,10 +788,22 @@ fn dir_index_near_2_pow_64_refuses_new_names() {
         let root = fs.root_ino();
         let big = fs.lookup(root, b"big").unwrap().ino;
         let link = fs.link(big, d, b"big-link-2").map(|a| a.ino);
-        assert_eq!(link.map_err(|e| e.errno()), Err(libc::EOVERFLOW), "{m}: link");
+        assert_eq!(
+            link.map_err(|e| e.errno()),
+            Err(libc::EOVERFLOW),
+            "{m}: link"
+        );
         let moved = fs.rename(root, b"big", d, b"moved", Default::default());
-        assert_eq!(moved.map_err(|e| e.errno()), Err(libc::EOVERFLOW), "{m}: rename");
-        assert_eq!(fs.lookup(root, b"big").map(|a| a.ino).ok(), Some(big), "{m}");
+        assert_eq!(
+            moved.map_err(|e| e.errno()),
+            Err(libc::EOVERFLOW),
+            "{m}: rename"
+        );
+        assert_eq!(
+            fs.lookup(root, b"big").map(|a| a.ino).ok(),
+            Some(big),
+            "{m}"
+        );
         assert_eq!(fs.getattr(big).unwrap().nlink, 2, "{m}: big's links");
         assert!(fs.readdir(d, 0, usize::MAX).is_ok(), "{m}: readdir of d");
         fs.create(fs.root_ino(), b"elsewhere", 0o644, 0, 0)
@@ -819,5 +863,64 @@ fn extent_and_checksum_key_offsets_at_edges() {
             }
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every field of every item of the log trees (what replay applies at
+/// every open), and each item's key objectid and offset, set to each u64
+/// edge in turn: a sweep, since random cases reach one log item's field
+/// at one edge only about once in a few thousand.
+#[test]
+fn log_item_fields_at_edges() {
+    let base = base();
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for (bytenr, node) in &base.nodes {
+        let NodeBody::Leaf(items) = &node.body else {
+            continue;
+        };
+        if node.owner != tree_id::LOG && node.owner != tree_id::LOG_ROOT {
+            continue;
+        }
+        for (slot, item) in items.iter().enumerate() {
+            let body = item_body_at(base, *bytenr, slot);
+            let key_at = BODY + slot * LEAF_ITEM_HEADER;
+            let mut fields = vec![
+                ("key.objectid".to_string(), key_at, 8),
+                ("key.offset".to_string(), key_at + 9, 8),
+            ];
+            let mut rng = case_rng(0, 0);
+            fields.extend(
+                item_body_fields(&mut rng, &item.key, item.data.len())
+                    .into_iter()
+                    .map(|(n, at, w)| (n.to_string(), body + at, w)),
+            );
+            for (name, at, width) in fields {
+                for value in [u64::MAX, u64::MAX - 1, u64::MAX - 4095, 1 << 63, 0] {
+                    let m = Mutation {
+                        node: Some(*bytenr),
+                        both_copies: true,
+                        what: format!("slot {slot} ({}) {name}", item.key),
+                        at,
+                        width,
+                        value: if width == 8 {
+                            value
+                        } else {
+                            value & ((1 << (width * 8)) - 1)
+                        },
+                    };
+                    cases += 1;
+                    record_panic_locations();
+                    IN_CASE.with(|c| c.set(true));
+                    let outcome = run_case(apply(base, &m));
+                    IN_CASE.with(|c| c.set(false));
+                    if let Some((phase, msg)) = outcome {
+                        failures.push(format!("{m}: panic in {phase}: {msg}"));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("log_item_fields_at_edges: {cases} cases");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -50,11 +50,17 @@ fn panic_in_an_operation_turns_the_filesystem_read_only() {
     // Changes are refused; commits and fsyncs fail; nothing is written.
     let refused = fs.create(root, b"after", 0o644, 0, 0).map(|a| a.ino);
     assert_eq!(refused.map_err(|e| e.errno()), Err(libc::EROFS));
-    assert_eq!(fs.write_file(kept, 0, b"x").map_err(|e| e.errno()), Err(libc::EROFS));
+    assert_eq!(
+        fs.write_file(kept, 0, b"x").map_err(|e| e.errno()),
+        Err(libc::EROFS)
+    );
     assert!(fs.fsync(kept, false).is_err());
     assert!(fs.sync().is_err());
     assert!(fs.close().is_err(), "close commits nothing after a failure");
-    assert!(dev.snapshot() == before, "a failed filesystem wrote to the device");
+    assert!(
+        dev.snapshot() == before,
+        "a failed filesystem wrote to the device"
+    );
 
     // The next mount has what was durable: the commit and the fsync log.
     let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();

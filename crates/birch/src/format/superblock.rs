@@ -446,7 +446,10 @@ impl Superblock {
         // Transaction numbers count up from here (`generation + 1` is the
         // next one): a value no real filesystem reaches (2^63 commits) is
         // damage, refused before any arithmetic meets it.
-        for (name, value) in [("generation", generation), ("log generation", log_generation)] {
+        for (name, value) in [
+            ("generation", generation),
+            ("log generation", log_generation),
+        ] {
             if value >= MAX_GENERATION {
                 return Err(SuperblockError::Unsupported(format!(
                     "{name} {value} is not below 2^63"

@@ -19,8 +19,8 @@ use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
-    item_type, DiskRef, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA,
-    MAX_FILE_SIZE, SECTOR_SIZE,
+    item_type, DiskRef, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_FILE_SIZE,
+    MAX_INLINE_DATA, SECTOR_SIZE,
 };
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;

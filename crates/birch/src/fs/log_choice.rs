@@ -8,8 +8,8 @@ use crate::btree::{read_node_copies, NodeExpectation};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    decode_csums_at, item_type, tree_id, FileExtent, Key, LogRootRef, NodeBody, RootItem, Superblock,
-    SECTOR_SIZE,
+    decode_csums_at, item_type, tree_id, FileExtent, Key, LogRootRef, NodeBody, RootItem,
+    Superblock, SECTOR_SIZE,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 

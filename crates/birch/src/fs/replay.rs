@@ -363,9 +363,10 @@ impl<D: BlockDevice> FsState<D> {
                 ItemType::XattrItem => entry
                     .xattrs
                     .extend(decode_item(&key, decode_xattrs(&data))?),
-                ItemType::ExtentData => entry
-                    .extents
-                    .push((key.offset, decode_item(&key, FileExtent::decode_at(&key, &data))?)),
+                ItemType::ExtentData => entry.extents.push((
+                    key.offset,
+                    decode_item(&key, FileExtent::decode_at(&key, &data))?,
+                )),
                 ItemType::LogFullExtents => entry.full_extents = true,
                 // Its names are logged, and there are none.
                 ItemType::LogUnlinked => {

@@ -557,7 +557,10 @@ impl<D: BlockDevice + 'static> Shared<D> {
             }
             if state.space.flusher_running {
                 self.flusher_wake.notify_all();
-                state = self.recover_timed_wait(self.space_cv.wait_timeout(state, Duration::from_millis(100)));
+                state = self.recover_timed_wait(
+                    self.space_cv
+                        .wait_timeout(state, Duration::from_millis(100)),
+                );
                 continue;
             }
             match self.reclaim_lock.try_lock() {
@@ -568,7 +571,9 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     state = self.lock_state();
                 }
                 Err(_) => {
-                    state = self.recover_timed_wait(self.space_cv.wait_timeout(state, Duration::from_millis(10)));
+                    state = self.recover_timed_wait(
+                        self.space_cv.wait_timeout(state, Duration::from_millis(10)),
+                    );
                 }
             }
         }
@@ -687,7 +692,10 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 && state.space.flusher_running
             {
                 self.flusher_wake.notify_all();
-                state = self.recover_timed_wait(self.space_cv.wait_timeout(state, Duration::from_millis(100)));
+                state = self.recover_timed_wait(
+                    self.space_cv
+                        .wait_timeout(state, Duration::from_millis(100)),
+                );
             }
             state.space.throttled -= 1;
         } else {
@@ -748,7 +756,11 @@ pub(super) fn flusher<D: BlockDevice + 'static>(shared: std::sync::Arc<Shared<D>
                 {
                     break Work::Background;
                 }
-                state = shared.recover_timed_wait(shared.flusher_wake.wait_timeout(state, Duration::from_millis(500)));
+                state = shared.recover_timed_wait(
+                    shared
+                        .flusher_wake
+                        .wait_timeout(state, Duration::from_millis(500)),
+                );
             }
         };
         match work {
