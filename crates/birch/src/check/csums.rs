@@ -127,15 +127,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
             "the extent tree could not be read: coverage not checked".into(),
         );
     }
-    // Data extents by start: (length, where).
-    let data: BTreeMap<u64, (u64, Loc)> = c
-        .extents
-        .iter()
-        // An extent ending past 2^64 is the extents pass's fault to report
-        // (extent-out-of-range); left out here, where its end is computed.
-        .filter(|e| e.kind == ExtentKind::Data && e.bytenr.checked_add(e.len).is_some())
-        .map(|e| (e.bytenr, (e.len, e.loc)))
-        .collect();
+    let data = data_extents(c);
     for item in &items {
         let end = item.start + item.len;
         let inside = data
@@ -182,6 +174,17 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         }
     }
     PassStatus::Ran
+}
+
+/// Data extents by start: (length, where). An extent ending past 2^64 is
+/// the extents pass's fault to report (extent-out-of-range); it is left
+/// out here, where its end is computed.
+fn data_extents(c: &Checker<'_>) -> BTreeMap<u64, (u64, Loc)> {
+    c.extents
+        .iter()
+        .filter(|e| e.kind == ExtentKind::Data && e.bytenr.checked_add(e.len).is_some())
+        .map(|e| (e.bytenr, (e.len, e.loc)))
+        .collect()
 }
 
 /// Faults each item that starts before the previous one ends.

@@ -163,6 +163,23 @@ impl MetadataProfile {
 /// this: no filesystem commits 2^63 times, and the engine adds to them.
 pub const MAX_GENERATION: u64 = 1 << 63;
 
+/// Transaction numbers count up from a superblock's (`generation + 1` is
+/// the next one): a value no real filesystem reaches (2^63 commits) is
+/// damage, refused before any arithmetic meets it.
+fn check_generations(generation: u64, log_generation: u64) -> Result<(), SuperblockError> {
+    for (name, value) in [
+        ("generation", generation),
+        ("log generation", log_generation),
+    ] {
+        if value >= MAX_GENERATION {
+            return Err(SuperblockError::Unsupported(format!(
+                "{name} {value} is not below 2^63"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Where the backup-root array starts (bytes 120..256 are kept for other
 /// fields).
 pub const BACKUP_ROOTS_OFFSET: usize = 256;
@@ -443,19 +460,7 @@ impl Superblock {
                 "sector size {sector_size} / node size {node_size}"
             )));
         }
-        // Transaction numbers count up from here (`generation + 1` is the
-        // next one): a value no real filesystem reaches (2^63 commits) is
-        // damage, refused before any arithmetic meets it.
-        for (name, value) in [
-            ("generation", generation),
-            ("log generation", log_generation),
-        ] {
-            if value >= MAX_GENERATION {
-                return Err(SuperblockError::Unsupported(format!(
-                    "{name} {value} is not below 2^63"
-                )));
-            }
-        }
+        check_generations(generation, log_generation)?;
         if incompat & !KNOWN_INCOMPAT != 0 {
             return Err(SuperblockError::Unsupported(format!(
                 "incompat flags {incompat:#x}"
