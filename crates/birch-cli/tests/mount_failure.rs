@@ -21,7 +21,7 @@ mod common;
 use common::{cstr, errno, exclusive, skip_unless_root, stats_json, Fixture, Scratch};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// A tmpfs of a given size, unmounted on drop.
@@ -280,4 +280,128 @@ fn panic_in_a_request_turns_the_mount_read_only() {
         "the create that panicked left nothing"
     );
     fs::create_dir(fx.path("after")).expect("the next mount is writable");
+}
+
+/// Reads the node at `bytenr` of the image.
+fn read_node(image: &File, bytenr: u64, fsid: &[u8; 16]) -> (Vec<u8>, birch::format::Node) {
+    let mut bytes = vec![0u8; birch::format::NODE_SIZE];
+    image.read_exact_at(&mut bytes, bytenr).expect("read node");
+    let node = birch::format::Node::decode(&bytes, bytenr, fsid).expect("decode node");
+    (bytes, node)
+}
+
+/// Sets the offset of the last DIR_INDEX key of directory `dir` to
+/// `offset` in the image's fs tree, resealing the leaf and its DUP mirror.
+fn set_last_dir_index(path: &Path, dir: u64, offset: u64) {
+    use birch::format::{item_type, tree_id, NodeBody, RootItem};
+    let image = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open image");
+    let dev = birch::device::FileDevice::open(path, false).expect("open image as a device");
+    let sb = birch::fs::read_superblock(&dev).expect("superblock");
+    let find = |bytenr: u64, pred: &dyn Fn(&birch::format::Key) -> bool| -> (u64, usize, Vec<u8>) {
+        let mut at = bytenr;
+        loop {
+            let (_, node) = read_node(&image, at, &sb.fsid);
+            match node.body {
+                NodeBody::Leaf(items) => {
+                    let slot = items
+                        .iter()
+                        .rposition(|i| pred(&i.key))
+                        .expect("the item is in the leaf");
+                    return (at, slot, items[slot].data.clone());
+                }
+                // Small trees: the last child whose key is not past the item.
+                NodeBody::Internal(ptrs) => {
+                    at = ptrs
+                        .iter()
+                        .filter(|p| p.key.objectid <= dir)
+                        .last()
+                        .unwrap_or(&ptrs[0])
+                        .blockptr
+                }
+            }
+        }
+    };
+    let (_, _, fs_root) = find(sb.root_tree_bytenr, &|k| {
+        k.objectid == tree_id::FS && k.item_type == item_type::ROOT_ITEM
+    });
+    let fs_root = RootItem::decode(&fs_root).expect("fs root item").bytenr;
+    let (leaf, slot, _) = find(fs_root, &|k| {
+        k.objectid == dir && k.item_type == item_type::DIR_INDEX
+    });
+    let (mut bytes, _) = read_node(&image, leaf, &sb.fsid);
+    let key_offset = 64 + slot * 25 + 9;
+    bytes[key_offset..key_offset + 8].copy_from_slice(&offset.to_le_bytes());
+    let crc = crc32c(&bytes[4..]);
+    bytes[0..4].copy_from_slice(&crc.to_le_bytes());
+    let copies = std::iter::once(leaf).chain(sb.metadata_profile.mirror_of(leaf));
+    for at in copies {
+        image
+            .write_all_at(&bytes, at)
+            .expect("write the crafted leaf");
+    }
+    image.sync_all().expect("sync image");
+}
+
+/// crc32c (Castagnoli), bit by bit: what birch seals nodes with.
+fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82f6_3b78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// A directory whose last DIR_INDEX is 2^64 - 1 (a crafted image): a
+/// create in it is EOVERFLOW, and the mount goes on serving and taking
+/// changes elsewhere. Before, that create panicked in the daemon
+/// (`peek_dir_index`: `k.offset + 1`), which left the state lock poisoned.
+#[test]
+fn directory_with_no_index_left_refuses_create_and_keeps_serving() {
+    if skip_unless_root() {
+        return;
+    }
+    let _one_at_a_time = exclusive();
+    let mut fx = Fixture::new("dir-index", "256M");
+    // The crafted index disagrees with its INODE_REF: check faults it.
+    fx.check_at_drop = false;
+    fx.mount();
+    fs::create_dir(fx.path("d")).expect("mkdir d");
+    File::create(fx.path("d/f")).expect("create d/f");
+    let dir = fs::metadata(fx.path("d")).expect("stat d").ino();
+    fx.unmount();
+    set_last_dir_index(&fx.image, dir, u64::MAX);
+    fx.mount();
+
+    let refused = File::create(fx.path("d/new")).map_err(|e| e.raw_os_error());
+    assert_eq!(refused.err(), Some(Some(libc::EOVERFLOW)), "create in d");
+    let refused = fs::create_dir(fx.path("d/sub")).map_err(|e| e.raw_os_error());
+    assert_eq!(refused, Err(Some(libc::EOVERFLOW)), "mkdir in d");
+    let mut file = File::create(fx.path("elsewhere")).expect("create elsewhere");
+    file.write_all(b"served").expect("write elsewhere");
+    file.sync_all().expect("fsync elsewhere");
+    drop(file);
+    assert!(fx.path("d/f").exists(), "d/f is still there");
+    let stats = stats_json(&fx.mnt);
+    assert!(
+        matches!(stats.get("failure"), Some(common::json::Value::Null)),
+        "the mount did not fail: {stats:?}"
+    );
+    fx.unmount();
+    fx.mount();
+    assert_eq!(
+        fs::read(fx.path("elsewhere")).expect("read elsewhere"),
+        b"served"
+    );
+    fx.unmount();
 }
