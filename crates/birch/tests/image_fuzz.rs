@@ -835,7 +835,9 @@ fn csum_item_keyed_near_2_pow_64() {
 /// Every file extent and checksum item of the base image, its key offset
 /// set to each edge in turn: readers add the key offset to the item's
 /// length (file reads, fsync's log, checksum lookups, scrub), so the
-/// decoders refuse one that would end past the largest file or 2^64.
+/// decoders refuse one that would end past the largest file or 2^64; and
+/// off its block by 1 and by 128 (seed 4's cases 550 and 4162 found reads
+/// and the log check indexing blocks by an unaligned offset).
 #[test]
 fn extent_and_checksum_key_offsets_at_edges() {
     let base = base();
@@ -851,7 +853,15 @@ fn extent_and_checksum_key_offsets_at_edges() {
             ) {
                 continue;
             }
-            for value in [u64::MAX, u64::MAX - 4095, 1 << 63, (1 << 63) - 4096] {
+            let off = item.key.offset;
+            for value in [
+                u64::MAX,
+                u64::MAX - 4095,
+                1 << 63,
+                (1 << 63) - 4096,
+                off + 1,
+                off + 128,
+            ] {
                 let m = key_offset_mutation(*bytenr, slot, item.key, value);
                 record_panic_locations();
                 IN_CASE.with(|c| c.set(true));

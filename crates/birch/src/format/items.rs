@@ -504,11 +504,23 @@ impl FileExtent {
         }
     }
 
-    /// [`decode`](Self::decode) of the item at `key`, which must also end
-    /// within the largest file (`key.offset + len <= MAX_FILE_SIZE`): every
-    /// reader adds the two.
+    /// [`decode`](Self::decode) of the item at `key`, which must also lie
+    /// where the format allows (inline at file offset 0, others on a block:
+    /// readers index blocks by file offset) and end within the largest
+    /// file (`key.offset + len <= MAX_FILE_SIZE`: every reader adds the
+    /// two).
     pub fn decode_at(key: &super::Key, bytes: &[u8]) -> Result<FileExtent, ItemError> {
         let extent = FileExtent::decode(bytes)?;
+        let placed = match extent {
+            FileExtent::Inline { .. } => key.offset == 0,
+            _ => key.offset.is_multiple_of(SECTOR_SIZE),
+        };
+        if !placed {
+            return Err(ItemError(format!(
+                "file extent at file offset {}: inline extents lie at 0, others on a block",
+                key.offset
+            )));
+        }
         if key
             .offset
             .checked_add(extent.len())
@@ -692,14 +704,15 @@ pub fn decode_csums(bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
         .collect())
 }
 
-/// [`decode_csums`] of the item at `key`, whose blocks must also end below
-/// 2^64 (`key.offset + n × 4096`): every reader adds the two.
+/// [`decode_csums`] of the item at `key`, which must also start on a
+/// block (readers index blocks by `(bytenr - start) / 4096`) and end below
+/// 2^64 (`key.offset + n × 4096`: every reader adds the two).
 pub fn decode_csums_at(key: &super::Key, bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
     let sums = decode_csums(bytes)?;
     let span = sums.len() as u64 * SECTOR_SIZE;
-    if key.offset.checked_add(span).is_none() {
+    if !key.offset.is_multiple_of(SECTOR_SIZE) || key.offset.checked_add(span).is_none() {
         return Err(ItemError(format!(
-            "checksum item at {} covers {span} bytes, past 2^64",
+            "checksum item at {} covering {span} bytes is not block aligned or ends past 2^64",
             key.offset
         )));
     }

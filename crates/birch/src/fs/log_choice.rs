@@ -234,7 +234,12 @@ fn validate_extent_blocks<D: BlockDevice + ?Sized>(
         dev.read_at(&mut buf, at)?;
         for (i, block) in buf.chunks(SECTOR_SIZE as usize).enumerate() {
             let bytenr = at + i as u64 * SECTOR_SIZE;
-            let logged = csums[&bytenr];
+            // Counted above, but the count does not say which blocks.
+            let Some(&logged) = csums.get(&bytenr) else {
+                return Err(corrupt_data(format!(
+                    "data block {bytenr} of logged extent {key} has no logged checksum"
+                )));
+            };
             let found = crate::format::block_csum(block);
             if found != logged {
                 return Err(corrupt_data(format!(
