@@ -317,8 +317,7 @@ fn set_last_dir_index(path: &Path, dir: u64, offset: u64) {
                 NodeBody::Internal(ptrs) => {
                     at = ptrs
                         .iter()
-                        .filter(|p| p.key.objectid <= dir)
-                        .last()
+                        .rfind(|p| p.key.objectid <= dir)
                         .unwrap_or(&ptrs[0])
                         .blockptr
                 }
