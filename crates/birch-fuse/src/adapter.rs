@@ -658,6 +658,22 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         self.requests.record(opcode);
     }
 
+    /// A bug met while serving a request (fuser has answered it EIO): the
+    /// engine turns read-only, as after an I/O error, and the mount goes
+    /// on answering (docs/IO-ERRORS.md, "Panics").
+    fn request_panicked(&self, opcode: u32, message: &str) {
+        let op = crate::requests::opcode_name(opcode as usize).unwrap_or("unknown");
+        let reason = self
+            .fs
+            .fail_after_panic(&format!("{op} request: {message}"));
+        if !self.failure_reported.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "birch: {}: read-only from now on: {reason}",
+                self.options.fsname
+            );
+        }
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let parent = to_engine_ino(parent.0);
         if let Some(result) = self.export_lookup(parent, name.as_bytes()) {

@@ -31,7 +31,7 @@ impl Default for RequestCounts {
 
 /// The kernel's names (`enum fuse_opcode` in linux/fuse.h, without the
 /// `FUSE_` prefix), so the counts read like the tracepoint's.
-fn opcode_name(opcode: usize) -> Option<&'static str> {
+pub(crate) fn opcode_name(opcode: usize) -> Option<&'static str> {
     Some(match opcode {
         1 => "LOOKUP",
         2 => "FORGET",

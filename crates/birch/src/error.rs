@@ -84,6 +84,12 @@ pub enum Error {
     NoSuchOffset,
     /// A mode or request the filesystem does not implement (EOPNOTSUPP).
     NotSupported(&'static str),
+    /// Directory `dir` has handed out its last dir index (EOVERFLOW, as
+    /// btrfs answers for an exhausted index counter): only a crafted image
+    /// gets there.
+    DirIndexesExhausted {
+        dir: u64,
+    },
     /// The device failed; the filesystem has gone read-only.
     Io(io::Error),
     Corrupt(Corruption),
@@ -114,6 +120,7 @@ impl Error {
             Error::NotPermitted => libc::EPERM,
             Error::NoSuchOffset => libc::ENXIO,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
+            Error::DirIndexesExhausted { .. } => libc::EOVERFLOW,
             Error::Io(_) | Error::Corrupt(_) | Error::BadData(_) => libc::EIO,
         }
     }
@@ -145,6 +152,10 @@ impl fmt::Display for Error {
             Error::NotPermitted => f.write_str("operation not permitted"),
             Error::NoSuchOffset => f.write_str("no such offset (no more data or holes)"),
             Error::NotSupported(what) => write!(f, "not supported: {what}"),
+            Error::DirIndexesExhausted { dir } => write!(
+                f,
+                "directory {dir} has no dir index left (its last one is near 2^64)"
+            ),
             Error::Io(e) => write!(f, "I/O error: {e}"),
             Error::Corrupt(c) => c.fmt(f),
             Error::BadData(what) => write!(f, "bad data: {what}"),

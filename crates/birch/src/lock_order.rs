@@ -160,6 +160,12 @@ impl<T> RankedMutex<T> {
     pub(crate) fn is_poisoned(&self) -> bool {
         self.inner.is_poisoned()
     }
+
+    /// As [`Mutex::clear_poison`]: for a lock whose holder has dealt with
+    /// the panic that poisoned it (the state lock, docs/IO-ERRORS.md).
+    pub(crate) fn clear_poison(&self) {
+        self.inner.clear_poison();
+    }
 }
 
 impl<T> Deref for RankedGuard<'_, T> {

@@ -16,7 +16,7 @@ use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::tree_name;
 use crate::format::{
-    block_csum, decode_csums, decode_inode_extrefs, decode_inode_refs, item_type, tree_id,
+    block_csum, decode_csums_at, decode_inode_extrefs, decode_inode_refs, item_type, tree_id,
     FileExtent, LeafItem, Node, NodeBody, RootItem, Superblock, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use crate::fs::log_choice::choose_log;
@@ -375,12 +375,12 @@ impl DataMaps {
                     self.extents.insert(key.objectid, key.offset);
                 }
                 (tree_id::CSUM, item_type::EXTENT_CSUM) => {
-                    if let Ok(sums) = decode_csums(&item.data) {
+                    if let Ok(sums) = decode_csums_at(&key, &item.data) {
                         self.csums.insert(key.offset, sums);
                     }
                 }
                 (tree_id::FS, item_type::EXTENT_DATA) => {
-                    if let Some(d) = FileExtent::decode(&item.data)
+                    if let Some(d) = FileExtent::decode_at(&key, &item.data)
                         .ok()
                         .and_then(|e| e.disk_ref())
                     {

@@ -785,6 +785,12 @@ pub trait Filesystem: Send + Sync + 'static {
     /// by type. Must be cheap: it runs on every request.
     fn request_received(&self, _opcode: u32) {}
 
+    /// birch patch: the method serving a request with this opcode panicked
+    /// (`message` is the panic's). The request has been answered EIO and
+    /// the session goes on serving; the filesystem decides what else a
+    /// bug means (birch turns read-only).
+    fn request_panicked(&self, _opcode: u32, _message: &str) {}
+
     /// birch patch: make everything written so far durable (`syncfs(2)`,
     /// `sync(1)`, and a remount read-only). The kernel sends this only to
     /// fuseblk and virtiofs connections. Replying ENOSYS makes it stop

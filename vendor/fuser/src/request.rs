@@ -76,10 +76,25 @@ impl<'a> RequestWithSender<'a> {
     /// request and sends back the returned reply to the kernel
     pub(crate) fn dispatch<FS: Filesystem>(&self, se: &SessionEventLoop<FS>) {
         debug!("{} thread={}", self.request, se.thread_name);
-        match self.dispatch_req(se) {
-            Ok(Some(resp)) => self.reply::<ReplyRaw>().send_ll(&resp),
-            Ok(None) => {}
-            Err(errno) => self.reply::<ReplyRaw>().send_ll(&ResponseErrno(errno)),
+        // birch patch: a panic in the filesystem's method ends this request,
+        // not the event loop: the method's reply, dropped while unwinding,
+        // answers EIO, and `Filesystem::request_panicked` is told.
+        let dispatched =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatch_req(se)));
+        match dispatched {
+            Ok(Ok(Some(resp))) => self.reply::<ReplyRaw>().send_ll(&resp),
+            Ok(Ok(None)) => {}
+            Ok(Err(errno)) => self.reply::<ReplyRaw>().send_ll(&ResponseErrno(errno)),
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| payload.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)");
+                if let Some(filesystem) = &se.filesystem.fs {
+                    filesystem.request_panicked(self.request.header().opcode, message);
+                }
+            }
         }
     }
 

@@ -293,6 +293,8 @@ pub struct Fixture {
     pub mnt: PathBuf,
     /// `-o` options for every mount of this fixture.
     pub options: Vec<String>,
+    /// Environment variables for the daemon of every mount.
+    pub daemon_env: Vec<(String, String)>,
     daemon: Option<Daemon>,
     mounts: usize,
     /// Skip the final `birch check` (a test that checks on its own terms).
@@ -313,6 +315,7 @@ impl Fixture {
             image,
             mnt,
             options: Vec::new(),
+            daemon_env: Vec::new(),
             daemon: None,
             mounts: 0,
             check_at_drop: true,
@@ -372,6 +375,7 @@ impl Fixture {
         if !self.options.is_empty() {
             cmd.arg("-o").arg(self.options.join(","));
         }
+        cmd.envs(self.daemon_env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(out)

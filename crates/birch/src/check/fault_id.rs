@@ -221,7 +221,8 @@ fault_ids! {
         DirItemTwice = "dir-item-twice",
         /// One XATTR_ITEM holds a name twice.
         XattrNameTwice = "xattr-name-twice",
-        /// A DIR_INDEX below the first index 2.
+        /// A DIR_INDEX below the first index 2, or at u64::MAX (no listing
+        /// position follows it).
         DirIndexReserved = "dir-index-reserved",
         /// An inode lists one name twice.
         NameTwice = "name-twice",

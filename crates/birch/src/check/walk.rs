@@ -626,12 +626,12 @@ impl Checker<'_> {
             Item::InodeExtrefs(entries) => self.record_extrefs(loc, entries, fs),
             Item::DirItems(entries) => self.record_dir_items(loc, entries, fs),
             Item::DirIndex(e) => {
-                if key.offset < FIRST_DIR_INDEX {
+                if key.offset < FIRST_DIR_INDEX || key.offset == u64::MAX {
                     self.fault_at(
                         FaultId::DirIndexReserved,
                         loc,
                         format!(
-                            "dir index {} is below the first index {FIRST_DIR_INDEX}",
+                            "dir index {} is outside [{FIRST_DIR_INDEX}, 2^64-1) (u64::MAX is reserved: nothing can be listed after it)",
                             key.offset
                         ),
                     );

@@ -145,6 +145,15 @@ impl InodeItem {
                 item.mode
             )));
         }
+        // Sizes are added to and rounded up by every reader.
+        if item.size > super::MAX_FILE_SIZE || item.nbytes > super::MAX_FILE_SIZE {
+            return Err(ItemError(format!(
+                "inode item: size {} or nbytes {} is above the largest file size {}",
+                item.size,
+                item.nbytes,
+                super::MAX_FILE_SIZE
+            )));
+        }
         Ok(item)
     }
 
@@ -495,6 +504,38 @@ impl FileExtent {
         }
     }
 
+    /// [`decode`](Self::decode) of the item at `key`, which must also lie
+    /// where the format allows (inline at file offset 0, others on a block:
+    /// readers index blocks by file offset) and end within the largest
+    /// file (`key.offset + len <= MAX_FILE_SIZE`: every reader adds the
+    /// two).
+    pub fn decode_at(key: &super::Key, bytes: &[u8]) -> Result<FileExtent, ItemError> {
+        let extent = FileExtent::decode(bytes)?;
+        let placed = match extent {
+            FileExtent::Inline { .. } => key.offset == 0,
+            _ => key.offset.is_multiple_of(SECTOR_SIZE),
+        };
+        if !placed {
+            return Err(ItemError(format!(
+                "file extent at file offset {}: inline extents lie at 0, others on a block",
+                key.offset
+            )));
+        }
+        if key
+            .offset
+            .checked_add(extent.len())
+            .is_none_or(|end| end > super::MAX_FILE_SIZE)
+        {
+            return Err(ItemError(format!(
+                "file extent at file offset {} of {} bytes ends past the largest file size {}",
+                key.offset,
+                extent.len(),
+                super::MAX_FILE_SIZE
+            )));
+        }
+        Ok(extent)
+    }
+
     pub fn regular(d: DiskRef) -> FileExtent {
         FileExtent::Regular {
             disk_bytenr: d.disk_bytenr,
@@ -661,6 +702,21 @@ pub fn decode_csums(bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
         .chunks_exact(CSUM_SIZE)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
         .collect())
+}
+
+/// [`decode_csums`] of the item at `key`, which must also start on a
+/// block (readers index blocks by `(bytenr - start) / 4096`) and end below
+/// 2^64 (`key.offset + n × 4096`: every reader adds the two).
+pub fn decode_csums_at(key: &super::Key, bytes: &[u8]) -> Result<Vec<u32>, ItemError> {
+    let sums = decode_csums(bytes)?;
+    let span = sums.len() as u64 * SECTOR_SIZE;
+    if !key.offset.is_multiple_of(SECTOR_SIZE) || key.offset.checked_add(span).is_none() {
+        return Err(ItemError(format!(
+            "checksum item at {} covering {span} bytes is not block aligned or ends past 2^64",
+            key.offset
+        )));
+    }
+    Ok(sums)
 }
 
 impl Item {

@@ -107,6 +107,9 @@ pub const MAX_INLINE_DATA: usize = 2048;
 /// Longest symlink target (PATH_MAX - 1); stored as an inline extent.
 pub const SYMLINK_MAX: usize = 4095;
 /// Largest data extent writeback allocates.
+/// Largest file size (as btrfs: offsets must fit an i64). An inode item
+/// claiming more is refused at decode.
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 pub const MAX_EXTENT_BYTES: u64 = 128 * 1024 * 1024;
 
 /// crc32c of a name, used as the offset of dir items and xattr items.

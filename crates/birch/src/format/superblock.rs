@@ -124,9 +124,13 @@ impl MetadataProfile {
         }
     }
 
-    /// Where the second copy of the node at `bytenr` lives.
+    /// Where the second copy of the node at `bytenr` lives. `None` also
+    /// when `bytenr` comes from a damaged image and its mirror would lie
+    /// past 2^64: no device holds such a node, and reading its primary
+    /// copy fails as "outside the device", naming the pointer.
     pub fn mirror_of(self, bytenr: u64) -> Option<u64> {
-        self.mirror_offset().map(|offset| bytenr + offset)
+        self.mirror_offset()
+            .and_then(|offset| bytenr.checked_add(offset))
     }
 
     /// Device bytes one tree node takes.
@@ -153,6 +157,27 @@ impl MetadataProfile {
             MetadataProfile::Dup { .. } => "dup",
         }
     }
+}
+
+/// Transaction numbers (superblock generation, log generation) are below
+/// this: no filesystem commits 2^63 times, and the engine adds to them.
+pub const MAX_GENERATION: u64 = 1 << 63;
+
+/// Transaction numbers count up from a superblock's (`generation + 1` is
+/// the next one): a value no real filesystem reaches (2^63 commits) is
+/// damage, refused before any arithmetic meets it.
+fn check_generations(generation: u64, log_generation: u64) -> Result<(), SuperblockError> {
+    for (name, value) in [
+        ("generation", generation),
+        ("log generation", log_generation),
+    ] {
+        if value >= MAX_GENERATION {
+            return Err(SuperblockError::Unsupported(format!(
+                "{name} {value} is not below 2^63"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Where the backup-root array starts (bytes 120..256 are kept for other
@@ -435,6 +460,7 @@ impl Superblock {
                 "sector size {sector_size} / node size {node_size}"
             )));
         }
+        check_generations(generation, log_generation)?;
         if incompat & !KNOWN_INCOMPAT != 0 {
             return Err(SuperblockError::Unsupported(format!(
                 "incompat flags {incompat:#x}"

@@ -10,7 +10,7 @@ use crate::btree::{Change, Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    block_csum, csum_item_span, csum_key, decode_csums, encode_csums, item_type, tree_id,
+    block_csum, csum_item_span, csum_key, decode_csums_at, encode_csums, item_type, tree_id,
     FileExtent, Key, CSUMS_PER_ITEM, EXTENT_CSUM_OBJECTID, SECTOR_SIZE,
 };
 use std::collections::BTreeMap;
@@ -81,7 +81,7 @@ pub(crate) fn lookup_csums<D: BlockDevice>(
 ) -> Result<Vec<Option<u32>>> {
     let mut out = vec![None; ((end - start) / SECTOR_SIZE) as usize];
     let mut fill = |key: &Key, data: &[u8]| -> Result<()> {
-        let sums = decode_csums(data)
+        let sums = decode_csums_at(key, data)
             .map_err(|e| corrupt(root.id, format!("checksum item {key}: {e}")))?;
         for (i, sum) in sums.into_iter().enumerate() {
             let at = key.offset + i as u64 * SECTOR_SIZE;
@@ -186,7 +186,7 @@ impl<D: BlockDevice> FsState<D> {
         let Some(root) = self.roots.csum else {
             return Ok(Vec::new());
         };
-        let extent = decode_item(key, FileExtent::decode(data))?;
+        let extent = decode_item(key, FileExtent::decode_at(key, data))?;
         let (FileExtent::Regular { .. }, Some(disk)) = (&extent, extent.disk_ref()) else {
             return Ok(Vec::new());
         };
@@ -226,7 +226,7 @@ impl<D: BlockDevice> FsState<D> {
         };
         let mut replayed = Vec::new();
         for (key, data) in items {
-            decode_csums(&data)
+            decode_csums_at(&key, &data)
                 .map_err(|e| corrupt(tree_id::LOG, format!("checksum item {key}: {e}")))?;
             let end = key.offset + csum_item_span(data.len());
             let inside = extents

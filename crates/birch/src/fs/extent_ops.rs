@@ -16,12 +16,10 @@ use super::FsState;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::{item_type, DiskRef, FileExtent, Key, Timespec, SECTOR_SIZE};
+use crate::format::{item_type, DiskRef, FileExtent, Key, Timespec, MAX_FILE_SIZE, SECTOR_SIZE};
 use std::ops::ControlFlow;
 
 const PAGE: u64 = SECTOR_SIZE;
-/// Largest file size (as btrfs: offsets must fit an i64).
-const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
 impl<D: BlockDevice> FsState<D> {
     /// Every file extent item of `ino` at or after `from`, in key order.
@@ -32,7 +30,7 @@ impl<D: BlockDevice> FsState<D> {
             &self.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, from),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
-            &mut |k, d| match decode_item(k, FileExtent::decode(d)) {
+            &mut |k, d| match decode_item(k, FileExtent::decode_at(k, d)) {
                 Ok(e) => {
                     out.push((k.offset, e));
                     Ok(ControlFlow::Continue(()))

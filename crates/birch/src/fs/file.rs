@@ -19,8 +19,8 @@ use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
-    item_type, DiskRef, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_INLINE_DATA,
-    SECTOR_SIZE,
+    item_type, DiskRef, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_FILE_SIZE,
+    MAX_INLINE_DATA, SECTOR_SIZE,
 };
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -34,8 +34,6 @@ struct RunProgress {
 }
 
 const PAGE: u64 = SECTOR_SIZE;
-/// Largest file size (as btrfs: offsets must fit an i64).
-const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// Most page buffers kept for reuse (4 MiB).
 const SPARE_PAGES_MAX: usize = 1024;
 
@@ -112,7 +110,7 @@ impl<D: BlockDevice> FsState<D> {
             &Key::new(ino, item_type::EXTENT_DATA, start),
         )? {
             if key.objectid == ino && key.item_type == item_type::EXTENT_DATA {
-                let e = decode_item(&key, FileExtent::decode(&data))?;
+                let e = decode_item(&key, FileExtent::decode_at(&key, &data))?;
                 if key.offset + e.len() > start {
                     out.push((key.offset, e));
                 }
@@ -125,7 +123,7 @@ impl<D: BlockDevice> FsState<D> {
                 Key::new(ino, item_type::EXTENT_DATA, start + 1),
                 Key::new(ino, item_type::EXTENT_DATA, end - 1),
                 &mut |k, d| {
-                    match FileExtent::decode(d) {
+                    match FileExtent::decode_at(k, d) {
                         Ok(e) => out.push((k.offset, e)),
                         Err(e) => {
                             err = Some(decode_item::<()>(k, Err(e)).unwrap_err());

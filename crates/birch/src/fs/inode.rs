@@ -228,7 +228,9 @@ impl<D: BlockDevice> FsState<D> {
         };
         for (key, data) in keys {
             if key.item_type == item_type::EXTENT_DATA {
-                if let Some(disk) = decode_item(&key, FileExtent::decode(&data))?.disk_ref() {
+                if let Some(disk) =
+                    decode_item(&key, FileExtent::decode_at(&key, &data))?.disk_ref()
+                {
                     self.drop_file_extent_ref(ino, disk)?;
                 }
             }

@@ -8,8 +8,8 @@ use crate::btree::{read_node_copies, NodeExpectation};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
-    decode_csums, item_type, tree_id, FileExtent, Key, LogRootRef, NodeBody, RootItem, Superblock,
-    SECTOR_SIZE,
+    decode_csums_at, item_type, tree_id, FileExtent, Key, LogRootRef, NodeBody, RootItem,
+    Superblock, SECTOR_SIZE,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -163,13 +163,13 @@ fn validate_log<D: BlockDevice + ?Sized>(
                         disk_num_bytes,
                         offset,
                         num_bytes,
-                    } = FileExtent::decode(data).map_err(|e| bad(e.to_string()))?
+                    } = FileExtent::decode_at(key, data).map_err(|e| bad(e.to_string()))?
                     {
                         extents.push((*key, disk_bytenr, disk_num_bytes, offset, num_bytes));
                     }
                 }
                 item_type::EXTENT_CSUM => {
-                    for (i, csum) in decode_csums(data)
+                    for (i, csum) in decode_csums_at(key, data)
                         .map_err(|e| bad(e.to_string()))?
                         .into_iter()
                         .enumerate()
@@ -234,7 +234,12 @@ fn validate_extent_blocks<D: BlockDevice + ?Sized>(
         dev.read_at(&mut buf, at)?;
         for (i, block) in buf.chunks(SECTOR_SIZE as usize).enumerate() {
             let bytenr = at + i as u64 * SECTOR_SIZE;
-            let logged = csums[&bytenr];
+            // Counted above, but the count does not say which blocks.
+            let Some(&logged) = csums.get(&bytenr) else {
+                return Err(corrupt_data(format!(
+                    "data block {bytenr} of logged extent {key} has no logged checksum"
+                )));
+            };
             let found = crate::format::block_csum(block);
             if found != logged {
                 return Err(corrupt_data(format!(

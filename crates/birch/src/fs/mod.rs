@@ -304,20 +304,35 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     fn lock(&self) -> RankedGuard<'_, FsState<D>> {
-        self.shared
-            .state
-            .lock()
-            .expect("filesystem state lock poisoned")
+        self.shared.lock_state()
     }
 
-    /// Runs a read-only operation.
+    /// Runs a read-only operation. Also after a panic failed the
+    /// filesystem: reads are served from what is in memory.
     fn read<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
-        self.shared.check_not_poisoned()?;
         let mut state = self.lock();
         if state.shut_down {
             return Err(shut_down_error());
         }
         f(&mut state)
+    }
+
+    /// Turns the filesystem read-only after a panic inside the engine
+    /// (`what`: where, and the panic's message), as after an I/O error:
+    /// nothing more is written, changes fail with EROFS, reads go on
+    /// (docs/IO-ERRORS.md, "Panics"). Returns the failure reason kept: an
+    /// earlier failure's stays, but the general one a poisoned lock left
+    /// gets these details.
+    pub fn fail_after_panic(&self, what: &str) -> String {
+        let mut state = self.lock();
+        match &state.failed {
+            Some(reason) if reason != transaction::PANIC_FAILURE => reason.clone(),
+            _ => {
+                let reason = format!("{}: {what}", transaction::PANIC_FAILURE);
+                state.failed = Some(reason.clone());
+                reason
+            }
+        }
     }
 
     /// Shuts the filesystem down, as a power cut would (fstests' shutdown

@@ -102,11 +102,31 @@ impl<D: BlockDevice> FsState<D> {
 
     fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
         let next = self.peek_dir_index(dir)?;
-        self.inode(dir)?.next_index = Some(next + 1);
+        // u64::MAX itself is never handed out: it is peek's "none left".
+        let after = next
+            .checked_add(1)
+            .ok_or(Error::DirIndexesExhausted { dir })?;
+        self.inode(dir)?.next_index = Some(after);
         Ok(next)
     }
 
-    /// The index [`next_dir_index`](Self::next_dir_index) will hand out next.
+    /// Fails with [`Error::DirIndexesExhausted`] (EOVERFLOW) unless `count`
+    /// more names can be added to `dir`. A directory whose last index is
+    /// near 2^64 (only a crafted image has one: each name takes the next
+    /// index and 2^64 names do not fit on a device) takes no more names;
+    /// an operation checks this before it changes anything, so the refusal
+    /// leaves the filesystem as it was.
+    pub(crate) fn require_dir_indexes(&mut self, dir: u64, count: u64) -> Result<()> {
+        // The indexes handed out are next..next + count, all below
+        // u64::MAX (peek's "none left").
+        match self.peek_dir_index(dir)?.checked_add(count) {
+            Some(_) => Ok(()),
+            None => Err(Error::DirIndexesExhausted { dir }),
+        }
+    }
+
+    /// The index [`next_dir_index`](Self::next_dir_index) will hand out next
+    /// (u64::MAX: none left, see [`require_dir_indexes`](Self::require_dir_indexes)).
     pub(crate) fn peek_dir_index(&mut self, dir: u64) -> Result<u64> {
         if let Some(next) = self.inode(dir)?.next_index {
             return Ok(next);
@@ -116,8 +136,9 @@ impl<D: BlockDevice> FsState<D> {
             &Key::new(dir, item_type::DIR_INDEX, u64::MAX),
         )?;
         let mut next = match last {
+            // Saturating: an on-disk index of u64::MAX leaves none free.
             Some((k, _)) if k.objectid == dir && k.item_type == item_type::DIR_INDEX => {
-                k.offset + 1
+                k.offset.saturating_add(1)
             }
             _ => FIRST_DIR_INDEX,
         };
@@ -126,7 +147,7 @@ impl<D: BlockDevice> FsState<D> {
             .dir(dir)
             .and_then(|d| d.insertions.keys().next_back())
         {
-            next = next.max(pending + 1);
+            next = next.max(pending.saturating_add(1));
         }
         self.inode(dir)?.next_index = Some(next);
         Ok(next)
@@ -333,6 +354,13 @@ impl<D: BlockDevice> FsState<D> {
         rdev: u64,
     ) -> Result<Attr> {
         validate_new_name(name)?;
+        #[cfg(debug_assertions)]
+        if panics_on_create(name) {
+            panic!(
+                "BIRCH_TEST_PANIC_ON_CREATE: create of {:?}",
+                String::from_utf8_lossy(name)
+            );
+        }
         self.ensure_space(0)?;
         let file_type =
             FileType::from_mode(mode).ok_or(Error::InvalidArgument("mode has no file type"))?;
@@ -342,6 +370,7 @@ impl<D: BlockDevice> FsState<D> {
         if file_type == FileType::Directory && self.inode(parent)?.item.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
+        self.require_dir_indexes(parent, 1)?;
         let item = self.new_inode_item(mode, uid, gid, rdev);
         let ino = self.add_new_inode(item);
         self.add_name(parent, name, ino, file_type)?;
@@ -394,7 +423,7 @@ impl<D: BlockDevice> FsState<D> {
                 "symlink {ino} has no target item"
             )))
         })?;
-        match decode_item(&key, FileExtent::decode(&data))? {
+        match decode_item(&key, FileExtent::decode_at(&key, &data))? {
             FileExtent::Inline { data } => Ok(data),
             _ => Err(Error::corrupt(crate::Corruption::general(format!(
                 "symlink {ino} target is not inline"
@@ -416,6 +445,7 @@ impl<D: BlockDevice> FsState<D> {
             return Err(Error::TooManyLinks);
         }
         self.ensure_space(0)?;
+        self.require_dir_indexes(new_parent, 1)?;
         self.add_name(new_parent, new_name, ino, item.file_type())?;
         let now = Timespec::now();
         self.update_inode(ino, |i| {
@@ -573,6 +603,14 @@ impl<D: BlockDevice> FsState<D> {
             }
         }
         self.ensure_space(0)?;
+        if flags.exchange && parent == new_parent {
+            self.require_dir_indexes(parent, 2)?;
+        } else {
+            self.require_dir_indexes(new_parent, 1)?;
+            if flags.exchange {
+                self.require_dir_indexes(parent, 1)?;
+            }
+        }
         if flags.exchange {
             let target = target.expect("checked above");
             self.rename_exchange(parent, name, source, new_parent, new_name, target)
@@ -678,10 +716,14 @@ impl<D: BlockDevice> FsState<D> {
             name: e.name.clone(),
         };
         let mut err = None;
+        // Up to u64::MAX - 1: an entry there has a listing position after
+        // it (`index + 1`). The engine never hands out u64::MAX (see
+        // `next_dir_index`); a crafted image's entry there is not listed
+        // (`birch check` reports it) rather than listed forever.
         self.forest.scan(
             &self.roots.fs,
             Key::new(dir, item_type::DIR_INDEX, start),
-            Key::new(dir, item_type::DIR_INDEX, u64::MAX),
+            Key::new(dir, item_type::DIR_INDEX, u64::MAX - 1),
             &mut |k, data| {
                 while let Some((&index, entry)) = inserts.next_if(|(&index, _)| index < k.offset) {
                     if out.len() >= limit {
@@ -722,4 +764,19 @@ impl<D: BlockDevice> FsState<D> {
         out.truncate(limit);
         Ok(out)
     }
+}
+
+/// Debug and test builds only (release builds have no such hook): whether a
+/// create of `name` is to panic with the state lock held, as a bug would,
+/// because the environment variable `BIRCH_TEST_PANIC_ON_CREATE` (read
+/// once per process) names it. The mount test of a panic inside a request
+/// uses it (crates/birch-cli/tests/mount_failure.rs; docs/IO-ERRORS.md,
+/// "Panics"): crafted images no longer reach a panic to test with.
+#[cfg(debug_assertions)]
+fn panics_on_create(name: &[u8]) -> bool {
+    use std::os::unix::ffi::OsStringExt;
+    static NAME: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| std::env::var_os("BIRCH_TEST_PANIC_ON_CREATE").map(|n| n.into_vec()))
+        .as_deref()
+        == Some(name)
 }

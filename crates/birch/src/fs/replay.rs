@@ -282,7 +282,7 @@ impl<D: BlockDevice> FsState<D> {
             if key.item_type != item_type::EXTENT_DATA {
                 continue;
             }
-            let Some(disk) = decode_item(key, FileExtent::decode(data))?.disk_ref() else {
+            let Some(disk) = decode_item(key, FileExtent::decode_at(key, data))?.disk_ref() else {
                 continue;
             };
             replay
@@ -363,9 +363,10 @@ impl<D: BlockDevice> FsState<D> {
                 ItemType::XattrItem => entry
                     .xattrs
                     .extend(decode_item(&key, decode_xattrs(&data))?),
-                ItemType::ExtentData => entry
-                    .extents
-                    .push((key.offset, decode_item(&key, FileExtent::decode(&data))?)),
+                ItemType::ExtentData => entry.extents.push((
+                    key.offset,
+                    decode_item(&key, FileExtent::decode_at(&key, &data))?,
+                )),
                 ItemType::LogFullExtents => entry.full_extents = true,
                 // Its names are logged, and there are none.
                 ItemType::LogUnlinked => {
@@ -733,7 +734,7 @@ impl<D: BlockDevice> FsState<D> {
             Key::new(ino, item_type::EXTENT_DATA, 0),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
         )? {
-            nbytes += decode_item(&key, FileExtent::decode(&data))?.len();
+            nbytes += decode_item(&key, FileExtent::decode_at(&key, &data))?.len();
         }
         self.update_inode(ino, |i| {
             i.nlink = names;

@@ -638,11 +638,10 @@ impl<D: BlockDevice + 'static> Shared<D> {
             }
             if state.space.flusher_running {
                 self.flusher_wake.notify_all();
-                state = self
-                    .space_cv
-                    .wait_timeout(state, Duration::from_millis(100))
-                    .expect("state lock poisoned")
-                    .0;
+                state = self.recover_timed_wait(
+                    self.space_cv
+                        .wait_timeout(state, Duration::from_millis(100)),
+                );
                 continue;
             }
             match self.reclaim_lock.try_lock() {
@@ -653,11 +652,9 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     state = self.lock_state();
                 }
                 Err(_) => {
-                    state = self
-                        .space_cv
-                        .wait_timeout(state, Duration::from_millis(10))
-                        .expect("state lock poisoned")
-                        .0;
+                    state = self.recover_timed_wait(
+                        self.space_cv.wait_timeout(state, Duration::from_millis(10)),
+                    );
                 }
             }
         }
@@ -786,11 +783,10 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 && state.space.flusher_running
             {
                 self.flusher_wake.notify_all();
-                state = self
-                    .space_cv
-                    .wait_timeout(state, Duration::from_millis(100))
-                    .expect("state lock poisoned")
-                    .0;
+                state = self.recover_timed_wait(
+                    self.space_cv
+                        .wait_timeout(state, Duration::from_millis(100)),
+                );
             }
             state.space.throttled -= 1;
         } else {
@@ -851,11 +847,11 @@ pub(super) fn flusher<D: BlockDevice + 'static>(shared: std::sync::Arc<Shared<D>
                 {
                     break Work::Background;
                 }
-                state = shared
-                    .flusher_wake
-                    .wait_timeout(state, Duration::from_millis(500))
-                    .expect("state lock poisoned")
-                    .0;
+                state = shared.recover_timed_wait(
+                    shared
+                        .flusher_wake
+                        .wait_timeout(state, Duration::from_millis(500)),
+                );
             }
         };
         match work {

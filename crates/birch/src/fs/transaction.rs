@@ -14,7 +14,7 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::SECTOR_SIZE;
 use crate::lock_order::{RankedCondvar, RankedGuard, RankedMutex};
-use std::sync::Arc;
+use std::sync::{Arc, LockResult, PoisonError, WaitTimeoutResult};
 use std::time::Instant;
 
 /// Pages a commit writes back per state-lock hold before it seals.
@@ -68,24 +68,66 @@ pub(super) struct Shared<D> {
     pub(super) reclaim_lock: RankedMutex<()>,
 }
 
+/// Why the filesystem failed when an operation panicked inside the engine.
+pub(super) const PANIC_FAILURE: &str =
+    "internal error: an operation panicked inside birch (a bug in birch)";
+
 impl<D: BlockDevice> Shared<D> {
-    /// Fails with EIO once a panic inside the engine poisoned one of its
-    /// locks: every later call fails instead of panicking in turn.
+    /// Fails with EIO once a panic inside the engine poisoned one of the
+    /// locks a change or a sync takes besides the state (the commit, sync
+    /// progress and superblock locks): every later change and sync fails
+    /// instead of panicking in turn, and the filesystem is failed (reads
+    /// go on). The state lock itself is recovered instead
+    /// ([`lock_state`](Self::lock_state)).
     pub(super) fn check_not_poisoned(&self) -> Result<()> {
-        if self.state.is_poisoned()
-            || self.commit_lock.is_poisoned()
+        if self.commit_lock.is_poisoned()
             || self.sync.is_poisoned()
             || self.superblock_lock.is_poisoned()
         {
-            return Err(Error::Io(std::io::Error::other(
-                "an earlier operation failed inside birch (a bug); the filesystem is shut down",
-            )));
+            self.lock_state()
+                .failed
+                .get_or_insert_with(|| PANIC_FAILURE.into());
+            return Err(Error::Io(std::io::Error::other(format!(
+                "{PANIC_FAILURE}; the filesystem is read-only"
+            ))));
         }
         Ok(())
     }
 
+    /// The state, also after a panic left its lock poisoned: the panic
+    /// may have left it half changed, so it is marked failed (nothing of
+    /// it is written from then on, changes are EROFS) and the poison is
+    /// cleared; reads are served from it (docs/IO-ERRORS.md, "Panics").
     pub(super) fn lock_state(&self) -> RankedGuard<'_, FsState<D>> {
-        self.state.lock().expect("filesystem state lock poisoned")
+        self.recover_state(self.state.lock())
+    }
+
+    /// [`lock_state`](Self::lock_state) for a guard a condition variable
+    /// wait gave back.
+    pub(super) fn recover_state<'a>(
+        &'a self,
+        locked: LockResult<RankedGuard<'a, FsState<D>>>,
+    ) -> RankedGuard<'a, FsState<D>> {
+        locked.unwrap_or_else(|poisoned| {
+            let mut state = poisoned.into_inner();
+            state.failed.get_or_insert_with(|| PANIC_FAILURE.into());
+            self.state.clear_poison();
+            state
+        })
+    }
+
+    /// [`recover_state`](Self::recover_state) for a timed wait.
+    pub(super) fn recover_timed_wait<'a>(
+        &'a self,
+        waited: LockResult<(RankedGuard<'a, FsState<D>>, WaitTimeoutResult)>,
+    ) -> RankedGuard<'a, FsState<D>> {
+        match waited {
+            Ok((state, _)) => state,
+            Err(poisoned) => {
+                let (state, _) = poisoned.into_inner();
+                self.recover_state(Err(PoisonError::new(state)))
+            }
+        }
     }
 
     pub(super) fn lock_sync(&self) -> RankedGuard<'_, SyncProgress> {
@@ -280,11 +322,11 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
             }
         }
         let flush_delayed = {
-            let state = shared.state.lock().expect("state lock poisoned");
+            let state = shared.lock_state();
             state.failed.is_none() && state.delayed.len() > state.options.delayed_items_limit
         };
         if flush_delayed {
-            let mut state = shared.state.lock().expect("state lock poisoned");
+            let mut state = shared.lock_state();
             if let Err(e) = state.flush_delayed_items() {
                 state.failed = Some(e.to_string());
             }

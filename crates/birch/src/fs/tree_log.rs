@@ -479,7 +479,7 @@ impl<D: BlockDevice> FsState<D> {
                 Key::new(ino, item_type::EXTENT_DATA, log_from),
                 Key::new(ino, item_type::EXTENT_DATA, hi.saturating_sub(1)),
             )? {
-                let e = decode_item(&key, FileExtent::decode(&data))?;
+                let e = decode_item(&key, FileExtent::decode_at(&key, &data))?;
                 if key.offset + e.len() > lo {
                     self.log_delete(&key)?;
                     lo = lo.min(key.offset);
@@ -492,7 +492,7 @@ impl<D: BlockDevice> FsState<D> {
                 Key::new(ino, item_type::EXTENT_DATA, fs_from),
                 Key::new(ino, item_type::EXTENT_DATA, hi.saturating_sub(1)),
             )? {
-                let e = decode_item(&key, FileExtent::decode(&data))?;
+                let e = decode_item(&key, FileExtent::decode_at(&key, &data))?;
                 if key.offset + e.len() > lo {
                     lo = lo.min(key.offset);
                     hi = hi.max(key.offset + e.len());
