@@ -718,11 +718,13 @@ impl<D: BlockDevice> FsState<D> {
     /// committed one (the log holds no name of it, so replay would keep
     /// those: generic/764), or one logged earlier in this transaction
     /// (the hooks updated the log, but only a log sync makes that
-    /// durable). A new inode whose names were never logged is gone after
-    /// any crash: nothing to do.
+    /// durable). An inode that lost no name the last commit or the log
+    /// holds (new and never logged, or unlinked before the last commit,
+    /// an orphan there) has nothing to log.
     fn log_unlinked(&mut self, ino: u64) -> Result<LogOutcome> {
         let names_logged = self.inode(ino)?.log.names_logged_trans == self.forest.transid();
-        if !names_logged && self.is_new(ino)? {
+        let lost_committed_name = !self.delayed.committed_names_removed(ino).is_empty();
+        if !names_logged && !lost_committed_name {
             self.log_stats.noop_fsyncs += 1;
             return Ok(LogOutcome::Nothing);
         }
