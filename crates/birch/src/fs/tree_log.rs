@@ -680,14 +680,16 @@ impl<D: BlockDevice> FsState<D> {
             self.log_stats.noop_fsyncs += 1;
             return Ok(LogOutcome::Nothing);
         }
-        if inode.log.state_logged_trans == transid
+        let unchanged = inode.log.state_logged_trans == transid
             && inode.log.logged_change_seq == inode.change_seq
-            && !has_pages
-        {
-            // Logged and unchanged since: durable once that log is.
-            return Ok(LogOutcome::Logged(inode.log.logged_in));
-        }
+            && !has_pages;
         let is_dir = inode.item.file_type() == FileType::Directory;
+        // A file whose names changed brings its directories' changes since
+        // its last log (see `log_dirs_of_changed_names`), even unchanged.
+        if unchanged && (is_dir || !self.names_changed_in_trans(ino)?) {
+            // Logged and unchanged since: durable once that log is.
+            return Ok(LogOutcome::Logged(self.inode(ino)?.log.logged_in));
+        }
         if self.ancestor_renamed(ino)? {
             self.count_fallback(FallbackReason::RenamedAncestor);
             return Ok(LogOutcome::NeedCommit);
@@ -736,6 +738,14 @@ impl<D: BlockDevice> FsState<D> {
         self.log.filling_dirty = true;
         self.log_stats.logged_fsyncs += 1;
         Ok(LogOutcome::Logged(filling))
+    }
+
+    /// Whether the file gained a name by a link or lost a committed one in
+    /// this transaction: its fsync then logs those names' directories.
+    fn names_changed_in_trans(&mut self, ino: u64) -> Result<bool> {
+        let transid = self.forest.transid();
+        Ok(self.inode(ino)?.log.linked_trans == transid
+            || !self.delayed.committed_names_removed(ino).is_empty())
     }
 
     /// Logs, after a file, the directories whose entries replay changes
