@@ -1190,8 +1190,8 @@ fn xattr_a<D: BlockDevice + 'static>(fs: &birch::fs::Filesystem<D>, path: &str) 
     fs.getxattr(ino(fs, path), b"user.a").ok()
 }
 
-/// fstests generic/066: `touch f; setfattr -n user.a -v 1 f; sync; echo x
-/// >> f; fsync f; setfattr -x user.a f; ln f f_link; touch g; fsync g;
+/// fstests generic/066: `touch f; setfattr -n user.a -v 1 f; sync; echo
+/// x >>f; fsync f; setfattr -x user.a f; ln f f_link; touch g; fsync g;
 /// <cut>` → once `f_link` is there, `user.a` is gone from `f`: the link
 /// logs `f` again (its names, kept current since its fsync), and its
 /// xattrs go with it.
