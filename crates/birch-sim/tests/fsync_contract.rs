@@ -8,6 +8,9 @@
 //! nothing durable lost, renames) plus the workload's own promise: once
 //! its last fsync completed, the named subtrees are exactly the model's.
 //!
+//! Issue 21 adds the five fsync cases fstests caught (generic/066, 104,
+//! 336, 343, 764), named as their crash cases in docs/TREE-LOG.md.
+//!
 //! Replay one: `cargo run --release -p birch-sim --bin birch-crash --
 //! --ace-workload rename_away_then_reuse_name`.
 
