@@ -76,7 +76,13 @@ impl CrashRun {
     /// Power cut, clean check of the image as the cut left it, and a mount
     /// that replays the log.
     fn cut_and_remount(&mut self) {
-        self.fx.power_cut();
+        self.cut_and_remount_then(|| {});
+    }
+
+    /// [`Self::cut_and_remount`], running `before_unmount` once the cut
+    /// took (closing a file held open across the cut).
+    fn cut_and_remount_then(&mut self, before_unmount: impl FnOnce()) {
+        self.fx.power_cut_then(before_unmount);
         if let Err(report) = self.fx.check() {
             panic!("image as the power cut left it is not clean: {report}");
         }
@@ -839,4 +845,159 @@ fn rescue_usebackuproot_mounts_the_previous_commit() {
     fx.mount();
     assert_eq!(read_file(&fx.path("a")), b"committed first");
     assert_eq!(read_file(&fx.path("c")), b"after the rollback");
+}
+
+// ---- the fsync cases fstests caught (issue 21) ----
+
+/// fstests generic/066: after an fsync of `f`, its xattr removed and a
+/// link made, an fsync of another file: the link may persist only with the
+/// removal.
+#[test]
+fn generic_066_xattr_removal_persists_with_link() {
+    let Some(mut run) = CrashRun::start("generic-066") else {
+        return;
+    };
+    let f = run.path("f");
+    write_file(&f, b"");
+    set_xattr(&f, "user.a", b"1");
+    run.commit();
+
+    OpenOptions::new()
+        .append(true)
+        .open(&f)
+        .and_then(|mut h| h.write_all(b"x\n"))
+        .unwrap_or_else(|e| panic!("append to f: {e}"));
+    fsync(&f);
+    remove_xattr(&f, "user.a");
+    link(&f, &run.path("f_link"));
+    write_file(&run.path("g"), b"");
+    fsync(&run.path("g"));
+    run.cut_and_remount();
+
+    assert_entries(run.root(), &["f", "f_link", "g"]);
+    assert_file(&f, b"x\n", 2);
+    assert_same_inode(&[&f, &run.path("f_link")]);
+    assert_eq!(xattrs(&f), BTreeMap::new(), "xattrs of f");
+    run.finish();
+}
+
+/// fstests generic/104: two files of one directory each get a new link;
+/// an fsync of one of them persists the other's link too.
+#[test]
+fn generic_104_fsync_logs_other_new_links_in_the_directory() {
+    let Some(mut run) = CrashRun::start("generic-104") else {
+        return;
+    };
+    mkdir(&run.path("d"));
+    write_file(&run.path("d/foo"), b"");
+    write_file(&run.path("d/bar"), b"");
+    run.commit();
+
+    link(&run.path("d/bar"), &run.path("d/bar_link"));
+    link(&run.path("d/foo"), &run.path("d/foo_link"));
+    fsync(&run.path("d/bar"));
+    run.cut_and_remount();
+
+    assert_entries(&run.path("d"), &["bar", "bar_link", "foo", "foo_link"]);
+    assert_file(&run.path("d/foo"), b"", 2);
+    assert_same_inode(&[&run.path("d/foo"), &run.path("d/foo_link")]);
+    assert_same_inode(&[&run.path("d/bar"), &run.path("d/bar_link")]);
+    run.finish();
+}
+
+/// fstests generic/336: a file loses its link in `b`, and another file
+/// moves out of `b`; an fsync of the first persists the move too.
+#[test]
+fn generic_336_move_out_of_old_parent_persists() {
+    let Some(mut run) = CrashRun::start("generic-336") else {
+        return;
+    };
+    let bar = pattern(3000, 21);
+    for d in ["a", "b", "c"] {
+        mkdir(&run.path(d));
+    }
+    write_file(&run.path("a/foo"), b"");
+    link(&run.path("a/foo"), &run.path("b/foo_link"));
+    write_file(&run.path("b/bar"), &bar);
+    run.commit();
+
+    unlink(&run.path("b/foo_link"));
+    rename(&run.path("b/bar"), &run.path("c/bar"));
+    fsync(&run.path("a/foo"));
+    run.cut_and_remount();
+
+    assert_entries(&run.path("a"), &["foo"]);
+    assert_entries(&run.path("b"), &[]);
+    assert_entries(&run.path("c"), &["bar"]);
+    assert_file(&run.path("a/foo"), b"", 1);
+    assert_file(&run.path("c/bar"), &bar, 1);
+    run.finish();
+}
+
+/// fstests generic/343: a new link of `x/foo`, a directory and a file
+/// moved from `y` into `x`; an fsync of the new link persists the moves.
+#[test]
+fn generic_343_moves_into_dir_of_new_link_persist() {
+    let Some(mut run) = CrashRun::start("generic-343") else {
+        return;
+    };
+    let foo2 = pattern(2000, 22);
+    mkdir(&run.path("x"));
+    mkdir(&run.path("y"));
+    mkdir(&run.path("y/z"));
+    write_file(&run.path("x/foo"), b"");
+    write_file(&run.path("y/foo2"), &foo2);
+    run.commit();
+
+    link(&run.path("x/foo"), &run.path("x/bar"));
+    rename(&run.path("y/z"), &run.path("x/z"));
+    rename(&run.path("y/foo2"), &run.path("x/foo2"));
+    fsync(&run.path("x/bar"));
+    run.cut_and_remount();
+
+    assert_entries(&run.path("x"), &["bar", "foo", "foo2", "z"]);
+    assert_entries(&run.path("y"), &[]);
+    assert_file(&run.path("x/foo2"), &foo2, 1);
+    assert_file(&run.path("x/bar"), b"", 2);
+    assert!(lstat(&run.path("x/z")).is_dir(), "x/z is not a directory");
+    run.finish();
+}
+
+/// fstests generic/764: `open(d/foo, O_CREAT); syncfs; unlink d/foo;
+/// fsync(fd)`, cut with the file still open and after closing it: the
+/// deletion persists.
+#[test]
+fn generic_764_fsync_of_unlinked_open_file_persists_deletion() {
+    for close_before_cut in [false, true] {
+        let tag = format!(
+            "generic-764-{}",
+            if close_before_cut { "closed" } else { "open" }
+        );
+        let Some(mut run) = CrashRun::start(&tag) else {
+            return;
+        };
+        mkdir(&run.path("d"));
+        let foo = run.path("d/foo");
+        let handle = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&foo)
+            .unwrap_or_else(|e| panic!("open {}: {e}", foo.display()));
+        // SAFETY: a valid open descriptor.
+        let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&handle)) };
+        assert_eq!(rc, 0, "syncfs: {}", std::io::Error::last_os_error());
+        unlink(&foo);
+        handle
+            .sync_all()
+            .unwrap_or_else(|e| panic!("fsync of the unlinked d/foo: {e}"));
+        if close_before_cut {
+            drop(handle);
+            run.cut_and_remount();
+        } else {
+            run.cut_and_remount_then(|| drop(handle));
+        }
+        assert_entries(&run.path("d"), &[]);
+        run.finish();
+    }
 }

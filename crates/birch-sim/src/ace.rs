@@ -610,6 +610,93 @@ pub fn fixed() -> Vec<AceWorkload> {
             ],
             &["d"],
         ),
+        // The fsync cases fstests caught (issue 21; docs/TREE-LOG.md).
+        named(
+            "generic_066_xattr_removal_persists_with_link",
+            vec![create("f"), xattr("f", "user.a", 1, 10), Op::Sync],
+            vec![
+                write("f", 0, 2, 11),
+                fsync("f"),
+                Op::RemoveXattr {
+                    target: Target::Path(p("f")),
+                    name: b"user.a".to_vec(),
+                },
+                link("f", "f_link"),
+                create("g"),
+                fsync("g"),
+            ],
+            &["f", "f_link", "g"],
+        ),
+        named(
+            "generic_104_fsync_logs_other_new_links_in_the_directory",
+            vec![mkdir("d"), create("d/foo"), create("d/bar"), Op::Sync],
+            vec![
+                link("d/bar", "d/bar_link"),
+                link("d/foo", "d/foo_link"),
+                fsync("d/bar"),
+            ],
+            &["d"],
+        ),
+        named(
+            "generic_336_move_out_of_old_parent_persists",
+            vec![
+                mkdir("a"),
+                mkdir("b"),
+                mkdir("c"),
+                create("a/foo"),
+                link("a/foo", "b/foo_link"),
+                create("b/bar"),
+                write("b/bar", 0, 3000, 12),
+                Op::Sync,
+            ],
+            vec![
+                Op::Unlink {
+                    path: p("b/foo_link"),
+                },
+                rename("b/bar", "c/bar"),
+                fsync("a/foo"),
+            ],
+            &["a", "b", "c"],
+        ),
+        named(
+            "generic_343_moves_into_dir_of_new_link_persist",
+            vec![
+                mkdir("x"),
+                mkdir("y"),
+                mkdir("y/z"),
+                create("x/foo"),
+                create("y/foo2"),
+                write("y/foo2", 0, 2000, 13),
+                Op::Sync,
+            ],
+            vec![
+                link("x/foo", "x/bar"),
+                rename("y/z", "x/z"),
+                rename("y/foo2", "x/foo2"),
+                fsync("x/bar"),
+            ],
+            &["x", "y"],
+        ),
+        named(
+            "generic_764_fsync_of_unlinked_open_file_persists_deletion",
+            vec![
+                mkdir("d"),
+                create("d/foo"),
+                Op::Open {
+                    path: p("d/foo"),
+                    slot: 0,
+                },
+                Op::Sync,
+            ],
+            vec![
+                Op::Unlink { path: p("d/foo") },
+                Op::Fsync {
+                    target: Target::Handle(0),
+                    datasync: false,
+                },
+            ],
+            &["d"],
+        ),
     ]
 }
 

@@ -924,6 +924,8 @@ pub fn check_state_on(
     let guarantees = check_guarantees(trace, k, &view)?;
     // 5. Nothing durable is lost.
     let durable_inodes = check_durable(trace, k, kept, &view, &inos)?;
+    // 6. What an fsync promises about a file's changed names.
+    let guarantees = guarantees + check_name_changes(trace, k, &view, &inos)?;
     if !has_log {
         check_nothing_invented(trace, k, &view)?;
     }
@@ -1301,6 +1303,233 @@ pub fn check_durable(
         }
     }
     Ok(checked)
+}
+
+/// The first op of the transaction op `f` ran in: no commit completed
+/// during the ops from there to `f` (the op during which one completed
+/// may have changed things on either side of it, so it is not counted).
+fn transaction_start(trace: &Trace, f: usize) -> usize {
+    let before = |i: usize| {
+        i.checked_sub(1)
+            .map_or(trace.initial_generation, |j| trace.ops[j].generation_after)
+    };
+    let generation = before(f);
+    let mut s = f;
+    while s > 0 && before(s - 1) == generation {
+        s -= 1;
+    }
+    s
+}
+
+/// The model inode at each path at the start of the transaction beginning
+/// at op `s`: present before and after the op that committed (so in the
+/// commit, whichever side of the op it was taken on).
+fn committed_names(trace: &Trace, s: usize) -> BTreeMap<Path, MIno> {
+    let Some(after) = s.checked_sub(1) else {
+        return BTreeMap::new();
+    };
+    let mut names = trace.ops[after].inos_after.clone();
+    if let Some(before) = after.checked_sub(1) {
+        let earlier = &trace.ops[before].inos_after;
+        names.retain(|path, ino| earlier.get(path) == Some(ino));
+    }
+    names
+}
+
+/// Oracle 6, the fsync cases fstests caught (issue 21, docs/TREE-LOG.md):
+/// what a completed fsync of a file promises beyond its own data and
+/// names, judged on facts no op that can have reached the media changed.
+/// For an fsync at op F of file X in a transaction that began at op s:
+/// - X gained a name by a link in s..F (generic/104, 343): each entry of
+///   each directory X has a name in at F is there;
+/// - X lost a name the commit before s had (generic/336): each entry of
+///   that directory at F is there, and each entry it had at that commit
+///   that is gone at F is gone;
+/// - X had no name at F (generic/764): no path reaches X;
+/// - X was linked at op j after F, in F's transaction, and the new name
+///   reaches X (generic/066): X's xattrs are as at some op from j on.
+///
+/// Returns the facts checked.
+pub fn check_name_changes(
+    trace: &Trace,
+    k: usize,
+    recovered: &View,
+    recovered_inos: &BTreeMap<Path, u64>,
+) -> Result<usize, String> {
+    let reach = trace.reach(k);
+    let mut facts = 0;
+    let found = |ino: MIno| {
+        recovered_inos
+            .iter()
+            .find(|(_, e)| trace.engine_inos.get(e) == Some(&ino))
+            .map(|(path, _)| path)
+    };
+    // An entry at `path` as op `from` had it: still there (same kind) if
+    // no later op that can have reached the media changed its kind.
+    let present = |from: usize, path: &Path, facts: &mut usize| -> Result<(), String> {
+        let Some(entry) = trace.ops[from].view_after.entries.get(path) else {
+            return Ok(());
+        };
+        let stable = trace.ops[from + 1..reach.max(from + 1)].iter().all(|r| {
+            r.view_after
+                .entries
+                .get(path)
+                .is_some_and(|e| e.kind == entry.kind)
+        });
+        *facts += usize::from(stable);
+        if stable
+            && recovered
+                .entries
+                .get(path)
+                .is_none_or(|e| e.kind != entry.kind)
+        {
+            return Err(format!(
+                "`{}` (op #{from}) completed, but {} ({:?}) is missing",
+                trace.ops[from].op,
+                show_path(path),
+                entry.kind
+            ));
+        }
+        Ok(())
+    };
+    let entries_of = |at: usize, dir: &Path| -> Vec<Path> {
+        trace.ops[at]
+            .view_after
+            .entries
+            .keys()
+            .filter(|path| path.len() == dir.len() + 1 && path.starts_with(dir))
+            .cloned()
+            .collect()
+    };
+    for (f, rec) in trace.ops.iter().enumerate().take(reach) {
+        let Some((
+            Persist::Fsync { .. },
+            Covered::Inode {
+                ino,
+                paths,
+                dir: false,
+            },
+        )) = &rec.persist
+        else {
+            continue;
+        };
+        if rec.flushes_after > k {
+            continue;
+        }
+        let x = *ino;
+        let s = transaction_start(trace, f);
+        let linked_to_x = |j: usize| {
+            let r = &trace.ops[j];
+            match &r.op {
+                Op::Link { to, .. } if r.ok => r.inos_after.get(to) == Some(&x),
+                _ => false,
+            }
+        };
+        // A file with no name left: its deletion.
+        if paths.is_empty() {
+            let named_again = trace.ops[f + 1..reach.max(f + 1)]
+                .iter()
+                .any(|r| r.path_of.contains_key(&x));
+            if !named_again {
+                facts += 1;
+                if let Some(path) = found(x) {
+                    return Err(format!(
+                        "`{}` (op #{f}) of a file with no name completed, but {} reaches it",
+                        rec.op,
+                        show_path(path)
+                    ));
+                }
+            }
+            continue;
+        }
+        // The directories of its new links.
+        if (s..f).any(linked_to_x) {
+            for path in paths {
+                let dir = path[..path.len() - 1].to_vec();
+                for entry in entries_of(f, &dir) {
+                    present(f, &entry, &mut facts)?;
+                }
+            }
+        }
+        // The directories of the committed names it lost.
+        let committed = committed_names(trace, s);
+        for (old, _) in committed
+            .iter()
+            .filter(|(path, i)| **i == x && rec.inos_after.get(*path) != Some(&x))
+        {
+            let old_dir = old[..old.len() - 1].to_vec();
+            let Some(dir_ino) = (if old_dir.is_empty() {
+                Some(crate::model::ROOT)
+            } else {
+                committed.get(&old_dir).copied()
+            }) else {
+                continue;
+            };
+            let dir = if dir_ino == crate::model::ROOT {
+                Vec::new()
+            } else {
+                match rec.path_of.get(&dir_ino) {
+                    Some(d) => d.clone(),
+                    None => continue,
+                }
+            };
+            for entry in entries_of(f, &dir) {
+                present(f, &entry, &mut facts)?;
+            }
+            // Its committed entries gone at F, and gone since.
+            for gone in entries_of(s - 1, &old_dir) {
+                let name = gone.last().expect("an entry has a name");
+                let mut now = dir.clone();
+                now.push(name.clone());
+                let stays_gone = trace.ops[f..reach.max(f + 1)]
+                    .iter()
+                    .all(|r| !r.view_after.entries.contains_key(&now));
+                if !stays_gone {
+                    continue;
+                }
+                facts += 1;
+                if recovered.entries.contains_key(&now) {
+                    return Err(format!(
+                        "`{}` (op #{f}) completed, but {}, gone since the last commit, is back",
+                        rec.op,
+                        show_path(&now)
+                    ));
+                }
+            }
+        }
+        // Its xattrs with a later new name in the same transaction.
+        let same_transaction = |j: usize| transaction_start(trace, j) <= f;
+        for j in (f + 1..reach).filter(|&j| linked_to_x(j) && same_transaction(j)) {
+            let Op::Link { to, .. } = &trace.ops[j].op else {
+                continue;
+            };
+            let reaches_x = recovered_inos
+                .get(to)
+                .and_then(|e| trace.engine_inos.get(e))
+                == Some(&x);
+            if !reaches_x {
+                continue;
+            }
+            facts += 1;
+            let xattrs = &recovered.entries[to].xattrs;
+            let had = trace.ops[j..reach].iter().any(|r| {
+                r.path_of
+                    .get(&x)
+                    .and_then(|p| r.view_after.entries.get(p))
+                    .is_some_and(|e| &e.xattrs == xattrs)
+            });
+            if !had {
+                return Err(format!(
+                    "{} (linked by `{}`, op #{j}, after `{}`, op #{f}) has xattrs {:?} that the file never had since the link",
+                    show_path(to),
+                    trace.ops[j].op,
+                    rec.op,
+                    xattrs.keys().map(|n| crate::model::show_name(n)).collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
+    Ok(facts)
 }
 
 /// Nothing appears that no state since the last completed sync had: every

@@ -812,7 +812,9 @@ impl Generator {
             to: to.clone(),
         };
         let file = self.existing(model, |k| k == Kind::File);
-        match (self.rng.gen_range(0..8), file) {
+        match (self.rng.gen_range(0..13), file) {
+            // The fsync cases fstests caught (issue 21, docs/TREE-LOG.md).
+            (8..=12, Some(f)) => self.fsync_case_shape(model, f),
             // A file's name reused after a rename (to a new name, or over
             // an existing file), the new file maybe written.
             (0 | 1, Some(f)) => {
@@ -965,6 +967,141 @@ impl Generator {
                         target: Target::Path(d),
                     },
                 ]
+            }
+        }
+    }
+
+    /// A shape of one of the fsync cases fstests caught in birch (issue
+    /// 21), around the existing file `f`:
+    /// - an xattr removed and a link made after an fsync of `f`, then an
+    ///   fsync of another file (generic/066);
+    /// - new links of `f` and of another file in one directory, an fsync
+    ///   of `f` (generic/104);
+    /// - a committed second name of `f` unlinked, another entry of its
+    ///   directory moved out, an fsync of `f` (generic/336);
+    /// - a new link of `f`, other entries moved into its directory, an
+    ///   fsync of the new link (generic/343);
+    /// - `f` opened, unlinked, fsynced through the handle (generic/764).
+    fn fsync_case_shape(&mut self, model: &Model, f: Path) -> Vec<Op> {
+        let parent = |p: &Path| p[..p.len().saturating_sub(1)].to_vec();
+        let link = |from: &Path, to: &Path| Op::Link {
+            from: from.clone(),
+            to: to.clone(),
+        };
+        let rename = |from: &Path, to: &Path| Op::Rename {
+            from: from.clone(),
+            to: to.clone(),
+            flags: RenameFlags::default(),
+        };
+        let fsync = |p: &Path| Op::Fsync {
+            target: Target::Path(p.clone()),
+            datasync: false,
+        };
+        let dir = parent(&f);
+        match self.rng.gen_range(0..5) {
+            0 => {
+                let name = self.xattr_name();
+                let target = Target::Path(f.clone());
+                let l = self.free_name(model, &dir);
+                let mut g = self.existing_dir(model);
+                g.push(b"g".to_vec());
+                vec![
+                    Op::SetXattr {
+                        target: target.clone(),
+                        name: name.clone(),
+                        value_len: 1 + self.rng.gen_range(0..40),
+                        fill: self.rng.gen(),
+                        mode: XattrMode::Any,
+                    },
+                    Op::Sync,
+                    Op::Write {
+                        target: target.clone(),
+                        offset: 0,
+                        len: self.rng.gen_range(1..5000),
+                        fill: self.rng.gen(),
+                    },
+                    fsync(&f),
+                    Op::RemoveXattr { target, name },
+                    link(&f, &l),
+                    Op::Create {
+                        path: g.clone(),
+                        perm: 0o644,
+                    },
+                    fsync(&g),
+                ]
+            }
+            1 => {
+                let other = self
+                    .existing(model, |k| k == Kind::File)
+                    .unwrap_or_else(|| f.clone());
+                let l1 = self.free_name(model, &dir);
+                let mut ops = Vec::new();
+                if self.rng.gen_ratio(1, 2) {
+                    ops.push(Op::Sync);
+                }
+                ops.push(link(&f, &l1));
+                // Another free name: l1 is not in the model yet.
+                let mut l2 = l1.clone();
+                l2.last_mut().expect("a name").push(b'2');
+                ops.push(link(&other, &l2));
+                ops.push(fsync(if self.rng.gen_ratio(1, 2) { &f } else { &l1 }));
+                ops
+            }
+            2 => {
+                let b = self.existing_dir(model);
+                let c = self.existing_dir(model);
+                let l = self.free_name(model, &b);
+                let mut m = l.clone();
+                m.last_mut().expect("a name").push(b'm');
+                let moved = self.free_name(model, &c);
+                vec![
+                    link(&f, &l),
+                    Op::Create {
+                        path: m.clone(),
+                        perm: 0o644,
+                    },
+                    Op::Sync,
+                    Op::Unlink { path: l },
+                    rename(&m, &moved),
+                    fsync(&f),
+                ]
+            }
+            3 => {
+                let l = self.free_name(model, &dir);
+                let mut ops = Vec::new();
+                if self.rng.gen_ratio(1, 2) {
+                    ops.push(Op::Sync);
+                }
+                ops.push(link(&f, &l));
+                for i in 0..self.rng.gen_range(1..=2u8) {
+                    let Some(e) = self.existing(model, |_| true) else {
+                        break;
+                    };
+                    let mut to = self.free_name(model, &dir);
+                    to.last_mut().expect("a name").push(b'0' + i);
+                    ops.push(rename(&e, &to));
+                }
+                ops.push(fsync(&l));
+                ops
+            }
+            _ => {
+                let slot = self.rng.gen_range(0..self.cfg.handles);
+                let mut ops = vec![Op::Open {
+                    path: f.clone(),
+                    slot,
+                }];
+                if self.rng.gen_ratio(2, 3) {
+                    ops.push(Op::Sync);
+                }
+                ops.push(Op::Unlink { path: f });
+                ops.push(Op::Fsync {
+                    target: Target::Handle(slot),
+                    datasync: self.rng.gen_ratio(1, 4),
+                });
+                if self.rng.gen_ratio(1, 2) {
+                    ops.push(Op::Close { slot });
+                }
+                ops
             }
         }
     }

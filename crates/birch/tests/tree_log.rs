@@ -1179,3 +1179,246 @@ fn commit_frees_every_log_node() {
         "free blocks in memory after the commit differ from the image's"
     );
 }
+
+// ----- the fsync cases fstests caught (issue 21; docs/TREE-LOG.md, "The
+// contract"). Each starts from a commit; crash states are taken from that
+// commit on, at every flush point: before the fsync returned the committed
+// state must mount (and check clean), after it what the fsync promised.
+
+/// The xattr `user.a` of the inode at `path`, if it has one.
+fn xattr_a<D: BlockDevice + 'static>(fs: &birch::fs::Filesystem<D>, path: &str) -> Option<Vec<u8>> {
+    fs.getxattr(ino(fs, path), b"user.a").ok()
+}
+
+/// fstests generic/066: `touch f; setfattr -n user.a -v 1 f; sync; echo
+/// x >>f; fsync f; setfattr -x user.a f; ln f f_link; touch g; fsync g;
+/// <cut>` → once `f_link` is there, `user.a` is gone from `f`: the link
+/// logs `f` again (its names, kept current since its fsync), and its
+/// xattrs go with it.
+#[test]
+fn generic_066_xattr_removal_persists_with_link() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.setxattr(f, b"user.a", b"1", birch::fs::XattrSetMode::default())
+        .unwrap();
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.write_file(f, 0, b"x\n").unwrap();
+    fs.fsync(f, false).unwrap();
+    fs.removexattr(f, b"user.a").unwrap();
+    fs.link(f, root, b"f_link").unwrap();
+    let g = fs.create(root, b"g", 0o644, 0, 0).unwrap().ino;
+    fs.fsync(g, false).unwrap();
+    assert_eq!(fs.stats().commits, 1, "answered by the log");
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(25), |p, fs, v| {
+        if !v.contains_key("/f") {
+            return Err("committed f is gone".into());
+        }
+        if v.contains_key("/f_link") && xattr_a(fs, "f").is_some() {
+            return Err("f_link exists but the removed user.a is back on f".into());
+        }
+        if p.flushes_completed >= synced {
+            common::require_content(v, "/f_link", b"x\n")?;
+            common::require_content(v, "/g", b"")?;
+        }
+        Ok(())
+    });
+}
+
+/// fstests generic/104: `mkdir d; touch d/foo d/bar; sync; ln d/bar
+/// d/bar_link; ln d/foo d/foo_link; fsync d/bar; <cut>` → both links. An
+/// fsync of a file that gained a name in this transaction logs the
+/// directories it gained it in (btrfs commits instead).
+#[test]
+fn generic_104_fsync_logs_other_new_links_in_the_directory() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    let foo = fs.create(d, b"foo", 0o644, 0, 0).unwrap().ino;
+    let bar = fs.create(d, b"bar", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.link(bar, d, b"bar_link").unwrap();
+    fs.link(foo, d, b"foo_link").unwrap();
+    fs.fsync(bar, false).unwrap();
+    assert_eq!(fs.stats().commits, 1, "answered by the log");
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(26), |p, fs, v| {
+        for path in ["/d/foo", "/d/bar"] {
+            common::require_content(v, path, b"")?;
+        }
+        if p.flushes_completed >= synced {
+            for path in ["/d/bar_link", "/d/foo_link"] {
+                common::require_content(v, path, b"")?;
+            }
+            if nlink_at(fs, "d/foo") != 2 || ino(fs, "d/foo") != ino(fs, "d/foo_link") {
+                return Err("foo and foo_link are not one inode with two links".into());
+            }
+        }
+        Ok(())
+    });
+}
+
+/// fstests generic/336: `mkdir a b c; touch a/foo; ln a/foo b/foo_link;
+/// touch b/bar; sync; unlink b/foo_link; mv b/bar c/; fsync a/foo; <cut>`
+/// → `c/bar`, and `b` empty. Replay removes `b/foo_link` (the log has
+/// `foo`'s names): the fsync logs `b`, the directory `foo` lost a name
+/// in, with its other changes, as btrfs does (it then commits, since
+/// something was renamed out of `b`; birch logs `bar`'s new name).
+#[test]
+fn generic_336_move_out_of_old_parent_persists() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let a = fs.mkdir(root, b"a", 0o755, 0, 0).unwrap().ino;
+    let b = fs.mkdir(root, b"b", 0o755, 0, 0).unwrap().ino;
+    let c = fs.mkdir(root, b"c", 0o755, 0, 0).unwrap().ino;
+    let foo = fs.create(a, b"foo", 0o644, 0, 0).unwrap().ino;
+    fs.link(foo, b, b"foo_link").unwrap();
+    let bar = pattern(3000, 9);
+    let bar_ino = fs.create(b, b"bar", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(bar_ino, 0, &bar).unwrap();
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.unlink(b, b"foo_link").unwrap();
+    fs.rename(b, b"bar", c, b"bar", RenameFlags::default())
+        .unwrap();
+    fs.fsync(foo, false).unwrap();
+    assert_eq!(fs.stats().commits, 1, "answered by the log");
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(27), |p, _, v| {
+        require_reachable(v, &[("b/bar", &bar)])?;
+        common::require_content(v, "/a/foo", b"")?;
+        if p.flushes_completed >= synced {
+            common::require_content(v, "/c/bar", &bar)?;
+            if v.keys().any(|k| k.starts_with("/b/")) {
+                return Err("b is not empty".into());
+            }
+        }
+        Ok(())
+    });
+}
+
+/// fstests generic/343: `mkdir x y y/z; touch x/foo y/foo2; sync; ln x/foo
+/// x/bar; mv y/z x/; mv y/foo2 x/; fsync x/bar; <cut>` → `z` and `foo2`
+/// in `x`, `y` empty: `x`, where the fsynced file gained a name, is logged
+/// with the entries moved into it.
+#[test]
+fn generic_343_moves_into_dir_of_new_link_persist() {
+    for move_dir in [true, false] {
+        let rec = recorder();
+        let fs = mount(rec.clone());
+        let root = fs.root_ino();
+        let x = fs.mkdir(root, b"x", 0o755, 0, 0).unwrap().ino;
+        let y = fs.mkdir(root, b"y", 0o755, 0, 0).unwrap().ino;
+        if move_dir {
+            fs.mkdir(y, b"z", 0o755, 0, 0).unwrap();
+        }
+        let foo = fs.create(x, b"foo", 0o644, 0, 0).unwrap().ino;
+        let foo2 = pattern(2000, 10);
+        let foo2_ino = fs.create(y, b"foo2", 0o644, 0, 0).unwrap().ino;
+        fs.write_file(foo2_ino, 0, &foo2).unwrap();
+        fs.sync().unwrap();
+        let start = rec.flush_count();
+        fs.link(foo, x, b"bar").unwrap();
+        if move_dir {
+            fs.rename(y, b"z", x, b"z", RenameFlags::default()).unwrap();
+        }
+        fs.rename(y, b"foo2", x, b"foo2", RenameFlags::default())
+            .unwrap();
+        fs.fsync(foo, false).unwrap();
+        assert_eq!(fs.stats().commits, 1, "answered by the log");
+        let synced = rec.flush_count();
+        std::mem::forget(fs);
+        let seed = 28 + move_dir as u64;
+        common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(seed), |p, _, v| {
+            require_reachable(v, &[("y/foo2", &foo2)])?;
+            if p.flushes_completed >= synced {
+                common::require_content(v, "/x/bar", b"")?;
+                common::require_content(v, "/x/foo2", &foo2)?;
+                if move_dir {
+                    common::require_content(v, "/x/z", b"<dir>")?;
+                }
+                if v.keys().any(|k| k.starts_with("/y/")) {
+                    return Err(format!("y is not empty (z moved: {move_dir})"));
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// fstests generic/764: `fd = open(d/foo, O_CREAT); syncfs; unlink d/foo;
+/// fsync fd; <cut>` (and the same with `close fd; touch g; fsync g`
+/// before the cut) → no `d/foo`. An fsync of a file with no names left
+/// logs that it has none (btrfs 6.16: "fix fsync of files with no hard
+/// links not persisting deletion").
+#[test]
+fn generic_764_fsync_of_unlinked_open_file_persists_deletion() {
+    for close_before_cut in [false, true] {
+        let rec = recorder();
+        let fs = mount(rec.clone());
+        let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+        let foo = fs.create(d, b"foo", 0o644, 0, 0).unwrap().ino;
+        fs.open_inode(foo).unwrap();
+        fs.sync().unwrap();
+        let start = rec.flush_count();
+        fs.unlink(d, b"foo").unwrap();
+        fs.fsync(foo, false).unwrap();
+        assert_eq!(fs.stats().commits, 1, "answered by the log");
+        let synced = rec.flush_count();
+        if close_before_cut {
+            fs.release(foo).unwrap();
+            let g = fs.create(d, b"g", 0o644, 0, 0).unwrap().ino;
+            fs.fsync(g, false).unwrap();
+        }
+        std::mem::forget(fs);
+        let seed = 30 + close_before_cut as u64;
+        common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(seed), |p, _, v| {
+            common::require_content(v, "/d", b"<dir>")?;
+            if p.flushes_completed >= synced && v.contains_key("/d/foo") {
+                return Err(format!(
+                    "d/foo is back though its unlink was fsynced (closed: {close_before_cut})"
+                ));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Found by the crash explorer (seed 51) once oracle 6 judged generic/104's
+/// promise: `mkdir d; touch d/foo; sync; ln d/foo d/l; fsync d/foo; touch
+/// d/new; fsync d/foo; <cut>` → `d/new`. The second fsync finds `foo`
+/// unchanged since its log, but its directory changed since, and `foo`
+/// gained a link in this transaction: the directory's changes go with it.
+#[test]
+fn linked_file_fsync_again_logs_its_directory() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    let foo = fs.create(d, b"foo", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.link(foo, d, b"l").unwrap();
+    fs.fsync(foo, false).unwrap();
+    fs.create(d, b"new", 0o644, 0, 0).unwrap();
+    fs.fsync(foo, false).unwrap();
+    assert_eq!(fs.stats().commits, 1, "answered by the log");
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(32), |p, _, v| {
+        common::require_content(v, "/d/foo", b"")?;
+        if p.flushes_completed >= synced {
+            for path in ["/d/l", "/d/new"] {
+                common::require_content(v, path, b"")?;
+            }
+        }
+        Ok(())
+    });
+}

@@ -494,6 +494,13 @@ impl Fixture {
     /// status says nothing; the image holds what a power cut at the ioctl
     /// would have left.
     pub fn power_cut(&mut self) {
+        self.power_cut_then(|| {});
+    }
+
+    /// [`Self::power_cut`], running `before_unmount` after the shutdown
+    /// took: a test holding a file open in the mount closes it there (the
+    /// unmount waits for no open file), so its release comes after the cut.
+    pub fn power_cut_then(&mut self, before_unmount: impl FnOnce()) {
         let mnt = File::open(&self.mnt).expect("open the mount point");
         // xfs_io's `shutdown` without -f: no log flush first.
         let mut flags: u32 = XFS_FSOP_GOING_FLAGS_NOLOGFLUSH;
@@ -522,6 +529,7 @@ impl Fixture {
             "mkdir {} after the shutdown",
             late.display()
         );
+        before_unmount();
         if let Err(e) = self.unmount_and_reap(DaemonExit::MayFail) {
             panic!(
                 "unmount of {} after the shutdown failed: {e}",

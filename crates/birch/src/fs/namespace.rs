@@ -452,6 +452,7 @@ impl<D: BlockDevice> FsState<D> {
             i.nlink += 1;
             i.ctime = now;
         })?;
+        self.inode(ino)?.log.linked_trans = self.forest.transid();
         if item.nlink == 0 {
             // An O_TMPFILE file (linkat) takes its first name.
             self.inode_relinked(ino)?;

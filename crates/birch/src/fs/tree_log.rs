@@ -49,6 +49,9 @@ pub(crate) struct InodeLog {
     pub removed_committed_dir_trans: u64,
     /// Transaction in which this inode was moved by a rename.
     pub renamed_trans: u64,
+    /// Transaction in which this inode gained a name by a link: its fsync
+    /// then logs the directories it has names in (generic/104, 343).
+    pub linked_trans: u64,
 }
 
 /// Why an fsync could not be answered by the log.
@@ -281,10 +284,21 @@ impl<D: BlockDevice> FsState<D> {
         let start = Key::new(ino, item_type::INODE_REF, 0);
         let end = Key::new(ino, item_type::INODE_EXTREF, u64::MAX);
         // Nothing of this inode in the log yet: nothing to drop (seed 001).
-        if self.inode(ino)?.log.names_logged_trans == self.forest.transid() {
+        let logged_before = self.inode(ino)?.log.names_logged_trans == self.forest.transid();
+        if logged_before {
             self.log_delete_range(start, end)?;
         }
         self.log_copy_range(start, end)?;
+        // A committed inode with no name left would keep its committed
+        // names at replay (the log holds no name item of it): the marker
+        // says it has none (generic/764). Once it has a name again (an
+        // O_TMPFILE-style relink), its name items say so.
+        let unlinked = Key::new(ino, item_type::LOG_UNLINKED, 0);
+        if self.inode(ino)?.item.nlink == 0 && !self.is_new(ino)? {
+            self.log_put(unlinked, Vec::new())?;
+        } else if logged_before {
+            self.log_delete(&unlinked)?;
+        }
         self.inode(ino)?.log.names_logged_trans = self.forest.transid();
         Ok(())
     }
@@ -422,11 +436,7 @@ impl<D: BlockDevice> FsState<D> {
         let first_this_trans = log.state_logged_trans != transid;
         let full = log.full_sync || (first_this_trans && self.is_new(ino)?);
         self.log_inode_item(ino, item)?;
-        let (xs, xe) = full_range(ino, item_type::XATTR_ITEM);
-        if !first_this_trans {
-            self.log_delete_range(xs, xe)?;
-        }
-        self.log_copy_range(xs, xe)?;
+        self.log_xattrs(ino, !first_this_trans)?;
         let (es, ee) = full_range(ino, item_type::EXTENT_DATA);
         if full {
             // First log in this transaction: nothing logged to drop (seed 001).
@@ -455,6 +465,17 @@ impl<D: BlockDevice> FsState<D> {
         inode.log.dirty_ranges.clear();
         inode.log.ranges_trans = transid;
         self.log_names(ino)
+    }
+
+    /// Copies the inode's xattrs into the log: replay replaces a logged
+    /// inode's xattrs with the logged ones. `replace`: the log may hold
+    /// older ones (the inode's state was logged in this transaction).
+    fn log_xattrs(&mut self, ino: u64, replace: bool) -> Result<()> {
+        let (xs, xe) = full_range(ino, item_type::XATTR_ITEM);
+        if replace {
+            self.log_delete_range(xs, xe)?;
+        }
+        self.log_copy_range(xs, xe)
     }
 
     /// Makes the log's extents of `[start, end)` equal the fs tree's,
@@ -574,12 +595,7 @@ impl<D: BlockDevice> FsState<D> {
         let first_this_trans = self.inode(dir)?.log.state_logged_trans != transid;
         let item = self.inode(dir)?.item.clone();
         self.log_inode_item(dir, item)?;
-        // Replay replaces a logged inode's xattrs with the logged ones.
-        let (xs, xe) = full_range(dir, item_type::XATTR_ITEM);
-        if !first_this_trans {
-            self.log_delete_range(xs, xe)?;
-        }
-        self.log_copy_range(xs, xe)?;
+        self.log_xattrs(dir, !first_this_trans)?;
         // Only the indexes changed since the last log are looked up: the
         // transaction's record of the directory holds every entry created
         // in it (10,000 in seed 003), and copying it per fsync made a
@@ -655,19 +671,25 @@ impl<D: BlockDevice> FsState<D> {
         let inode = self.inode(ino)?;
         let has_pages = !inode.pages.is_empty();
         let changed_in_trans = inode.item.transid >= transid || has_pages;
+        if inode.item.nlink == 0 && changed_in_trans {
+            return self.log_unlinked(ino);
+        }
         if inode.item.nlink == 0 || !changed_in_trans {
-            // Unlinked (gone after any crash) or already committed.
+            // Unlinked in an earlier transaction (an orphan the last
+            // commit holds), or already committed.
             self.log_stats.noop_fsyncs += 1;
             return Ok(LogOutcome::Nothing);
         }
-        if inode.log.state_logged_trans == transid
+        let unchanged = inode.log.state_logged_trans == transid
             && inode.log.logged_change_seq == inode.change_seq
-            && !has_pages
-        {
-            // Logged and unchanged since: durable once that log is.
-            return Ok(LogOutcome::Logged(inode.log.logged_in));
-        }
+            && !has_pages;
         let is_dir = inode.item.file_type() == FileType::Directory;
+        // A file whose names changed brings its directories' changes since
+        // its last log (see `log_dirs_of_changed_names`), even unchanged.
+        if unchanged && (is_dir || !self.names_changed_in_trans(ino)?) {
+            // Logged and unchanged since: durable once that log is.
+            return Ok(LogOutcome::Logged(self.inode(ino)?.log.logged_in));
+        }
         if self.ancestor_renamed(ino)? {
             self.count_fallback(FallbackReason::RenamedAncestor);
             return Ok(LogOutcome::NeedCommit);
@@ -677,6 +699,10 @@ impl<D: BlockDevice> FsState<D> {
         } else {
             self.writeback_one(ino)?;
             self.log_file(ino)?;
+            if let Some(reason) = self.log_dirs_of_changed_names(ino)? {
+                self.count_fallback(reason);
+                return Ok(LogOutcome::NeedCommit);
+            }
         }
         if let Some(reason) = self.log_new_ancestors(ino)? {
             self.count_fallback(reason);
@@ -687,6 +713,91 @@ impl<D: BlockDevice> FsState<D> {
         self.log.filling_dirty = true;
         self.log_stats.logged_fsyncs += 1;
         Ok(LogOutcome::Logged(filling))
+    }
+
+    /// fsync of an inode with no name left (open, unlinked in this
+    /// transaction). Replay must not bring back a name it lost: a
+    /// committed one (the log holds no name of it, so replay would keep
+    /// those: generic/764), or one logged earlier in this transaction
+    /// (the hooks updated the log, but only a log sync makes that
+    /// durable). An inode that lost no name the last commit or the log
+    /// holds (new and never logged, or unlinked before the last commit,
+    /// an orphan there) has nothing to log.
+    fn log_unlinked(&mut self, ino: u64) -> Result<LogOutcome> {
+        let names_logged = self.inode(ino)?.log.names_logged_trans == self.forest.transid();
+        let lost_committed_name = !self.delayed.committed_names_removed(ino).is_empty();
+        if !names_logged && !lost_committed_name {
+            self.log_stats.noop_fsyncs += 1;
+            return Ok(LogOutcome::Nothing);
+        }
+        // Its names (none: `LOG_UNLINKED`), and the inodes now holding
+        // names it gave up.
+        self.log_names(ino)?;
+        let filling = self.log.filling;
+        self.inode(ino)?.log.logged_in = filling;
+        self.log.filling_dirty = true;
+        self.log_stats.logged_fsyncs += 1;
+        Ok(LogOutcome::Logged(filling))
+    }
+
+    /// Whether the file gained a name by a link or lost a committed one in
+    /// this transaction: its fsync then logs those names' directories.
+    fn names_changed_in_trans(&mut self, ino: u64) -> Result<bool> {
+        let transid = self.forest.transid();
+        Ok(self.inode(ino)?.log.linked_trans == transid
+            || !self.delayed.committed_names_removed(ino).is_empty())
+    }
+
+    /// Logs, after a file, the directories whose entries replay changes
+    /// along with its names, as btrfs logs a file's parents
+    /// (`btrfs_log_all_parents`), so that their other changes in this
+    /// transaction are not half replayed:
+    /// - after a link, every directory it has a name in: `ln d/foo
+    ///   d/foo_link; ln d/bar d/bar_link; fsync d/bar` keeps `foo_link`
+    ///   (generic/104), and entries moved into the directory move
+    ///   (generic/343). btrfs commits instead;
+    /// - every directory it lost a committed name in: replay removes that
+    ///   name, and `unlink b/foo_link; mv b/bar c/; fsync a/foo` must not
+    ///   leave `bar` in `b` (generic/336). btrfs commits here, since `bar`
+    ///   was renamed out of `b`; birch logs `bar`'s new name with `b`.
+    ///
+    /// Returns why the log cannot express it, if it cannot.
+    fn log_dirs_of_changed_names(&mut self, ino: u64) -> Result<Option<FallbackReason>> {
+        let transid = self.forest.transid();
+        let mut dirs: Vec<u64> = self
+            .delayed
+            .committed_names_removed(ino)
+            .iter()
+            .map(|(dir, _)| *dir)
+            .collect();
+        if self.inode(ino)?.log.linked_trans == transid {
+            dirs.extend(self.parents_of(ino)?);
+        }
+        dirs.sort_unstable();
+        dirs.dedup();
+        for dir in dirs {
+            // A directory removed since is gone (or an orphan) at replay
+            // as well.
+            let inode = match self.inode(dir) {
+                Ok(inode) => inode,
+                Err(crate::Error::NotFound) => continue,
+                Err(e) => return Err(e),
+            };
+            if inode.item.nlink == 0 || inode.item.file_type() != FileType::Directory {
+                continue;
+            }
+            if inode.log.removed_committed_dir_trans == transid {
+                return Ok(Some(FallbackReason::RemovedDirectory));
+            }
+            if self.ancestor_renamed(dir)? {
+                return Ok(Some(FallbackReason::RenamedAncestor));
+            }
+            self.log_dir(dir)?;
+            if let Some(reason) = self.log_new_ancestors(dir)? {
+                return Ok(Some(reason));
+            }
+        }
+        Ok(None)
     }
 
     pub(crate) fn count_fallback(&mut self, reason: FallbackReason) {
@@ -709,6 +820,14 @@ impl<D: BlockDevice> FsState<D> {
             return Ok(());
         }
         self.log_names(ino)?;
+        // The logged state must not be older than the logged names in a
+        // way a workload can see: `setfattr -x user.a f; ln f f_link`
+        // after an fsync of `f` must not replay `f_link` with `user.a`
+        // (generic/066; btrfs logs the inode's xattrs with its new name).
+        let transid = self.forest.transid();
+        if self.inode(ino)?.log.state_logged_trans == transid {
+            self.log_xattrs(ino, true)?;
+        }
         // A chain too deep is found again (and committed) by the next
         // fsync of this inode.
         self.log_new_ancestors(ino)?;
