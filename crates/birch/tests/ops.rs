@@ -433,3 +433,35 @@ fn opens_of_immutable_and_append_only_files() {
         assert_eq!(allowed(flags), expected, "append-only, open {flags:#o}");
     }
 }
+
+/// fstests generic/525: a byte written at 2^63 - 2, the next-to-last
+/// offset a file may have, lives in a block that ends at 2^63, one past
+/// the largest file size. Its extent must read back after a commit and
+/// after a log replay (a decode that bounded extents by the largest file
+/// size refused it as corruption: EIO).
+#[test]
+fn last_block_of_the_largest_file_reads_back() {
+    let offset = (1u64 << 63) - 2;
+    for durable_by_commit in [true, false] {
+        let rec = recorder();
+        let fs = mount(rec.clone());
+        let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, offset, b"a").unwrap();
+        if durable_by_commit {
+            fs.sync().unwrap();
+        } else {
+            fs.fsync(f, false).unwrap();
+        }
+        std::mem::forget(fs);
+        assert_clean(&*rec, &format!("commit: {durable_by_commit}"));
+        let dev = birch::MemoryDevice::from_bytes(rec.snapshot());
+        let fs = mount(dev);
+        let f = fs.lookup(fs.root_ino(), b"f").unwrap();
+        assert_eq!(f.size, offset + 1, "commit: {durable_by_commit}");
+        assert_eq!(
+            fs.read_file(f.ino, offset, 2).unwrap(),
+            b"a",
+            "commit: {durable_by_commit}"
+        );
+    }
+}

@@ -506,9 +506,9 @@ impl FileExtent {
 
     /// [`decode`](Self::decode) of the item at `key`, which must also lie
     /// where the format allows (inline at file offset 0, others on a block:
-    /// readers index blocks by file offset) and end within the largest
-    /// file (`key.offset + len <= MAX_FILE_SIZE`: every reader adds the
-    /// two).
+    /// readers index blocks by file offset) and end within the last block
+    /// of the largest file (`key.offset + len <= MAX_FILE_EXTENT_END`:
+    /// every reader adds the two).
     pub fn decode_at(key: &super::Key, bytes: &[u8]) -> Result<FileExtent, ItemError> {
         let extent = FileExtent::decode(bytes)?;
         let placed = match extent {
@@ -524,13 +524,13 @@ impl FileExtent {
         if key
             .offset
             .checked_add(extent.len())
-            .is_none_or(|end| end > super::MAX_FILE_SIZE)
+            .is_none_or(|end| end > super::MAX_FILE_EXTENT_END)
         {
             return Err(ItemError(format!(
-                "file extent at file offset {} of {} bytes ends past the largest file size {}",
+                "file extent at file offset {} of {} bytes ends past the largest file's last block (at {})",
                 key.offset,
                 extent.len(),
-                super::MAX_FILE_SIZE
+                super::MAX_FILE_EXTENT_END
             )));
         }
         Ok(extent)

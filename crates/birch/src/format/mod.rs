@@ -106,10 +106,14 @@ pub const NAME_MAX: usize = 255;
 pub const MAX_INLINE_DATA: usize = 2048;
 /// Longest symlink target (PATH_MAX - 1); stored as an inline extent.
 pub const SYMLINK_MAX: usize = 4095;
-/// Largest data extent writeback allocates.
 /// Largest file size (as btrfs: offsets must fit an i64). An inode item
 /// claiming more is refused at decode.
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+/// Where the last file extent may end: the end of the block that holds
+/// the largest file's last byte (2^63). Extents cover whole blocks, so a
+/// file of `MAX_FILE_SIZE` bytes has one ending one byte past its size.
+pub const MAX_FILE_EXTENT_END: u64 = MAX_FILE_SIZE.next_multiple_of(SECTOR_SIZE);
+/// Largest data extent writeback allocates.
 pub const MAX_EXTENT_BYTES: u64 = 128 * 1024 * 1024;
 
 /// crc32c of a name, used as the offset of dir items and xattr items.
