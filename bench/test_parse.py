@@ -25,6 +25,7 @@ sys.path.insert(0, HERE)
 
 from harness import floor, fusetrace, options, parsers, report, runner  # noqa: E402
 from harness.context import RunContext  # noqa: E402
+from harness.procs import CmdError  # noqa: E402
 from harness.setups import SETUPS  # noqa: E402
 from harness.workloads import WORKLOADS  # noqa: E402
 from harness.workloads.embedded import parse_phase_times  # noqa: E402
@@ -100,6 +101,22 @@ class RequestFloor(unittest.TestCase):
              "metrics": {"total_s": 1.0, "fuse_requests": {"total": 1000}}}]})
         self.assertEqual(report.floor_rows(d)[0][7], "—")
         self.assertIn("not measured: no birch", report.build_report({"meta": d.meta, "records": d.records}, "t"))
+
+
+class OptionalSetups(unittest.TestCase):
+    def test_fuse2fs_is_skipped_when_it_cannot_be_installed(self):
+        ctx = RunContext(resolve("--birch-bin", sys.executable))
+        self.assertIn("fuse2fs", ctx.opts.fs_list)
+
+        def no_apt(tools, force=False):
+            raise CmdError("apt-get not available; install by hand: fuse2fs")
+        ctx.installer.ensure_tools = no_apt
+        runner.drop_unavailable_setups(ctx)
+        self.assertNotIn("fuse2fs", ctx.opts.fs_list)
+        self.assertIn("birch", ctx.opts.fs_list)
+        self.assertEqual(ctx.meta["skipped_setups"], {"fuse2fs": "apt-get not available; install by hand: fuse2fs"})
+        self.assertEqual([p.target for p in runner.plan([WORKLOADS["dirlog"](ctx)])],
+                         ["tmpfs-floor", "btrfs", "ext4", "xfs", "birch", "birch-file", "birch-single"])
 
 
 class FuseTrace(unittest.TestCase):
