@@ -174,7 +174,8 @@ fn writes_through_a_write_only_create_ask_for_no_capability() {
             .open(fx.path(&format!("f{i}")))
             .expect("create");
         f.write_all(&[b'a'; 5000]).unwrap();
-        f.set_permissions(fs::Permissions::from_mode(0o600)).unwrap();
+        f.set_permissions(fs::Permissions::from_mode(0o600))
+            .unwrap();
         f.write_all(&[b'b'; 5000]).unwrap();
     }
     let after = requests(&fx);

@@ -1214,7 +1214,11 @@ fn a_write_only_create_drops_set_id_on_write_and_readers_see_the_data() {
         text(&out.stdout),
         text(&out.stderr)
     );
-    assert_eq!(text(&out.stdout), "0o6755\nnew data\n", "before the write, after it");
+    assert_eq!(
+        text(&out.stdout),
+        "0o6755\nnew data\n",
+        "before the write, after it"
+    );
     assert_eq!(cached_mode_of(&f), 0o755, "the kernel's cached mode");
     assert_eq!(mode_of(&f), 0o755, "birch's mode");
     fx.remount();
@@ -1265,7 +1269,11 @@ fn a_write_only_create_loses_its_file_capability_on_write() {
     };
     assert_eq!(capability_len(), Some(20), "the capability is set");
     file.write_all(b" second").unwrap();
-    assert_eq!(capability_len(), None, "a write removes security.capability");
+    assert_eq!(
+        capability_len(),
+        None,
+        "a write removes security.capability"
+    );
     drop(file);
     fx.remount();
     assert_eq!(capability_len(), None, "after a remount");
