@@ -75,6 +75,10 @@ class RequestFloor(unittest.TestCase):
         self.assertEqual(floor.parse_request_floor(self.OUTPUT), {"devfuse": 16.3, "uring": 11.9})
         self.assertEqual(floor.parse_request_floor("birch did not mount\n"), {})
 
+    def test_mean_of_start_and_end(self):
+        runs = [{"when": "start", "devfuse": 16.0, "uring": 12.0}, {"when": "end", "devfuse": 35.0}]
+        self.assertEqual(floor.mean_floor(runs), {"devfuse": 25.5, "uring": 12.0})
+
     def test_times_floor_per_transport(self):
         def rec(fs, rep, total_s, requests, transport):
             return {"workload": "untar", "config": "roomy", "fs": fs, "rep": rep, "ok": True,

@@ -770,13 +770,17 @@ def _floor_section(d):
     floor = d.meta.get("request_floor_us") or {}
     add("## Time against the FUSE request floor")
     add("")
+    runs = d.meta.get("request_floor_runs") or []
     add("`× floor` = wall time ÷ (requests × one GETATTR round trip), the round trip measured by "
-        "`bench/request-floor` at the start of this run on the same transport (%s). ×1.00 would be a "
+        "`bench/request-floor` in this run on the same transport, the mean of its measurements at "
+        "the start and at the end of the run (%s%s). ×1.00 would be a "
         "filesystem whose every request costs what the kernel and the transport alone cost; what "
         "is above is the daemon's own time (and the device's). Seed 003 and the untar only: dbench's "
         "clients overlap their requests. Cells: median (min–max) over repetitions." % (
             "; ".join("%s %.1f µs" % (k, v) for k, v in sorted(floor.items()) if isinstance(v, (int, float)))
-            or "not measured: %s" % (d.meta.get("request_floor_error") or "no FUSE setup with birch")))
+            or "not measured: %s" % (d.meta.get("request_floor_error") or "no FUSE setup with birch"),
+            "".join("; at the %s: %s" % (r.get("when"), ", ".join(
+                "%s %.1f µs" % (k, v) for k, v in sorted(r.items()) if k != "when")) for r in runs)))
     add("")
     add(md_table(["workload", "fs", "transport", "wall s", "requests", "µs / request", "floor µs", "× floor"],
                  rows, ["---", "---", "---", "--:", "--:", "--:", "--:", "--:"]))

@@ -166,7 +166,7 @@ def run_workloads(ctx: RunContext, workloads: list[Workload]) -> None:
     o = ctx.opts
     ctx.installer.ensure_tools(needed_tools(ctx, workloads), force=o.install)
     meta.collect(ctx)
-    floor.measure(ctx)
+    floor.measure(ctx, "start")
     ctx.log("results -> %s" % ctx.out)
     ctx.log("filesystems: %s; workloads: %s; duration %d s; repeat %d; dirlog files %d" % (
         ",".join(o.fs_list), ",".join(o.workloads), o.duration, o.repeat, o.dirlog_files))
@@ -183,6 +183,7 @@ def run_workloads(ctx: RunContext, workloads: list[Workload]) -> None:
         for rep in range(1, o.repeat + 1):
             for m in w.measurements():
                 measure(ctx, w.name, m, rep)
+    floor.measure(ctx, "end")
 
 
 def guarded(ctx: RunContext, body: Callable[[], None]) -> int:
