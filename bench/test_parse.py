@@ -23,8 +23,9 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness import options, parsers, report, runner  # noqa: E402
+from harness import floor, fusetrace, options, parsers, report, runner  # noqa: E402
 from harness.context import RunContext  # noqa: E402
+from harness.procs import CmdError  # noqa: E402
 from harness.setups import SETUPS  # noqa: E402
 from harness.workloads import WORKLOADS  # noqa: E402
 from harness.workloads.embedded import parse_phase_times  # noqa: E402
@@ -61,6 +62,72 @@ class BirchRequests(unittest.TestCase):
         self.assertEqual(len(rows), 1)
         self.assertEqual(rows[0][:4], ["dirlog seed003", "birch", "40", "2.00"])
         self.assertIn("LOOKUP 20 (1.00)", rows[0][4])
+
+
+class RequestFloor(unittest.TestCase):
+    # bench/request-floor's output on this machine (2026-11-25).
+    OUTPUT = ("devfuse  stat on birch 33.9 us, on the host fs 1.3 us: one GETATTR round trip 16.3 us\n"
+              "         requests during the loop: 40000\n"
+              "uring    stat on birch 25.0 us, on the host fs 1.2 us: one GETATTR round trip 11.9 us\n"
+              "         requests during the loop: 40000\n")
+
+    def test_parse(self):
+        self.assertEqual(floor.parse_request_floor(self.OUTPUT), {"devfuse": 16.3, "uring": 11.9})
+        self.assertEqual(floor.parse_request_floor("birch did not mount\n"), {})
+
+    def test_mean_of_start_and_end(self):
+        runs = [{"when": "start", "devfuse": 16.0, "uring": 12.0}, {"when": "end", "devfuse": 35.0}]
+        self.assertEqual(floor.mean_floor(runs), {"devfuse": 25.5, "uring": 12.0})
+
+    def test_times_floor_per_transport(self):
+        def rec(fs, rep, total_s, requests, transport):
+            return {"workload": "untar", "config": "roomy", "fs": fs, "rep": rep, "ok": True,
+                    "metrics": {"total_s": total_s, "tree_files": 10, "fuse_transport": transport,
+                                "fuse_requests": {"total": requests, "WRITE": requests}}}
+        d = report.Data({"meta": {"request_floor_us": {"devfuse": 20.0, "uring": 10.0}}, "records": [
+            rec("birch", 1, 2.0, 50000, "io_uring (2 queues x 16 entries)"),
+            rec("birch", 2, 3.0, 50000, "io_uring (2 queues x 16 entries)"),
+            rec("fuse2fs", 1, 4.0, 100000, "/dev/fuse"),
+            # dbench's clients overlap: no floor ratio
+            {"workload": "dbench", "config": "1", "fs": "birch", "rep": 1, "ok": True,
+             "metrics": {"throughput_mb_s": 1.0, "fuse_requests": {"total": 5}}}]})
+        rows = {r[1]: r for r in report.floor_rows(d)}
+        self.assertEqual(sorted(rows), ["birch", "fuse2fs"])
+        # 2.0 s / 50,000 = 40 µs per request, 10 µs on io_uring: ×4; 3.0 s: ×6; median ×5
+        self.assertEqual(rows["birch"][2], "uring")
+        self.assertEqual(rows["birch"][7], "×5.00")
+        # 4.0 s / 100,000 = 40 µs against 20 µs on /dev/fuse
+        self.assertEqual(rows["fuse2fs"][2:], ["devfuse", "4.00", "100000", "40.0", "20.0", "×2.00"])
+
+    def test_no_floor_no_ratio(self):
+        d = report.Data({"meta": {"request_floor_error": "no birch"}, "records": [
+            {"workload": "dirlog", "config": "seed003", "fs": "fuse2fs", "rep": 1, "ok": True,
+             "metrics": {"total_s": 1.0, "fuse_requests": {"total": 1000}}}]})
+        self.assertEqual(report.floor_rows(d)[0][7], "—")
+        self.assertIn("not measured: no birch", report.build_report({"meta": d.meta, "records": d.records}, "t"))
+
+
+class OptionalSetups(unittest.TestCase):
+    def test_fuse2fs_is_skipped_when_it_cannot_be_installed(self):
+        ctx = RunContext(resolve("--birch-bin", sys.executable))
+        self.assertIn("fuse2fs", ctx.opts.fs_list)
+
+        def no_apt(tools, force=False):
+            raise CmdError("apt-get not available; install by hand: fuse2fs")
+        ctx.installer.ensure_tools = no_apt
+        runner.drop_unavailable_setups(ctx)
+        self.assertNotIn("fuse2fs", ctx.opts.fs_list)
+        self.assertIn("birch", ctx.opts.fs_list)
+        self.assertEqual(ctx.meta["skipped_setups"], {"fuse2fs": "apt-get not available; install by hand: fuse2fs"})
+        self.assertEqual([p.target for p in runner.plan([WORKLOADS["dirlog"](ctx)])],
+                         ["tmpfs-floor", "btrfs", "ext4", "xfs", "birch", "birch-file", "birch-single"])
+
+
+class FuseTrace(unittest.TestCase):
+    def test_opcode_of_a_trace_line(self):
+        line = (b"  tar-10988   [001] ...1. 11153.496763: fuse_request_send: connection 39 req 8 "
+                b"opcode 22 (FUSE_GETXATTR) len 56 \n")
+        self.assertEqual(fusetrace.OPCODE.findall(line), [b"GETXATTR"])
 
 
 class DbenchParser(unittest.TestCase):
@@ -201,7 +268,8 @@ class Options(unittest.TestCase):
             birch = executable(os.path.join(tmp, "birch"))
             o = resolve("--quick", "--birch-bin", birch)
             self.assertEqual(o.birch_bin, os.path.realpath(birch))
-            self.assertEqual(o.fs_list, ["btrfs", "ext4", "xfs", "birch", "birch-file", "birch-single"])
+            self.assertEqual(o.fs_list, ["btrfs", "ext4", "xfs", "birch", "birch-file", "birch-single",
+                                         "fuse2fs"])
             # an explicit list is taken as given
             self.assertEqual(resolve("--birch-bin", birch, "--fs", "birch-single,btrfs").fs_list,
                              ["birch-single", "btrfs"])
@@ -265,6 +333,9 @@ class Setups(unittest.TestCase):
         self.assertEqual(mkfs["birch-single"][-2:], ["--metadata", "single"])
         self.assertFalse(SETUPS["birch-file"].uses_loop)
         self.assertTrue(SETUPS["birch-single"].uses_loop)
+        self.assertEqual(mkfs["fuse2fs"], ["mkfs.ext4", "-F", "/dev/loop9"])
+        self.assertEqual(SETUPS["fuse2fs"].kind, "fuse")
+        self.assertTrue(SETUPS["fuse2fs"].uses_loop)
 
     def test_descriptions_pair_dup_with_single(self):
         table = {n: s.describe() for n, s in SETUPS.items()}

@@ -79,6 +79,9 @@ def collect(ctx: RunContext) -> None:
             "e2fsprogs": _tool_version(ctx, "mke2fs", ["mke2fs", "-V"]),
             "tar": _first_line(ctx, ["tar", "--version"]),
             "birch": _first_line(ctx, [o.birch_bin, "--version"]) if o.birch_bin else "",
+            # fuse2fs -V prints its own version on stderr, fusermount's on stdout.
+            "fuse2fs": _tool_version(ctx, "fuse2fs", ["sh", "-c", "fuse2fs -V 2>&1 >/dev/null"])
+            if "fuse2fs" in o.fs_list else "",
         },
         "workdir_fs": _first_line(ctx, ["findmnt", "-n", "-o", "SOURCE,FSTYPE", "-T", o.workdir]),
         "source": _git_source(ctx),

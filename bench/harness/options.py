@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from harness.host import GiB, MiB
 from harness.paths import BENCH_DIR, REPO_DIR
-from harness.setups import BIRCH_SETUPS, DEFAULT_SETUPS, SETUPS
+from harness.setups import BIRCH_SETUPS, DEFAULT_SETUPS, PEER_FUSE_SETUPS, SETUPS
 from harness.workloads import WORKLOAD_NAMES
 
 
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run the seeds' benchmarks on kernel btrfs/ext4/xfs (and birch) side by side.")
     p.add_argument("--fs", default=None,
                    help="comma list from: %s (default: %s; plus %s when --birch-bin is given)" % (
-                       ",".join(SETUPS), ",".join(DEFAULT_SETUPS), ",".join(BIRCH_SETUPS)))
+                       ",".join(SETUPS), ",".join(DEFAULT_SETUPS), ",".join(BIRCH_SETUPS + PEER_FUSE_SETUPS)))
     p.add_argument("--workloads", default=",".join(WORKLOAD_NAMES),
                    help="comma list from: %s (default: all)" % ",".join(WORKLOAD_NAMES))
     p.add_argument("--duration", type=int, default=None,
@@ -131,7 +131,7 @@ def resolve(args: argparse.Namespace, argv: Sequence[str], repo_dir: str = REPO_
     if args.fs:
         fs_list = _comma_list(args.fs)
     else:
-        fs_list = list(DEFAULT_SETUPS) + (list(BIRCH_SETUPS) if birch_bin else [])
+        fs_list = list(DEFAULT_SETUPS) + (list(BIRCH_SETUPS) + list(PEER_FUSE_SETUPS) if birch_bin else [])
     bad = [f for f in fs_list if f not in SETUPS]
     if bad:
         raise UsageError("unknown filesystem(s): %s (known: %s)" % (",".join(bad), ",".join(SETUPS)))

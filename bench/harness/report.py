@@ -18,7 +18,8 @@ DBENCH_CFG_LABEL = {"1": "1 client", "4": "4 clients", "8": "8 clients", "4-S": 
 # stable colours per target across all plots
 COLOURS = {"btrfs": "#1f77b4", "ext4": "#2ca02c", "xfs": "#ff7f0e", "birch": "#d62728",
            "birch-file": "#9467bd", "raw-loop": "#7f7f7f", "host-file": "#bcbd22",
-           "tmpfs-floor": "#c7c7c7", "birch-embedded": "#8c564b", "birch-single": "#e377c2"}
+           "tmpfs-floor": "#c7c7c7", "birch-embedded": "#8c564b", "birch-single": "#e377c2",
+           "fuse2fs": "#17becf"}
 
 
 # ----------------------------------------------------------------------------
@@ -340,6 +341,54 @@ def requests_rows(d):
         rows.append(["%s %s" % key[:2], key[2], str(total), per(total), mix])
     return rows
 
+# Workloads whose wall time is one client's chain of requests, so that
+# wall time ÷ (requests × one round trip) says how close a FUSE filesystem
+# comes to what FUSE allows. dbench runs several clients at once for a fixed
+# time (its requests overlap), so it has no such ratio.
+FLOOR_WALL_METRIC = {"dirlog": "total_s", "untar": "total_s"}
+
+
+def floor_transport(transport):
+    """The request-floor key ("devfuse" or "uring") of a measurement's
+    FUSE transport as recorded (birch's `birch stats` text, fuse2fs's
+    "/dev/fuse")."""
+    return "uring" if (transport or "").startswith("io_uring") else "devfuse"
+
+
+def floor_rows(d):
+    """One row per (workload, config, FUSE fs) with request counts: wall
+    time, requests, µs per request, the round trip measured in the same run
+    on that transport, and "× floor" = wall ÷ (requests × round trip); each a
+    median over repetitions."""
+    floor = d.meta.get("request_floor_us") or {}
+    groups = {}
+    for r in d.records:
+        met = r.get("metrics") or {}
+        wall_key = FLOOR_WALL_METRIC.get(r["workload"])
+        counts = met.get("fuse_requests")
+        if not r.get("ok") or not wall_key or not counts or not isinstance(met.get(wall_key), (int, float)):
+            continue
+        total = counts.get("total") or sum(n for k, n in counts.items() if k != "LOST")
+        if not total:
+            continue
+        wall = met[wall_key]
+        rt = floor.get(floor_transport(met.get("fuse_transport")))
+        g = groups.setdefault((r["workload"], r["config"], r["fs"]), {"wall": [], "n": [], "us": [], "x": []})
+        g["transport"] = floor_transport(met.get("fuse_transport"))
+        g["wall"].append(wall)
+        g["n"].append(total)
+        g["us"].append(1e6 * wall / total)
+        if rt:
+            g["x"].append(1e6 * wall / total / rt)
+    rows = []
+    for (workload, config, fs), g in groups.items():
+        xs = parsers.summarize(g["x"])
+        rows.append(["%s %s" % (workload, config), fs, g["transport"], fmt_stat(parsers.summarize(g["wall"])),
+                     fmt_stat(parsers.summarize(g["n"]), 0), fmt_stat(parsers.summarize(g["us"]), 1),
+                     fmt_num(floor.get(g["transport"]), 1), ("×%.2f" % xs["median"]) if xs else "—"])
+    return rows
+
+
 def _header(d, title):
     """The run's settings, machine and tools, and how to read the numbers."""
     L = []
@@ -354,7 +403,8 @@ def _header(d, title):
                  ("command", "`%s`" % m.get("command")),
                  ("mode", "quick (CI smoke test — numbers are not meaningful)" if m.get("quick") else "full"),
                  ("started / finished", "%s / %s (%s s)" % (m.get("started"), m.get("finished"), m.get("elapsed_s"))),
-                 ("filesystems", ", ".join(d.fs)),
+                 ("filesystems", ", ".join(d.fs) + "".join(
+                     "; %s skipped: %s" % kv for kv in sorted((m.get("skipped_setups") or {}).items()))),
                  ("repetitions", "%s (cells: median, and (min–max) when more than one)" % _reps(d)),
                  ("duration per dbench / fio run", "%s s" % m.get("duration_s")),
                  ("work dir (images)", "%s on %s" % (m.get("workdir"), m.get("workdir_fs"))),
@@ -695,10 +745,11 @@ def _requests_section(d):
     add = L.append
     req_rows = requests_rows(d)
     if req_rows:
-        add("## Requests per operation (birch)")
+        add("## Requests per operation (FUSE setups)")
         add("")
-        add("FUSE requests the kernel sent birch during each workload, by opcode, as birch counts "
-            "them (`birch stats --json`, fuse_requests; first repetition). Per unit: per file for the untar "
+        add("FUSE requests the kernel sent each FUSE filesystem during each workload, by opcode: as birch "
+            "counts them (`birch stats --json`, fuse_requests), for fuse2fs from the kernel's "
+            "fuse:fuse_request_send tracepoint; first repetition. Per unit: per file for the untar "
             "(tree files), per create or rename for seed 003; dbench runs for a fixed time, so its "
             "counts are totals. docs/FUSE.md explains each request and which ones birch avoids. "
             "FUSE transport (`birch stats`): %s." % transports_text(d))
@@ -706,6 +757,34 @@ def _requests_section(d):
         add(md_table(["workload", "fs", "total", "per unit", "mix (count, per unit)"], req_rows,
                      ["---", "---", "--:", "--:", "---"]))
         add("")
+    return L
+
+
+def _floor_section(d):
+    """Each FUSE setup's wall time against the request floor."""
+    L = []
+    add = L.append
+    rows = floor_rows(d)
+    if not rows:
+        return L
+    floor = d.meta.get("request_floor_us") or {}
+    add("## Time against the FUSE request floor")
+    add("")
+    runs = d.meta.get("request_floor_runs") or []
+    add("`× floor` = wall time ÷ (requests × one GETATTR round trip), the round trip measured by "
+        "`bench/request-floor` in this run on the same transport, the mean of its measurements at "
+        "the start and at the end of the run (%s%s). ×1.00 would be a "
+        "filesystem whose every request costs what the kernel and the transport alone cost; what "
+        "is above is the daemon's own time (and the device's). Seed 003 and the untar only: dbench's "
+        "clients overlap their requests. Cells: median (min–max) over repetitions." % (
+            "; ".join("%s %.1f µs" % (k, v) for k, v in sorted(floor.items()) if isinstance(v, (int, float)))
+            or "not measured: %s" % (d.meta.get("request_floor_error") or "no FUSE setup with birch"),
+            "".join("; at the %s: %s" % (r.get("when"), ", ".join(
+                "%s %.1f µs" % (k, v) for k, v in sorted(r.items()) if k != "when")) for r in runs)))
+    add("")
+    add(md_table(["workload", "fs", "transport", "wall s", "requests", "µs / request", "floor µs", "× floor"],
+                 rows, ["---", "---", "---", "--:", "--:", "--:", "--:", "--:"]))
+    add("")
     return L
 
 
@@ -741,7 +820,7 @@ def build_report(results, title, made=(), plot_err=None):
     d = Data(results)
     sections = (_header(d, title), _headline_section(d, made, plot_err), _dbench_section(d),
                 _dirlog_section(d), _untar_section(d), _fio_section(d), _embedded_section(d),
-                _dup_section(d), _requests_section(d), _failures_section(d))
+                _dup_section(d), _requests_section(d), _floor_section(d), _failures_section(d))
     return "\n".join(line for s in sections for line in s) + "\n"
 
 

@@ -21,11 +21,11 @@ import traceback
 from dataclasses import dataclass
 from typing import IO, Callable, Iterable, Optional
 
-from harness import host, meta, options, report
+from harness import floor, fusetrace, host, meta, options, report
 from harness.context import RunContext
 from harness.paths import BENCH_DIR
 from harness.procs import Interrupted
-from harness.setups import SETUPS
+from harness.setups import OPTIONAL_SETUPS, SETUPS
 from harness.workloads import WORKLOADS, Measurement, Workload
 
 # Tools every run needs, whatever it measures.
@@ -145,6 +145,20 @@ def needed_tools(ctx: RunContext, workloads: list[Workload]) -> list[str]:
     return list(dict.fromkeys(tools))
 
 
+def drop_unavailable_setups(ctx: RunContext) -> None:
+    """Install the tools of the optional setups asked for (fuse2fs); a setup
+    whose tools cannot be installed is dropped from the run, with the
+    reason in the log and the report, instead of failing the run."""
+    for name in [f for f in ctx.opts.fs_list if f in OPTIONAL_SETUPS]:
+        try:
+            ctx.installer.ensure_tools(SETUPS[name].tools)
+        except Exception as e:  # noqa: BLE001 - recorded, run continues without it
+            reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else repr(e)
+            ctx.log("SKIPPING %s: its tools are unavailable (%s)" % (name, reason))
+            ctx.meta.setdefault("skipped_setups", {})[name] = reason
+            ctx.opts.fs_list.remove(name)
+
+
 def run_workloads(ctx: RunContext, workloads: list[Workload]) -> None:
     """Tools, metadata, preparation, then every measurement.  Order:
     workload → repetition → configuration → filesystem, so that every
@@ -152,6 +166,7 @@ def run_workloads(ctx: RunContext, workloads: list[Workload]) -> None:
     o = ctx.opts
     ctx.installer.ensure_tools(needed_tools(ctx, workloads), force=o.install)
     meta.collect(ctx)
+    floor.measure(ctx, "start")
     ctx.log("results -> %s" % ctx.out)
     ctx.log("filesystems: %s; workloads: %s; duration %d s; repeat %d; dirlog files %d" % (
         ",".join(o.fs_list), ",".join(o.workloads), o.duration, o.repeat, o.dirlog_files))
@@ -168,6 +183,7 @@ def run_workloads(ctx: RunContext, workloads: list[Workload]) -> None:
         for rep in range(1, o.repeat + 1):
             for m in w.measurements():
                 measure(ctx, w.name, m, rep)
+    floor.measure(ctx, "end")
 
 
 def guarded(ctx: RunContext, body: Callable[[], None]) -> int:
@@ -246,12 +262,14 @@ def main(argv: list[str]) -> int:
         return 3
     try:
         ctx.procs.install_signal_handlers()
+        fusetrace.sweep_instances()
         left = host.sweep(ctx.procs, ctx.workdir)
         if left:
             print("refusing to start: leftovers in %s could not be cleaned:\n  %s" % (
                 ctx.workdir, "\n  ".join(left)), file=sys.stderr)
             return 3
         open_results(ctx)
+        drop_unavailable_setups(ctx)
         workloads = [WORKLOADS[name](ctx) for name in opts.workloads]
         planned = plan(workloads)
         t_start = time.time()

@@ -16,14 +16,12 @@ measured even if birch's default changes.
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import time
-from typing import IO, TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional
 
 from harness import host, parsers
-from harness.procs import CmdError, kill_group
-from harness.setups.base import Mounted, Setup
+from harness.procs import CmdError
+from harness.setups.base import Mounted
+from harness.setups.fuse import DaemonMount, FuseSetup
 
 if TYPE_CHECKING:
     from harness.context import RunContext
@@ -36,80 +34,25 @@ UMOUNT = ["fusermount3", "-u", "{mnt}"]
 # filesystems. On a plain fuse mount, `birch sync` runs syncfs, then asks
 # birch to commit through its ioctl.
 SYNC = ["{birch}", "sync", "{path}"]
-MOUNT_TIMEOUT_S = 60
 
 
-class BirchSetup(Setup):
-    kind = "fuse"
-
+class BirchSetup(FuseSetup):
     def __init__(self, name: str, uses_loop: bool, metadata: str) -> None:
-        super().__init__(name, fstype="fuse",
-                         mkfs=["{birch}", "mkfs", "{target}", "--metadata", metadata],
-                         tools=["fusermount3"], uses_loop=uses_loop)
+        super().__init__(name, mkfs=["{birch}", "mkfs", "{target}", "--metadata", metadata],
+                         tools=["fusermount3"], uses_loop=uses_loop, mount_bg=MOUNT_BG, umount=UMOUNT)
         self.metadata = metadata
 
     def describe(self) -> dict:
-        return dict(super().describe(), mount_bg=MOUNT_BG, umount=UMOUNT, sync=SYNC,
-                    metadata=self.metadata)
+        return dict(super().describe(), sync=SYNC, metadata=self.metadata)
 
     def open(self, ctx: RunContext, size: int, tag: str) -> Mounted:
         return FuseMount(self, ctx, size, tag)
 
 
-class FuseMount(Mounted):
-    """A `birch mount -f` daemon; mounted once its mount point shows up in
-    /proc/self/mountinfo, unmounted once the daemon has exited (birch
-    commits at unmount, so the unmount time is part of what is measured)."""
+class FuseMount(DaemonMount):
+    """A `birch mount -f` daemon, which counts its own requests."""
 
     setup: BirchSetup
-
-    def __init__(self, setup: BirchSetup, ctx: RunContext, size: int, tag: str) -> None:
-        super().__init__(setup, ctx, size, tag)
-        self.daemon: Optional[subprocess.Popen] = None
-        self.daemon_log: Optional[IO[str]] = None
-
-    def _argv(self, template: list[str], path: Optional[str] = None) -> list[str]:
-        return self.setup.format_argv(self.ctx, template, target=self.target, mnt=self.mnt,
-                                      path=path or self.mnt)
-
-    def _mount(self) -> None:
-        self.daemon_log = open(self.log_path("-mount.log"), "w")
-        cmd = self._argv(MOUNT_BG)
-        self.ctx.log("$ %s &" % " ".join(map(shlex.quote, cmd)))
-        self.daemon = subprocess.Popen(cmd, stdout=self.daemon_log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.time() + MOUNT_TIMEOUT_S
-        while time.time() < deadline:
-            if host.is_mounted(self.mnt):
-                return
-            if self.daemon.poll() is not None:
-                raise CmdError("%s exited with %s before mounting (see %s)" % (
-                    cmd[0], self.daemon.returncode, self.daemon_log.name))
-            time.sleep(0.1)
-        raise CmdError("%s did not mount %s within %d s" % (cmd[0], self.mnt, MOUNT_TIMEOUT_S))
-
-    def _unmount(self) -> bool:
-        ok = True
-        if host.is_mounted(self.mnt):
-            try:
-                self.ctx.run(self._argv(UMOUNT), timeout=300)
-            except Exception as e:
-                self.ctx.log("fuse unmount failed: %s" % e)
-            ok = host.umount_path(self.ctx.procs, self.mnt, "fuse")
-        if self.daemon is not None and self.daemon.poll() is None:
-            try:
-                self.daemon.wait(timeout=600)
-            except subprocess.TimeoutExpired:
-                self.ctx.log("%s still running after unmount: terminating" % self.name)
-                self.daemon.terminate()
-                try:
-                    self.daemon.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    kill_group(self.daemon)
-                    self.daemon.wait()
-        if self.daemon_log and not self.daemon_log.closed:
-            self.daemon_log.close()
-        return ok
 
     def sync(self, path: Optional[str] = None, quiet: bool = True, timeout: float = 1800) -> None:
         if host.fstype_of(self.mnt).startswith("fuseblk"):

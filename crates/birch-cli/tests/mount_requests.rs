@@ -15,7 +15,7 @@ use common::{birch, skip_unless_root, stats_json, text, Fixture};
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -149,6 +149,47 @@ fn negative_entries_are_cached_and_replaced_by_creates() {
     let mut want: Vec<&str> = names.iter().copied().chain(["d", "source"]).collect();
     want.sort();
     assert_eq!(listed, want);
+}
+
+/// Writes through a file created write-only send no GETXATTR: the create
+/// is answered with FOPEN_DIRECT_IO, so the kernel's file_remove_privs(),
+/// which asks for `security.capability` before a buffered write whenever
+/// a reply with attributes (the CREATE's, a SETATTR's) came in since, is
+/// not called (docs/FUSE.md "Direct I/O for write-only creates"). The
+/// behaviour that relies on is tested in mount_security.rs
+/// (a_write_only_create_*); here, what it saves: tar's pattern of create,
+/// write, fchmod, write.
+#[test]
+fn writes_through_a_write_only_create_ask_for_no_capability() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("requests-direct-create");
+    let before = requests(&fx);
+    for i in 0..20 {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(fx.path(&format!("f{i}")))
+            .expect("create");
+        f.write_all(&[b'a'; 5000]).unwrap();
+        f.set_permissions(fs::Permissions::from_mode(0o600))
+            .unwrap();
+        f.write_all(&[b'b'; 5000]).unwrap();
+    }
+    let after = requests(&fx);
+    assert_eq!(
+        sent(&before, &after, "GETXATTR"),
+        0,
+        "no GETXATTR for 40 writes: {after:?}"
+    );
+    assert_eq!(sent(&before, &after, "WRITE"), 40, "{after:?}");
+    for i in 0..20 {
+        let data = fs::read(fx.path(&format!("f{i}"))).unwrap();
+        assert_eq!(data.len(), 10_000);
+        assert!(data[..5000].iter().all(|&b| b == b'a') && data[5000..].iter().all(|&b| b == b'b'));
+    }
 }
 
 /// `birch stats` lays the counters out in their sections, with the mount's

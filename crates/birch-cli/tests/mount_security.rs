@@ -20,6 +20,7 @@ use common::{cstr, run, run_ok, skip_unless_root, text, Fixture, Scratch};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
@@ -1168,4 +1169,113 @@ fn an_image_whose_filesystem_fails_o_direct_reads_is_served_buffered() {
     fx.unmount();
     fx.assert_clean();
     fx.check_at_drop = false;
+}
+
+/// A file created write-only is written through direct I/O
+/// (docs/FUSE.md "Direct I/O for write-only creates"), so the kernel no
+/// longer drops set-ID bits before each write itself: it flags the write
+/// FUSE_WRITE_KILL_SUIDGID and birch drops them. The owner (no
+/// CAP_FSETID) makes its file set-user-ID and set-group-ID through the
+/// descriptor it created it with, then writes: both bits go (group-execute
+/// is set), in the kernel's cache, from birch and after a remount. A
+/// reader that opened the file and read it before the write reads the new
+/// data: the direct write invalidates the reader's cached pages.
+#[test]
+fn a_write_only_create_drops_set_id_on_write_and_readers_see_the_data() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::mounted("sec-direct-create");
+    let dir = fx.path("d");
+    fs::create_dir(&dir).unwrap();
+    set_mode(&dir, 0o777);
+    let f = dir.join("f");
+    let script = format!(
+        "import os\n\
+         fd = os.open('{f}', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)\n\
+         os.write(fd, b'old data')\n\
+         os.fchmod(fd, 0o6755)\n\
+         r = os.open('{f}', os.O_RDONLY)\n\
+         assert os.read(r, 8) == b'old data'\n\
+         print(oct(os.fstat(fd).st_mode & 0o7777))\n\
+         os.pwrite(fd, b'new', 0)\n\
+         print(os.pread(r, 8, 0).decode())\n",
+        f = f.display()
+    );
+    let out = as_user(
+        NOBODY,
+        NOBODY,
+        &[],
+        &["/usr/bin/python3".as_ref(), "-c".as_ref(), script.as_ref()],
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(
+        text(&out.stdout),
+        "0o6755\nnew data\n",
+        "before the write, after it"
+    );
+    assert_eq!(cached_mode_of(&f), 0o755, "the kernel's cached mode");
+    assert_eq!(mode_of(&f), 0o755, "birch's mode");
+    fx.remount();
+    assert_eq!(mode_of(&f), 0o755, "after a remount");
+    assert_eq!(fs::read(&f).unwrap(), b"new data");
+}
+
+/// `security.capability` goes on a write, by any writer (the kernel's
+/// cap_inode_killpriv, which a direct-I/O write skips): root creates a
+/// file write-only, gives it a file capability, writes through the same
+/// descriptor, and the capability is gone, also after a remount.
+#[test]
+fn a_write_only_create_loses_its_file_capability_on_write() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::mounted("sec-direct-cap");
+    let f = fx.path("f");
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o755)
+        .open(&f)
+        .unwrap();
+    file.write_all(b"first").unwrap();
+    // VFS_CAP_REVISION_2 | VFS_CAP_FLAGS_EFFECTIVE, permitted CAP_NET_RAW.
+    let mut cap = Vec::new();
+    for word in [0x0200_0001u32, 1 << 13, 0, 0, 0] {
+        cap.extend_from_slice(&word.to_le_bytes());
+    }
+    let name = c"security.capability";
+    let path = cstr(&f);
+    // SAFETY: C strings we own and a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            cap.as_ptr().cast(),
+            cap.len(),
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
+    let capability_len = || {
+        // SAFETY: a size query (null buffer, length 0) on C strings we own.
+        let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+        (n >= 0).then_some(n)
+    };
+    assert_eq!(capability_len(), Some(20), "the capability is set");
+    file.write_all(b" second").unwrap();
+    assert_eq!(
+        capability_len(),
+        None,
+        "a write removes security.capability"
+    );
+    drop(file);
+    fx.remount();
+    assert_eq!(capability_len(), None, "after a remount");
+    assert_eq!(fs::read(&f).unwrap(), b"first second");
 }

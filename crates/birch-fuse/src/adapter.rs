@@ -326,6 +326,10 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     /// How requests arrive, known once the session's INIT is done (after
     /// this adapter was handed to the session); shown by `birch stats`.
     transport: Arc<OnceLock<Transport>>,
+    /// Tells the kernel to drop what it caches of an inode; set by
+    /// [`serve`](crate::serve) once the session exists (after this adapter
+    /// was handed to it).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Set once the engine's failure (docs/IO-ERRORS.md) has been written
     /// to the daemon's stderr: the operator hears of it once, not at every
     /// refused request.
@@ -374,6 +378,13 @@ fn set_time(t: TimeOrNow) -> SetTime {
         TimeOrNow::SpecificTime(t) => SetTime::At(from_request_time(t)),
     }
 }
+
+/// The handle of a write-only open replied with FOPEN_DIRECT_IO
+/// (`BirchFuse::open_reply`); every other open gets handle 0.
+const DIRECT_WRITE_HANDLE: FileHandle = FileHandle(1);
+
+/// The file capability xattr the kernel removes on a write.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 /// The mode left when a change by `req`'s caller drops set-ID bits from a
 /// file with `attr`, by the kernel's rules (`setattr_should_drop_suidgid`,
@@ -429,6 +440,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             negotiated: InitFlags::empty(),
             remount: None,
             transport: Arc::new(OnceLock::new()),
+            notifier: Arc::new(OnceLock::new()),
             failure_reported: AtomicBool::new(false),
             // SAFETY: getuid has no preconditions.
             owner: unsafe { libc::getuid() },
@@ -466,6 +478,11 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
     /// Where [`serve`](crate::serve) records the session's transport.
     pub(crate) fn transport_cell(&self) -> Arc<OnceLock<Transport>> {
         self.transport.clone()
+    }
+
+    /// Where [`serve`](crate::serve) records the session's notifier.
+    pub(crate) fn notifier_cell(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
     }
 
     /// Follows `remount,rw` of a mount started read-only (remount.rs).
@@ -600,6 +617,64 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             Ok((req.uid(), dir.gid, mode))
         } else {
             Ok((req.uid(), req.gid(), mode))
+        }
+    }
+
+    /// The handle and flags of an OPEN or CREATE reply for open flags
+    /// `flags`. A write-only open without the writeback cache gets
+    /// FOPEN_DIRECT_IO: its writes then skip the kernel's
+    /// file_remove_privs(), which otherwise asks for
+    /// `security.capability` (a GETXATTR) before every write that follows
+    /// a reply carrying attributes (docs/FUSE.md "Direct I/O for
+    /// write-only opens"). The kernel flags such writes
+    /// FUSE_WRITE_KILL_SUIDGID instead, and the write handler drops the
+    /// set-ID bits and, on DIRECT_WRITE_HANDLE, the capability. A
+    /// write-only descriptor cannot be mmapped or read, so only its
+    /// writes change; readers through other descriptors keep the page
+    /// cache, which the kernel invalidates over the range a direct write
+    /// covers.
+    fn open_reply(&self, flags: i32) -> (FileHandle, FopenFlags) {
+        if !self.options.writeback_cache && flags & libc::O_ACCMODE == libc::O_WRONLY {
+            (
+                DIRECT_WRITE_HANDLE,
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_DIRECT_IO,
+            )
+        } else {
+            (FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+        }
+    }
+
+    /// Makes the kernel drop its cached attributes of `ino` before the
+    /// request that changed them is answered. A WRITE's reply carries no
+    /// attributes and the kernel invalidates only size and times after a
+    /// write, so without this a mode changed by a write (set-ID bits
+    /// dropped) would stay stale in its cache, and exec goes by the cached
+    /// mode. ENOENT means the kernel holds nothing of the inode; any other
+    /// failure is reported, since the stale mode is then the kernel's to
+    /// keep until it next fetches attributes.
+    fn forget_cached_attributes(&self, ino: u64) {
+        let Some(notifier) = self.notifier.get() else {
+            return;
+        };
+        // A negative offset: attributes only, no page cache.
+        match notifier.inval_inode(to_fuse_ino(ino), -1, 0) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => eprintln!(
+                "birch: {}: inode {ino}: cannot invalidate the kernel's cached attributes: {e}",
+                self.options.fsname
+            ),
+            _ => {}
+        }
+    }
+
+    /// A write removes `security.capability`, as the kernel's
+    /// file_remove_privs() does for any writer, privileged or not
+    /// (cap_inode_killpriv): a file changed by someone else must not keep
+    /// the capabilities granted to what it held.
+    fn drop_capability(&self, ino: u64) -> birch::Result<()> {
+        match self.fs.getxattr(ino, CAPABILITY_XATTR) {
+            Ok(_) => self.fs.removexattr(ino, CAPABILITY_XATTR),
+            Err(birch::Error::NoData) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -948,7 +1023,10 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         // inode->i_flags, which FUSE never sets (generic/079). O_TRUNC
         // arrives as a SETATTR of the size, which the engine refuses.
         match self.fs.deny_open(to_engine_ino(ino.0), flags.0) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(()) => {
+                let (fh, fopen) = self.open_reply(flags.0);
+                reply.opened(fh, fopen)
+            }
             Err(e) => reply.error(self.errno(&e)),
         }
     }
@@ -977,7 +1055,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
@@ -992,6 +1070,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             // It has normally dropped the bits already (the empty SETATTR
             // of file_remove_privs, see setattr); this covers a write that
             // reaches birch without one.
+            // Writes through a direct-I/O handle (see open_reply) always
+            // arrive so, with no SETATTR before them.
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
                 if let Some(mode) = dropped_mode(&self.fs.getattr(ino)?, req, false) {
                     self.fs.setattr(
@@ -1001,7 +1081,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                             ..Default::default()
                         },
                     )?;
+                    self.forget_cached_attributes(ino);
                 }
+            }
+            if fh == DIRECT_WRITE_HANDLE {
+                self.drop_capability(ino)?;
             }
             // A write-back of cached pages: with the writeback cache the
             // kernel owns mtime and ctime (it set them at write(2) time and
@@ -1252,7 +1336,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         name: &OsStr,
         mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         self.follow_remount();
@@ -1265,13 +1349,16 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             })
             .and_then(|attr| self.fs.open_inode(attr.ino).map(|()| attr));
         match result {
-            Ok(attr) => reply.created(
-                &self.options.entry_ttl,
-                &to_fuse_attr(&attr),
-                to_fuse_generation(&attr),
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
+            Ok(attr) => {
+                let (fh, fopen) = self.open_reply(flags);
+                reply.created(
+                    &self.options.entry_ttl,
+                    &to_fuse_attr(&attr),
+                    to_fuse_generation(&attr),
+                    fh,
+                    fopen,
+                )
+            }
             Err(e) => reply.error(self.errno(&e)),
         }
     }

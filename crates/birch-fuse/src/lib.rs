@@ -55,6 +55,7 @@ pub fn serve<D: BlockDevice + 'static>(
         adapter = adapter.with_remount_watch(watch.clone());
     }
     let transport = adapter.transport_cell();
+    let notifier = adapter.notifier_cell();
     let requests = adapter.request_counts();
     let config = options.session_config();
     let session = match &options.block_device {
@@ -97,6 +98,7 @@ pub fn serve<D: BlockDevice + 'static>(
         .map(|(_, reason)| format!("serving over /dev/fuse: {reason}"));
     // Set once, here: the session was built with the adapter inside it.
     let _ = transport.set(session.transport().clone());
+    let _ = notifier.set(session.notifier());
     options
         .apply_mount_attributes(mountpoint)
         .inspect_err(detach_on_failure)?;
