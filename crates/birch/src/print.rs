@@ -11,7 +11,7 @@ use crate::device::BlockDevice;
 use crate::format::node::{BODY_SIZE, HEADER_SIZE, LEAF_ITEM_HEADER_SIZE};
 use crate::format::{
     tree_name, DirEntry, FileExtent, FileType, InodeItem, Item, ItemType, Key, KeyPtr, Node,
-    NodeBody, Superblock, Timespec, NODE_MAGIC, NODE_SIZE,
+    NodeBody, RootRef, SubvolRootItem, Superblock, Timespec, NODE_MAGIC, NODE_SIZE,
 };
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -138,6 +138,13 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
             String::new()
         }
     );
+    if sb.subvolumes {
+        let _ = writeln!(
+            s,
+            "\tsubvolumes on (incompat_flags {:#x})",
+            crate::format::INCOMPAT_SUBVOLUMES
+        );
+    }
     let _ = match sb.metadata_profile {
         crate::format::MetadataProfile::Single => writeln!(s, "\tmetadata single"),
         crate::format::MetadataProfile::Dup { mirror_offset } => writeln!(
@@ -270,6 +277,9 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
             "root bytenr {} generation {} level {}",
             r.bytenr, r.generation, r.level
         ),
+        Item::SubvolRoot(r) => subvol_root(&r),
+        Item::RootBackref(r) => root_ref("root backref", &r),
+        Item::RootRef(r) => root_ref("root ref", &r),
         Item::DataExtent(e) => format!(
             "extent data refs {} generation {} owner ino {}",
             e.refs, e.generation, e.owner
@@ -280,7 +290,12 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
             e.generation,
             tree_name(e.owner)
         ),
-        Item::Orphan => marker(format!("orphan inode {}", key.offset)),
+        // The same key shape names an inode in an fs tree and a dead
+        // subvolume in the root tree; the item does not know its tree.
+        Item::Orphan => marker(format!(
+            "orphan {}: an inode with no names, or in the root tree a dead subvolume",
+            key.offset
+        )),
         Item::DirLogIndex => marker(format!("dir log index: entry {} removed", key.offset)),
         Item::LogFullExtents => marker("log full extents: the logged extents are complete".into()),
         Item::LogUnlinked => marker("log unlinked: every name is gone".into()),
@@ -308,14 +323,62 @@ pub fn inode(i: &InodeItem) -> String {
     )
 }
 
-/// `location ino 257 type FILE namelen 3 name: foo`
+/// `location ino 257 type FILE namelen 3 name: foo`; a subvolume link
+/// `location subvol(257) type SUBVOL namelen 4 name: snap`.
 pub fn dir_entry(e: &DirEntry) -> String {
+    let (location, kind) = if e.subvolume {
+        (tree_name(e.ino), "SUBVOL")
+    } else {
+        (format!("ino {}", e.ino), file_type_name(e.file_type))
+    };
     format!(
-        "location ino {} type {} namelen {} name: {}",
-        e.ino,
-        file_type_name(e.file_type),
+        "location {location} type {kind} namelen {} name: {}",
         e.name.len(),
         name(&e.name)
+    )
+}
+
+/// A subvolume's long root item, one group of fields per line.
+pub fn subvol_root(r: &SubvolRootItem) -> String {
+    let uuid = |u: &[u8; 16]| {
+        if u.iter().all(|&b| b == 0) {
+            "-".to_string()
+        } else {
+            fsid(u)
+        }
+    };
+    format!(
+        "root bytenr {} generation {} level {} refs {} flags {:#x}{} last_snapshot {}\n\t\tdrop_progress {}\n\t\tuuid {} parent_uuid {} received_uuid {}\n\t\tctransid {} otransid {} stransid {} rtransid {}\n\t\tctime {} otime {} stime {} rtime {}",
+        r.root.bytenr,
+        r.root.generation,
+        r.root.level,
+        r.refs,
+        r.flags,
+        if r.is_readonly() { " (RDONLY)" } else { "" },
+        r.last_snapshot,
+        r.drop_progress,
+        uuid(&r.uuid),
+        uuid(&r.parent_uuid),
+        uuid(&r.received_uuid),
+        r.ctransid,
+        r.otransid,
+        r.stransid,
+        r.rtransid,
+        timespec(&r.ctime),
+        timespec(&r.otime),
+        timespec(&r.stime),
+        timespec(&r.rtime)
+    )
+}
+
+/// `root ref dirid 256 index 2 namelen 4 name: snap`
+pub fn root_ref(what: &str, r: &RootRef) -> String {
+    format!(
+        "{what} dirid {} index {} namelen {} name: {}",
+        r.dirid,
+        r.index,
+        r.name.len(),
+        name(&r.name)
     )
 }
 
