@@ -53,11 +53,17 @@ pub(crate) struct SubvolRecords {
 }
 
 impl SubvolRecords {
-    /// Whether `id` is a live subvolume: 5, or a long root item with refs 1.
+    /// Whether `id` is a live subvolume: 5, or a root item with refs 1
+    /// (a short one, itself a fault, counts as live so that its links are
+    /// not reported again).
     pub fn is_live(&self, id: u64) -> bool {
         id == tree_id::FS
             || (tree_id::is_subvolume(id)
-                && matches!(self.root_items.get(&id), Some((Some(r), _)) if r.refs == 1))
+                && match self.root_items.get(&id) {
+                    Some((Some(r), _)) => r.refs == 1,
+                    Some((None, _)) => true,
+                    None => false,
+                })
     }
 }
 
@@ -490,17 +496,16 @@ fn check_links(c: &mut Checker<'_>, recs: &SubvolRecords) {
         }
     }
     for l in &recs.links {
+        // Either half names it: a missing or different other half is
+        // reported as such, not as a dangling link.
+        let names_it = |rr: &RootRef| {
+            rr.dirid == l.dir && rr.name == l.name && l.index.is_none_or(|i| i == rr.index)
+        };
         let pair = recs
             .refs
             .get(&(l.tree, l.subvol))
-            .filter(|(rr, _)| {
-                rr.dirid == l.dir && rr.name == l.name && l.index.is_none_or(|i| i == rr.index)
-            })
-            .filter(|(rr, _)| {
-                recs.backrefs
-                    .get(&(l.subvol, l.tree))
-                    .is_some_and(|(b, _)| b == rr)
-            });
+            .or_else(|| recs.backrefs.get(&(l.subvol, l.tree)))
+            .filter(|(rr, _)| names_it(rr));
         if pair.is_none() || !recs.is_live(l.subvol) {
             c.fault_at(
                 FaultId::SubvolLinkDangling,
