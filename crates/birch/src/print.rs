@@ -248,30 +248,8 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
         ),
         Item::DirItems(entries) => lines(entries.iter().map(dir_entry).collect()),
         Item::DirIndex(e) => dir_entry(&e),
-        Item::Xattrs(xs) => lines(
-            xs.iter()
-                .map(|x| {
-                    format!(
-                        "xattr namelen {} valuelen {} name: {} value: \"{}\"",
-                        x.name.len(),
-                        x.value.len(),
-                        name(&x.name),
-                        preview(&x.value, 64)
-                    )
-                })
-                .collect(),
-        ),
-        Item::Csums(sums) => {
-            let shown: Vec<String> = sums.iter().take(8).map(|c| format!("{c:#010x}")).collect();
-            format!(
-                "csums {} blocks [{}, {}): {}{}",
-                sums.len(),
-                key.offset,
-                key.offset + crate::format::csum_item_span(data.len()),
-                shown.join(" "),
-                if sums.len() > 8 { " ..." } else { "" }
-            )
-        }
+        Item::Xattrs(xs) => lines(xs.iter().map(xattr).collect()),
+        Item::Csums(sums) => csums(key, &sums),
         Item::FileExtent(e) => file_extent(&e),
         Item::Root(r) => format!(
             "root bytenr {} generation {} level {}",
@@ -300,6 +278,31 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
         Item::LogFullExtents => marker("log full extents: the logged extents are complete".into()),
         Item::LogUnlinked => marker("log unlinked: every name is gone".into()),
     }
+}
+
+/// `xattr namelen 9 valuelen 5 name: user.note value: "value"`
+fn xattr(x: &crate::format::Xattr) -> String {
+    format!(
+        "xattr namelen {} valuelen {} name: {} value: \"{}\"",
+        x.name.len(),
+        x.value.len(),
+        name(&x.name),
+        preview(&x.value, 64)
+    )
+}
+
+/// `csums 3 blocks [S, E): 0x... ...` (the first 8 shown).
+fn csums(key: &Key, sums: &[u32]) -> String {
+    let shown: Vec<String> = sums.iter().take(8).map(|c| format!("{c:#010x}")).collect();
+    let span = sums.len() as u64 * crate::format::SECTOR_SIZE;
+    format!(
+        "csums {} blocks [{}, {}): {}{}",
+        sums.len(),
+        key.offset,
+        key.offset.saturating_add(span),
+        shown.join(" "),
+        if sums.len() > 8 { " ..." } else { "" }
+    )
 }
 
 /// `inode generation 3 transid 7 size 10 nbytes 4096 nlink 1 uid 0 gid 0 mode 100644 ...`
@@ -636,5 +639,56 @@ mod tests {
             "{printed}"
         );
         assert_eq!(printed, node(&n, None));
+    }
+
+    /// A hostile checksum key near 2^64: the printed range saturates
+    /// instead of overflowing (the dump shows what the check reports).
+    #[test]
+    fn csum_item_keyed_near_2_pow_64_prints() {
+        let key = Key::new(
+            crate::format::EXTENT_CSUM_OBJECTID,
+            item_type::EXTENT_CSUM,
+            u64::MAX - 4095,
+        );
+        let s = item_body(&key, &[0; 8]);
+        assert!(s.starts_with("csums 2 blocks ["), "{s}");
+    }
+
+    #[test]
+    fn subvolume_items_print() {
+        let rr = RootRef {
+            dirid: 256,
+            index: 2,
+            name: b"snap".to_vec(),
+        };
+        let s = item_body(&Key::root_ref(5, 257), &rr.encode());
+        assert_eq!(s, "root ref dirid 256 index 2 namelen 4 name: snap");
+        let s = item_body(&Key::root_backref(257, 5), &rr.encode());
+        assert_eq!(s, "root backref dirid 256 index 2 namelen 4 name: snap");
+        let item = SubvolRootItem {
+            refs: 1,
+            flags: crate::format::SUBVOL_RDONLY,
+            uuid: [7; 16],
+            ..Default::default()
+        };
+        let s = item_body(&Key::new(257, item_type::ROOT_ITEM, 0), &item.encode());
+        assert!(
+            s.starts_with("root bytenr 0 generation 0 level 0 refs 1 flags 0x1 (RDONLY)"),
+            "{s}"
+        );
+        assert!(s.contains("parent_uuid - received_uuid -"), "{s}");
+        let link = DirEntry {
+            ino: 257,
+            file_type: FileType::Directory,
+            name: b"snap".to_vec(),
+            subvolume: true,
+        };
+        let s = item_body(&Key::new(256, item_type::DIR_INDEX, 2), &link.encode());
+        assert_eq!(s, "location subvol(257) type SUBVOL namelen 4 name: snap");
+        let sb = Superblock {
+            subvolumes: true,
+            ..crate::check::fixture::sample().build().superblock
+        };
+        assert!(superblock(&sb, 65536).contains("subvolumes on (incompat_flags 0x8)"));
     }
 }

@@ -284,9 +284,12 @@ fn check_finds_root_item_short() {
     assert_finds(&check(&fx), FaultId::RootItemShort);
 }
 
+/// One damage to a fixture's builder.
+type Damage = fn(&mut FsBuilder);
+
 #[test]
 fn check_finds_root_item_fields() {
-    let cases: [(&str, fn(&mut FsBuilder)); 4] = [
+    let cases: [(&str, Damage); 4] = [
         ("ctransid past generation", |b| {
             b.subvol_item_mut(256).ctransid = 100
         }),

@@ -47,6 +47,9 @@ pub struct FsBuilder {
     root_tree_items: BTreeMap<Key, Vec<u8>>,
 }
 
+/// A tree's items in key order, with their payloads.
+type TreeItems = Vec<(Key, Vec<u8>)>;
+
 /// A subvolume tree of a fixture: its root directory and raw items.
 #[derive(Debug, Clone)]
 struct Subvol {
@@ -519,7 +522,7 @@ impl FsBuilder {
             fs_items.insert(Key::new(ino, item_type::INODE_ITEM, 0), inode.encode());
         }
         // Every subvolume tree, 5 first: its items in key order.
-        let mut subvol_trees: Vec<(u64, Vec<(Key, Vec<u8>)>)> =
+        let mut subvol_trees: Vec<(u64, TreeItems)> =
             vec![(tree_id::FS, fs_items.into_iter().collect())];
         for (&id, sv) in &self.subvols {
             let mut items = sv.items.clone();
