@@ -686,8 +686,20 @@ mod tests {
         let s = item_body(&Key::new(256, item_type::DIR_INDEX, 2), &link.encode());
         assert_eq!(s, "location subvol(257) type SUBVOL namelen 4 name: snap");
         let sb = Superblock {
+            fsid: [1; 16],
+            generation: 3,
+            root_tree_bytenr: 1 << 20,
+            root_tree_level: 0,
+            total_bytes: 16 << 20,
+            bytes_used: 65536,
+            log_root_bytenr: 0,
+            log_root_level: 0,
+            log_generation: 0,
+            backup_roots: [crate::format::BackupRoot::EMPTY; crate::format::BACKUP_ROOT_COUNT],
+            metadata_profile: crate::format::MetadataProfile::Single,
+            data_checksums: false,
+            log_manifest: None,
             subvolumes: true,
-            ..crate::check::fixture::sample().build().superblock
         };
         assert!(superblock(&sb, 65536).contains("subvolumes on (incompat_flags 0x8)"));
     }
