@@ -10,6 +10,7 @@ use birch::format::{
     encode_dir_items, item_type, tree_id, DirEntry, FileType, InodeItem, Key, LeafItem, Node,
     NodeBody, RootItem, RootRef, NODE_SIZE, ROOT_DIR_INO,
 };
+use birch::fs::{Filesystem, MountOptions};
 
 /// Directory `/d` of `fixture::sample()`.
 const D: u64 = 258;
@@ -440,4 +441,19 @@ fn logs_of_live_subvolumes_only() {
         assert_finds(&report, FaultId::LogOfUnknownSubvolume);
         assert_only(&report, &[FaultId::LogOfUnknownSubvolume]);
     }
+}
+
+/// Until the engine creates subvolumes (docs/SNAPSHOTS.md (j), step 6) it
+/// must not open an image with them: it would rewrite tree 5's long root
+/// item short and ignore the other trees. Its root item decoder refuses
+/// the long form by name.
+#[test]
+fn engine_does_not_open_subvolume_images_yet() {
+    let fx = with_subvolumes().build();
+    let dev = std::sync::Arc::new(fx.device());
+    let err = match Filesystem::open(dev, MountOptions::deterministic()) {
+        Ok(_) => panic!("the engine opened an image with subvolumes"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("long root item"), "{err}");
 }
