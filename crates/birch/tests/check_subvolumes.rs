@@ -209,6 +209,16 @@ fn check_finds_subvol_link_cycle() {
     assert_finds(&report, FaultId::SubvolLinkCycle);
     assert_only(&report, &[FaultId::SubvolLinkCycle]);
     assert_eq!(report.faults_with(FaultId::SubvolLinkCycle).count(), 2);
+    // Linked inside itself; and one hanging below a cycle is not itself
+    // in it (it is unreachable through the cycle's members).
+    let mut b = sample();
+    b.enable_subvolumes();
+    let a = b.new_subvolume(1);
+    b.link_subvolume(a, ROOT_DIR_INO, b"self", a);
+    b.subvolume(a, ROOT_DIR_INO, b"below");
+    let report = check(&b.build());
+    assert_only(&report, &[FaultId::SubvolLinkCycle]);
+    assert_eq!(report.faults_with(FaultId::SubvolLinkCycle).count(), 1);
 }
 
 #[test]

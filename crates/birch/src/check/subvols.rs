@@ -99,8 +99,9 @@ impl Checker<'_> {
         self.subvols.default = Some((entries, *loc));
     }
 
-    /// A subvolume link entry found in a tree of `kind` (only subvolume
-    /// trees may hold one; a log never does, S10).
+    /// A subvolume link entry found at `loc` (a subvolume tree's, kept
+    /// for the pass; a log tree's is a fault, S10: links are never
+    /// logged).
     pub(super) fn record_link(&mut self, loc: &Loc, index: Option<u64>, e: DirEntry) {
         if Self::is_log_tree(loc.tree) {
             return self.fault_at(
@@ -417,12 +418,13 @@ fn check_root_ref_pairs(c: &mut Checker<'_>, recs: &SubvolRecords) {
     for &(kid, parent) in recs.backrefs.keys() {
         parents.entry(kid).or_default().push(parent);
     }
+    let referenced: HashSet<u64> = recs.refs.keys().map(|&(_, kid)| kid).collect();
     for (&id, (_, loc)) in &recs.root_items {
         if id == tree_id::FS || !recs.is_live(id) {
             continue;
         }
         match parents.get(&id).map_or(0, Vec::len) {
-            0 if !recs.refs.keys().any(|&(_, k)| k == id) => c.fault_at(
+            0 if !referenced.contains(&id) => c.fault_at(
                 FaultId::RootRefMissing,
                 loc,
                 format!(
@@ -521,41 +523,50 @@ fn check_links(c: &mut Checker<'_>, recs: &SubvolRecords) {
 }
 
 /// S5: following each live subvolume's one back reference leads to 5.
+/// Each subvolume is visited once: a walk up stops at one already
+/// settled, and the members of a cycle it closes are reported.
 fn check_no_cycle(c: &mut Checker<'_>, recs: &SubvolRecords) {
-    let mut parent_of: HashMap<u64, u64> = HashMap::new();
-    let mut count: HashMap<u64, usize> = HashMap::new();
+    let mut parent_of: HashMap<u64, Option<u64>> = HashMap::new();
     for &(kid, parent) in recs.backrefs.keys() {
-        parent_of.insert(kid, parent);
-        *count.entry(kid).or_default() += 1;
+        // Two back references: reported as a mismatch; not followed.
+        let entry = parent_of.entry(kid).or_insert(Some(parent));
+        if *entry != Some(parent) {
+            *entry = None;
+        }
     }
-    for (&id, (_, loc)) in &recs.root_items {
-        if id == tree_id::FS || !recs.is_live(id) {
-            continue;
-        }
-        // Walk up; a subvolume in a cycle comes back to itself. Bounded
-        // by the number of subvolumes.
+    let mut settled: HashSet<u64> = HashSet::new();
+    let mut in_cycle: Vec<u64> = Vec::new();
+    for &id in recs.root_items.keys() {
+        let mut path: Vec<u64> = Vec::new();
+        let mut on_path: HashSet<u64> = HashSet::new();
         let mut at = id;
-        let mut seen = HashSet::new();
-        let in_cycle = loop {
-            if count.get(&at) != Some(&1) || !seen.insert(at) {
-                break false;
+        while !settled.contains(&at) {
+            if !on_path.insert(at) {
+                let pos = path.iter().position(|&p| p == at).unwrap_or(0);
+                in_cycle.extend_from_slice(&path[pos..]);
+                break;
             }
-            match parent_of.get(&at) {
-                Some(&p) if p == id => break true,
-                Some(&p) => at = p,
-                None => break false,
+            path.push(at);
+            match parent_of.get(&at).copied().flatten() {
+                Some(p) if p != tree_id::FS => at = p,
+                _ => break,
             }
-        };
-        if in_cycle {
-            c.fault_at(
-                FaultId::SubvolLinkCycle,
-                loc,
-                format!(
-                    "{} is its own ancestor through its links: it is not reachable from the top level",
-                    tree_name(id)
-                ),
-            );
         }
+        settled.extend(path);
+    }
+    in_cycle.sort_unstable();
+    for id in in_cycle {
+        let Some((_, loc)) = recs.root_items.get(&id) else {
+            continue;
+        };
+        c.fault_at(
+            FaultId::SubvolLinkCycle,
+            loc,
+            format!(
+                "{} is its own ancestor through its links: it is not reachable from the top level",
+                tree_name(id)
+            ),
+        );
     }
 }
 
