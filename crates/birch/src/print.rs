@@ -11,7 +11,7 @@ use crate::device::BlockDevice;
 use crate::format::node::{BODY_SIZE, HEADER_SIZE, LEAF_ITEM_HEADER_SIZE};
 use crate::format::{
     tree_name, DirEntry, FileExtent, FileType, InodeItem, Item, ItemType, Key, KeyPtr, Node,
-    NodeBody, Superblock, Timespec, NODE_MAGIC, NODE_SIZE,
+    NodeBody, RootRef, SubvolRootItem, Superblock, Timespec, NODE_MAGIC, NODE_SIZE,
 };
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -138,6 +138,13 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
             String::new()
         }
     );
+    if sb.subvolumes {
+        let _ = writeln!(
+            s,
+            "\tsubvolumes on (incompat_flags {:#x})",
+            crate::format::INCOMPAT_SUBVOLUMES
+        );
+    }
     let _ = match sb.metadata_profile {
         crate::format::MetadataProfile::Single => writeln!(s, "\tmetadata single"),
         crate::format::MetadataProfile::Dup { mirror_offset } => writeln!(
@@ -241,35 +248,16 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
         ),
         Item::DirItems(entries) => lines(entries.iter().map(dir_entry).collect()),
         Item::DirIndex(e) => dir_entry(&e),
-        Item::Xattrs(xs) => lines(
-            xs.iter()
-                .map(|x| {
-                    format!(
-                        "xattr namelen {} valuelen {} name: {} value: \"{}\"",
-                        x.name.len(),
-                        x.value.len(),
-                        name(&x.name),
-                        preview(&x.value, 64)
-                    )
-                })
-                .collect(),
-        ),
-        Item::Csums(sums) => {
-            let shown: Vec<String> = sums.iter().take(8).map(|c| format!("{c:#010x}")).collect();
-            format!(
-                "csums {} blocks [{}, {}): {}{}",
-                sums.len(),
-                key.offset,
-                key.offset + crate::format::csum_item_span(data.len()),
-                shown.join(" "),
-                if sums.len() > 8 { " ..." } else { "" }
-            )
-        }
+        Item::Xattrs(xs) => lines(xs.iter().map(xattr).collect()),
+        Item::Csums(sums) => csums(key, &sums),
         Item::FileExtent(e) => file_extent(&e),
         Item::Root(r) => format!(
             "root bytenr {} generation {} level {}",
             r.bytenr, r.generation, r.level
         ),
+        Item::SubvolRoot(r) => subvol_root(&r),
+        Item::RootBackref(r) => root_ref("root backref", &r),
+        Item::RootRef(r) => root_ref("root ref", &r),
         Item::DataExtent(e) => format!(
             "extent data refs {} generation {} owner ino {}",
             e.refs, e.generation, e.owner
@@ -280,11 +268,41 @@ pub fn item_body(key: &Key, data: &[u8]) -> String {
             e.generation,
             tree_name(e.owner)
         ),
-        Item::Orphan => marker(format!("orphan inode {}", key.offset)),
+        // The same key shape names an inode in an fs tree and a dead
+        // subvolume in the root tree; the item does not know its tree.
+        Item::Orphan => marker(format!(
+            "orphan {}: an inode with no names, or in the root tree a dead subvolume",
+            key.offset
+        )),
         Item::DirLogIndex => marker(format!("dir log index: entry {} removed", key.offset)),
         Item::LogFullExtents => marker("log full extents: the logged extents are complete".into()),
         Item::LogUnlinked => marker("log unlinked: every name is gone".into()),
     }
+}
+
+/// `xattr namelen 9 valuelen 5 name: user.note value: "value"`
+fn xattr(x: &crate::format::Xattr) -> String {
+    format!(
+        "xattr namelen {} valuelen {} name: {} value: \"{}\"",
+        x.name.len(),
+        x.value.len(),
+        name(&x.name),
+        preview(&x.value, 64)
+    )
+}
+
+/// `csums 3 blocks [S, E): 0x... ...` (the first 8 shown).
+fn csums(key: &Key, sums: &[u32]) -> String {
+    let shown: Vec<String> = sums.iter().take(8).map(|c| format!("{c:#010x}")).collect();
+    let span = sums.len() as u64 * crate::format::SECTOR_SIZE;
+    format!(
+        "csums {} blocks [{}, {}): {}{}",
+        sums.len(),
+        key.offset,
+        key.offset.saturating_add(span),
+        shown.join(" "),
+        if sums.len() > 8 { " ..." } else { "" }
+    )
 }
 
 /// `inode generation 3 transid 7 size 10 nbytes 4096 nlink 1 uid 0 gid 0 mode 100644 ...`
@@ -308,14 +326,62 @@ pub fn inode(i: &InodeItem) -> String {
     )
 }
 
-/// `location ino 257 type FILE namelen 3 name: foo`
+/// `location ino 257 type FILE namelen 3 name: foo`; a subvolume link
+/// `location subvol(257) type SUBVOL namelen 4 name: snap`.
 pub fn dir_entry(e: &DirEntry) -> String {
+    let (location, kind) = if e.subvolume {
+        (tree_name(e.ino), "SUBVOL")
+    } else {
+        (format!("ino {}", e.ino), file_type_name(e.file_type))
+    };
     format!(
-        "location ino {} type {} namelen {} name: {}",
-        e.ino,
-        file_type_name(e.file_type),
+        "location {location} type {kind} namelen {} name: {}",
         e.name.len(),
         name(&e.name)
+    )
+}
+
+/// A subvolume's long root item, one group of fields per line.
+pub fn subvol_root(r: &SubvolRootItem) -> String {
+    let uuid = |u: &[u8; 16]| {
+        if u.iter().all(|&b| b == 0) {
+            "-".to_string()
+        } else {
+            fsid(u)
+        }
+    };
+    format!(
+        "root bytenr {} generation {} level {} refs {} flags {:#x}{} last_snapshot {}\n\t\tdrop_progress {}\n\t\tuuid {} parent_uuid {} received_uuid {}\n\t\tctransid {} otransid {} stransid {} rtransid {}\n\t\tctime {} otime {} stime {} rtime {}",
+        r.root.bytenr,
+        r.root.generation,
+        r.root.level,
+        r.refs,
+        r.flags,
+        if r.is_readonly() { " (RDONLY)" } else { "" },
+        r.last_snapshot,
+        r.drop_progress,
+        uuid(&r.uuid),
+        uuid(&r.parent_uuid),
+        uuid(&r.received_uuid),
+        r.ctransid,
+        r.otransid,
+        r.stransid,
+        r.rtransid,
+        timespec(&r.ctime),
+        timespec(&r.otime),
+        timespec(&r.stime),
+        timespec(&r.rtime)
+    )
+}
+
+/// `root ref dirid 256 index 2 namelen 4 name: snap`
+pub fn root_ref(what: &str, r: &RootRef) -> String {
+    format!(
+        "{what} dirid {} index {} namelen {} name: {}",
+        r.dirid,
+        r.index,
+        r.name.len(),
+        name(&r.name)
     )
 }
 
@@ -573,5 +639,68 @@ mod tests {
             "{printed}"
         );
         assert_eq!(printed, node(&n, None));
+    }
+
+    /// A hostile checksum key near 2^64: the printed range saturates
+    /// instead of overflowing (the dump shows what the check reports).
+    #[test]
+    fn csum_item_keyed_near_2_pow_64_prints() {
+        let key = Key::new(
+            crate::format::EXTENT_CSUM_OBJECTID,
+            item_type::EXTENT_CSUM,
+            u64::MAX - 4095,
+        );
+        let s = item_body(&key, &[0; 8]);
+        assert!(s.starts_with("csums 2 blocks ["), "{s}");
+    }
+
+    #[test]
+    fn subvolume_items_print() {
+        let rr = RootRef {
+            dirid: 256,
+            index: 2,
+            name: b"snap".to_vec(),
+        };
+        let s = item_body(&Key::root_ref(5, 257), &rr.encode());
+        assert_eq!(s, "root ref dirid 256 index 2 namelen 4 name: snap");
+        let s = item_body(&Key::root_backref(257, 5), &rr.encode());
+        assert_eq!(s, "root backref dirid 256 index 2 namelen 4 name: snap");
+        let item = SubvolRootItem {
+            refs: 1,
+            flags: crate::format::SUBVOL_RDONLY,
+            uuid: [7; 16],
+            ..Default::default()
+        };
+        let s = item_body(&Key::new(257, item_type::ROOT_ITEM, 0), &item.encode());
+        assert!(
+            s.starts_with("root bytenr 0 generation 0 level 0 refs 1 flags 0x1 (RDONLY)"),
+            "{s}"
+        );
+        assert!(s.contains("parent_uuid - received_uuid -"), "{s}");
+        let link = DirEntry {
+            ino: 257,
+            file_type: FileType::Directory,
+            name: b"snap".to_vec(),
+            subvolume: true,
+        };
+        let s = item_body(&Key::new(256, item_type::DIR_INDEX, 2), &link.encode());
+        assert_eq!(s, "location subvol(257) type SUBVOL namelen 4 name: snap");
+        let sb = Superblock {
+            fsid: [1; 16],
+            generation: 3,
+            root_tree_bytenr: 1 << 20,
+            root_tree_level: 0,
+            total_bytes: 16 << 20,
+            bytes_used: 65536,
+            log_root_bytenr: 0,
+            log_root_level: 0,
+            log_generation: 0,
+            backup_roots: [crate::format::BackupRoot::EMPTY; crate::format::BACKUP_ROOT_COUNT],
+            metadata_profile: crate::format::MetadataProfile::Single,
+            data_checksums: false,
+            log_manifest: None,
+            subvolumes: true,
+        };
+        assert!(superblock(&sb, 65536).contains("subvolumes on (incompat_flags 0x8)"));
     }
 }

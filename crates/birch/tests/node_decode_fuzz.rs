@@ -10,9 +10,9 @@ use birch::check::fixture::{sample, Fixture, FsBuilder};
 use birch::device::MemoryDevice;
 use birch::format::{
     decode_dir_items, decode_inode_refs, decode_xattrs, tree_id, BackupRoot, DirEntry, ExtentItem,
-    FileExtent, InodeItem, Key, MetadataProfile, Node, NodeBody, RootItem, Superblock,
-    BACKUP_ROOT_COUNT, NODE_MAGIC, NODE_SIZE, ROOT_DIR_INO, SUPERBLOCK_MAGIC, SUPERBLOCK_OFFSETS,
-    SUPERBLOCK_SIZE,
+    FileExtent, InodeItem, Key, MetadataProfile, Node, NodeBody, RootItem, RootRef, SubvolRootItem,
+    Superblock, BACKUP_ROOT_COUNT, NODE_MAGIC, NODE_SIZE, ROOT_DIR_INO, SUPERBLOCK_MAGIC,
+    SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -88,6 +88,9 @@ fn decode_as_every_item(data: &[u8]) {
     let _ = decode_xattrs(data);
     let _ = FileExtent::decode(data);
     let _ = RootItem::decode(data);
+    let _ = RootItem::decode_either(data);
+    let _ = SubvolRootItem::decode(data);
+    let _ = RootRef::decode(data);
     let _ = ExtentItem::decode(data);
     for t in 0..=255u8 {
         let _ = birch::print::item_body(&Key::new(257, t, 0), data);
@@ -139,8 +142,19 @@ fn mutate_node(rng: &mut ChaCha8Rng, bytes: &mut [u8]) -> String {
     }
 }
 
-fn fixture() -> Fixture {
+/// The sample with 40 more files; `with_subvolumes`: also
+/// `INCOMPAT_SUBVOLUMES`, two linked subvolumes (one nested), a dead one
+/// and a default, so that long root items, root refs, links, orphan-root
+/// and default items are among what is damaged.
+fn fixture(with_subvolumes: bool) -> Fixture {
     let mut b = sample();
+    if with_subvolumes {
+        b.enable_subvolumes();
+        let sv = b.subvolume(tree_id::FS, ROOT_DIR_INO, b"sv");
+        b.subvolume(sv, ROOT_DIR_INO, b"nested");
+        b.dead_subvolume();
+        b.set_default_subvolume(sv);
+    }
     for i in 0..40 {
         let ino = b.create(ROOT_DIR_INO, format!("f{i}").as_bytes());
         if i % 2 == 0 {
@@ -200,17 +214,20 @@ fn random_bytes_to_every_decoder() {
 #[test]
 fn mutated_nodes_and_items() {
     let (replay, mut rng) = Replay::new("mutated_nodes_and_items");
-    let fx = fixture();
-    let fsid = fx.fsid();
+    let fixtures = [fixture(false), fixture(true)];
     let mut payloads: Vec<Vec<u8>> = Vec::new();
-    for n in &fx.nodes {
-        if let NodeBody::Leaf(items) = &fx.node(n.bytenr).body {
-            payloads.extend(items.iter().map(|i| i.data.clone()));
+    for fx in &fixtures {
+        for n in &fx.nodes {
+            if let NodeBody::Leaf(items) = &fx.node(n.bytenr).body {
+                payloads.extend(items.iter().map(|i| i.data.clone()));
+            }
         }
     }
     for i in 0..2000 * scale() {
+        let fx = &fixtures[i % 2];
+        let fsid = fx.fsid();
         let n = fx.nodes[rng.gen_range(0..fx.nodes.len())];
-        let mut bytes = block(&fx, n.bytenr);
+        let mut bytes = block(fx, n.bytenr);
         let mut what = Vec::new();
         for _ in 0..rng.gen_range(1..=3) {
             what.push(mutate_node(&mut rng, &mut bytes));
@@ -249,7 +266,7 @@ fn mutated_nodes_and_items() {
 #[test]
 fn mutated_superblocks() {
     let (replay, mut rng) = Replay::new("mutated_superblocks");
-    let fx = fixture();
+    let fx = fixture(true);
     let off = SUPERBLOCK_OFFSETS[0] as usize;
     let valid = fx.image[off..off + SUPERBLOCK_SIZE].to_vec();
     assert!(Superblock::decode(&valid, SUPERBLOCK_OFFSETS[0]).is_ok());
@@ -360,22 +377,29 @@ fn damage_image(rng: &mut ChaCha8Rng, fx: &Fixture, image: &mut [u8]) -> String 
 #[test]
 fn check_device_on_mutated_images() {
     let (replay, mut rng) = Replay::new("check_device_on_mutated_images");
-    let fx = fixture();
-    assert!(check_device(&fx.device()).is_clean());
+    let fixtures = [fixture(false), fixture(true)];
+    for fx in &fixtures {
+        assert!(check_device(&fx.device()).is_clean());
+    }
     let mut noticed = 0;
     let iterations = 250 * scale();
     for i in 0..iterations {
+        let fx = &fixtures[i % 2];
         let mut image = fx.image.clone();
         let mut what = Vec::new();
         for _ in 0..rng.gen_range(1..=3) {
-            what.push(damage_image(&mut rng, &fx, &mut image));
+            what.push(damage_image(&mut rng, fx, &mut image));
         }
         if rng.gen_bool(0.1) {
             let len = rng.gen_range(0..image.len());
             image.truncate(len);
             what.push(format!("truncate to {len}"));
         }
-        replay.case(format!("image #{i}: {}", what.join("; ")));
+        replay.case(format!(
+            "image #{i} (subvolumes: {}): {}",
+            i % 2 == 1,
+            what.join("; ")
+        ));
         let dev = MemoryDevice::from_bytes(image);
         let report = check_device(&dev);
         let _ = report.to_string();
@@ -438,6 +462,7 @@ fn check_device_on_random_images() {
                 },
                 data_checksums: rng.gen_bool(0.5),
                 log_manifest: None,
+                subvolumes: rng.gen_bool(0.5),
             };
             let off = SUPERBLOCK_OFFSETS[0] as usize;
             image[off..off + SUPERBLOCK_SIZE].copy_from_slice(&sb.encode(SUPERBLOCK_OFFSETS[0]));

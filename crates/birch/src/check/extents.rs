@@ -230,7 +230,7 @@ fn check_data_refs(c: &mut Checker<'_>, extents: &[ExtentRec]) {
     }
     let mut counted: HashMap<usize, (u64, Vec<u64>)> = HashMap::new();
     let mut bad: Vec<(Loc, FaultId, String)> = Vec::new();
-    for fe in &c.fs.file_extents {
+    for fe in c.fs.file_extents.iter().chain(&c.subvols.file_extents) {
         let d = match fe.kind {
             FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d,
             FileExtentKind::Inline { .. } => continue,

@@ -323,6 +323,44 @@ fault_ids! {
         /// Two checksum items overlap.
         CsumOverlap = "csum-overlap",
     }
+    pass_id::SUBVOLUMES => {
+        /// A subvolume item (root item of 256.., long root item, root ref, orphan root, default, link) on an image without INCOMPAT_SUBVOLUMES.
+        SubvolWithoutFlag = "subvol-without-flag",
+        /// A subvolume's root item is the short form although the image has INCOMPAT_SUBVOLUMES (S8).
+        RootItemShort = "root-item-short",
+        /// A long root item's fields disagree (transids, generations, zero uuid, refs of tree 5, drop progress of a live root) or a long item for a tree that is no subvolume (S8).
+        RootItemFields = "root-item-fields",
+        /// Two subvolumes have one uuid (S8).
+        UuidTwice = "uuid-twice",
+        /// A root ref, orphan root, link or default names an id that is no subvolume id (S8).
+        SubvolIdOutOfRange = "subvol-id-out-of-range",
+        /// A live subvolume or a ROOT_BACKREF without its ROOT_REF (S5).
+        RootRefMissing = "root-ref-missing",
+        /// A ROOT_REF without its ROOT_BACKREF (S5).
+        RootBackrefMissing = "root-backref-missing",
+        /// A ROOT_REF and its ROOT_BACKREF disagree, or a subvolume has more than one link (S5).
+        RootRefMismatch = "root-ref-mismatch",
+        /// A root reference whose parent or child has no root item or is dead (S5, S6).
+        RootRefDangling = "root-ref-dangling",
+        /// A root reference pair whose parent directory lacks the link DIR_ITEM or DIR_INDEX (S5).
+        SubvolLinkMissing = "subvol-link-missing",
+        /// A link entry that is not the link of a live subvolume's pair (S5).
+        SubvolLinkDangling = "subvol-link-dangling",
+        /// A subvolume that is its own ancestor through links (S5).
+        SubvolLinkCycle = "subvol-link-cycle",
+        /// A dead subvolume (refs 0) without its orphan-root item (S6).
+        DeadRootWithoutOrphan = "dead-root-without-orphan",
+        /// An orphan-root item for a live subvolume (S6).
+        OrphanRootLive = "orphan-root-live",
+        /// An orphan-root item for a subvolume that has no root item (S6).
+        OrphanRootDangling = "orphan-root-dangling",
+        /// The default-subvolume item names no live subvolume (S9).
+        DefaultSubvolDangling = "default-subvol-dangling",
+        /// A root-tree DIR_ITEM other than one `default` entry at the default-subvolume key.
+        DefaultSubvolMalformed = "default-subvol-malformed",
+        /// A log tree holds a subvolume link (S10).
+        LogSubvolumeLink = "log-subvolume-link",
+    }
 }
 
 impl fmt::Display for FaultId {

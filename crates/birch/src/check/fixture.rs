@@ -12,9 +12,10 @@ use crate::format::node::{LEAF_ITEM_HEADER_SIZE, MAX_KEY_PTRS};
 use crate::format::{
     decode_dir_items, decode_inode_refs, decode_xattrs, encode_dir_items, encode_inode_refs,
     encode_xattrs, item_type, name_hash, tree_id, BackupRoot, DirEntry, ExtentItem, FileExtent,
-    FileType, InodeItem, InodeRefEntry, Key, KeyPtr, LeafItem, Node, NodeBody, RootItem,
-    Superblock, Timespec, Xattr, BACKUP_ROOT_COUNT, FIRST_ALLOCATABLE_BYTE, FIRST_DIR_INDEX,
-    FIRST_FREE_INO, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE, SUPERBLOCK_OFFSETS,
+    FileType, InodeItem, InodeRefEntry, Key, KeyPtr, LeafItem, Node, NodeBody, RootItem, RootRef,
+    SubvolRootItem, Superblock, Timespec, Xattr, BACKUP_ROOT_COUNT, DEFAULT_SUBVOL_NAME,
+    FIRST_ALLOCATABLE_BYTE, FIRST_DIR_INDEX, FIRST_FREE_INO, NODE_SIZE, ORPHAN_OBJECTID,
+    ROOT_DIR_INO, SECTOR_SIZE, SUPERBLOCK_OFFSETS,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -36,6 +37,27 @@ pub struct FsBuilder {
     /// (bytenr, len, owner)
     data_extents: Vec<(u64, u64, u64)>,
     next_data: u64,
+    /// `INCOMPAT_SUBVOLUMES`: tree 5 gets the long root item `fs_root`.
+    subvolumes: bool,
+    fs_root: SubvolRootItem,
+    /// Subvolume trees other than 5, by id.
+    subvols: BTreeMap<u64, Subvol>,
+    /// Root tree items other than root items: root refs, orphan roots,
+    /// the default-subvolume item.
+    root_tree_items: BTreeMap<Key, Vec<u8>>,
+}
+
+/// A tree's items in key order, with their payloads.
+type TreeItems = Vec<(Key, Vec<u8>)>;
+
+/// A subvolume tree of a fixture: its root directory and raw items.
+#[derive(Debug, Clone)]
+struct Subvol {
+    /// Its root item; the root node fields are filled in at build.
+    item: SubvolRootItem,
+    root_dir: InodeItem,
+    items: BTreeMap<Key, Vec<u8>>,
+    next_index: u64,
 }
 
 fn time() -> Timespec {
@@ -65,6 +87,10 @@ impl FsBuilder {
             next_index: HashMap::new(),
             data_extents: Vec::new(),
             next_data: (total_bytes / 2) / SECTOR_SIZE * SECTOR_SIZE,
+            subvolumes: false,
+            fs_root: SubvolRootItem::default(),
+            subvols: BTreeMap::new(),
+            root_tree_items: BTreeMap::new(),
         };
         b.inodes
             .insert(ROOT_DIR_INO, b.inode_item(libc::S_IFDIR | 0o755, 2));
@@ -125,6 +151,7 @@ impl FsBuilder {
             ino,
             file_type,
             name: name.to_vec(),
+            subvolume: false,
         };
         let dkey = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
         let mut entries = self
@@ -315,6 +342,175 @@ impl FsBuilder {
         self.items.insert(key, encode_xattrs(&xs));
     }
 
+    /// Sets `INCOMPAT_SUBVOLUMES`: tree 5 gets its long root item (as the
+    /// first subvolume creation makes it, docs/SNAPSHOTS.md (a)).
+    pub fn enable_subvolumes(&mut self) {
+        self.subvolumes = true;
+        self.fs_root = self.subvol_root_item(tree_id::FS, 1);
+        self.fs_root.otransid = 0;
+    }
+
+    fn subvol_root_item(&self, id: u64, refs: u32) -> SubvolRootItem {
+        let mut uuid = [0xb1; 16];
+        uuid[..8].copy_from_slice(&id.to_le_bytes());
+        SubvolRootItem {
+            refs,
+            uuid,
+            ctransid: self.generation,
+            otransid: self.generation,
+            ctime: time(),
+            otime: time(),
+            ..Default::default()
+        }
+    }
+
+    /// A new subvolume tree (an empty root directory), not linked
+    /// anywhere; `refs` as its root item should say. Returns its id (the
+    /// highest so far + 1, from 256).
+    pub fn new_subvolume(&mut self, refs: u32) -> u64 {
+        assert!(self.subvolumes, "enable_subvolumes first");
+        let id = self
+            .subvols
+            .keys()
+            .next_back()
+            .map_or(tree_id::FIRST_SUBVOL, |&id| id + 1);
+        let mut items = BTreeMap::new();
+        items.insert(
+            Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO),
+            encode_inode_refs(&[InodeRefEntry {
+                index: 0,
+                name: b"..".to_vec(),
+            }]),
+        );
+        let subvol = Subvol {
+            item: self.subvol_root_item(id, refs),
+            root_dir: self.inode_item(libc::S_IFDIR | 0o755, 2),
+            items,
+            next_index: FIRST_DIR_INDEX,
+        };
+        self.subvols.insert(id, subvol);
+        id
+    }
+
+    /// Links subvolume `child` as `name` in directory `dir` of subvolume
+    /// `parent` (for a parent other than 5, only its root directory):
+    /// the DIR_ITEM and DIR_INDEX link, the directory's size and nlink,
+    /// and the ROOT_REF / ROOT_BACKREF pair.
+    pub fn link_subvolume(&mut self, parent: u64, dir: u64, name: &[u8], child: u64) {
+        let entry = DirEntry {
+            ino: child,
+            file_type: FileType::Directory,
+            name: name.to_vec(),
+            subvolume: true,
+        };
+        let (items, dir_inode, index) = if parent == tree_id::FS {
+            let next = self.next_index.entry(dir).or_insert(FIRST_DIR_INDEX);
+            let index = *next;
+            *next += 1;
+            let inode = self.inodes.get_mut(&dir).expect("no such directory");
+            (&mut self.items, inode, index)
+        } else {
+            assert_eq!(
+                dir, ROOT_DIR_INO,
+                "links below a subvolume's root directory"
+            );
+            let s = self.subvols.get_mut(&parent).expect("no such subvolume");
+            let index = s.next_index;
+            s.next_index += 1;
+            (&mut s.items, &mut s.root_dir, index)
+        };
+        let dkey = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
+        let mut entries = items
+            .get(&dkey)
+            .map(|d| decode_dir_items(d).expect("fixture dir item"))
+            .unwrap_or_default();
+        entries.push(entry.clone());
+        items.insert(dkey, encode_dir_items(&entries));
+        items.insert(Key::new(dir, item_type::DIR_INDEX, index), entry.encode());
+        dir_inode.size += name.len() as u64;
+        dir_inode.nlink += 1;
+        let rr = RootRef {
+            dirid: dir,
+            index,
+            name: name.to_vec(),
+        };
+        self.root_tree_items
+            .insert(Key::root_ref(parent, child), rr.encode());
+        self.root_tree_items
+            .insert(Key::root_backref(child, parent), rr.encode());
+    }
+
+    /// A new subvolume linked as `name` in `dir` of `parent`.
+    pub fn subvolume(&mut self, parent: u64, dir: u64, name: &[u8]) -> u64 {
+        let id = self.new_subvolume(1);
+        self.link_subvolume(parent, dir, name, id);
+        id
+    }
+
+    /// A dead subvolume: refs 0, an orphan-root item, no link (deleted,
+    /// waiting for the cleaner).
+    pub fn dead_subvolume(&mut self) -> u64 {
+        let id = self.new_subvolume(0);
+        self.root_tree_items
+            .insert(Key::orphan_root(id), Vec::new());
+        id
+    }
+
+    /// The default-subvolume item naming `id`.
+    pub fn set_default_subvolume(&mut self, id: u64) {
+        let entry = DirEntry {
+            ino: id,
+            file_type: FileType::Directory,
+            name: DEFAULT_SUBVOL_NAME.to_vec(),
+            subvolume: false,
+        };
+        self.root_tree_items
+            .insert(Key::default_subvol(), encode_dir_items(&[entry]));
+    }
+
+    /// Raw access to the root tree's items other than root items.
+    pub fn root_tree_items_mut(&mut self) -> &mut BTreeMap<Key, Vec<u8>> {
+        &mut self.root_tree_items
+    }
+
+    /// The long root item of subvolume `id` (5 included); its root node
+    /// fields are overwritten at build.
+    pub fn subvol_item_mut(&mut self, id: u64) -> &mut SubvolRootItem {
+        if id == tree_id::FS {
+            return &mut self.fs_root;
+        }
+        &mut self.subvols.get_mut(&id).expect("no such subvolume").item
+    }
+
+    /// Raw access to the items of subvolume tree `id` (other than 5).
+    pub fn subvol_items_mut(&mut self, id: u64) -> &mut BTreeMap<Key, Vec<u8>> {
+        &mut self.subvols.get_mut(&id).expect("no such subvolume").items
+    }
+
+    /// The root tree's items: the root items (from where each tree's root
+    /// node is, `(bytenr, level)` by tree id) and the other items.
+    fn root_tree(&self, gen: u64, roots: &BTreeMap<u64, (u64, u8)>) -> Vec<(Key, Vec<u8>)> {
+        let mut items = self.root_tree_items.clone();
+        for (&id, &(bytenr, level)) in roots {
+            let root = RootItem {
+                bytenr,
+                generation: gen,
+                level,
+            };
+            let long = match id {
+                tree_id::FS if self.subvolumes => Some(self.fs_root),
+                tree_id::EXTENT | tree_id::FS => None,
+                _ => Some(self.subvols[&id].item),
+            };
+            let data = match long {
+                Some(item) => SubvolRootItem { root, ..item }.encode(),
+                None => root.encode(),
+            };
+            items.insert(Key::new(id, item_type::ROOT_ITEM, 0), data);
+        }
+        items.into_iter().collect()
+    }
+
     /// Lays out the trees and writes the image. Long because it is
     /// test-support code that lays out every tree of an image in one
     /// reading order (fs items, extent items, nodes, root items,
@@ -325,9 +521,19 @@ impl FsBuilder {
         for (&ino, inode) in &self.inodes {
             fs_items.insert(Key::new(ino, item_type::INODE_ITEM, 0), inode.encode());
         }
-        let fs_items: Vec<(Key, Vec<u8>)> = fs_items.into_iter().collect();
+        // Every subvolume tree, 5 first: its items in key order.
+        let mut subvol_trees: Vec<(u64, TreeItems)> =
+            vec![(tree_id::FS, fs_items.into_iter().collect())];
+        for (&id, sv) in &self.subvols {
+            let mut items = sv.items.clone();
+            items.insert(
+                Key::new(ROOT_DIR_INO, item_type::INODE_ITEM, 0),
+                sv.root_dir.encode(),
+            );
+            subvol_trees.push((id, items.into_iter().collect()));
+        }
         let mut refs: HashMap<u64, u64> = HashMap::new();
-        for (key, data) in &fs_items {
+        for (key, data) in subvol_trees.iter().flat_map(|(_, items)| items) {
             if key.item_type == item_type::EXTENT_DATA {
                 if let Some(d) = FileExtent::decode(data).ok().and_then(|e| e.disk_ref()) {
                     *refs.entry(d.disk_bytenr).or_default() += 1;
@@ -337,18 +543,22 @@ impl FsBuilder {
 
         let sizes =
             |items: &[(Key, Vec<u8>)]| items.iter().map(|(_, d)| d.len()).collect::<Vec<_>>();
-        let fs_shape = shape(&sizes(&fs_items), self.leaf_items_max, self.ptrs_max);
-        let root_items_len = 2;
-        let root_shape = shape(
-            &vec![17; root_items_len],
-            self.leaf_items_max,
-            self.ptrs_max,
-        );
+        let shape_of =
+            |items: &[(Key, Vec<u8>)]| shape(&sizes(items), self.leaf_items_max, self.ptrs_max);
+        let subvol_shapes: Vec<Vec<Vec<Range<usize>>>> = subvol_trees
+            .iter()
+            .map(|(_, items)| shape_of(items))
+            .collect();
+        // The root tree's item sizes do not depend on where the roots are.
+        let mut placeholder: BTreeMap<u64, (u64, u8)> =
+            subvol_trees.iter().map(|&(id, _)| (id, (0, 0))).collect();
+        placeholder.insert(tree_id::EXTENT, (0, 0));
+        let root_shape = shape_of(&self.root_tree(gen, &placeholder));
         let count = |s: &Vec<Vec<Range<usize>>>| s.iter().map(Vec::len).sum::<usize>();
+        let subvol_nodes: usize = subvol_shapes.iter().map(count).sum();
         let mut ext_nodes = 1;
         let ext_shape = loop {
-            let n_items =
-                count(&fs_shape) + count(&root_shape) + ext_nodes + self.data_extents.len();
+            let n_items = subvol_nodes + count(&root_shape) + ext_nodes + self.data_extents.len();
             let s = shape(&vec![24; n_items], self.leaf_items_max, self.ptrs_max);
             if count(&s) == ext_nodes {
                 break s;
@@ -356,7 +566,7 @@ impl FsBuilder {
             ext_nodes = count(&s);
         };
 
-        // Block numbers: root tree, extent tree, fs tree, leaves first.
+        // Block numbers: root tree, extent tree, subvolume trees, leaves first.
         let mut cursor = FIRST_ALLOCATABLE_BYTE;
         let mut assign = |s: &Vec<Vec<Range<usize>>>| -> Vec<Vec<u64>> {
             s.iter()
@@ -374,18 +584,20 @@ impl FsBuilder {
         };
         let root_blocks = assign(&root_shape);
         let ext_blocks = assign(&ext_shape);
-        let fs_blocks = assign(&fs_shape);
+        let subvol_blocks: Vec<Vec<Vec<u64>>> = subvol_shapes.iter().map(&mut assign).collect();
         assert!(
             cursor <= self.total_bytes / 2,
             "fixture metadata does not fit below the data"
         );
 
         let mut ext_items: BTreeMap<Key, Vec<u8>> = BTreeMap::new();
-        for (tree, blocks) in [
+        let trees = [
             (tree_id::ROOT, &root_blocks),
             (tree_id::EXTENT, &ext_blocks),
-            (tree_id::FS, &fs_blocks),
-        ] {
+        ]
+        .into_iter()
+        .chain(subvol_trees.iter().map(|(id, _)| *id).zip(&subvol_blocks));
+        for (tree, blocks) in trees {
             for (level, bs) in blocks.iter().enumerate() {
                 for &b in bs {
                     ext_items.insert(
@@ -415,7 +627,7 @@ impl FsBuilder {
         let ext_items: Vec<(Key, Vec<u8>)> = ext_items.into_iter().collect();
         assert_eq!(
             ext_items.len(),
-            count(&fs_shape) + count(&root_shape) + count(&ext_shape) + self.data_extents.len()
+            subvol_nodes + count(&root_shape) + count(&ext_shape) + self.data_extents.len()
         );
 
         let root_of = |blocks: &Vec<Vec<u64>>| {
@@ -424,29 +636,12 @@ impl FsBuilder {
                 (blocks.len() - 1) as u8,
             )
         };
-        let (ext_root, ext_level) = root_of(&ext_blocks);
-        let (fs_root, fs_level) = root_of(&fs_blocks);
-        let root_items = vec![
-            (
-                Key::new(tree_id::EXTENT, item_type::ROOT_ITEM, 0),
-                RootItem {
-                    bytenr: ext_root,
-                    generation: gen,
-                    level: ext_level,
-                }
-                .encode(),
-            ),
-            (
-                Key::new(tree_id::FS, item_type::ROOT_ITEM, 0),
-                RootItem {
-                    bytenr: fs_root,
-                    generation: gen,
-                    level: fs_level,
-                }
-                .encode(),
-            ),
-        ];
-        assert_eq!(root_items.len(), root_items_len);
+        let mut roots: BTreeMap<u64, (u64, u8)> = BTreeMap::new();
+        roots.insert(tree_id::EXTENT, root_of(&ext_blocks));
+        for ((id, _), blocks) in subvol_trees.iter().zip(&subvol_blocks) {
+            roots.insert(*id, root_of(blocks));
+        }
+        let root_items = self.root_tree(gen, &roots);
 
         let mut nodes = Vec::new();
         nodes.extend(materialize(
@@ -463,13 +658,11 @@ impl FsBuilder {
             &ext_shape,
             &ext_blocks,
         ));
-        nodes.extend(materialize(
-            tree_id::FS,
-            gen,
-            &fs_items,
-            &fs_shape,
-            &fs_blocks,
-        ));
+        for (((id, items), s), blocks) in
+            subvol_trees.iter().zip(&subvol_shapes).zip(&subvol_blocks)
+        {
+            nodes.extend(materialize(*id, gen, items, s, blocks));
+        }
 
         let (root_root, root_level) = root_of(&root_blocks);
         let bytes_used = nodes.len() as u64 * NODE_SIZE as u64
@@ -488,6 +681,7 @@ impl FsBuilder {
             metadata_profile: crate::format::MetadataProfile::Single,
             data_checksums: false,
             log_manifest: None,
+            subvolumes: self.subvolumes,
         };
         let mut fx = Fixture {
             image: vec![0; self.total_bytes as usize],

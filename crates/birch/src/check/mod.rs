@@ -18,6 +18,8 @@
 //!                 reachability, orphans, directory size
 //! nlink           link counts, orphan items for unlinked inodes
 //! file-extents    per-file extent layout, inline rules, nbytes
+//! data-csums      checksums of the data extents in use
+//! subvolumes      root items, root refs, links, orphan roots, default
 //! ```
 //!
 //! The check never writes and never panics: a device it cannot make sense
@@ -35,6 +37,7 @@ pub mod fixture;
 mod namespace;
 mod node_read;
 mod roots;
+mod subvols;
 mod superblock;
 mod walk;
 
@@ -82,6 +85,11 @@ pub const PASSES: &[Pass] = &[
     Pass { id: "nlink", description: "link counts; directories have one name; unlinked inodes have orphan items", run: namespace::run_nlink },
     Pass { id: "file-extents", description: "file extents: aligned, ordered, no overlap, inline rules, symlinks, below i_size, nbytes", run: files::run },
     Pass { id: "data-csums", description: "data checksums: every block of every data extent a regular file extent uses has one, none covers anything else, no overlaps (docs/DATA-CHECKSUMS.md)", run: csums::run },
+    Pass {
+        id: "subvolumes",
+        description: "subvolume root items (long form, fields, uuids), ROOT_REF / ROOT_BACKREF pairs and their links, no link cycle, orphan roots, the default subvolume; none of them without INCOMPAT_SUBVOLUMES (docs/SNAPSHOTS.md)",
+        run: subvols::run,
+    },
 ];
 
 /// Pass ids, for callers that filter faults.
@@ -94,6 +102,7 @@ pub mod pass_id {
     pub const NLINK: &str = "nlink";
     pub const FILE_EXTENTS: &str = "file-extents";
     pub const DATA_CSUMS: &str = "data-csums";
+    pub const SUBVOLUMES: &str = "subvolumes";
 }
 
 /// What a pass did.
@@ -521,6 +530,7 @@ pub(crate) struct Checker<'a> {
     extents: Vec<ExtentRec>,
     fs: FsRecords,
     csums: csums::CsumRecords,
+    subvols: subvols::SubvolRecords,
 }
 
 /// Where a fault is, as far as known.
@@ -565,6 +575,7 @@ impl<'a> Checker<'a> {
             extents: Vec::new(),
             fs: FsRecords::default(),
             csums: csums::CsumRecords::default(),
+            subvols: subvols::SubvolRecords::default(),
         }
     }
 

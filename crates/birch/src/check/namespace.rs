@@ -1,5 +1,6 @@
 //! Passes `namespace` and `nlink`: names, reachability, link counts.
 
+use super::subvols::{link_names, LinkRec};
 use super::{Checker, FaultId, FsRecords, Loc, PassStatus, RefRec};
 use crate::format::{item_type, name_hash, tree_id, FileType, Key, ORPHAN_OBJECTID, ROOT_DIR_INO};
 use crate::print::{file_type_name, name};
@@ -342,8 +343,15 @@ fn check_entries_have_refs(c: &mut Checker<'_>, fs: &FsRecords, by_name: &NamesB
 }
 
 /// Directory sizes: the byte lengths of the names it holds (every name
-/// any of INODE_REF, DIR_ITEM, DIR_INDEX gives it, counted once).
+/// any of INODE_REF, DIR_ITEM, DIR_INDEX or a subvolume link gives it,
+/// counted once).
 fn check_dir_sizes(c: &mut Checker<'_>, fs: &FsRecords) {
+    let links = std::mem::take(&mut c.subvols.links);
+    check_dir_sizes_with(c, fs, &links);
+    c.subvols.links = links;
+}
+
+fn check_dir_sizes_with(c: &mut Checker<'_>, fs: &FsRecords, links: &[LinkRec]) {
     let mut names: HashSet<(u64, &[u8])> = HashSet::new();
     for r in fs
         .refs
@@ -358,6 +366,8 @@ fn check_dir_sizes(c: &mut Checker<'_>, fs: &FsRecords) {
     for ((parent, _), d) in &fs.dir_index {
         names.insert((*parent, &d.name));
     }
+    // A subvolume link is a name of its directory like any other.
+    names.extend(link_names(links, tree_id::FS));
     let mut dir_bytes: HashMap<u64, u64> = HashMap::new();
     for (parent, n) in names {
         *dir_bytes.entry(parent).or_default() += n.len() as u64;
@@ -464,6 +474,10 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
         {
             *subdirs.entry(r.parent).or_default() += 1;
         }
+    }
+    // A subvolume link counts as a subdirectory of its directory.
+    for (dir, _) in link_names(&c.subvols.links, tree_id::FS) {
+        *subdirs.entry(dir).or_default() += 1;
     }
     let orphaned: HashSet<u64> = fs.orphans.iter().map(|&(ino, _)| ino).collect();
     for (&ino, r) in &fs.inodes {

@@ -137,7 +137,7 @@ fn root_items<D: BlockDevice + ?Sized>(
             .iter()
             .filter(|i| i.key.item_type == item_type::ROOT_ITEM)
         {
-            match RootItem::decode(&i.data) {
+            match RootItem::decode_either(&i.data) {
                 Ok(r) => out.push(((i.key.objectid, i.key.offset), r)),
                 Err(e) => problems.push(format!("root item {}: {e}", i.key)),
             }

@@ -100,7 +100,7 @@ fn walk_named_trees(c: &mut Checker<'_>, sb: &Superblock) {
     for (id, item, loc) in roots {
         let kind = match id {
             tree_id::EXTENT => Some(TreeKind::Extent),
-            tree_id::FS => Some(TreeKind::Fs),
+            id if tree_id::is_subvolume(id) => Some(TreeKind::Fs),
             tree_id::CSUM => Some(TreeKind::Csum),
             tree_id::ROOT | tree_id::LOG | tree_id::LOG_ROOT => {
                 c.fault_at(
@@ -189,7 +189,8 @@ fn walk_log_trees(c: &mut Checker<'_>, sb: &Superblock) {
         .map(|(&sub, (item, loc))| (sub, *item, *loc))
         .collect();
     for (sub, item, loc) in logs {
-        if sub != tree_id::FS {
+        // S10: a log of a live subvolume (only 5 without the flag).
+        if !(sub == tree_id::FS || sb.subvolumes && c.subvols.is_live(sub)) {
             c.fault_at(
                 FaultId::LogOfUnknownSubvolume,
                 &loc,
@@ -518,7 +519,12 @@ impl Checker<'_> {
             }
             return true;
         }
-        if kind == TreeKind::Fs && !self.fs.objectids.contains_key(&objectid) {
+        // Subvolume trees but 5 get their namespace passes with the engine
+        // that makes them (docs/SNAPSHOTS.md (j), step 6).
+        if kind == TreeKind::Fs
+            && loc.tree == tree_id::FS
+            && !self.fs.objectids.contains_key(&objectid)
+        {
             self.fs.objectids.insert(objectid, *loc);
             if objectid < ROOT_DIR_INO {
                 self.fault_at(
@@ -586,16 +592,21 @@ impl Checker<'_> {
             | ItemType::DirIndex
             | ItemType::ExtentData
             | ItemType::RootItem
+            | ItemType::RootBackref
+            | ItemType::RootRef
             | ItemType::ExtentItem => true,
         }
     }
 
     /// Keeps what the later passes need of a decoded item, and checks the
     /// rules that need its payload. A log tree's items are only checked:
-    /// the semantic passes look at the committed fs tree.
+    /// the semantic passes look at the committed fs tree (tree 5; of the
+    /// other subvolume trees only links and file extents are kept).
+    /// Long because it is the one match over every item kind, each arm
+    /// short.
     fn record_item(&mut self, kind: TreeKind, loc: &Loc, item: Item) {
         let key = loc.key;
-        let fs = kind == TreeKind::Fs;
+        let fs = kind == TreeKind::Fs && loc.tree == tree_id::FS;
         match item {
             Item::Inode(inode) => {
                 if key.offset != 0 {
@@ -624,18 +635,16 @@ impl Checker<'_> {
                 }
             }
             Item::InodeExtrefs(entries) => self.record_extrefs(loc, entries, fs),
+            Item::DirItems(entries) if kind == TreeKind::Root => {
+                self.record_default_subvol(loc, entries)
+            }
             Item::DirItems(entries) => self.record_dir_items(loc, entries, fs),
+            Item::DirIndex(e) if e.subvolume => {
+                self.check_dir_index_key(loc);
+                self.record_link(loc, Some(key.offset), e);
+            }
             Item::DirIndex(e) => {
-                if key.offset < FIRST_DIR_INDEX || key.offset == u64::MAX {
-                    self.fault_at(
-                        FaultId::DirIndexReserved,
-                        loc,
-                        format!(
-                            "dir index {} is outside [{FIRST_DIR_INDEX}, 2^64-1) (u64::MAX is reserved: nothing can be listed after it)",
-                            key.offset
-                        ),
-                    );
-                }
+                self.check_dir_index_key(loc);
                 if fs {
                     let rec = EntryRec {
                         ino: e.ino,
@@ -648,9 +657,12 @@ impl Checker<'_> {
             }
             Item::Xattrs(xattrs) => self.record_xattrs(loc, xattrs, fs),
             Item::FileExtent(e) => {
-                if fs {
+                if kind == TreeKind::Fs {
                     self.record_file_extent(loc, &e);
                 }
+            }
+            Item::Orphan if kind == TreeKind::Root => {
+                self.subvols.orphan_roots.insert(key.offset, *loc);
             }
             Item::Orphan => {
                 if fs {
@@ -671,7 +683,36 @@ impl Checker<'_> {
                     self.log_roots.insert(key.offset, (r, *loc));
                 } else {
                     self.roots.insert(key.objectid, (r, *loc));
+                    self.subvols.root_items.insert(key.objectid, (None, *loc));
                 }
+            }
+            Item::SubvolRoot(r) => {
+                if r.root.level > MAX_LEVEL {
+                    self.fault_at(
+                        FaultId::ItemLevelTooHigh,
+                        loc,
+                        format!("root item level {} exceeds {MAX_LEVEL}", r.root.level),
+                    );
+                } else if kind == TreeKind::LogRoot {
+                    self.fault_at(
+                        FaultId::RootItemFields,
+                        loc,
+                        "the log root tree holds short root items only",
+                    );
+                } else {
+                    self.roots.insert(key.objectid, (r.root, *loc));
+                    self.subvols
+                        .root_items
+                        .insert(key.objectid, (Some(r), *loc));
+                }
+            }
+            Item::RootRef(r) => {
+                let pair = (key.objectid, key.offset);
+                self.subvols.refs.insert(pair, (r, *loc));
+            }
+            Item::RootBackref(r) => {
+                let pair = (key.objectid, key.offset);
+                self.subvols.backrefs.insert(pair, (r, *loc));
             }
             Item::DataExtent(e) => {
                 self.record_extent(loc, ItemType::ExtentItem, key.offset, Some(e))
@@ -695,12 +736,31 @@ impl Checker<'_> {
             }
         };
         self.report.summary.file_extent_items += 1;
-        self.fs.file_extents.push(FileExtentRec {
+        let rec = FileExtentRec {
             ino: loc.key.objectid,
             file_offset: loc.key.offset,
             kind,
             loc: *loc,
-        });
+        };
+        if loc.tree == tree_id::FS {
+            self.fs.file_extents.push(rec);
+        } else {
+            self.subvols.file_extents.push(rec);
+        }
+    }
+
+    /// A DIR_INDEX key's index lies where listings can reach it.
+    fn check_dir_index_key(&mut self, loc: &Loc) {
+        let index = loc.key.offset;
+        if index < FIRST_DIR_INDEX || index == u64::MAX {
+            self.fault_at(
+                FaultId::DirIndexReserved,
+                loc,
+                format!(
+                    "dir index {index} is outside [{FIRST_DIR_INDEX}, 2^64-1) (u64::MAX is reserved: nothing can be listed after it)"
+                ),
+            );
+        }
     }
 
     fn record_extent(
@@ -778,6 +838,10 @@ impl Checker<'_> {
                     loc,
                     format!("dir item holds the name \"{}\" twice", name(&e.name)),
                 );
+                continue;
+            }
+            if e.subvolume {
+                self.record_link(loc, None, e);
                 continue;
             }
             if !fs {

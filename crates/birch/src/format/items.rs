@@ -289,32 +289,50 @@ pub fn decode_inode_refs(bytes: &[u8]) -> Result<Vec<InodeRefEntry>, ItemError> 
     Ok(out)
 }
 
+/// Bit 7 of a dir entry's type byte: the entry is a subvolume link
+/// (docs/SNAPSHOTS.md (a)); the low bits must then say directory.
+pub const SUBVOL_LINK: u8 = 0x80;
+
 /// A directory entry: the payload of a DIR_INDEX item, and one element of a
 /// DIR_ITEM item (which holds every name sharing one hash).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
+    /// The inode named; for a subvolume link, the subvolume's id (the
+    /// entry leads to inode 256 of that tree).
     pub ino: u64,
     pub file_type: FileType,
     pub name: Vec<u8>,
+    /// A subvolume link (type byte `SUBVOL_LINK | 2`): it has no
+    /// INODE_REF; the root tree's ROOT_REF / ROOT_BACKREF pair names it
+    /// back.
+    pub subvolume: bool,
 }
 
 impl DirEntry {
     fn encode_into(&self, out: &mut Vec<u8>) {
         put_u64(out, self.ino);
-        out.push(self.file_type as u8);
+        let link = if self.subvolume { SUBVOL_LINK } else { 0 };
+        out.push(self.file_type as u8 | link);
         put_u16(out, self.name.len() as u16);
         out.extend_from_slice(&self.name);
     }
     fn decode_from(r: &mut Reader) -> Result<DirEntry, ItemError> {
         let ino = r.u64()?;
         let code = r.u8()?;
-        let file_type = FileType::from_code(code)
+        let subvolume = code & SUBVOL_LINK != 0;
+        let file_type = FileType::from_code(code & !SUBVOL_LINK)
             .ok_or_else(|| ItemError(format!("dir entry: bad file type {code}")))?;
+        if subvolume && file_type != FileType::Directory {
+            return Err(ItemError(format!(
+                "dir entry: type byte {code:#04x} marks a subvolume link but its low bits are not a directory (2)"
+            )));
+        }
         let name = read_name(r, "dir entry")?;
         Ok(DirEntry {
             ino,
             file_type,
             name,
+            subvolume,
         })
     }
     pub fn encode(&self) -> Vec<u8> {
@@ -594,30 +612,226 @@ impl FileExtent {
 }
 
 /// `(tree_id, ROOT_ITEM, 0)` in the root tree: where a tree's root node is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The short form (`ROOT_ITEM_SIZE` bytes); a subvolume's long form
+/// ([`SubvolRootItem`]) starts with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RootItem {
     pub bytenr: u64,
     pub generation: u64,
     pub level: u8,
 }
 
+/// Bytes of the short root item.
+pub const ROOT_ITEM_SIZE: usize = 17;
+
 impl RootItem {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        put_u64(&mut out, self.bytenr);
-        put_u64(&mut out, self.generation);
-        out.push(self.level);
+        self.encode_into(&mut out);
         out
     }
-    pub fn decode(bytes: &[u8]) -> Result<RootItem, ItemError> {
-        let mut r = Reader::new(bytes);
-        let item = RootItem {
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.bytenr);
+        put_u64(out, self.generation);
+        out.push(self.level);
+    }
+    fn decode_from(r: &mut Reader) -> Result<RootItem, ItemError> {
+        Ok(RootItem {
             bytenr: r.u64()?,
             generation: r.u64()?,
             level: r.u8()?,
-        };
+        })
+    }
+    /// The short form only: code that keeps the item it read (the engine's
+    /// trees, backup roots, log trees) must not read a long item as short
+    /// and write it back so.
+    pub fn decode(bytes: &[u8]) -> Result<RootItem, ItemError> {
+        if bytes.len() == SUBVOL_ROOT_ITEM_SIZE {
+            return Err(ItemError(format!(
+                "root item of {SUBVOL_ROOT_ITEM_SIZE} bytes is a subvolume's long root item (INCOMPAT_SUBVOLUMES), not the short form of {ROOT_ITEM_SIZE}"
+            )));
+        }
+        let mut r = Reader::new(bytes);
+        let item = Self::decode_from(&mut r)?;
         finish(&r, "root item")?;
         Ok(item)
+    }
+    /// Where the root node is, from either form (validated whole): for
+    /// tools that only follow the tree (dump, scrub, tree listings).
+    pub fn decode_either(bytes: &[u8]) -> Result<RootItem, ItemError> {
+        match bytes.len() {
+            SUBVOL_ROOT_ITEM_SIZE => Ok(SubvolRootItem::decode(bytes)?.root),
+            _ => RootItem::decode(bytes),
+        }
+    }
+}
+
+/// Bytes of the long root item of a subvolume ([`SubvolRootItem`]).
+pub const SUBVOL_ROOT_ITEM_SIZE: usize = 192;
+/// [`SubvolRootItem::flags`]: the subvolume refuses every change.
+pub const SUBVOL_RDONLY: u64 = 1;
+
+/// `(id, ROOT_ITEM, 0)` of a subvolume tree (5 and 256..) on an image
+/// with `INCOMPAT_SUBVOLUMES`: the short item and what btrfs's
+/// `btrfs_root_item` keeps for snapshots and send/receive. Layout in
+/// docs/SNAPSHOTS.md (a) and docs/FORMAT.md; `SUBVOL_ROOT_ITEM_SIZE` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SubvolRootItem {
+    /// Bytes 0..17: the short item (root node, its generation, level).
+    pub root: RootItem,
+    /// 1: linked by a ROOT_REF (or tree 5); 0: dead, being dropped, or not
+    /// yet linked.
+    pub refs: u32,
+    /// `SUBVOL_RDONLY` or 0.
+    pub flags: u64,
+    /// The last transaction in which this tree was the source or the
+    /// result of a snapshot; 0 = never.
+    pub last_snapshot: u64,
+    /// A dead root's drop: keys up to here are released (all zero: the
+    /// drop has not started).
+    pub drop_progress: super::Key,
+    pub uuid: [u8; 16],
+    /// A snapshot: its source's uuid; else zero.
+    pub parent_uuid: [u8; 16],
+    /// Set by receive; else zero.
+    pub received_uuid: [u8; 16],
+    /// Last transaction that changed the tree.
+    pub ctransid: u64,
+    /// Transaction that created it.
+    pub otransid: u64,
+    /// Received: the sender's ctransid; else 0.
+    pub stransid: u64,
+    /// Received: the local transaction that received it; else 0.
+    pub rtransid: u64,
+    pub ctime: Timespec,
+    pub otime: Timespec,
+    pub stime: Timespec,
+    pub rtime: Timespec,
+}
+
+impl SubvolRootItem {
+    pub fn is_readonly(&self) -> bool {
+        self.flags & SUBVOL_RDONLY != 0
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(SUBVOL_ROOT_ITEM_SIZE);
+        self.root.encode_into(&mut out);
+        out.extend_from_slice(&[0; 3]);
+        put_u32(&mut out, self.refs);
+        put_u64(&mut out, self.flags);
+        put_u64(&mut out, self.last_snapshot);
+        self.drop_progress.encode(&mut out);
+        out.extend_from_slice(&[0; 7]);
+        for uuid in [&self.uuid, &self.parent_uuid, &self.received_uuid] {
+            out.extend_from_slice(uuid);
+        }
+        for transid in [self.ctransid, self.otransid, self.stransid, self.rtransid] {
+            put_u64(&mut out, transid);
+        }
+        for t in [&self.ctime, &self.otime, &self.stime, &self.rtime] {
+            t.encode(&mut out);
+        }
+        debug_assert_eq!(out.len(), SUBVOL_ROOT_ITEM_SIZE);
+        out
+    }
+
+    /// Decodes the long form: exactly `SUBVOL_ROOT_ITEM_SIZE` bytes,
+    /// reserved bytes zero, refs 0 or 1, no flag but `SUBVOL_RDONLY`,
+    /// valid timestamps. The rules between fields and against the
+    /// superblock are `birch check`'s (S8).
+    pub fn decode(bytes: &[u8]) -> Result<SubvolRootItem, ItemError> {
+        if bytes.len() != SUBVOL_ROOT_ITEM_SIZE {
+            return Err(ItemError(format!(
+                "subvolume root item of {} bytes: the long form is {SUBVOL_ROOT_ITEM_SIZE}",
+                bytes.len()
+            )));
+        }
+        let mut r = Reader::new(bytes);
+        let root = RootItem::decode_from(&mut r)?;
+        reserved_zero(&mut r, 3, "bytes 17..20")?;
+        let refs = r.u32()?;
+        let flags = r.u64()?;
+        let last_snapshot = r.u64()?;
+        let drop_progress = super::Key::decode(&mut r)?;
+        reserved_zero(&mut r, 7, "bytes 57..64")?;
+        let mut uuid =
+            || -> Result<[u8; 16], ItemError> { Ok(r.take(16)?.try_into().expect("16 bytes")) };
+        let (uuid, parent_uuid, received_uuid) = (uuid()?, uuid()?, uuid()?);
+        let item = SubvolRootItem {
+            root,
+            refs,
+            flags,
+            last_snapshot,
+            drop_progress,
+            uuid,
+            parent_uuid,
+            received_uuid,
+            ctransid: r.u64()?,
+            otransid: r.u64()?,
+            stransid: r.u64()?,
+            rtransid: r.u64()?,
+            ctime: Timespec::decode(&mut r)?,
+            otime: Timespec::decode(&mut r)?,
+            stime: Timespec::decode(&mut r)?,
+            rtime: Timespec::decode(&mut r)?,
+        };
+        finish(&r, "subvolume root item")?;
+        if item.refs > 1 {
+            return Err(ItemError(format!(
+                "subvolume root item: refs {} (a subvolume has one link or none)",
+                item.refs
+            )));
+        }
+        if item.flags & !SUBVOL_RDONLY != 0 {
+            return Err(ItemError(format!(
+                "subvolume root item: unknown flags {:#x} (only SUBVOL_RDONLY = {SUBVOL_RDONLY})",
+                item.flags & !SUBVOL_RDONLY
+            )));
+        }
+        Ok(item)
+    }
+}
+
+/// Reads `n` reserved bytes, which must be zero.
+fn reserved_zero(r: &mut Reader, n: usize, which: &str) -> Result<(), ItemError> {
+    let bytes = r.take(n)?;
+    if bytes.iter().any(|&b| b != 0) {
+        return Err(ItemError(format!(
+            "subvolume root item: reserved {which} are not zero"
+        )));
+    }
+    Ok(())
+}
+
+/// The payload of `(parent, ROOT_REF, child)` and `(child, ROOT_BACKREF,
+/// parent)`: where subvolume `child` is linked in `parent`'s tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootRef {
+    /// The directory of `parent`'s tree holding the link.
+    pub dirid: u64,
+    /// The link's DIR_INDEX index.
+    pub index: u64,
+    /// The link's name.
+    pub name: Vec<u8>,
+}
+
+impl RootRef {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(18 + self.name.len());
+        put_u64(&mut out, self.dirid);
+        put_u64(&mut out, self.index);
+        put_u16(&mut out, self.name.len() as u16);
+        out.extend_from_slice(&self.name);
+        out
+    }
+    pub fn decode(bytes: &[u8]) -> Result<RootRef, ItemError> {
+        let mut r = Reader::new(bytes);
+        let dirid = r.u64()?;
+        let index = r.u64()?;
+        let name = read_name(&mut r, "root ref")?;
+        finish(&r, "root ref")?;
+        Ok(RootRef { dirid, index, name })
     }
 }
 
@@ -679,7 +893,14 @@ pub enum Item {
     FileExtent(FileExtent),
     /// One crc32c per 4 KiB block from the key offset on.
     Csums(Vec<u32>),
+    /// A short root item.
     Root(RootItem),
+    /// A subvolume's long root item (chosen by length).
+    SubvolRoot(SubvolRootItem),
+    /// `(child, ROOT_BACKREF, parent)`.
+    RootBackref(RootRef),
+    /// `(parent, ROOT_REF, child)`.
+    RootRef(RootRef),
     DataExtent(ExtentItem),
     MetadataExtent(ExtentItem),
 }
@@ -735,7 +956,17 @@ impl Item {
             ItemType::DirIndex => Item::DirIndex(DirEntry::decode(data)?),
             ItemType::ExtentData => Item::FileExtent(FileExtent::decode(data)?),
             ItemType::ExtentCsum => Item::Csums(decode_csums(data)?),
-            ItemType::RootItem => Item::Root(RootItem::decode(data)?),
+            ItemType::RootItem => match data.len() {
+                ROOT_ITEM_SIZE => Item::Root(RootItem::decode(data)?),
+                SUBVOL_ROOT_ITEM_SIZE => Item::SubvolRoot(SubvolRootItem::decode(data)?),
+                n => {
+                    return Err(ItemError(format!(
+                        "root item of {n} bytes: neither the short form ({ROOT_ITEM_SIZE}) nor a subvolume's long form ({SUBVOL_ROOT_ITEM_SIZE})"
+                    )))
+                }
+            },
+            ItemType::RootBackref => Item::RootBackref(RootRef::decode(data)?),
+            ItemType::RootRef => Item::RootRef(RootRef::decode(data)?),
             ItemType::ExtentItem => Item::DataExtent(ExtentItem::decode(data)?),
             ItemType::MetadataItem => Item::MetadataExtent(ExtentItem::decode(data)?),
         })
@@ -781,11 +1012,20 @@ mod tests {
             },
         ];
         assert_eq!(decode_inode_refs(&encode_inode_refs(&refs)).unwrap(), refs);
-        let dirs = vec![DirEntry {
-            ino: 300,
-            file_type: FileType::Symlink,
-            name: b"x".to_vec(),
-        }];
+        let dirs = vec![
+            DirEntry {
+                ino: 300,
+                file_type: FileType::Symlink,
+                name: b"x".to_vec(),
+                subvolume: false,
+            },
+            DirEntry {
+                ino: 257,
+                file_type: FileType::Directory,
+                name: b"snap".to_vec(),
+                subvolume: true,
+            },
+        ];
         assert_eq!(decode_dir_items(&encode_dir_items(&dirs)).unwrap(), dirs);
         let x = vec![Xattr {
             name: b"user.a".to_vec(),
@@ -853,6 +1093,7 @@ mod tests {
             ino: 257,
             file_type: FileType::Regular,
             name: b"a".to_vec(),
+            subvolume: false,
         };
         assert_eq!(
             Item::decode(ItemType::DirIndex, &dir.encode()),
@@ -868,5 +1109,142 @@ mod tests {
             Item::decode(ItemType::LogUnlinked, &[]),
             Ok(Item::LogUnlinked)
         );
+    }
+
+    fn sample_subvol_root() -> SubvolRootItem {
+        SubvolRootItem {
+            root: RootItem {
+                bytenr: 1 << 20,
+                generation: 9,
+                level: 2,
+            },
+            refs: 1,
+            flags: SUBVOL_RDONLY,
+            last_snapshot: 8,
+            drop_progress: crate::format::Key::new(300, 1, 0),
+            uuid: [1; 16],
+            parent_uuid: [2; 16],
+            received_uuid: [3; 16],
+            ctransid: 9,
+            otransid: 4,
+            stransid: 77,
+            rtransid: 6,
+            ctime: Timespec { sec: 10, nsec: 1 },
+            otime: Timespec { sec: -20, nsec: 2 },
+            stime: Timespec { sec: 30, nsec: 3 },
+            rtime: Timespec {
+                sec: 40,
+                nsec: 999_999_999,
+            },
+        }
+    }
+
+    #[test]
+    fn subvolume_items_round_trip() {
+        let r = sample_subvol_root();
+        let bytes = r.encode();
+        assert_eq!(bytes.len(), SUBVOL_ROOT_ITEM_SIZE);
+        // The layout of docs/SNAPSHOTS.md (a): the short item first.
+        assert_eq!(&bytes[..ROOT_ITEM_SIZE], &r.root.encode()[..]);
+        assert_eq!(&bytes[20..24], &1u32.to_le_bytes());
+        assert_eq!(&bytes[64..80], &[1; 16]);
+        assert_eq!(&bytes[128..136], &77u64.to_le_bytes());
+        assert_eq!(&bytes[180..188], &40i64.to_le_bytes());
+        assert_eq!(SubvolRootItem::decode(&bytes), Ok(r));
+        assert!(r.is_readonly());
+        assert_eq!(
+            Item::decode(ItemType::RootItem, &bytes),
+            Ok(Item::SubvolRoot(r))
+        );
+        assert_eq!(RootItem::decode_either(&bytes), Ok(r.root));
+        assert_eq!(RootItem::decode_either(&r.root.encode()), Ok(r.root));
+        assert_eq!(
+            Item::decode(ItemType::RootItem, &r.root.encode()),
+            Ok(Item::Root(r.root))
+        );
+        let rr = RootRef {
+            dirid: 256,
+            index: 7,
+            name: b"snap".to_vec(),
+        };
+        assert_eq!(RootRef::decode(&rr.encode()), Ok(rr.clone()));
+        assert_eq!(
+            Item::decode(ItemType::RootRef, &rr.encode()),
+            Ok(Item::RootRef(rr.clone()))
+        );
+        assert_eq!(
+            Item::decode(ItemType::RootBackref, &rr.encode()),
+            Ok(Item::RootBackref(rr))
+        );
+        let link = DirEntry {
+            ino: 256,
+            file_type: FileType::Directory,
+            name: b"sv".to_vec(),
+            subvolume: true,
+        };
+        assert_eq!(link.encode()[8], SUBVOL_LINK | 2);
+        assert_eq!(DirEntry::decode(&link.encode()), Ok(link));
+    }
+
+    /// Hostile bytes: each damaged field is an error naming it.
+    #[test]
+    fn damaged_subvolume_items_are_errors_naming_the_field() {
+        let good = sample_subvol_root().encode();
+        let damaged = |at: usize, v: u8| {
+            let mut b = good.clone();
+            b[at] = v;
+            SubvolRootItem::decode(&b).unwrap_err().0
+        };
+        assert!(damaged(18, 1).contains("reserved bytes 17..20"));
+        assert!(damaged(60, 1).contains("reserved bytes 57..64"));
+        assert!(damaged(20, 2).contains("refs 2"));
+        assert!(damaged(24, 3).contains("unknown flags 0x2"));
+        // rtime's nanoseconds (offset 188) out of range.
+        assert!(damaged(191, 0xff).contains("nanoseconds"));
+        for len in [0, 16, 18, 191, 193] {
+            let e = Item::decode(ItemType::RootItem, &vec![0; len]).unwrap_err();
+            assert!(e.0.contains("root item"), "{len}: {e}");
+            assert!(SubvolRootItem::decode(&vec![0; len]).is_err());
+            assert!(RootItem::decode_either(&vec![0; len]).is_err());
+        }
+        // The engine's decoder refuses the long form by name.
+        assert!(RootItem::decode(&good)
+            .unwrap_err()
+            .0
+            .contains("long root item"));
+        let rr = RootRef {
+            dirid: 256,
+            index: 2,
+            name: b"x".to_vec(),
+        }
+        .encode();
+        assert!(RootRef::decode(&rr[..17]).is_err());
+        let mut no_name = rr.clone();
+        no_name[16] = 0;
+        assert!(RootRef::decode(&no_name[..18])
+            .unwrap_err()
+            .0
+            .contains("root ref: name length 0"));
+        let mut trailing = rr.clone();
+        trailing.push(0);
+        assert!(RootRef::decode(&trailing)
+            .unwrap_err()
+            .0
+            .contains("trailing"));
+        // A link whose low bits are not a directory.
+        let mut link = DirEntry {
+            ino: 256,
+            file_type: FileType::Directory,
+            name: b"sv".to_vec(),
+            subvolume: true,
+        }
+        .encode();
+        link[8] = SUBVOL_LINK | 1;
+        assert!(DirEntry::decode(&link)
+            .unwrap_err()
+            .0
+            .contains("subvolume link"));
+        link[8] = SUBVOL_LINK;
+        assert!(DirEntry::decode(&link).is_err());
     }
 }

@@ -97,8 +97,10 @@ item_types! {
     /// hard links in one directory), keyed by `extref_hash(parent, name)`.
     InodeExtref = 13, INODE_EXTREF, in [Fs, Log];
     XattrItem = 24, XATTR_ITEM, in [Fs, Log];
-    /// Under objectid `ORPHAN_OBJECTID`: an inode with no names left.
-    OrphanItem = 48, ORPHAN_ITEM, in [Fs];
+    /// Under objectid `ORPHAN_OBJECTID`: in an fs tree, an inode with no
+    /// names left (offset: the inode); in the root tree, a dead subvolume
+    /// the cleaner must drop (offset: its id, [`Key::orphan_root`]).
+    OrphanItem = 48, ORPHAN_ITEM, in [Fs, Root];
     /// Log trees only: this entry of the directory was removed.
     DirLogIndex = 72, DIR_LOG_INDEX, in [Log];
     /// Log trees only: this inode's extents in the log are complete.
@@ -107,8 +109,9 @@ item_types! {
     /// removes its names and so deletes it).
     LogUnlinked = 76, LOG_UNLINKED, in [Log];
     /// Not in log trees: a logged directory's entries are its DIR_INDEX
-    /// items (replay adds each name whole).
-    DirItem = 84, DIR_ITEM, in [Fs];
+    /// items (replay adds each name whole). In the root tree only the
+    /// default-subvolume item ([`Key::default_subvol`]).
+    DirItem = 84, DIR_ITEM, in [Fs, Root];
     DirIndex = 96, DIR_INDEX, in [Fs, Log];
     ExtentData = 108, EXTENT_DATA, in [Fs, Log];
     /// The crc32c of each 4 KiB block of a run of data starting at the
@@ -116,6 +119,12 @@ item_types! {
     /// the extents it logs.
     ExtentCsum = 128, EXTENT_CSUM, in [Csum, Log];
     RootItem = 132, ROOT_ITEM, in [Root, LogRoot];
+    /// `(child, ROOT_BACKREF, parent)`: subvolume `child` is linked in a
+    /// directory of `parent` ([`Key::root_backref`]; payload a `RootRef`).
+    RootBackref = 144, ROOT_BACKREF, in [Root];
+    /// `(parent, ROOT_REF, child)`: the forward half of the pair
+    /// ([`Key::root_ref`]; the same `RootRef` payload).
+    RootRef = 156, ROOT_REF, in [Root];
     ExtentItem = 168, EXTENT_ITEM, in [Extent];
     MetadataItem = 169, METADATA_ITEM, in [Extent];
 }
@@ -168,7 +177,9 @@ impl ItemType {
             | ItemType::DirIndex
             | ItemType::ExtentData
             | ItemType::ExtentCsum
-            | ItemType::RootItem => None,
+            | ItemType::RootItem
+            | ItemType::RootBackref
+            | ItemType::RootRef => None,
         }
     }
 }
@@ -211,6 +222,34 @@ impl Key {
             item_type: r.u8()?,
             offset: r.u64()?,
         })
+    }
+
+    /// `(parent, ROOT_REF, child)` in the root tree: `parent`'s side of
+    /// the link of subvolume `child` (docs/SNAPSHOTS.md (a)).
+    pub const fn root_ref(parent: u64, child: u64) -> Key {
+        Key::new(parent, item_type::ROOT_REF, child)
+    }
+
+    /// `(child, ROOT_BACKREF, parent)` in the root tree: `child`'s side of
+    /// its link.
+    pub const fn root_backref(child: u64, parent: u64) -> Key {
+        Key::new(child, item_type::ROOT_BACKREF, parent)
+    }
+
+    /// `(ORPHAN_OBJECTID, ORPHAN_ITEM, id)` in the root tree: subvolume
+    /// `id` is dead (root item refs 0) and waits for the cleaner.
+    pub const fn orphan_root(id: u64) -> Key {
+        Key::new(super::ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, id)
+    }
+
+    /// `(DEFAULT_SUBVOL_OBJECTID, DIR_ITEM, name_hash("default"))` in the
+    /// root tree: one dir entry naming the default subvolume (absent: 5).
+    pub fn default_subvol() -> Key {
+        Key::new(
+            super::DEFAULT_SUBVOL_OBJECTID,
+            item_type::DIR_ITEM,
+            super::name_hash(super::DEFAULT_SUBVOL_NAME),
+        )
     }
 
     /// The smallest key greater than this one.
@@ -284,5 +323,21 @@ mod tests {
         assert_eq!(ItemType::MetadataItem.name(), "METADATA_ITEM");
         assert!(ItemType::DirLogIndex.may_live_in(TreeKind::Log));
         assert!(!ItemType::DirLogIndex.may_live_in(TreeKind::Fs));
+        assert!(ItemType::RootRef.may_live_in(TreeKind::Root));
+        assert!(!ItemType::RootBackref.may_live_in(TreeKind::Fs));
+    }
+
+    #[test]
+    fn subvolume_keys_have_btrfs_shapes() {
+        assert_eq!(Key::root_ref(5, 256), Key::new(5, 156, 256));
+        assert_eq!(Key::root_backref(256, 5), Key::new(256, 144, 5));
+        assert_eq!(
+            Key::orphan_root(257),
+            Key::new(crate::format::ORPHAN_OBJECTID, 48, 257)
+        );
+        let d = Key::default_subvol();
+        assert_eq!((d.objectid, d.item_type), (6, 84));
+        assert_eq!(d.offset, crate::format::name_hash(b"default"));
+        assert_eq!(ItemType::of(&Key::root_ref(5, 256)), Ok(ItemType::RootRef));
     }
 }

@@ -18,7 +18,7 @@ pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
 pub use superblock::{
     BackupRoot, LogManifest, LogRootRef, MetadataProfile, Superblock, SuperblockError,
     BACKUP_ROOTS_OFFSET, BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_DATA_CSUMS,
-    INCOMPAT_LOG_MANIFEST, INCOMPAT_METADATA_DUP, MAX_LOG_MANIFEST_NODES,
+    INCOMPAT_LOG_MANIFEST, INCOMPAT_METADATA_DUP, INCOMPAT_SUBVOLUMES, MAX_LOG_MANIFEST_NODES,
 };
 
 /// Allocation unit for data and metadata.
@@ -42,7 +42,8 @@ pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"BNOD");
 pub mod tree_id {
     pub const ROOT: u64 = 1;
     pub const EXTENT: u64 = 2;
-    /// The one subvolume birch has today.
+    /// The top-level subvolume (the only one on an image without
+    /// `INCOMPAT_SUBVOLUMES`).
     pub const FS: u64 = 5;
     /// Data checksums (docs/DATA-CHECKSUMS.md); only on images with
     /// `INCOMPAT_DATA_CSUMS`.
@@ -51,6 +52,16 @@ pub mod tree_id {
     /// by the subvolume it logs.
     pub const LOG: u64 = u64::MAX - 6;
     pub const LOG_ROOT: u64 = u64::MAX - 7;
+    /// Subvolumes other than 5 have ids `FIRST_SUBVOL..=LAST_SUBVOL`
+    /// (docs/SNAPSHOTS.md (a)): the external inode number keeps the id in
+    /// the 24 bits above an inode's 40.
+    pub const FIRST_SUBVOL: u64 = 256;
+    pub const LAST_SUBVOL: u64 = (1 << 24) - 1;
+
+    /// Whether `id` names a subvolume tree: 5 or `FIRST_SUBVOL..=LAST_SUBVOL`.
+    pub const fn is_subvolume(id: u64) -> bool {
+        id == FS || (id >= FIRST_SUBVOL && id <= LAST_SUBVOL)
+    }
 }
 
 /// The name of a tree id as reports print it: `fs(5)`, `extent(2)`.
@@ -62,6 +73,7 @@ pub fn tree_name(id: u64) -> String {
         tree_id::CSUM => "csum",
         tree_id::LOG => "log",
         tree_id::LOG_ROOT => "log-root",
+        tree_id::FIRST_SUBVOL..=tree_id::LAST_SUBVOL => "subvol",
         _ => return id.to_string(),
     };
     format!("{name}({id})")
@@ -79,6 +91,12 @@ pub fn parse_tree_name(s: &str) -> Option<u64> {
         "csum" => tree_id::CSUM,
         "log" => tree_id::LOG,
         "log-root" | "log_root" | "logroot" => tree_id::LOG_ROOT,
+        "subvol" => {
+            let id: u64 = s.strip_prefix("subvol(")?.strip_suffix(')')?.parse().ok()?;
+            return (tree_id::FIRST_SUBVOL..=tree_id::LAST_SUBVOL)
+                .contains(&id)
+                .then_some(id);
+        }
         other => other.parse().ok()?,
     };
     if let Some(rest) = s.strip_prefix(base) {
@@ -91,6 +109,14 @@ pub fn parse_tree_name(s: &str) -> Option<u64> {
 
 /// Objectid of the orphan items (inodes with no names left, still open).
 pub const ORPHAN_OBJECTID: u64 = u64::MAX - 5;
+/// Objectid of the default-subvolume item in the root tree
+/// ([`Key::default_subvol`], btrfs's BTRFS_ROOT_TREE_DIR_OBJECTID).
+pub const DEFAULT_SUBVOL_OBJECTID: u64 = 6;
+/// The name of the default-subvolume item's one entry.
+pub const DEFAULT_SUBVOL_NAME: &[u8] = b"default";
+/// Inode numbers inside a subvolume tree are below this (the external
+/// inode number puts the subvolume id above them, docs/SNAPSHOTS.md (a)).
+pub const MAX_SUBVOL_INO: u64 = 1 << 40;
 /// Objectid of the checksum items (btrfs's EXTENT_CSUM_OBJECTID).
 pub const EXTENT_CSUM_OBJECTID: u64 = u64::MAX - 9;
 /// Inode number of a subvolume's root directory.
@@ -142,9 +168,17 @@ mod tests {
             tree_id::LOG,
             tree_id::LOG_ROOT,
             77,
+            256,
+            tree_id::LAST_SUBVOL,
         ] {
             assert_eq!(parse_tree_name(&tree_name(id)), Some(id));
         }
+        assert_eq!(tree_name(257), "subvol(257)");
+        assert_eq!(tree_name(1 << 24), (1u64 << 24).to_string());
+        assert_eq!(parse_tree_name("subvol(5)"), None);
+        assert_eq!(parse_tree_name("subvol"), None);
+        assert!(tree_id::is_subvolume(5) && tree_id::is_subvolume(256));
+        assert!(!tree_id::is_subvolume(7) && !tree_id::is_subvolume(1 << 24));
         assert_eq!(parse_tree_name("fs"), Some(5));
         assert_eq!(parse_tree_name("fs(2)"), None);
         assert_eq!(parse_tree_name("nope"), None);

@@ -18,7 +18,8 @@
 //! 96  log_root_level    u8   (+7 pad)
 //! 104 log_generation    u64  log transaction that wrote the log root
 //! 112 incompat_flags    u64  INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS
-//!                            | INCOMPAT_LOG_MANIFEST, or 0
+//!                            | INCOMPAT_LOG_MANIFEST | INCOMPAT_SUBVOLUMES,
+//!                            or 0
 //! 120 metadata_mirror_offset u64  DUP: every node also lives this far
 //!                                 above its address; single: 0
 //! with INCOMPAT_LOG_MANIFEST (a one-flush log sync, docs/LOG-FLUSH.md),
@@ -57,8 +58,19 @@ pub const INCOMPAT_DATA_CSUMS: u64 = 2;
 /// superblock that points at such a log has it; a commit clears it.
 pub const INCOMPAT_LOG_MANIFEST: u64 = 4;
 
+/// Incompat flag: the image may have subvolumes and snapshots
+/// (docs/SNAPSHOTS.md (a)): every subvolume tree, 5 included, has the long
+/// root item (`SubvolRootItem`), the root tree may hold ROOT_REF,
+/// ROOT_BACKREF, orphan-root and default-subvolume items, and directories
+/// may hold subvolume links. A birch that does not know it must refuse the
+/// image: it would read tree 5's root item wrongly and ignore the other
+/// subvolumes' trees (freeing their blocks as leaked). Set by the first
+/// commit that creates a subvolume; never cleared.
+pub const INCOMPAT_SUBVOLUMES: u64 = 8;
+
 /// Every incompat flag this version knows.
-const KNOWN_INCOMPAT: u64 = INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS | INCOMPAT_LOG_MANIFEST;
+const KNOWN_INCOMPAT: u64 =
+    INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS | INCOMPAT_LOG_MANIFEST | INCOMPAT_SUBVOLUMES;
 
 /// Where the log manifest's fields start (bytes 128..256 hold them).
 const LOG_MANIFEST_FIELDS_OFFSET: usize = 128;
@@ -303,6 +315,8 @@ pub struct Superblock {
     /// `INCOMPAT_LOG_MANIFEST`: the log was written with one flush; the
     /// mount validates it and may fall back to the previous log.
     pub log_manifest: Option<LogManifest>,
+    /// `INCOMPAT_SUBVOLUMES`: subvolume items may exist (docs/SNAPSHOTS.md).
+    pub subvolumes: bool,
 }
 
 impl Superblock {
@@ -374,7 +388,7 @@ impl Superblock {
         put_u64(&mut out, self.log_root_bytenr);
         put_u64(&mut out, u64::from(self.log_root_level));
         put_u64(&mut out, self.log_generation);
-        let csums = if self.data_checksums {
+        let flags = if self.data_checksums {
             INCOMPAT_DATA_CSUMS
         } else {
             0
@@ -382,14 +396,18 @@ impl Superblock {
             INCOMPAT_LOG_MANIFEST
         } else {
             0
+        } | if self.subvolumes {
+            INCOMPAT_SUBVOLUMES
+        } else {
+            0
         };
         match self.metadata_profile {
             MetadataProfile::Single => {
-                put_u64(&mut out, csums);
+                put_u64(&mut out, flags);
                 put_u64(&mut out, 0);
             }
             MetadataProfile::Dup { mirror_offset } => {
-                put_u64(&mut out, INCOMPAT_METADATA_DUP | csums);
+                put_u64(&mut out, INCOMPAT_METADATA_DUP | flags);
                 put_u64(&mut out, mirror_offset);
             }
         }
@@ -519,6 +537,7 @@ impl Superblock {
             metadata_profile,
             data_checksums: incompat & INCOMPAT_DATA_CSUMS != 0,
             log_manifest,
+            subvolumes: incompat & INCOMPAT_SUBVOLUMES != 0,
         })
     }
 
@@ -610,6 +629,7 @@ mod tests {
             metadata_profile: MetadataProfile::Single,
             data_checksums: false,
             log_manifest: None,
+            subvolumes: false,
         };
         let bytes = sb.encode(65536);
         assert!(bytes[120..BACKUP_ROOTS_OFFSET].iter().all(|&b| b == 0));
@@ -714,6 +734,32 @@ mod tests {
             metadata_profile: MetadataProfile::Single,
             data_checksums: true,
             log_manifest: None,
+            subvolumes: false,
         }
+    }
+
+    #[test]
+    fn subvolumes_bit_round_trips() {
+        let plain = sample();
+        assert_eq!(plain.encode(65536)[112] & INCOMPAT_SUBVOLUMES as u8, 0);
+        let sb = Superblock {
+            subvolumes: true,
+            ..plain
+        };
+        let bytes = sb.encode(65536);
+        assert_eq!(
+            bytes[112],
+            (INCOMPAT_SUBVOLUMES | INCOMPAT_DATA_CSUMS) as u8
+        );
+        assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), sb);
+        // The next bit is still unknown: refused, named.
+        let mut unknown = bytes.clone();
+        unknown[112] |= 16;
+        let csum = crc32c::crc32c(&unknown[4..]);
+        unknown[0..4].copy_from_slice(&csum.to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&unknown, 65536),
+            Err(SuperblockError::Unsupported(m)) if m.contains("incompat")
+        ));
     }
 }

@@ -110,6 +110,7 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         metadata_profile,
         data_checksums: roots.csum.is_some(),
         log_manifest: None,
+        subvolumes: false,
     };
     let prepared = commit::seal_transaction(&mut forest, &mut roots, &template)?;
     commit::write_commit(dev, &prepared)?;

@@ -182,6 +182,7 @@ impl<D: BlockDevice> FsState<D> {
             ino,
             file_type,
             name: name.to_vec(),
+            subvolume: false,
         };
         entries.push(entry.clone());
         let entries = encode_dir_items(&entries);

@@ -381,6 +381,8 @@ impl<D: BlockDevice> FsState<D> {
                 | ItemType::OrphanItem
                 | ItemType::DirItem
                 | ItemType::RootItem
+                | ItemType::RootBackref
+                | ItemType::RootRef
                 | ItemType::ExtentItem
                 | ItemType::MetadataItem => {
                     return Err(corrupt(format!(
