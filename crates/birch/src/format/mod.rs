@@ -51,6 +51,23 @@ pub mod tree_id {
     /// by the subvolume it logs.
     pub const LOG: u64 = u64::MAX - 6;
     pub const LOG_ROOT: u64 = u64::MAX - 7;
+    /// Subvolume trees other than the top level (5) have ids in
+    /// `FIRST_SUBVOL..=LAST_SUBVOL` (docs/SNAPSHOTS.md (a)).
+    pub const FIRST_SUBVOL: u64 = 256;
+    pub const LAST_SUBVOL: u64 = (1 << 24) - 1;
+
+    /// Whether `id` is a subvolume tree's: the trees whose nodes may be
+    /// shared, so a node reached from one may be owned by another.
+    pub fn is_subvolume(id: u64) -> bool {
+        id == FS || (FIRST_SUBVOL..=LAST_SUBVOL).contains(&id)
+    }
+
+    /// Whether a node owned by `owner` may be reached from tree `tree`:
+    /// its own, or any subvolume's from a subvolume (a shared node keeps
+    /// the owner that allocated it, docs/SNAPSHOTS.md (b)).
+    pub fn may_reach(tree: u64, owner: u64) -> bool {
+        owner == tree || (is_subvolume(tree) && is_subvolume(owner))
+    }
 }
 
 /// The name of a tree id as reports print it: `fs(5)`, `extent(2)`.
