@@ -909,46 +909,51 @@ impl<D: BlockDevice> Forest<D> {
         self.split_if_needed(root, path, depth - 1)
     }
 
+    /// Collapses an internal root with a single child onto the child, and
+    /// an internal root left empty into an empty leaf.
+    fn shrink_root(&mut self, root: &mut TreeRoot, node: Arc<Node>) -> Result<()> {
+        let mut node = node;
+        while !node.is_leaf() && node.nritems() == 1 {
+            let p = node.key_ptrs()[0];
+            let child_expect = NodeExpectation {
+                tree: root.id,
+                level: node.level - 1,
+                generation: p.generation,
+            };
+            // A root node is never shared (S4): a shared child is
+            // copied before it becomes the root.
+            let child = if self.count_if_shared(root, p.blockptr, child_expect, false)? > 1 {
+                let copy = self.cow(root, p.blockptr, child_expect, false)?;
+                self.dirty[&copy].clone()
+            } else {
+                self.node(p.blockptr, child_expect)?
+            };
+            self.free_block(node.bytenr, root.id, node.level);
+            *root = TreeRoot {
+                bytenr: child.bytenr,
+                level: child.level,
+                generation: child.generation,
+                ..*root
+            };
+            node = child;
+        }
+        if !node.is_leaf() && node.nritems() == 0 {
+            self.free_block(node.bytenr, root.id, node.level);
+            *root = TreeRoot {
+                last_snapshot: root.last_snapshot,
+                ..self.create_tree(root.id)?
+            };
+        }
+        Ok(())
+    }
+
     /// After a removal from `path[depth]`, merges it with a sibling if it
     /// got small, removes it if empty, and shrinks the root.
     fn rebalance(&mut self, root: &mut TreeRoot, path: &[PathStep], depth: usize) -> Result<()> {
         let bytenr = path[depth].bytenr;
         let node = self.dirty[&bytenr].clone();
         if depth == 0 {
-            // Collapse internal roots with a single child.
-            let mut node = node;
-            while !node.is_leaf() && node.nritems() == 1 {
-                let p = node.key_ptrs()[0];
-                let child_expect = NodeExpectation {
-                    tree: root.id,
-                    level: node.level - 1,
-                    generation: p.generation,
-                };
-                // A root node is never shared (S4): a shared child is
-                // copied before it becomes the root.
-                let child = if self.count_if_shared(root, p.blockptr, child_expect, false)? > 1 {
-                    let copy = self.cow(root, p.blockptr, child_expect, false)?;
-                    self.dirty[&copy].clone()
-                } else {
-                    self.node(p.blockptr, child_expect)?
-                };
-                self.free_block(node.bytenr, root.id, node.level);
-                *root = TreeRoot {
-                    bytenr: child.bytenr,
-                    level: child.level,
-                    generation: child.generation,
-                    ..*root
-                };
-                node = child;
-            }
-            if !node.is_leaf() && node.nritems() == 0 {
-                self.free_block(node.bytenr, root.id, node.level);
-                *root = TreeRoot {
-                    last_snapshot: root.last_snapshot,
-                    ..self.create_tree(root.id)?
-                };
-            }
-            return Ok(());
+            return self.shrink_root(root, node);
         }
         let parent = path[depth - 1];
         let (level, nritems, used) = (node.level, node.nritems(), node.used_bytes());
