@@ -945,6 +945,65 @@ mod tests {
     }
 
     #[test]
+    fn a_node_count_and_its_free_must_agree_at_the_commit() {
+        // S13: the commit's change of a node's item is an error, not a
+        // panic, when the forest's frees and the counts disagree.
+        let node = |delta, freed| DelayedRef {
+            num_bytes: NODE_SIZE as u64,
+            kind: ExtentKind::Metadata { owner: 5, level: 0 },
+            created: false,
+            ref_delta: delta,
+            freed,
+        };
+        let item = |refs| {
+            Some(ExtentItem {
+                refs,
+                generation: 3,
+                owner: 5,
+            })
+        };
+        let change = |r: DelayedRef, refs| r.apply(item(refs), 9).map(|a| a.change);
+        // A sharer let go: 2 -> 1, kept.
+        assert!(node(-1, false).reads_item());
+        assert!(matches!(
+            change(node(-1, false), 2),
+            Ok(ExtentItemChange::Update(ExtentItem { refs: 1, .. }))
+        ));
+        // Its count reached 0 but the forest did not free it.
+        let err = change(node(-1, false), 1).unwrap_err();
+        assert!(err.contains("not freed"), "{err}");
+        // Freed with references left (read: the count changed otherwise too).
+        let err = change(node(-2, true), 3).unwrap_err();
+        assert!(err.contains("freed with 1 references left"), "{err}");
+        // Below zero.
+        assert!(change(node(-3, true), 2)
+            .unwrap_err()
+            .contains("below zero"));
+        // Shared by a snapshot and then freed by both sharers: deleted.
+        assert_eq!(change(node(-2, true), 2), Ok(ExtentItemChange::Delete));
+        // An unshared node's free is deleted unread.
+        assert!(!node(-1, true).reads_item());
+        assert_eq!(
+            node(-1, true).apply(None, 9).map(|a| a.change),
+            Ok(ExtentItemChange::Delete)
+        );
+        // A node made in this transaction and shared by a snapshot in it.
+        let created = DelayedRef {
+            created: true,
+            ref_delta: 2,
+            ..node(0, false)
+        };
+        assert!(matches!(
+            created.apply(None, 9).map(|a| a.change),
+            Ok(ExtentItemChange::Insert(ExtentItem {
+                refs: 2,
+                generation: 9,
+                ..
+            }))
+        ));
+    }
+
+    #[test]
     fn dup_nodes_take_their_mirror_and_data_prefers_unpaired_space() {
         let first = crate::format::FIRST_ALLOCATABLE_BYTE;
         let total = first + (8 << 20);

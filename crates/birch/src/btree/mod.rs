@@ -258,20 +258,15 @@ impl<D: BlockDevice> Forest<D> {
     /// `METADATA_ITEM`'s refs plus the pending delayed change.
     pub fn refs(&self, bytenr: u64, level: u8) -> Result<u64> {
         let (created, delta) = self.alloc.pending_ref_delta(bytenr);
+        let extent = self
+            .refs_root
+            .expect("counts of shared nodes asked before the extent tree was installed");
         let corrupt = |reason: String| {
-            Error::corrupt(Corruption::at_block(
-                Some(tree_id::EXTENT),
-                bytenr,
-                None,
-                reason,
-            ))
+            Error::corrupt(Corruption::at_block(Some(extent.id), bytenr, None, reason))
         };
         let item_refs = if created {
             0
         } else {
-            let extent = self
-                .refs_root
-                .expect("counts of shared nodes asked before the extent tree was installed");
             let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level));
             let data = self
                 .get(&extent, &key)?
