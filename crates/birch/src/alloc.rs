@@ -17,7 +17,7 @@
 //!   the previous commit (the newest backup root) stays intact.
 
 use crate::error::{Error, Result};
-use crate::format::{MetadataProfile, NODE_SIZE, SECTOR_SIZE};
+use crate::format::{item_type, ExtentItem, Key, MetadataProfile, NODE_SIZE, SECTOR_SIZE};
 use std::collections::BTreeMap;
 
 /// Under DUP, when node pairs are short: the most a data extent breaks
@@ -43,6 +43,121 @@ pub struct DelayedRef {
     pub created: bool,
     /// Net change of the reference count.
     pub ref_delta: i64,
+    /// A node the forest freed in this transaction: its count reached 0
+    /// (docs/SNAPSHOTS.md, S13). Always false for data.
+    pub freed: bool,
+}
+
+/// What applying one delayed ref does to its extent item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentItemChange {
+    Keep,
+    Insert(ExtentItem),
+    Update(ExtentItem),
+    Delete,
+}
+
+/// The outcome of [`DelayedRef::apply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefApplied {
+    pub change: ExtentItemChange,
+    /// A data extent lost its last reference: its space is released.
+    pub frees_data: bool,
+}
+
+impl DelayedRef {
+    /// The key of the extent item this ref changes.
+    pub fn item_key(&self, bytenr: u64) -> Key {
+        match self.kind {
+            ExtentKind::Metadata { level, .. } => {
+                Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level))
+            }
+            ExtentKind::Data { .. } => Key::new(bytenr, item_type::EXTENT_ITEM, self.num_bytes),
+        }
+    }
+
+    /// Whether [`Self::apply`] needs the extent item as it is. A node freed
+    /// with no other change of its count in the transaction (every node of
+    /// a tree nothing shares) is deleted without reading its item: its
+    /// count was 1, by the forest's sharedness test (S3), and reading the
+    /// item of each of a commit's thousands of freed nodes would lengthen
+    /// the seal.
+    pub fn reads_item(&self) -> bool {
+        !self.created
+            && (self.ref_delta != 0 || self.freed)
+            && !(self.freed && self.ref_delta == -1)
+    }
+
+    /// The change of the extent item (`current`: as it is, when
+    /// [`Self::reads_item`]) and whether a data extent is released. An
+    /// error names what is inconsistent: a count below zero, a node whose
+    /// count reached 0 that the forest did not free or the reverse (S13).
+    pub fn apply(
+        &self,
+        current: Option<ExtentItem>,
+        transid: u64,
+    ) -> std::result::Result<RefApplied, String> {
+        let keep = |change| RefApplied {
+            change,
+            frees_data: false,
+        };
+        let is_data = matches!(self.kind, ExtentKind::Data { .. });
+        let owner = match self.kind {
+            ExtentKind::Metadata { owner, .. } | ExtentKind::Data { owner } => owner,
+        };
+        if self.created {
+            if self.ref_delta > 0 {
+                return Ok(keep(ExtentItemChange::Insert(ExtentItem {
+                    refs: self.ref_delta as u64,
+                    generation: transid,
+                    owner,
+                })));
+            }
+            if self.ref_delta < 0 || !is_data {
+                return Err(format!(
+                    "new extent ends its transaction with reference count {}",
+                    self.ref_delta
+                ));
+            }
+            // A data extent allocated and left unreferenced.
+            return Ok(RefApplied {
+                change: ExtentItemChange::Keep,
+                frees_data: true,
+            });
+        }
+        if !self.reads_item() {
+            return Ok(keep(if self.freed {
+                ExtentItemChange::Delete
+            } else {
+                ExtentItemChange::Keep
+            }));
+        }
+        let Some(mut item) = current else {
+            return Err("the extent item to update does not exist".into());
+        };
+        let refs = i128::from(item.refs) + i128::from(self.ref_delta);
+        if refs < 0 {
+            return Err(format!(
+                "reference count {} would drop below zero (change {})",
+                item.refs, self.ref_delta
+            ));
+        }
+        if !is_data && (refs == 0) != self.freed {
+            return Err(if self.freed {
+                format!("node freed with {refs} references left")
+            } else {
+                "node's reference count reached 0 but it was not freed".to_string()
+            });
+        }
+        if refs == 0 {
+            return Ok(RefApplied {
+                change: ExtentItemChange::Delete,
+                frees_data: is_data,
+            });
+        }
+        item.refs = refs as u64;
+        Ok(keep(ExtentItemChange::Update(item)))
+    }
 }
 
 /// Free space as a map of `start -> length`, kept coalesced.
@@ -362,6 +477,7 @@ impl Allocator {
                 kind: ExtentKind::Metadata { owner, level },
                 created: true,
                 ref_delta: 1,
+                freed: false,
             },
         );
         assert!(
@@ -371,26 +487,27 @@ impl Allocator {
         Ok(start)
     }
 
-    /// Frees a tree node. Its space is pinned until this transaction's
-    /// commit is durable.
+    /// Frees a tree node: the forest found its reference count reaching 0
+    /// (for a node of a tree nothing shares, its one pointer went away).
+    /// Its space is pinned until this transaction's commit is durable.
     pub fn free_node(&mut self, bytenr: u64, owner: u64, level: u8) {
-        let len = NODE_SIZE as u64;
-        match self.delayed_refs.remove(&bytenr) {
-            Some(r) if r.created => {
-                assert_eq!(r.ref_delta, 1, "node {bytenr} freed twice");
-            }
-            Some(r) => panic!("node {bytenr} freed twice (pending {r:?})"),
-            None => {
-                self.delayed_refs.insert(
-                    bytenr,
-                    DelayedRef {
-                        num_bytes: len,
-                        kind: ExtentKind::Metadata { owner, level },
-                        created: false,
-                        ref_delta: -1,
-                    },
-                );
-            }
+        let entry = self.delayed_refs.entry(bytenr).or_insert(DelayedRef {
+            num_bytes: NODE_SIZE as u64,
+            kind: ExtentKind::Metadata { owner, level },
+            created: false,
+            ref_delta: 0,
+            freed: false,
+        });
+        assert!(!entry.freed, "node {bytenr} freed twice");
+        entry.ref_delta -= 1;
+        entry.freed = true;
+        if entry.created {
+            // Never in the extent tree: nothing for the commit to do.
+            assert_eq!(
+                entry.ref_delta, 0,
+                "node {bytenr} allocated in this transaction freed with references left"
+            );
+            self.delayed_refs.remove(&bytenr);
         }
         self.bytes_used -= self.profile.node_footprint();
         self.metadata_bytes = self
@@ -398,6 +515,34 @@ impl Allocator {
             .saturating_sub(self.profile.node_footprint());
         let ranges: Vec<_> = self.node_ranges(bytenr).collect();
         self.pinned.extend(ranges);
+    }
+
+    /// Records `delta` more pointers to the node at `bytenr` (a copy of a
+    /// shared parent, or a parent's copy made by a snapshot, points at it
+    /// too; or one of its sharers let go of it). The forest frees a node
+    /// with [`Self::free_node`] instead when its count reaches 0.
+    pub fn add_node_ref(&mut self, bytenr: u64, owner: u64, level: u8, delta: i64) {
+        let entry = self.delayed_refs.entry(bytenr).or_insert(DelayedRef {
+            num_bytes: NODE_SIZE as u64,
+            kind: ExtentKind::Metadata { owner, level },
+            created: false,
+            ref_delta: 0,
+            freed: false,
+        });
+        assert!(
+            !entry.freed && matches!(entry.kind, ExtentKind::Metadata { .. }),
+            "reference change of freed or non-node extent {bytenr}"
+        );
+        entry.ref_delta += delta;
+    }
+
+    /// The pending change of the count of the extent at `bytenr`: whether
+    /// it was allocated in this transaction (then the change is its whole
+    /// count) and by how much its count changed.
+    pub fn pending_ref_delta(&self, bytenr: u64) -> (bool, i64) {
+        self.delayed_refs
+            .get(&bytenr)
+            .map_or((false, 0), |r| (r.created, r.ref_delta))
     }
 
     /// At mount: holds `[start, start+len)`, free in the mounted commit but
@@ -630,6 +775,7 @@ impl TransactionSpace for Allocator {
                 kind: ExtentKind::Data { owner },
                 created: true,
                 ref_delta: 0,
+                freed: false,
             },
         );
         assert!(
@@ -645,6 +791,7 @@ impl TransactionSpace for Allocator {
             kind: ExtentKind::Data { owner },
             created: false,
             ref_delta: 0,
+            freed: false,
         });
         assert_eq!(
             entry.num_bytes, num_bytes,
@@ -709,6 +856,7 @@ impl TransactionSpace for Allocator {
                 kind: ExtentKind::Data { owner },
                 created: true,
                 ref_delta: 0,
+                freed: false,
             },
         );
         assert!(prev.is_none(), "logged extent {bytenr} claimed twice");
@@ -794,6 +942,65 @@ mod tests {
         assert_eq!(a.held_bytes(), 0);
         assert_eq!(a.free_bytes(), NODE_SIZE as u64);
         assert_eq!(a.alloc_node(5, 0).unwrap(), n);
+    }
+
+    #[test]
+    fn a_node_count_and_its_free_must_agree_at_the_commit() {
+        // S13: the commit's change of a node's item is an error, not a
+        // panic, when the forest's frees and the counts disagree.
+        let node = |delta, freed| DelayedRef {
+            num_bytes: NODE_SIZE as u64,
+            kind: ExtentKind::Metadata { owner: 5, level: 0 },
+            created: false,
+            ref_delta: delta,
+            freed,
+        };
+        let item = |refs| {
+            Some(ExtentItem {
+                refs,
+                generation: 3,
+                owner: 5,
+            })
+        };
+        let change = |r: DelayedRef, refs| r.apply(item(refs), 9).map(|a| a.change);
+        // A sharer let go: 2 -> 1, kept.
+        assert!(node(-1, false).reads_item());
+        assert!(matches!(
+            change(node(-1, false), 2),
+            Ok(ExtentItemChange::Update(ExtentItem { refs: 1, .. }))
+        ));
+        // Its count reached 0 but the forest did not free it.
+        let err = change(node(-1, false), 1).unwrap_err();
+        assert!(err.contains("not freed"), "{err}");
+        // Freed with references left (read: the count changed otherwise too).
+        let err = change(node(-2, true), 3).unwrap_err();
+        assert!(err.contains("freed with 1 references left"), "{err}");
+        // Below zero.
+        assert!(change(node(-3, true), 2)
+            .unwrap_err()
+            .contains("below zero"));
+        // Shared by a snapshot and then freed by both sharers: deleted.
+        assert_eq!(change(node(-2, true), 2), Ok(ExtentItemChange::Delete));
+        // An unshared node's free is deleted unread.
+        assert!(!node(-1, true).reads_item());
+        assert_eq!(
+            node(-1, true).apply(None, 9).map(|a| a.change),
+            Ok(ExtentItemChange::Delete)
+        );
+        // A node made in this transaction and shared by a snapshot in it.
+        let created = DelayedRef {
+            created: true,
+            ref_delta: 2,
+            ..node(0, false)
+        };
+        assert!(matches!(
+            created.apply(None, 9).map(|a| a.change),
+            Ok(ExtentItemChange::Insert(ExtentItem {
+                refs: 2,
+                generation: 9,
+                ..
+            }))
+        ));
     }
 
     #[test]

@@ -898,3 +898,113 @@ fn canary_checker_reports_damage() {
         assert!(report.to_string().contains("fault"), "{what}");
     }
 }
+
+// ----- shared tree blocks (docs/SNAPSHOTS.md S1, S2, S4) -----
+
+/// The sample with a deep fs tree and a snapshot of it as tree 256
+/// (deleted, not yet dropped: see `Fixture::snapshot_fs_tree`).
+fn shared_sample() -> (Fixture, u64) {
+    let mut b = sample();
+    b.leaf_items_max = 4;
+    b.enable_subvolumes();
+    let mut fx = b.build();
+    let snapshot_root = fx.snapshot_fs_tree(256);
+    (fx, snapshot_root)
+}
+
+#[test]
+fn a_snapshot_sharing_the_fs_tree_is_clean() {
+    let (fx, _) = shared_sample();
+    let report = check(&fx);
+    assert_clean(&report);
+    // The shared nodes were read once: tree 256 adds only its root.
+    let nodes_of = |id| {
+        report
+            .summary
+            .trees
+            .iter()
+            .find(|t| t.id == id)
+            .unwrap()
+            .nodes
+    };
+    assert_eq!(nodes_of(256), 1, "{report}");
+    assert!(nodes_of(tree_id::FS) > 1);
+}
+
+#[test]
+fn check_finds_wrong_metadata_refs() {
+    let (mut fx, snapshot_root) = shared_sample();
+    let shared = fx.node(snapshot_root).key_ptrs().to_vec();
+    let level = u64::from(fx.root_of(tree_id::FS).level - 1);
+    let item_key = |p: &KeyPtr| Key::new(p.blockptr, item_type::METADATA_ITEM, level);
+    let set_refs = |fx: &mut Fixture, key: Key, refs: u64| {
+        fx.modify_item(tree_id::EXTENT, key, |d| {
+            let mut item = ExtentItem::decode(d).unwrap();
+            item.refs = refs;
+            *d = item.encode();
+        })
+    };
+    // A shared child counted once (as before sharing), another three times.
+    let (block_a, slot_a) = set_refs(&mut fx, item_key(&shared[0]), 1);
+    let (block_b, slot_b) = set_refs(&mut fx, item_key(&shared[1]), 3);
+    // An unshared node (the snapshot's own root) counted twice.
+    let (block_c, slot_c) = set_refs(
+        &mut fx,
+        Key::new(snapshot_root, item_type::METADATA_ITEM, level + 1),
+        2,
+    );
+    let report = check(&fx);
+    for (block, slot, reason) in [
+        (block_a, slot_a, "refs 1 but 2 pointers"),
+        (block_b, slot_b, "refs 3 but 2 pointers"),
+        (block_c, slot_c, "refs 2 but 1 pointer "),
+    ] {
+        let f = expect_fault(&report, FaultId::MetadataRefs, |f| {
+            f.block == Some(block) && f.slot == Some(slot)
+        });
+        assert!(f.reason.contains(reason), "{f}");
+    }
+    assert_eq!(
+        report.faults_with(FaultId::MetadataRefs).count(),
+        3,
+        "{report}"
+    );
+}
+
+#[test]
+fn a_shared_root_node_is_a_fault() {
+    // Tree 256's root item names the fs tree's root node itself.
+    let (mut fx, _) = shared_sample();
+    let fs_root = fx.root_of(tree_id::FS);
+    let gen = fx.superblock.generation;
+    fx.modify_item(tree_id::ROOT, Key::new(256, item_type::ROOT_ITEM, 0), |d| {
+        *d = RootItem {
+            bytenr: fs_root.bytenr,
+            generation: gen,
+            level: fs_root.level,
+        }
+        .encode();
+    });
+    let report = check(&fx);
+    expect_fault(&report, FaultId::RootNodeShared, |f| {
+        f.block == Some(fs_root.bytenr) && f.tree == Some(256)
+    });
+}
+
+#[test]
+fn a_pointer_to_a_shared_node_must_agree_with_it() {
+    // The snapshot's pointer promises another generation than the shared
+    // child has: the walk, which does not read the child again, catches it.
+    let (mut fx, snapshot_root) = shared_sample();
+    let child = fx.node(snapshot_root).key_ptrs()[1].blockptr;
+    fx.modify_node(snapshot_root, |n| {
+        if let NodeBody::Internal(ptrs) = &mut n.body {
+            ptrs[1].generation -= 1;
+        }
+    });
+    let report = check(&fx);
+    let f = expect_fault(&report, FaultId::NodeGeneration, |f| {
+        f.block == Some(child) && f.tree == Some(256)
+    });
+    assert!(f.reason.contains("shared node of fs(5)"), "{f}");
+}

@@ -8,11 +8,20 @@
 //! running transid, and later changes in the same transaction modify the
 //! copy in place. The old block is freed (pinned) through the allocator.
 //!
+//! Nodes of [`TreeKind::Shareable`] trees may be shared between trees (a
+//! snapshot, [`Forest::copy_root`]): each has a reference count, the parent
+//! nodes pointing at it plus 1 if a root item names it, kept in the extent
+//! tree and the allocator's delayed refs. Copying a shared node leaves it
+//! in place for its other sharers and gives each of its children one more
+//! reference; a block is freed exactly when its count reaches 0
+//! (docs/SNAPSHOTS.md (b), invariants S1-S4 and S13).
+//!
 //! Tree invariants (checked by `check` and by `Forest::verify_tree` in tests):
 //! keys strictly increase within a node and across the tree; every internal
 //! pointer's key equals the first key of its child; children are one level
-//! down, owned by the same tree, and carry the generation the pointer
-//! records; only a root may be empty; no node overflows.
+//! down, owned by the same tree (or, in subvolume trees, by a subvolume),
+//! and carry the generation the pointer records; only a root may be
+//! empty; no node overflows.
 
 mod cache;
 #[cfg(test)]
@@ -24,7 +33,7 @@ pub use store::{copy_name, read_node_copies, read_node_uncached, NodeExpectation
 use crate::alloc::{Allocator, TransactionSpace};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
-use crate::format::{Key, KeyPtr, LeafItem, Node, NodeBody};
+use crate::format::{item_type, tree_id, ExtentItem, Key, KeyPtr, LeafItem, Node, NodeBody};
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -41,6 +50,11 @@ pub struct TreeRoot {
     pub bytenr: u64,
     pub level: u8,
     pub generation: u64,
+    /// The last transaction in which this tree was the source or the
+    /// result of a snapshot (0: never, and always for trees that are not
+    /// [`TreeKind::Shareable`]). Only its nodes of generation
+    /// `<= last_snapshot` may be shared (S3).
+    pub last_snapshot: u64,
 }
 
 impl TreeRoot {
@@ -93,6 +107,19 @@ pub enum TreeKind {
     /// its blocks are never recorded in the extent tree and live only until
     /// the next commit (the fsync log, docs/TREE-LOG.md).
     Logged,
+    /// Committed like [`TreeKind::Committed`], and its nodes may be shared
+    /// with other shareable trees (subvolumes and their snapshots): they
+    /// are reference counted (docs/SNAPSHOTS.md (b)).
+    Shareable,
+}
+
+/// A data extent reference held by a leaf item: counted once per leaf
+/// however many trees share the leaf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataRef {
+    pub bytenr: u64,
+    pub num_bytes: u64,
+    pub owner: u64,
 }
 
 pub struct Forest<D> {
@@ -108,6 +135,11 @@ pub struct Forest<D> {
     transid: u64,
     pub stats: TreeStats,
     tree_kind: fn(u64) -> TreeKind,
+    /// Which leaf items of shareable trees hold a data extent reference.
+    leaf_refs: fn(&LeafItem) -> Option<DataRef>,
+    /// The extent tree, where the counts of shared nodes are read
+    /// ([`Self::set_refs_root`]).
+    refs_root: Option<TreeRoot>,
 }
 
 /// Largest i such that `ptrs[i].key <= key`, or 0.
@@ -135,12 +167,30 @@ impl<D: BlockDevice> Forest<D> {
             transid,
             stats: TreeStats::default(),
             tree_kind: |_| TreeKind::Committed,
+            leaf_refs: |_| None,
+            refs_root: None,
         }
     }
 
-    /// Sets which trees are [`TreeKind::Logged`] (by default none is).
+    /// Sets which trees are [`TreeKind::Logged`] or [`TreeKind::Shareable`]
+    /// (by default every tree is [`TreeKind::Committed`]).
     pub fn with_tree_kinds(self, tree_kind: fn(u64) -> TreeKind) -> Self {
         Forest { tree_kind, ..self }
+    }
+
+    /// Sets which leaf items of shareable trees hold data extent
+    /// references (by default none does): copying a shared leaf adds one
+    /// to each, dropping a leaf's last reference removes one from each.
+    pub fn with_leaf_refs(self, leaf_refs: fn(&LeafItem) -> Option<DataRef>) -> Self {
+        Forest { leaf_refs, ..self }
+    }
+
+    /// Sets the extent tree whose `METADATA_ITEM`s hold the counts of
+    /// shared nodes. It changes only while a commit applies its delayed
+    /// refs, when no shareable tree is written; the owner installs it at
+    /// mount and after each application.
+    pub fn set_refs_root(&mut self, extent: TreeRoot) {
+        self.refs_root = Some(extent);
     }
 
     pub fn transid(&self) -> u64 {
@@ -180,7 +230,7 @@ impl<D: BlockDevice> Forest<D> {
             .or_else(|| self.committing.get(&bytenr))
             .or_else(|| self.log_writing.get(&bytenr))
         {
-            if n.owner != expect.tree
+            if !tree_id::may_reach(expect.tree, n.owner)
                 || n.level != expect.level
                 || n.generation != expect.generation
             {
@@ -204,15 +254,80 @@ impl<D: BlockDevice> Forest<D> {
         )
     }
 
+    /// The reference count of the node at `bytenr` (`level`): its
+    /// `METADATA_ITEM`'s refs plus the pending delayed change.
+    pub fn refs(&self, bytenr: u64, level: u8) -> Result<u64> {
+        let (created, delta) = self.alloc.pending_ref_delta(bytenr);
+        let extent = self
+            .refs_root
+            .expect("counts of shared nodes asked before the extent tree was installed");
+        let corrupt = |reason: String| {
+            Error::corrupt(Corruption::at_block(Some(extent.id), bytenr, None, reason))
+        };
+        let item_refs = if created {
+            0
+        } else {
+            let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level));
+            let data = self
+                .get(&extent, &key)?
+                .ok_or_else(|| corrupt(format!("shareable node has no {key}")))?;
+            ExtentItem::decode(&data)
+                .map_err(|e| corrupt(format!("{key}: {e}")))?
+                .refs
+        };
+        let refs = i128::from(item_refs) + i128::from(delta);
+        if refs < 1 {
+            return Err(corrupt(format!(
+                "node reached from a tree has reference count {refs} \
+                 (item {item_refs}, pending change {delta})"
+            )));
+        }
+        Ok(refs as u64)
+    }
+
+    /// Whether a node of `root`'s tree with `generation` may be shared
+    /// (btrfs's `btrfs_block_can_be_shared`): never a root node, and only
+    /// one no newer than the tree's last snapshot (S3). Every other node is
+    /// exclusive, and changing it needs no count.
+    fn may_be_shared(&self, root: &TreeRoot, generation: u64, is_root: bool) -> bool {
+        (self.tree_kind)(root.id) == TreeKind::Shareable
+            && !is_root
+            && generation <= root.last_snapshot
+    }
+
+    /// The node's reference count if it may be shared, else 1.
+    fn count_if_shared(
+        &self,
+        root: &TreeRoot,
+        bytenr: u64,
+        expect: NodeExpectation,
+        is_root: bool,
+    ) -> Result<u64> {
+        if self.may_be_shared(root, expect.generation, is_root) {
+            self.refs(bytenr, expect.level)
+        } else {
+            Ok(1)
+        }
+    }
+
     /// Makes `bytenr` writable in this transaction, copying it if it is not
-    /// already this transaction's copy. Returns the writable block.
-    fn cow(&mut self, bytenr: u64, expect: NodeExpectation) -> Result<u64> {
-        if self.dirty.contains_key(&bytenr) {
+    /// already this transaction's copy, or if it is shared (a snapshot made
+    /// in this transaction shares even this transaction's copies, whose
+    /// generation is then `<= last_snapshot`). Returns the writable block.
+    fn cow(
+        &mut self,
+        root: &TreeRoot,
+        bytenr: u64,
+        expect: NodeExpectation,
+        is_root: bool,
+    ) -> Result<u64> {
+        let refs = self.count_if_shared(root, bytenr, expect, is_root)?;
+        if refs == 1 && self.dirty.contains_key(&bytenr) {
             return Ok(bytenr);
         }
         let old = self.node(bytenr, expect)?;
-        let new_bytenr = self.allocate_block(expect.tree, expect.level)?;
-        self.free_block(bytenr, expect.tree, expect.level);
+        let new_bytenr = self.allocate_block(root.id, expect.level)?;
+        self.release_copied(root.id, &old, refs);
         // Once the cache has forgotten the old block, a node nothing else
         // holds (no commit or log sync writing it) is taken over as it is:
         // a copy costs one allocation per leaf item, on every first change
@@ -220,16 +335,79 @@ impl<D: BlockDevice> Forest<D> {
         let mut copy = Arc::try_unwrap(old).unwrap_or_else(|shared| (*shared).clone());
         copy.bytenr = new_bytenr;
         copy.generation = self.transid;
+        copy.owner = root.id;
         self.dirty.insert(new_bytenr, Arc::new(copy));
         self.stats.nodes_cowed += 1;
         Ok(new_bytenr)
+    }
+
+    /// Tree `tree` lets go of `old` (count `refs`) after copying its
+    /// pointers into a node of its own. An exclusive node is freed: its
+    /// children change parent, their counts stay. A shared one stays for
+    /// its other sharers with one reference fewer, and each of its
+    /// children gains the copy as a parent (btrfs's `update_ref_for_cow`).
+    fn release_copied(&mut self, tree: u64, old: &Node, refs: u64) {
+        if refs > 1 {
+            self.alloc
+                .add_node_ref(old.bytenr, old.owner, old.level, -1);
+            self.add_child_refs(tree, old, 1);
+        } else {
+            self.free_block(old.bytenr, tree, old.level);
+        }
+    }
+
+    /// Adds `delta` to the count of everything `node` points at: its
+    /// children, or for a leaf the data extents its items reference.
+    fn add_child_refs(&mut self, tree: u64, node: &Node, delta: i64) {
+        match &node.body {
+            NodeBody::Internal(ptrs) => {
+                for p in ptrs {
+                    self.alloc
+                        .add_node_ref(p.blockptr, tree, node.level - 1, delta);
+                }
+            }
+            NodeBody::Leaf(items) => {
+                for r in items.iter().filter_map(self.leaf_refs) {
+                    self.alloc
+                        .add_data_ref(r.bytenr, r.num_bytes, r.owner, delta);
+                }
+            }
+        }
+    }
+
+    /// A snapshot of `src` as tree `new_id` (btrfs's `btrfs_copy_root`): a
+    /// new root node with the contents of `src`'s, so both trees share
+    /// everything below it, each child gaining one reference. Costs one
+    /// node and one count change per pointer, whatever the tree's size.
+    /// Both trees' `last_snapshot` becomes this transaction.
+    // Called by the snapshot step of docs/SNAPSHOTS.md (j) 8; until then
+    // by the model tests only.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn copy_root(&mut self, src: &mut TreeRoot, new_id: u64) -> Result<TreeRoot> {
+        assert!(
+            (self.tree_kind)(src.id) == TreeKind::Shareable
+                && (self.tree_kind)(new_id) == TreeKind::Shareable,
+            "snapshot of tree {} as {new_id}: both must be shareable",
+            src.id
+        );
+        let node = self.node(src.bytenr, src.expectation())?;
+        let bytenr = self.new_node(new_id, src.level, node.body.clone())?;
+        self.add_child_refs(new_id, &node, 1);
+        src.last_snapshot = self.transid;
+        Ok(TreeRoot {
+            id: new_id,
+            bytenr,
+            level: src.level,
+            generation: self.transid,
+            last_snapshot: self.transid,
+        })
     }
 
     /// A new block for a node of `tree`: a logged tree's blocks are not
     /// recorded in the extent tree.
     fn allocate_block(&mut self, tree: u64, level: u8) -> Result<u64> {
         match (self.tree_kind)(tree) {
-            TreeKind::Committed => self.alloc.alloc_node(tree, level),
+            TreeKind::Committed | TreeKind::Shareable => self.alloc.alloc_node(tree, level),
             TreeKind::Logged => {
                 let bytenr = self.alloc.alloc_log_node()?;
                 self.log_dirty.insert(bytenr);
@@ -242,7 +420,7 @@ impl<D: BlockDevice> Forest<D> {
         self.dirty.remove(&bytenr);
         self.store.forget(bytenr);
         match (self.tree_kind)(tree) {
-            TreeKind::Committed => self.alloc.free_node(bytenr, tree, level),
+            TreeKind::Committed | TreeKind::Shareable => self.alloc.free_node(bytenr, tree, level),
             TreeKind::Logged => {
                 // Never written by a log sync: nothing durable can point at it.
                 let written = !self.log_dirty.remove(&bytenr);
@@ -274,13 +452,30 @@ impl<D: BlockDevice> Forest<D> {
             bytenr,
             level: 0,
             generation: self.transid,
+            last_snapshot: 0,
         })
     }
 
-    /// Frees every node of a tree (e.g. a log tree after commit).
+    /// Frees every node of a tree (e.g. a log tree after commit). In a
+    /// shareable tree, a node other trees share loses this tree's
+    /// reference and is not descended; the others are freed, and the data
+    /// references of the freed leaves dropped.
     pub fn drop_tree(&mut self, root: &TreeRoot) -> Result<()> {
+        let shareable = (self.tree_kind)(root.id) == TreeKind::Shareable;
         let mut stack = vec![(root.bytenr, root.expectation())];
         while let Some((bytenr, expect)) = stack.pop() {
+            if shareable {
+                let is_root = bytenr == root.bytenr;
+                let refs = self.count_if_shared(root, bytenr, expect, is_root)?;
+                let node = self.node(bytenr, expect)?;
+                if refs > 1 {
+                    self.alloc.add_node_ref(bytenr, node.owner, node.level, -1);
+                    continue;
+                }
+                if node.is_leaf() {
+                    self.add_child_refs(root.id, &node, -1);
+                }
+            }
             // A leaf is freed by its address: reading it (from the device,
             // once the cache forgot it) only to drop it held the state lock
             // for 10-20 ms when a commit dropped a log grown by 30 s of
@@ -470,7 +665,7 @@ impl<D: BlockDevice> Forest<D> {
         root: &mut TreeRoot,
         key: &Key,
     ) -> Result<(Vec<PathStep>, Option<Key>)> {
-        let new_root = self.cow(root.bytenr, root.expectation())?;
+        let new_root = self.cow(root, root.bytenr, root.expectation(), true)?;
         root.bytenr = new_root;
         root.generation = self.transid;
         let mut path = Vec::with_capacity(root.level as usize + 1);
@@ -499,7 +694,7 @@ impl<D: BlockDevice> Forest<D> {
                 level: level - 1,
                 generation: p.generation,
             };
-            let child = self.cow(p.blockptr, expect)?;
+            let child = self.cow(root, p.blockptr, expect, false)?;
             if child != p.blockptr {
                 let transid = self.transid;
                 let ptr = &mut self.node_mut(bytenr).key_ptrs_mut()[slot];
@@ -709,36 +904,51 @@ impl<D: BlockDevice> Forest<D> {
         self.split_if_needed(root, path, depth - 1)
     }
 
+    /// Collapses an internal root with a single child onto the child, and
+    /// an internal root left empty into an empty leaf.
+    fn shrink_root(&mut self, root: &mut TreeRoot, node: Arc<Node>) -> Result<()> {
+        let mut node = node;
+        while !node.is_leaf() && node.nritems() == 1 {
+            let p = node.key_ptrs()[0];
+            let child_expect = NodeExpectation {
+                tree: root.id,
+                level: node.level - 1,
+                generation: p.generation,
+            };
+            // A root node is never shared (S4): a shared child is
+            // copied before it becomes the root.
+            let child = if self.count_if_shared(root, p.blockptr, child_expect, false)? > 1 {
+                let copy = self.cow(root, p.blockptr, child_expect, false)?;
+                self.dirty[&copy].clone()
+            } else {
+                self.node(p.blockptr, child_expect)?
+            };
+            self.free_block(node.bytenr, root.id, node.level);
+            *root = TreeRoot {
+                bytenr: child.bytenr,
+                level: child.level,
+                generation: child.generation,
+                ..*root
+            };
+            node = child;
+        }
+        if !node.is_leaf() && node.nritems() == 0 {
+            self.free_block(node.bytenr, root.id, node.level);
+            *root = TreeRoot {
+                last_snapshot: root.last_snapshot,
+                ..self.create_tree(root.id)?
+            };
+        }
+        Ok(())
+    }
+
     /// After a removal from `path[depth]`, merges it with a sibling if it
     /// got small, removes it if empty, and shrinks the root.
     fn rebalance(&mut self, root: &mut TreeRoot, path: &[PathStep], depth: usize) -> Result<()> {
         let bytenr = path[depth].bytenr;
         let node = self.dirty[&bytenr].clone();
         if depth == 0 {
-            // Collapse internal roots with a single child.
-            let mut node = node;
-            while !node.is_leaf() && node.nritems() == 1 {
-                let p = node.key_ptrs()[0];
-                let child_expect = NodeExpectation {
-                    tree: root.id,
-                    level: node.level - 1,
-                    generation: p.generation,
-                };
-                let child = self.node(p.blockptr, child_expect)?;
-                self.free_block(node.bytenr, root.id, node.level);
-                *root = TreeRoot {
-                    id: root.id,
-                    bytenr: child.bytenr,
-                    level: child.level,
-                    generation: child.generation,
-                };
-                node = child;
-            }
-            if !node.is_leaf() && node.nritems() == 0 {
-                self.free_block(node.bytenr, root.id, node.level);
-                *root = self.create_tree(root.id)?;
-            }
-            return Ok(());
+            return self.shrink_root(root, node);
         }
         let parent = path[depth - 1];
         let (level, nritems, used) = (node.level, node.nritems(), node.used_bytes());
@@ -777,7 +987,8 @@ impl<D: BlockDevice> Forest<D> {
             {
                 return Ok(());
             }
-            let left_bytenr = self.cow(left_ptr.blockptr, sibling_expect(&left_ptr))?;
+            let left_bytenr =
+                self.cow(root, left_ptr.blockptr, sibling_expect(&left_ptr), false)?;
             let body =
                 std::mem::replace(&mut self.node_mut(bytenr).body, NodeBody::Leaf(Vec::new()));
             append_body(self.node_mut(left_bytenr), body);
@@ -793,10 +1004,11 @@ impl<D: BlockDevice> Forest<D> {
             if right.used_bytes() + used > BODY_SIZE {
                 return Ok(());
             }
-            let right_body = right.body.clone();
+            let refs =
+                self.count_if_shared(root, right_ptr.blockptr, sibling_expect(&right_ptr), false)?;
+            append_body(self.node_mut(bytenr), right.body.clone());
+            self.release_copied(root.id, &right, refs);
             drop(right);
-            append_body(self.node_mut(bytenr), right_body);
-            self.free_block(right_ptr.blockptr, root.id, level);
             self.node_mut(parent.bytenr)
                 .key_ptrs_mut()
                 .remove(parent.slot + 1);

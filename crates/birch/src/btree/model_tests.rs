@@ -4,11 +4,14 @@
 //! so committed nodes are evicted and re-read (decoded and validated) from
 //! the device. Failures print `seed=N`; `BIRCH_SEED=N` replays one.
 
-use super::{Change, Forest, NodeStore, TreeRoot};
-use crate::alloc::{Allocator, FreeSpace, TransactionSpace};
+use super::{Change, DataRef, Forest, NodeExpectation, NodeStore, TreeKind, TreeRoot};
+use crate::alloc::{Allocator, ExtentItemChange, FreeSpace, TransactionSpace};
 use crate::device::{BlockDevice, MemoryDevice};
 use crate::format::node::MAX_ITEM_DATA;
-use crate::format::{Key, MetadataProfile, FIRST_ALLOCATABLE_BYTE};
+use crate::format::{
+    item_type, ExtentItem, Key, LeafItem, MetadataProfile, NodeBody, FIRST_ALLOCATABLE_BYTE,
+    NODE_SIZE,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -309,4 +312,530 @@ fn a_batch_far_larger_than_a_leaf_fills_and_empties_a_tree() {
     );
     assert_eq!(forest.verify_tree(&root).unwrap(), 0);
     assert_eq!(root.level, 0, "an emptied tree collapses to one leaf");
+}
+
+// ----- shared trees: snapshots and their reference counts -----
+
+/// Item type whose items hold a data extent reference: 8 bytes, the
+/// extent's address (every test extent is one sector long).
+const DATA_REF_TYPE: u8 = 1;
+const DATA_EXTENT_BYTES: u64 = 4096;
+
+/// Subvolume ids are shareable, the extent tree is committed: as the fs
+/// layer's `tree_kind`.
+fn shared_tree_kind(tree: u64) -> TreeKind {
+    if crate::format::tree_id::is_subvolume(tree) {
+        TreeKind::Shareable
+    } else {
+        TreeKind::Committed
+    }
+}
+
+fn data_ref_of(item: &LeafItem) -> Option<DataRef> {
+    (item.key.item_type == DATA_REF_TYPE).then(|| DataRef {
+        bytenr: u64::from_le_bytes(item.data[..8].try_into().expect("8-byte data ref")),
+        num_bytes: DATA_EXTENT_BYTES,
+        owner: item.key.objectid,
+    })
+}
+
+fn data_ref_value(bytenr: u64) -> Vec<u8> {
+    bytenr.to_le_bytes().to_vec()
+}
+
+/// A forest of shareable trees with an extent tree that records their
+/// counts, committed as the fs layer commits (delayed refs applied with
+/// [`crate::alloc::DelayedRef::apply`] until the extent tree settles).
+struct Shared {
+    forest: Forest<Arc<MemoryDevice>>,
+    extent: TreeRoot,
+    /// Live trees and their models.
+    trees: Vec<(TreeRoot, BTreeMap<Key, Vec<u8>>)>,
+    next_id: u64,
+    /// Data extents that may still hold references.
+    data: std::collections::BTreeSet<u64>,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        let forest = new_forest()
+            .with_tree_kinds(shared_tree_kind)
+            .with_leaf_refs(data_ref_of);
+        let mut shared = Shared {
+            forest,
+            extent: TreeRoot {
+                id: 0,
+                bytenr: 0,
+                level: 0,
+                generation: 0,
+                last_snapshot: 0,
+            },
+            trees: Vec::new(),
+            next_id: crate::format::tree_id::FIRST_SUBVOL,
+            data: Default::default(),
+        };
+        shared.extent = shared
+            .forest
+            .create_tree(crate::format::tree_id::EXTENT)
+            .unwrap();
+        let fs = shared
+            .forest
+            .create_tree(crate::format::tree_id::FS)
+            .unwrap();
+        shared.trees.push((fs, BTreeMap::new()));
+        shared.commit("setup");
+        shared
+    }
+
+    /// Applies the delayed refs to the extent tree until it stops
+    /// changing, writes the transaction's nodes, releases what it freed.
+    fn commit(&mut self, ctx: &str) {
+        let transid = self.forest.transid();
+        loop {
+            let refs = self.forest.alloc_mut().take_delayed_refs();
+            if refs.is_empty() {
+                break;
+            }
+            let mut changes = Vec::new();
+            for (bytenr, r) in refs {
+                let key = r.item_key(bytenr);
+                let current = r.reads_item().then(|| {
+                    let data = self.forest.get(&self.extent, &key).unwrap();
+                    let data = data.unwrap_or_else(|| panic!("{ctx}: no extent item {key}"));
+                    ExtentItem::decode(&data).unwrap()
+                });
+                let applied = r
+                    .apply(current, transid)
+                    .unwrap_or_else(|e| panic!("{ctx}: {key}: {e}"));
+                let change = match applied.change {
+                    ExtentItemChange::Keep => None,
+                    ExtentItemChange::Insert(item) => Some(Change::Insert(item.encode())),
+                    ExtentItemChange::Update(item) => Some(Change::Put(item.encode())),
+                    ExtentItemChange::Delete => Some(Change::Delete),
+                };
+                changes.extend(change.map(|c| (key, c)));
+                if applied.frees_data {
+                    self.forest.alloc_mut().extent_released(bytenr, r.num_bytes);
+                }
+            }
+            let refused = self.forest.apply_sorted(&mut self.extent, changes).unwrap();
+            assert!(refused.is_empty(), "{ctx}: refused {refused:?}");
+            self.forest.set_refs_root(self.extent);
+        }
+        let pinned = self.forest.alloc_mut().take_pinned();
+        let nodes = self.forest.begin_commit();
+        for node in nodes.values() {
+            let dev = self.forest.store().device();
+            dev.write_at(&node.encode(&[9; 16]), node.bytenr).unwrap();
+        }
+        self.forest.end_commit();
+        self.forest.alloc_mut().unpin(pinned);
+    }
+
+    /// The count of the extent at `bytenr` (`key`): its item's refs plus
+    /// the pending change.
+    fn recorded_refs(&self, bytenr: u64, key: Key) -> i64 {
+        let (created, delta) = self.forest.alloc.pending_ref_delta(bytenr);
+        let item = if created {
+            0
+        } else {
+            self.forest
+                .get(&self.extent, &key)
+                .unwrap()
+                .map_or(0, |d| ExtentItem::decode(&d).unwrap().refs as i64)
+        };
+        item + delta
+    }
+
+    /// Recomputes every count from scratch: each node's distinct parents
+    /// (+1 for a root), each data extent's items counted once per leaf;
+    /// compares them with the extent tree and delayed refs, and each tree
+    /// with its model. After a commit, also that the extent tree records
+    /// exactly the reachable nodes: none freed early, none leaked.
+    fn verify(&self, ctx: &str, committed: bool) {
+        let mut node_refs: BTreeMap<u64, (u8, u64)> = BTreeMap::new();
+        let mut data_refs: BTreeMap<u64, i64> = BTreeMap::new();
+        for (root, model) in &self.trees {
+            let count = self
+                .forest
+                .verify_tree(root)
+                .unwrap_or_else(|e| panic!("{ctx}: tree {} broken: {e}", root.id));
+            assert_eq!(count, model.len(), "{ctx}: tree {} item count", root.id);
+            let all = self.forest.collect_range(root, Key::MIN, Key::MAX).unwrap();
+            assert!(
+                all.iter().map(|(k, v)| (k, v)).eq(model.iter()),
+                "{ctx}: tree {} differs from its model",
+                root.id
+            );
+            node_refs.entry(root.bytenr).or_insert((root.level, 0)).1 += 1;
+            let mut stack = vec![(root.bytenr, root.expectation())];
+            while let Some((bytenr, expect)) = stack.pop() {
+                let node = self.forest.node(bytenr, expect).unwrap();
+                match &node.body {
+                    NodeBody::Leaf(items) => {
+                        for r in items.iter().filter_map(data_ref_of) {
+                            *data_refs.entry(r.bytenr).or_default() += 1;
+                        }
+                    }
+                    NodeBody::Internal(ptrs) => {
+                        for p in ptrs {
+                            let child = node_refs.entry(p.blockptr).or_insert((node.level - 1, 0));
+                            child.1 += 1;
+                            // A child seen before is shared: its subtree
+                            // is counted once.
+                            if child.1 == 1 {
+                                let expect = NodeExpectation {
+                                    tree: root.id,
+                                    level: node.level - 1,
+                                    generation: p.generation,
+                                };
+                                stack.push((p.blockptr, expect));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (root, _) in &self.trees {
+            assert_eq!(
+                node_refs[&root.bytenr].1, 1,
+                "{ctx}: the root node of tree {} is shared (S4)",
+                root.id
+            );
+        }
+        for (&bytenr, &(level, want)) in &node_refs {
+            let got = self.forest.refs(bytenr, level).unwrap();
+            assert_eq!(got, want, "{ctx}: refs of node {bytenr} (level {level})");
+        }
+        for &bytenr in self.data.iter().chain(data_refs.keys()) {
+            let key = Key::new(bytenr, item_type::EXTENT_ITEM, DATA_EXTENT_BYTES);
+            let want = data_refs.get(&bytenr).copied().unwrap_or(0);
+            assert_eq!(
+                self.recorded_refs(bytenr, key),
+                want,
+                "{ctx}: refs of data extent {bytenr}"
+            );
+        }
+        if committed {
+            let mut recorded = BTreeMap::new();
+            let items = self
+                .forest
+                .collect_range(&self.extent, Key::MIN, Key::MAX)
+                .unwrap();
+            for (key, data) in items {
+                if key.item_type == item_type::METADATA_ITEM {
+                    recorded.insert(key.objectid, ExtentItem::decode(&data).unwrap().refs);
+                }
+            }
+            let extent_nodes = self.forest.tree_blocks(&self.extent).unwrap();
+            let mut want: BTreeMap<u64, u64> =
+                node_refs.iter().map(|(&b, &(_, r))| (b, r)).collect();
+            want.extend(extent_nodes.into_iter().map(|b| (b, 1)));
+            assert_eq!(recorded, want, "{ctx}: metadata items after the commit");
+        }
+    }
+
+    /// A new data extent with no references yet.
+    fn new_data_extent(&mut self) -> u64 {
+        let (bytenr, len) = self
+            .forest
+            .alloc_mut()
+            .alloc_data(DATA_EXTENT_BYTES, 257, 0)
+            .unwrap();
+        assert_eq!(len, DATA_EXTENT_BYTES);
+        self.data.insert(bytenr);
+        bytenr
+    }
+
+    fn data_ref_change(&mut self, value: &[u8], delta: i64) {
+        let bytenr = u64::from_le_bytes(value[..8].try_into().unwrap());
+        self.forest
+            .alloc_mut()
+            .add_data_ref(bytenr, DATA_EXTENT_BYTES, 257, delta);
+    }
+
+    /// Forgets the data extents the last commit released.
+    fn forget_released_data(&mut self) {
+        let extent = self.extent;
+        let forest = &self.forest;
+        self.data.retain(|&b| {
+            let key = Key::new(b, item_type::EXTENT_ITEM, DATA_EXTENT_BYTES);
+            forest.get(&extent, &key).unwrap().is_some()
+        });
+    }
+}
+
+/// Runs `steps` random changes over a tree and its snapshots (and theirs),
+/// recomputing every count after each step.
+///
+/// Long because it is one loop with one short arm per operation (change
+/// an item, a batch, snapshot, drop, commit) that applies it to the trees,
+/// the models and the data references together; split up, each arm would
+/// take all of them as arguments.
+fn run_shared(seed: u64, steps: usize, key_space: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut s = Shared::new();
+    for step in 0..steps {
+        let ctx = format!("seed={seed} step={step} (replay: BIRCH_SEED={seed})");
+        let t = rng.gen_range(0..s.trees.len());
+        let mut committed = false;
+        match rng.gen_range(0..100) {
+            0..=44 => {
+                // Insert or replace; a data reference to a new extent or,
+                // as a reflink does, to one this tree already uses.
+                let mut k = random_key(&mut rng, key_space);
+                let v = if rng.gen_bool(0.4) {
+                    k.item_type = DATA_REF_TYPE;
+                    let reused = s.trees[t]
+                        .1
+                        .iter()
+                        .filter(|(k, _)| k.item_type == DATA_REF_TYPE)
+                        .map(|(_, v)| v.clone())
+                        .nth(rng.gen_range(0..8));
+                    let v = match reused {
+                        Some(v) if rng.gen_bool(0.5) => v,
+                        _ => data_ref_value(s.new_data_extent()),
+                    };
+                    s.data_ref_change(&v, 1);
+                    v
+                } else {
+                    k.item_type = [0, 2][rng.gen_range(0..2)];
+                    random_value(&mut rng)
+                };
+                let (root, model) = &mut s.trees[t];
+                s.forest
+                    .put(root, k, v.clone())
+                    .unwrap_or_else(|e| panic!("{ctx}: put {k}: {e}"));
+                if let Some(old) = model.insert(k, v) {
+                    if k.item_type == DATA_REF_TYPE {
+                        s.data_ref_change(&old, -1);
+                    }
+                }
+            }
+            45..=79 => {
+                let (root, model) = &mut s.trees[t];
+                let k = match model.keys().nth(rng.gen_range(0..model.len().max(1))) {
+                    Some(k) if rng.gen_bool(0.9) => *k,
+                    _ => random_key(&mut rng, key_space),
+                };
+                let got = s
+                    .forest
+                    .delete(root, &k)
+                    .unwrap_or_else(|e| panic!("{ctx}: delete {k}: {e}"));
+                let want = model.remove(&k);
+                assert_eq!(got, want, "{ctx}: delete {k}");
+                if let (Some(old), DATA_REF_TYPE) = (want, k.item_type) {
+                    s.data_ref_change(&old, -1);
+                }
+            }
+            80..=84 => {
+                // A batch of plain items (no data references).
+                let (root, model) = &mut s.trees[t];
+                let changes: Vec<(Key, Change)> = random_batch(&mut rng, model, key_space)
+                    .into_iter()
+                    .filter(|(k, _)| k.item_type != DATA_REF_TYPE)
+                    .collect();
+                s.forest
+                    .apply_sorted(root, changes.clone())
+                    .unwrap_or_else(|e| panic!("{ctx}: batch: {e}"));
+                for (k, change) in changes {
+                    match change {
+                        Change::Insert(v) => {
+                            model.entry(k).or_insert(v);
+                        }
+                        Change::Put(v) => {
+                            model.insert(k, v);
+                        }
+                        Change::Delete => {
+                            model.remove(&k);
+                        }
+                    }
+                }
+            }
+            85..=89 if s.trees.len() < 6 => {
+                let id = s.next_id;
+                s.next_id += 1;
+                let (root, model) = &mut s.trees[t];
+                let copy = s
+                    .forest
+                    .copy_root(root, id)
+                    .unwrap_or_else(|e| panic!("{ctx}: snapshot of {}: {e}", root.id));
+                let model = model.clone();
+                s.trees.push((copy, model));
+            }
+            90..=92 if s.trees.len() > 1 => {
+                let (root, model) = s.trees.swap_remove(t);
+                s.forest
+                    .drop_tree(&root)
+                    .unwrap_or_else(|e| panic!("{ctx}: drop of {}: {e}", root.id));
+                drop(model);
+            }
+            _ => {
+                s.commit(&ctx);
+                s.forget_released_data();
+                committed = true;
+            }
+        }
+        s.verify(&ctx, committed);
+    }
+    // Drop every snapshot: what remains is the first tree's alone.
+    while s.trees.len() > 1 {
+        let (root, _) = s.trees.pop().unwrap();
+        s.forest.drop_tree(&root).unwrap();
+    }
+    s.commit(&format!("seed={seed} end"));
+    s.forget_released_data();
+    s.verify(&format!("seed={seed} end"), true);
+}
+
+#[test]
+fn shared_trees_match_their_model_and_counts() {
+    // A small key space: few leaves, so snapshots share most of them and
+    // every change copies shared nodes.
+    for seed in seeds(0..12) {
+        run_shared(seed, 800, 400);
+    }
+    // Trees three levels deep: shared internal nodes.
+    for seed in seeds(1000..1002) {
+        run_shared(seed, 1500, 1_000_000);
+    }
+}
+
+/// Fills tree 5 over several leaves and internal nodes, snapshots it as
+/// 256, changes some of each, and drops 256: exactly the blocks and data
+/// extents only 256 held become free.
+#[test]
+fn dropping_a_copy_frees_exactly_the_blocks_only_it_held() {
+    let mut s = Shared::new();
+    let (mut fs, mut model) = s.trees.pop().unwrap();
+    for i in 0..10_000u64 {
+        let bytenr = s.new_data_extent();
+        // Large items: few per leaf, so the tree is three levels deep.
+        let mut value = data_ref_value(bytenr);
+        value.resize(1000, 0);
+        s.data_ref_change(&value, 1);
+        let key = Key::new(i, DATA_REF_TYPE, 0);
+        s.forest.put(&mut fs, key, value.clone()).unwrap();
+        model.insert(key, value);
+    }
+    assert!(fs.level >= 2, "deep enough to share internal nodes");
+    s.trees.push((fs, model));
+    s.commit("filled");
+    let (fs, model) = &mut s.trees[0];
+    let mut snap = s.forest.copy_root(fs, 256).unwrap();
+    let mut snap_model = model.clone();
+    s.commit("snapshot");
+    // Each tree deletes a few items of its own: each gets nodes of its own.
+    for i in (0..10_000u64).step_by(1500) {
+        let key = Key::new(i, DATA_REF_TYPE, 0);
+        let (fs, model) = &mut s.trees[0];
+        s.forest.delete(fs, &key).unwrap();
+        let old = model.remove(&key).unwrap();
+        s.data_ref_change(&old, -1);
+        let key = Key::new(i + 1, DATA_REF_TYPE, 0);
+        s.forest.delete(&mut snap, &key).unwrap();
+        let old = snap_model.remove(&key).unwrap();
+        s.data_ref_change(&old, -1);
+    }
+    s.trees.push((snap, snap_model));
+    s.commit("changed");
+    s.forget_released_data();
+    s.verify("changed", true);
+    let blocks_of = |s: &Shared, root: &TreeRoot| -> std::collections::BTreeSet<u64> {
+        s.forest.tree_blocks(root).unwrap().into_iter().collect()
+    };
+    let data_of = |model: &BTreeMap<Key, Vec<u8>>| -> std::collections::BTreeSet<u64> {
+        model
+            .values()
+            .map(|v| u64::from_le_bytes(v[..8].try_into().unwrap()))
+            .collect()
+    };
+    let (fs_blocks, fs_data) = (blocks_of(&s, &s.trees[0].0), data_of(&s.trees[0].1));
+    let (snap, snap_model) = s.trees.pop().unwrap();
+    let (snap_blocks, snap_data) = (blocks_of(&s, &snap), data_of(&snap_model));
+    let only_snap: Vec<u64> = snap_blocks.difference(&fs_blocks).copied().collect();
+    let only_snap_data: Vec<u64> = snap_data.difference(&fs_data).copied().collect();
+    assert!(!only_snap.is_empty() && !only_snap_data.is_empty());
+    assert!(
+        fs_blocks.intersection(&snap_blocks).count() > only_snap.len(),
+        "mostly shared"
+    );
+    let free_before = s.forest.alloc().free_bytes();
+    let extent_nodes_before = s.forest.tree_blocks(&s.extent).unwrap().len() as u64;
+    s.forest.drop_tree(&snap).unwrap();
+    s.commit("dropped");
+    s.forget_released_data();
+    s.verify("dropped", true);
+    let node = NODE_SIZE as u64;
+    for &b in &only_snap {
+        assert!(
+            s.forest.alloc().is_free(b, node),
+            "node {b} only the copy held is free"
+        );
+    }
+    for &b in &fs_blocks {
+        assert!(
+            !s.forest.alloc().is_free(b, node),
+            "node {b} of tree 5 is kept"
+        );
+    }
+    for &b in &only_snap_data {
+        assert!(
+            s.forest.alloc().is_free(b, DATA_EXTENT_BYTES),
+            "data {b} only the copy used is free"
+        );
+    }
+    for &b in &fs_data {
+        assert!(
+            !s.forest.alloc().is_free(b, DATA_EXTENT_BYTES),
+            "data {b} of tree 5 is kept"
+        );
+    }
+    // Nothing else was freed: the free space grew by exactly those, less
+    // the nodes the extent tree grew by.
+    let extent_nodes_after = s.forest.tree_blocks(&s.extent).unwrap().len() as u64;
+    let freed = only_snap.len() as u64 * node + only_snap_data.len() as u64 * DATA_EXTENT_BYTES;
+    assert_eq!(
+        s.forest.alloc().free_bytes() + extent_nodes_after * node,
+        free_before + freed + extent_nodes_before * node
+    );
+}
+
+/// A copy whose root is left with one child that it still shares (its
+/// other leaf emptied by a batch) makes that child its root: the child is
+/// copied first, since a root node is never shared (S4).
+#[test]
+fn a_copy_collapsing_onto_a_shared_child_copies_it() {
+    let mut s = Shared::new();
+    let (fs, model) = &mut s.trees[0];
+    for i in 0..20u64 {
+        let key = Key::new(i, 0, 0);
+        s.forest.put(fs, key, vec![7; 1000]).unwrap();
+        model.insert(key, vec![7; 1000]);
+    }
+    let ptrs = s.forest.node(fs.bytenr, fs.expectation()).unwrap();
+    assert_eq!(ptrs.key_ptrs().len(), 2, "two leaves under the root");
+    let second_leaf_start = ptrs.key_ptrs()[1].key;
+    s.commit("filled");
+    let (fs, model) = &mut s.trees[0];
+    let copy = s.forest.copy_root(fs, 256).unwrap();
+    let copy_model = model.clone();
+    s.trees.push((copy, copy_model));
+    s.commit("snapshot");
+    let (copy, copy_model) = &mut s.trees[1];
+    let deletes: Vec<(Key, Change)> = copy_model
+        .range(second_leaf_start..)
+        .map(|(k, _)| (*k, Change::Delete))
+        .collect();
+    s.forest.apply_sorted(copy, deletes).unwrap();
+    copy_model.retain(|k, _| *k < second_leaf_start);
+    assert_eq!(copy.level, 0, "the copy collapsed onto its first leaf");
+    s.verify("collapsed", false);
+    // Changing the copy's new root leaves tree 5 as it was.
+    let (copy, copy_model) = &mut s.trees[1];
+    s.forest.put(copy, Key::new(0, 0, 0), vec![8; 10]).unwrap();
+    copy_model.insert(Key::new(0, 0, 0), vec![8; 10]);
+    s.verify("changed", false);
+    s.commit("end");
+    s.verify("end", true);
 }

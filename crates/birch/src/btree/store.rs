@@ -5,7 +5,7 @@
 use super::cache::NodeCache;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
-use crate::format::{MetadataProfile, Node, NODE_SIZE};
+use crate::format::{tree_id, MetadataProfile, Node, NODE_SIZE};
 use crate::lock_order::{LockRank, RankedMutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -122,7 +122,7 @@ impl<D: BlockDevice> NodeStore<D> {
         if let Some(node) = self.cache.lock().expect("cache lock poisoned").get(bytenr) {
             // A cached copy of a block since freed and rewritten would not
             // match what the parent promises: fall through to the disk.
-            if node.owner == expect.tree
+            if tree_id::may_reach(expect.tree, node.owner)
                 && node.level == expect.level
                 && node.generation == expect.generation
             {
@@ -343,7 +343,7 @@ fn read_copy<D: BlockDevice + ?Sized>(
         Error::corrupt(Corruption::at_block(tree, bytenr, slot, e.to_string()))
     })?;
     if let Some(e) = expect {
-        if node.owner != e.tree {
+        if !tree_id::may_reach(e.tree, node.owner) {
             return Err(corrupt(format!(
                 "owner {} but reached from tree {}",
                 node.owner, e.tree

@@ -170,24 +170,27 @@ fn check_metadata_refs(c: &mut Checker<'_>, extents: &[ExtentRec]) {
             }
         }
         if let Some(item) = e.item {
-            if item.owner != node.tree {
+            if item.owner != node.owner {
                 c.fault_at(
                     FaultId::MetadataOwner,
                     &e.loc,
                     format!(
-                        "metadata item owner {} but node {bytenr} belongs to tree {}",
+                        "metadata item owner {} but node {bytenr} is owned by tree {}",
                         tree_name(item.owner),
-                        tree_name(node.tree)
+                        tree_name(node.owner)
                     ),
                 );
             }
-            if item.refs != 1 {
+            let pointers = c.node_refs.get(&bytenr).copied().unwrap_or(0);
+            if item.refs != pointers {
                 c.fault_at(
                     FaultId::MetadataRefs,
                     &e.loc,
                     format!(
-                        "metadata item refs {} (tree nodes have exactly 1)",
-                        item.refs
+                        "metadata item refs {} but {pointers} pointer{} reach node {bytenr} \
+                         (from distinct parent nodes and root items)",
+                        item.refs,
+                        if pointers == 1 { "" } else { "s" }
                     ),
                 );
             }

@@ -115,8 +115,10 @@ fault_ids! {
         NodeLastKey = "node-last-key",
         /// A block reached twice within one tree (a cycle or a shared child).
         NodeReachedTwice = "node-reached-twice",
-        /// A block of one tree reached from another.
+        /// A block of one tree reached from another (only subvolume trees share nodes).
         NodeCrossTree = "node-cross-tree",
+        /// A root node also reached as another tree's root or child (S4).
+        RootNodeShared = "root-node-shared",
         /// Two nodes overlap.
         NodeOverlap = "node-overlap",
         /// The root tree lacks the root item of the extent or fs tree.
@@ -179,7 +181,7 @@ fault_ids! {
         MetadataLevel = "metadata-level",
         /// A metadata item's owner differs from its node's tree.
         MetadataOwner = "metadata-owner",
-        /// A metadata item's refs are not 1.
+        /// A metadata item's refs differ from the pointers to its node from distinct parent nodes and root items (S1).
         MetadataRefs = "metadata-refs",
         /// A metadata item for a node of a tree the extent tree does not track.
         MetadataUntrackedTree = "metadata-untracked-tree",

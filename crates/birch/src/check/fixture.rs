@@ -861,6 +861,94 @@ impl Fixture {
         None
     }
 
+    /// Inserts an item into the leaf of `tree` whose range holds `key`
+    /// (the tree's shape is not changed: the leaf must have room, and a
+    /// key below the tree's first one is not supported).
+    pub fn insert_item(&mut self, tree: u64, key: Key, data: Vec<u8>) {
+        let leaf = self
+            .nodes
+            .iter()
+            .filter(|n| n.tree == tree && n.level == 0)
+            .map(|n| (self.node(n.bytenr).first_key(), n.bytenr))
+            .filter(|(first, _)| first.is_some_and(|f| f <= key))
+            .max()
+            .map(|(_, bytenr)| bytenr)
+            .unwrap_or_else(|| panic!("no leaf of tree {tree} for {key}"));
+        self.modify_node(leaf, |n| {
+            let items = n.leaf_items_mut();
+            let slot = items.partition_point(|i| i.key < key);
+            items.insert(slot, LeafItem { key, data });
+        });
+    }
+
+    /// Makes tree `id` a snapshot of the fs tree as birch makes one
+    /// (docs/SNAPSHOTS.md (b)): a copy of the fs tree's root node, owned
+    /// by `id` and named by a root item, sharing every child, each child's
+    /// metadata item counting one more reference. Returns the new root's
+    /// block. The fs tree's root must be an internal node, and the image
+    /// must have been built with [`FsBuilder::enable_subvolumes`]. The
+    /// snapshot is left unlinked, as a deleted snapshot waiting for the
+    /// cleaner (root item refs 0 and an orphan-root item, invariant S6):
+    /// linking it would change tree 5's shared nodes.
+    pub fn snapshot_fs_tree(&mut self, id: u64) -> u64 {
+        let source = self.root_of(tree_id::FS);
+        assert!(source.level > 0, "the fs tree must have children to share");
+        let end = self.nodes.iter().map(|n| n.bytenr).max().expect("nodes") + NODE_SIZE as u64;
+        let mut copy = self.node(source.bytenr);
+        copy.bytenr = end;
+        copy.owner = id;
+        self.write_node(&copy);
+        self.nodes.push(FixtureNode {
+            tree: id,
+            bytenr: end,
+            level: copy.level,
+        });
+        let generation = copy.generation;
+        assert!(self.superblock.subvolumes, "enable_subvolumes first");
+        let mut uuid = [0x5a; 16];
+        uuid[..8].copy_from_slice(&id.to_le_bytes());
+        let root_item = SubvolRootItem {
+            root: RootItem {
+                bytenr: end,
+                generation,
+                level: copy.level,
+            },
+            refs: 0,
+            last_snapshot: generation,
+            uuid,
+            ctransid: generation,
+            otransid: generation,
+            ctime: time(),
+            otime: time(),
+            ..Default::default()
+        };
+        self.insert_item(
+            tree_id::ROOT,
+            Key::new(id, item_type::ROOT_ITEM, 0),
+            root_item.encode(),
+        );
+        self.insert_item(tree_id::ROOT, Key::orphan_root(id), Vec::new());
+        let metadata =
+            |level: u8, bytenr: u64| Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level));
+        let item = ExtentItem {
+            refs: 1,
+            generation,
+            owner: id,
+        };
+        self.insert_item(tree_id::EXTENT, metadata(copy.level, end), item.encode());
+        for p in copy.key_ptrs() {
+            self.modify_item(tree_id::EXTENT, metadata(copy.level - 1, p.blockptr), |d| {
+                let mut item = ExtentItem::decode(d).expect("fixture metadata item");
+                item.refs += 1;
+                *d = item.encode();
+            });
+        }
+        let mut sb = self.superblock.clone();
+        sb.bytes_used += NODE_SIZE as u64;
+        self.write_superblock(&sb);
+        end
+    }
+
     /// Changes the payload of one item in place (re-checksummed); returns
     /// where it is.
     pub fn modify_item(

@@ -51,7 +51,7 @@ use crate::device::BlockDevice;
 use crate::error::Corruption;
 use crate::format::tree_name;
 use crate::format::{tree_id, Key, Superblock};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::io;
 
@@ -426,10 +426,19 @@ pub(crate) struct Loc {
 /// A node reached by the walk.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NodeRec {
+    /// The tree the walk first reached it from.
     pub tree: u64,
+    /// Its header's owner: the tree, or for a node of a subvolume tree
+    /// the subvolume that allocated it.
+    pub owner: u64,
     pub level: u8,
-    #[allow(dead_code)]
     pub generation: u64,
+    /// What a second pointer to it (from a tree sharing it) must agree
+    /// with, since the walk does not read it again.
+    pub first_key: Option<Key>,
+    pub last_key: Option<Key>,
+    /// Reached as a tree's root, not through a parent.
+    pub is_root: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -519,6 +528,13 @@ pub(crate) struct Checker<'a> {
     readable: HashMap<u64, bool>,
     /// Every node reached, by bytenr (log trees included).
     nodes: HashMap<u64, NodeRec>,
+    /// The pointers to each node: from distinct parent nodes, plus 1 for
+    /// the root item or superblock naming a root (what its metadata item's
+    /// refs must be, docs/SNAPSHOTS.md S1).
+    node_refs: HashMap<u64, u64>,
+    /// (node, subvolume tree) pairs for the nodes subvolumes share: one
+    /// tree may reach a node only once.
+    shared_reached: HashSet<(u64, u64)>,
     /// `(tree id) -> (root item, where)` from the root tree.
     roots: BTreeMap<u64, (crate::format::RootItem, Loc)>,
     /// `(subvolume) -> (root item, where)` from the log root tree.
@@ -569,6 +585,8 @@ impl<'a> Checker<'a> {
             sb: None,
             readable: HashMap::new(),
             nodes: HashMap::new(),
+            node_refs: HashMap::new(),
+            shared_reached: HashSet::new(),
             roots: BTreeMap::new(),
             log_roots: BTreeMap::new(),
             log_manifest: HashMap::new(),

@@ -65,7 +65,7 @@ pub(super) fn read_copy<D: BlockDevice + ?Sized>(
         ));
     }
     if let Some(e) = expect {
-        if node.owner != e.tree {
+        if !crate::format::tree_id::may_reach(e.tree, node.owner) {
             return Err(BadCopy::new(
                 FaultId::NodeOwner,
                 format!("owner {} but reached from tree {}", node.owner, e.tree),

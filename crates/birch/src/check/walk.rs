@@ -209,6 +209,13 @@ fn walk_log_trees(c: &mut Checker<'_>, sb: &Superblock) {
     }
 }
 
+fn node_last_key(node: &Node) -> Option<Key> {
+    match &node.body {
+        NodeBody::Leaf(items) => items.last().map(|i| i.key),
+        NodeBody::Internal(ptrs) => ptrs.last().map(|p| p.key),
+    }
+}
+
 /// Nodes are NODE_SIZE long but only sector aligned: two distinct blocks
 /// may still overlap.
 fn check_node_overlaps(c: &mut Checker<'_>) {
@@ -307,6 +314,11 @@ impl Checker<'_> {
     /// a fault); the node is recorded as reached.
     fn reach_node(&mut self, t: &Target, f: &Frame) -> Option<Node> {
         if let Some(prev) = self.nodes.get(&f.bytenr).copied() {
+            let subvolumes = tree_id::is_subvolume(prev.tree) && tree_id::is_subvolume(t.tree);
+            if subvolumes && prev.tree != t.tree {
+                self.reach_shared(t, f, &prev);
+                return None;
+            }
             let (id, reason) = if prev.tree != t.tree {
                 let reason = format!(
                     "block belongs to tree {} but is reached from tree {} ({})",
@@ -350,11 +362,72 @@ impl Checker<'_> {
         }
         let rec = NodeRec {
             tree: t.tree,
+            owner: node.owner,
             level: node.level,
             generation: node.generation,
+            first_key: node.first_key(),
+            last_key: node_last_key(&node),
+            is_root: f.parent.is_none(),
         };
         self.nodes.insert(f.bytenr, rec);
+        self.node_refs.insert(f.bytenr, 1);
         Some(node)
+    }
+
+    /// A node of subvolume `prev.tree` reached again from subvolume
+    /// `t.tree`: shared (docs/SNAPSHOTS.md (b)). It is not read again;
+    /// the pointer must agree with what the first walk recorded, and
+    /// counts as one more parent (S1). Never a root (S4).
+    fn reach_shared(&mut self, t: &Target, f: &Frame, prev: &NodeRec) {
+        let fault = |c: &mut Self, id: FaultId, reason: String| {
+            c.fault_block(id, Some(t.tree), f.bytenr, None, reason);
+        };
+        if f.parent.is_none() || prev.is_root {
+            let reason = format!(
+                "the root node of tree {} is also a node of tree {} ({}): root nodes are never shared",
+                tree_name(if prev.is_root { prev.tree } else { t.tree }),
+                tree_name(if prev.is_root { t.tree } else { prev.tree }),
+                f.pointer()
+            );
+            return fault(self, FaultId::RootNodeShared, reason);
+        }
+        if !self.shared_reached.insert((f.bytenr, t.tree)) {
+            let reason = format!(
+                "block reached twice ({}): a cycle or a shared child",
+                f.pointer()
+            );
+            return fault(self, FaultId::NodeReachedTwice, reason);
+        }
+        let shared = format!("shared node of {} ({})", tree_name(prev.tree), f.pointer());
+        if f.level != prev.level {
+            let reason = format!(
+                "{shared}: level {} but parent expects {}",
+                prev.level, f.level
+            );
+            return fault(self, FaultId::NodeLevel, reason);
+        }
+        if let Some(generation) = f.generation.filter(|&g| g != prev.generation) {
+            let reason = format!(
+                "{shared}: generation {} but parent expects {generation}",
+                prev.generation
+            );
+            return fault(self, FaultId::NodeGeneration, reason);
+        }
+        if let (Some(low), Some(first)) = (f.low, prev.first_key) {
+            if first != low {
+                let reason =
+                    format!("{shared}: first key {first} differs from the parent's key {low}");
+                return fault(self, FaultId::NodeFirstKey, reason);
+            }
+        }
+        if let (Some(high), Some(last)) = (f.high, prev.last_key) {
+            if last >= high {
+                let reason =
+                    format!("{shared}: key {last} is not below the parent's next key {high}");
+                return fault(self, FaultId::NodeLastKey, reason);
+            }
+        }
+        *self.node_refs.entry(f.bytenr).or_default() += 1;
     }
 
     /// Reads the node `f` points at. Under DUP every copy is verified and
@@ -435,11 +508,7 @@ impl Checker<'_> {
                 );
             }
         }
-        let last = match &node.body {
-            NodeBody::Leaf(items) => items.last().map(|i| i.key),
-            NodeBody::Internal(ptrs) => ptrs.last().map(|p| p.key),
-        };
-        if let (Some(high), Some(last)) = (f.high, last) {
+        if let (Some(high), Some(last)) = (f.high, node_last_key(node)) {
             if last >= high {
                 let reason = format!(
                     "key {last} is not below the parent's next key {high} ({})",

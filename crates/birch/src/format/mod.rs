@@ -62,6 +62,13 @@ pub mod tree_id {
     pub const fn is_subvolume(id: u64) -> bool {
         id == FS || (id >= FIRST_SUBVOL && id <= LAST_SUBVOL)
     }
+
+    /// Whether a node owned by `owner` may be reached from tree `tree`:
+    /// its own, or any subvolume's from a subvolume (a shared node keeps
+    /// the owner that allocated it, docs/SNAPSHOTS.md (b)).
+    pub fn may_reach(tree: u64, owner: u64) -> bool {
+        owner == tree || (is_subvolume(tree) && is_subvolume(owner))
+    }
 }
 
 /// The name of a tree id as reports print it: `fs(5)`, `extent(2)`.

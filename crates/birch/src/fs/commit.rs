@@ -20,7 +20,7 @@
 //! still references, and T-1, T's first older backup root, stays mountable
 //! while T is the newest commit (docs/BACKUP-ROOTS.md).
 
-use crate::alloc::{DelayedRef, ExtentKind, TransactionSpace};
+use crate::alloc::{DelayedRef, ExtentItemChange, TransactionSpace};
 use crate::btree::{Change, Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
@@ -177,6 +177,8 @@ fn apply_delayed_refs<D: BlockDevice>(
     }
     // Each bytenr has one delayed ref and one extent item key: in order.
     let refused = forest.apply_sorted(&mut roots.extent, changes)?;
+    // Counts of shared nodes are read from the extent tree as it is now.
+    forest.set_refs_root(roots.extent);
     if let Some(key) = refused.first() {
         return Err(extent_corruption(format!(
             "extent item {key}: a new extent's item already exists, \
@@ -207,16 +209,8 @@ struct RefOutcome {
     frees: Option<u64>,
 }
 
-impl RefOutcome {
-    fn item(key: Key, change: Change) -> Self {
-        RefOutcome {
-            item: Some((key, change)),
-            frees: None,
-        }
-    }
-}
-
-/// What one delayed ref changes in the extent tree and frees.
+/// What one delayed ref changes in the extent tree and frees
+/// ([`DelayedRef::apply`]; counts of shared nodes, docs/SNAPSHOTS.md (b)).
 fn extent_change<D: BlockDevice>(
     forest: &Forest<D>,
     extent_root: &TreeRoot,
@@ -224,71 +218,29 @@ fn extent_change<D: BlockDevice>(
     r: DelayedRef,
     transid: u64,
 ) -> Result<RefOutcome> {
-    let new_item = |owner, refs| {
-        Change::Insert(
-            ExtentItem {
-                refs,
-                generation: transid,
-                owner,
-            }
-            .encode(),
-        )
+    let key = r.item_key(bytenr);
+    let current = if r.reads_item() {
+        let data = forest.get(extent_root, &key)?.ok_or_else(|| {
+            extent_corruption(format!("extent item {key} to update does not exist"))
+        })?;
+        Some(ExtentItem::decode(&data).map_err(|e| extent_corruption(format!("{key}: {e}")))?)
+    } else {
+        None
     };
-    match r.kind {
-        ExtentKind::Metadata { owner, level } => {
-            let key = Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level));
-            let change = match (r.created, r.ref_delta) {
-                // A present (or missing) item is reported by the batch.
-                (true, 1) => new_item(owner, 1),
-                (false, -1) => Change::Delete,
-                other => panic!("impossible metadata ref change {other:?} for node {bytenr}"),
-            };
-            Ok(RefOutcome::item(key, change))
-        }
-        ExtentKind::Data { owner } => {
-            let key = Key::new(bytenr, item_type::EXTENT_ITEM, r.num_bytes);
-            if r.created {
-                if r.ref_delta > 0 {
-                    Ok(RefOutcome::item(key, new_item(owner, r.ref_delta as u64)))
-                } else {
-                    assert_eq!(
-                        r.ref_delta, 0,
-                        "new data extent {bytenr} with negative refs"
-                    );
-                    Ok(RefOutcome {
-                        item: None,
-                        frees: Some(r.num_bytes),
-                    })
-                }
-            } else if r.ref_delta == 0 {
-                Ok(RefOutcome {
-                    item: None,
-                    frees: None,
-                })
-            } else {
-                let data = forest.get(extent_root, &key)?.ok_or_else(|| {
-                    extent_corruption(format!("extent item {key} to update does not exist"))
-                })?;
-                let mut item = ExtentItem::decode(&data)
-                    .map_err(|e| extent_corruption(format!("{key}: {e}")))?;
-                let refs = item.refs as i64 + r.ref_delta;
-                if refs < 0 {
-                    return Err(extent_corruption(format!(
-                        "{key}: reference count would drop below zero"
-                    )));
-                }
-                if refs == 0 {
-                    Ok(RefOutcome {
-                        item: Some((key, Change::Delete)),
-                        frees: Some(r.num_bytes),
-                    })
-                } else {
-                    item.refs = refs as u64;
-                    Ok(RefOutcome::item(key, Change::Put(item.encode())))
-                }
-            }
-        }
-    }
+    let applied = r
+        .apply(current, transid)
+        .map_err(|e| extent_corruption(format!("{key}: {e}")))?;
+    let item = match applied.change {
+        ExtentItemChange::Keep => None,
+        // A present (or missing) item is reported by the batch.
+        ExtentItemChange::Insert(item) => Some((key, Change::Insert(item.encode()))),
+        ExtentItemChange::Update(item) => Some((key, Change::Put(item.encode()))),
+        ExtentItemChange::Delete => Some((key, Change::Delete)),
+    };
+    Ok(RefOutcome {
+        item,
+        frees: applied.frees_data.then_some(r.num_bytes),
+    })
 }
 
 /// Writes a sealed transaction: nodes, barrier, superblocks, barrier.

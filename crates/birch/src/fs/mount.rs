@@ -59,7 +59,8 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         Allocator::new(free, 0, total_bytes, metadata_profile),
         transid,
     )
-    .with_tree_kinds(tree_log::tree_kind);
+    .with_tree_kinds(tree_log::tree_kind)
+    .with_leaf_refs(tree_log::leaf_data_ref);
     let mut roots = Roots {
         root: forest.create_tree(tree_id::ROOT)?,
         extent: forest.create_tree(tree_id::EXTENT)?,
@@ -138,7 +139,8 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         Allocator::new(FreeSpace::default(), 0, newest.total_bytes, profile),
         newest.generation + 1,
     )
-    .with_tree_kinds(tree_log::tree_kind);
+    .with_tree_kinds(tree_log::tree_kind)
+    .with_leaf_refs(tree_log::leaf_data_ref);
     let mut options = options;
     let (loaded, superblock, rescue) =
         match load_commit(&forest, &CommitToLoad::newest(&newest), newest.total_bytes) {
@@ -165,6 +167,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         hold_previous_commit(&forest, &mut alloc, &loaded.extent_nodes, previous, profile);
     }
     forest.set_alloc(alloc);
+    forest.set_refs_root(loaded.roots.extent);
     let roots = loaded.roots;
     let next_ino = match forest
         .last_at_or_before(&roots.fs, &Key::new(ORPHAN_OBJECTID - 1, u8::MAX, u64::MAX))?
@@ -219,6 +222,7 @@ impl CommitToLoad {
                 bytenr: superblock.root_tree_bytenr,
                 level: superblock.root_tree_level,
                 generation: superblock.generation,
+                last_snapshot: 0,
             },
             bytes_used: superblock.bytes_used,
             recorded: None,
@@ -233,6 +237,7 @@ impl CommitToLoad {
                 bytenr: backup.root_tree_bytenr,
                 level: backup.root_tree_level,
                 generation: backup.generation,
+                last_snapshot: 0,
             },
             bytes_used: backup.bytes_used,
             recorded: Some(*backup),
@@ -276,6 +281,7 @@ fn load_commit<D: BlockDevice>(
             bytenr: item.bytenr,
             level: item.level,
             generation: item.generation,
+            last_snapshot: 0,
         })
     };
     let extent = load_root(tree_id::EXTENT)?;

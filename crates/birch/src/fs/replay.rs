@@ -217,6 +217,7 @@ impl<D: BlockDevice> FsState<D> {
             bytenr: log.bytenr,
             level: log.level,
             generation: log_generation,
+            last_snapshot: 0,
         };
         let key = Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS);
         let data = self
@@ -229,6 +230,7 @@ impl<D: BlockDevice> FsState<D> {
             bytenr: item.bytenr,
             level: item.level,
             generation: item.generation,
+            last_snapshot: 0,
         };
         let mut replay = Replay::new([root_tree, log_tree]);
         for pass in Self::REPLAY_PASSES {

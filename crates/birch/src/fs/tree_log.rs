@@ -7,19 +7,50 @@ use super::decode::decode_item;
 use super::delayed::RetiredRecords;
 use super::FsState;
 use crate::alloc::TransactionSpace;
-use crate::btree::{TreeKind, TreeRoot};
+use crate::btree::{DataRef, TreeKind, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::Result;
-use crate::format::{item_type, tree_id, DirEntry, FileExtent, FileType, InodeItem, Key, RootItem};
+use crate::format::{
+    item_type, tree_id, DirEntry, FileExtent, FileType, InodeItem, Key, LeafItem, RootItem,
+};
 use std::time::{Duration, Instant};
 
 /// The log trees are the forest's [`TreeKind::Logged`] trees: written by
-/// log syncs, never recorded in the extent tree.
+/// log syncs, never recorded in the extent tree. Subvolume trees are
+/// [`TreeKind::Shareable`] (docs/SNAPSHOTS.md (b)).
 pub(super) fn tree_kind(tree: u64) -> TreeKind {
     if tree == tree_id::LOG || tree == tree_id::LOG_ROOT {
         TreeKind::Logged
+    } else if tree_id::is_subvolume(tree) {
+        TreeKind::Shareable
     } else {
         TreeKind::Committed
+    }
+}
+
+/// The data extent reference a leaf item of a subvolume tree holds: a
+/// Regular or Prealloc `EXTENT_DATA` (an undecodable one holds none, and
+/// `birch check` reports it).
+pub(super) fn leaf_data_ref(item: &LeafItem) -> Option<DataRef> {
+    if item.key.item_type != item_type::EXTENT_DATA {
+        return None;
+    }
+    match FileExtent::decode_at(&item.key, &item.data).ok()? {
+        FileExtent::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            ..
+        }
+        | FileExtent::Prealloc {
+            disk_bytenr,
+            disk_num_bytes,
+            ..
+        } => Some(DataRef {
+            bytenr: disk_bytenr,
+            num_bytes: disk_num_bytes,
+            owner: item.key.objectid,
+        }),
+        FileExtent::Inline { .. } => None,
     }
 }
 
