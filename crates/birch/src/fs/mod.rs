@@ -37,7 +37,9 @@ use crate::btree::Forest;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{Superblock, SECTOR_SIZE};
-use crate::lock_order::{LockRank, RankedCondvar, RankedGuard, RankedMutex};
+use crate::lock_order::{
+    HoldHistogram, LockRank, RankedCondvar, RankedGuard, RankedMutex, RequestHold,
+};
 use commit::Roots;
 use delayed::DelayedItems;
 use inode::Inode;
@@ -199,6 +201,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             space_cv: RankedCondvar::new(),
             flusher_wake: RankedCondvar::new(),
             reclaim_lock: RankedMutex::new(LockRank::Reclaim, ()),
+            state_hold: HoldHistogram::new(),
         });
         let fs = Filesystem {
             shared,
@@ -307,6 +310,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.shared.lock_state()
     }
 
+    /// Times the request this call is (`FsStats::state_hold_histogram`):
+    /// the first line of every public call that serves a file request.
+    fn request(&self) -> RequestHold<'_> {
+        self.shared.state_hold.request()
+    }
+
     /// Runs a read-only operation. Also after a panic failed the
     /// filesystem: reads are served from what is in memory.
     fn read<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
@@ -411,14 +420,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let _request = self.request();
         self.read(|s| s.lookup(parent, name))
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let _request = self.request();
         self.read(|s| s.getattr(ino))
     }
 
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        let _request = self.request();
         // A truncate frees space: it may use the global reserve.
         self.change_with(
             |_| Ok(Need::urgent_items(4).plus_bytes(SECTOR_SIZE)),
@@ -448,6 +460,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         gid: u32,
         rdev: u64,
     ) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
@@ -459,10 +472,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Creates a regular file (`mode` holds permission bits).
     pub fn create(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let _request = self.request();
         self.mknod(parent, name, libc::S_IFREG | (mode & 0o7777), uid, gid, 0)
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
@@ -480,6 +495,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(7)),
             |s| {
@@ -490,10 +506,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let _request = self.request();
         self.read(|s| s.readlink(ino))
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(5)),
             |s| {
@@ -505,6 +523,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
@@ -515,6 +534,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
@@ -532,6 +552,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(10)),
             |s| {
@@ -558,6 +579,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Entries of a directory after `offset` (0 starts at the beginning;
     /// "." and ".." are not included), at most `limit` of them.
     pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
+        let _request = self.request();
         self.read(|s| s.readdir(ino, offset, limit))
     }
 
@@ -566,6 +588,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// it (each gets a new, higher index), as btrfs ends a listing at the
     /// last index that existed when it began.
     pub fn dir_index_end(&self, ino: u64) -> Result<u64> {
+        let _request = self.request();
         self.read(|s| {
             s.require_dir(ino)?;
             s.peek_dir_index(ino)
@@ -575,11 +598,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// A listing of directory `ino` began: updates its atime as the
     /// mount's [`AtimeUpdates`] says.
     pub fn dir_accessed(&self, ino: u64) -> Result<()> {
+        let _request = self.request();
         self.read(|s| s.touch_atime(ino))
     }
 
     /// The parent of a directory (the root's parent is itself).
     pub fn parent_of_dir(&self, ino: u64) -> Result<u64> {
+        let _request = self.request();
         self.read(|s| s.dir_parent(ino))
     }
 
@@ -588,10 +613,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Notes an open handle: an inode whose last name is removed while open
     /// lives on (as an orphan) until the last [`release`](Self::release).
     pub fn open_inode(&self, ino: u64) -> Result<()> {
+        let _request = self.request();
         self.read(|s| s.open_inode(ino))
     }
 
     pub fn release(&self, ino: u64) -> Result<()> {
+        let _request = self.request();
         self.read(|s| {
             let r = s.release_inode(ino);
             s.fail_on_device_error(&r);
@@ -603,6 +630,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Drops `count` holds taken with [`open_inode`](Self::open_inode)
     /// (FUSE's forget: the kernel's lookup count).
     pub fn forget(&self, ino: u64, count: u64) -> Result<()> {
+        let _request = self.request();
         self.read(|s| {
             let mut r = Ok(());
             for _ in 0..count {
@@ -620,6 +648,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     // ----- data -----
 
     pub fn read_file(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+        let _request = self.request();
         self.read(|s| s.read_file(ino, offset, size))
     }
 
@@ -628,6 +657,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// fewer than `data.len()` when the filesystem filled up part-way
     /// (ENOSPC only when nothing could be accepted).
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let _request = self.request();
         self.read(|s| s.check_write(ino, offset, data.len() as u64))?;
         if data.is_empty() {
             return self.change(|s| s.write_file(ino, offset, data));
@@ -670,11 +700,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// overlap `[offset, offset + len)`, like
     /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`. Returns the pages written.
     pub fn flush_range(&self, ino: u64, offset: u64, len: u64) -> Result<u64> {
+        let _request = self.request();
         self.change(|s| s.writeback_range(ino, offset, len))
     }
 
     /// Preallocates (reads as zeros until written) or punches a hole.
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |s| s.fallocate_need(ino, offset, len, mode),
             |s| {
@@ -691,10 +723,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that
     /// holds data (or is a hole; the end of file counts as a hole).
     pub fn seek(&self, ino: u64, offset: u64, whence: SeekWhence) -> Result<u64> {
+        let _request = self.request();
         self.read(|s| s.seek(ino, offset, whence))
     }
 
     pub fn truncate(&self, ino: u64, size: u64) -> Result<Attr> {
+        let _request = self.request();
         self.setattr(
             ino,
             &SetAttr {
@@ -717,6 +751,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         dst_offset: u64,
         len: u64,
     ) -> Result<u64> {
+        let _request = self.request();
         let len = self.read(|s| {
             s.deny_if_flagged(dst, false)?;
             s.check_copy(src, src_offset, dst, dst_offset, len)
@@ -754,6 +789,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// The inode's flags as FS_IOC_GETFLAGS reports them
     /// ([`inode_flags`]).
     pub fn get_flags(&self, ino: u64) -> Result<u32> {
+        let _request = self.request();
         self.read(|s| s.get_flags(ino))
     }
 
@@ -764,12 +800,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// may_open). For a front end that sees opens; writes are refused
     /// anyway.
     pub fn deny_open(&self, ino: u64, flags: i32) -> Result<()> {
+        let _request = self.request();
         self.read(|s| s.deny_open(ino, flags))
     }
 
     /// FS_IOC_SETFLAGS: only [`inode_flags::SUPPORTED`] may be set
     /// (EOPNOTSUPP otherwise). Permission is the caller's to check.
     pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
+        let _request = self.request();
         self.change_with(|_| Ok(Need::items(1)), |s| s.set_flags(ino, flags))
     }
 
@@ -779,6 +817,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// [`link`](Self::link) gave it a name). A crash before either leaves
     /// nothing behind.
     pub fn tmpfile(&self, dir: u64, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(4)),
             |s| {
@@ -791,10 +830,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     // ----- xattrs -----
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        let _request = self.request();
         self.read(|s| s.getxattr(ino, name))
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(3)),
             |s| {
@@ -805,10 +846,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        let _request = self.request();
         self.read(|s| s.listxattr(ino))
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::urgent_items(2)),
             |s| {
@@ -821,6 +864,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     // ----- whole filesystem -----
 
     pub fn statfs(&self) -> Result<StatFs> {
+        let _request = self.request();
         self.read(|s| Ok(s.statfs()))
     }
 
@@ -831,7 +875,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn stats(&self) -> FsStats {
         let repairs = self.shared.store.repair_stats();
+        let hold = self.shared.state_hold.counts();
         FsStats {
+            state_hold_requests: hold.requests,
+            state_hold_nanos: hold.nanos,
+            state_hold_histogram: hold.buckets,
             metadata_bad_copies: repairs.metadata_bad_copies,
             metadata_repairs: repairs.metadata_repairs,
             metadata_unrepairable: repairs.metadata_unrepairable,
@@ -853,6 +901,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// durable, through the log tree: no transaction commit unless the log
     /// cannot express what changed (docs/TREE-LOG.md).
     pub fn fsync(&self, ino: u64, _datasync: bool) -> Result<()> {
+        let _request = self.request();
         // The log's nodes: fsync must not fail for space, it may use the
         // global reserve (a reclaim commit makes it durable anyway).
         let started = Instant::now();
@@ -923,6 +972,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Makes everything durable.
     pub fn sync(&self) -> Result<()> {
+        let _request = self.request();
         self.commit()
     }
 

@@ -13,7 +13,7 @@ use crate::btree::NodeStore;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::SECTOR_SIZE;
-use crate::lock_order::{RankedCondvar, RankedGuard, RankedMutex};
+use crate::lock_order::{HoldHistogram, RankedCondvar, RankedGuard, RankedMutex};
 use std::sync::{Arc, LockResult, PoisonError, WaitTimeoutResult};
 use std::time::Instant;
 
@@ -66,6 +66,8 @@ pub(super) struct Shared<D> {
     pub(super) flusher_wake: RankedCondvar,
     /// One reclaimer at a time.
     pub(super) reclaim_lock: RankedMutex<()>,
+    /// How long each request held the state lock (`FsStats`).
+    pub(super) state_hold: HoldHistogram,
 }
 
 /// Why the filesystem failed when an operation panicked inside the engine.

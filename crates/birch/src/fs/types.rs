@@ -311,7 +311,20 @@ pub struct FsStats {
     /// that another thread can show a scrub's progress.
     pub scrub_nodes: u64,
     pub scrub_data_bytes: u64,
+    /// Requests (`Filesystem` calls that take the state lock; a call made
+    /// inside another is part of it) and the time they held the state
+    /// lock, each request's holds summed: the mean hold per request
+    /// bounds the request rate on any number of cores at 1 / mean.
+    pub state_hold_requests: u64,
+    pub state_hold_nanos: u64,
+    /// Those requests by their hold: entry `i` counts holds in
+    /// `[2^i, 2^(i+1))` ns (entry 0 also 0 ns, the last one everything
+    /// longer).
+    pub state_hold_histogram: [u64; STATE_HOLD_BUCKETS],
 }
+
+/// Entries of [`FsStats::state_hold_histogram`].
+pub const STATE_HOLD_BUCKETS: usize = crate::lock_order::HOLD_BUCKETS;
 
 /// Counters of delayed allocation and space reservation since mount
 /// (docs/DELALLOC.md). `birch stats` shows each through its line in
