@@ -193,7 +193,11 @@ fn state_hold_text(report: &StatsReport) -> String {
             format!("{} - {}", nanos_text(from), nanos_text(from << 1))
         };
         let share = 100.0 * n as f64 / total.max(1) as f64;
-        let _ = writeln!(out, "  {range:<22}{:>14}  {share:5.1}%", count_text(i128::from(n)));
+        let _ = writeln!(
+            out,
+            "  {range:<22}{:>14}  {share:5.1}%",
+            count_text(i128::from(n))
+        );
     }
     out
 }
@@ -454,7 +458,13 @@ fn report_json(report: &StatsReport) -> Json {
     }
     members.push((
         "state_hold_histogram".to_string(),
-        Json::Array(report.state_hold_histogram.iter().map(|n| number(n)).collect()),
+        Json::Array(
+            report
+                .state_hold_histogram
+                .iter()
+                .map(|n| number(n))
+                .collect(),
+        ),
     ));
     let total: u64 = report.requests.iter().map(|(_, n)| n).sum();
     members.push(("fuse_requests_total".to_string(), number(&total)));
@@ -564,6 +574,9 @@ mod tests {
         assert!(out.contains("\"uptime_seconds\": 100.000,"), "{out}");
         assert!(out.contains("\"commits\": 250,"), "{out}");
         assert!(out.contains("\"fuse_requests_total\": 100,"), "{out}");
-        assert!(out.contains("\"state_hold_ceiling_per_second\": 500000,"), "{out}");
+        assert!(
+            out.contains("\"state_hold_ceiling_per_second\": 500000,"),
+            "{out}"
+        );
     }
 }

@@ -353,7 +353,11 @@ impl StatsReport {
         let requests = value("state_hold_requests").filter(|&n| n > 0)?;
         let nanos = value("state_hold_nanos")?;
         let mean = nanos as f64 / requests as f64;
-        let ceiling = if mean > 0.0 { 1e9 / mean } else { f64::INFINITY };
+        let ceiling = if mean > 0.0 {
+            1e9 / mean
+        } else {
+            f64::INFINITY
+        };
         Some((Duration::from_nanos(nanos / requests), ceiling))
     }
 

@@ -8,8 +8,8 @@
 //! naming both locks, instead of hanging one run in a thousand. Release
 //! builds keep only the rank (no bookkeeping on the request path).
 
-use std::ops::{Deref, DerefMut};
 use std::cell::Cell;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{
     Condvar, LockResult, Mutex, MutexGuard, PoisonError, TryLockError, TryLockResult,

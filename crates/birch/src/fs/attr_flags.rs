@@ -7,8 +7,8 @@
 //! never sets: birch refuses the changes itself, here, for every user of
 //! the engine.
 
+use super::state::FsState;
 use super::types::inode_flags::{APPEND, IMMUTABLE, SUPPORTED};
-use super::FsState;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{item_type, FileType, Key, ORPHAN_OBJECTID};
@@ -95,8 +95,8 @@ impl<D: BlockDevice> FsState<D> {
     /// An inode without names (a tmpfile, or a file unlinked while open)
     /// got one again: it is no orphan any more.
     pub(crate) fn inode_relinked(&mut self, ino: u64) -> Result<()> {
-        self.forest.delete(
-            &mut self.roots.fs,
+        self.info.forest.delete(
+            &mut self.info.roots.fs,
             &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
         )?;
         Ok(())

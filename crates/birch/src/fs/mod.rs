@@ -14,75 +14,44 @@ mod commit;
 mod csum;
 mod decode;
 mod delayed;
+mod delayed_items;
 mod extent_ops;
 mod file;
+mod info;
 mod inode;
+mod inode_cache;
 pub(crate) mod log_choice;
+mod log_state;
 mod log_sync;
 mod mount;
 mod namespace;
 mod replay;
+mod root;
 mod space;
+mod space_info;
+mod spare_pages;
+mod state;
 mod transaction;
 mod tree_log;
 mod types;
 mod xattr;
 
 pub use commit::read_superblock;
-pub use replay::{ReplayOutcome, ReplayReport};
-pub use tree_log::{FallbackReason, LogStats};
+pub use log_state::{FallbackReason, LogStats};
 pub use types::*;
 
-use crate::btree::Forest;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{Superblock, SECTOR_SIZE};
 use crate::lock_order::{
     HoldHistogram, LockRank, RankedCondvar, RankedGuard, RankedMutex, RequestHold,
 };
-use commit::Roots;
-use delayed::DelayedItems;
-use inode::Inode;
-use space::Need;
-use std::collections::HashMap;
+use space_info::Need;
+use state::FsState;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 use transaction::{background_worker, shut_down_error, Shared, SyncProgress};
-
-/// Everything the running transaction knows, behind the state lock.
-pub(crate) struct FsState<D> {
-    forest: Forest<Arc<D>>,
-    roots: Roots,
-    /// The last superblock written (the durable state).
-    superblock: Superblock,
-    inodes: HashMap<u64, Inode>,
-    delayed: DelayedItems,
-    next_ino: u64,
-    /// Bytes held in dirty pages of all inodes.
-    dirty_page_bytes: u64,
-    /// Page buffers written back, for the next writes to reuse.
-    spare_pages: file::SparePages,
-    /// What `release_memory` shrinks the node cache to, and how often it ran.
-    idle_cache_nodes: usize,
-    memory_releases: u64,
-    /// Reservations, the dirty-inode queue, tickets (docs/DELALLOC.md).
-    space: space::SpaceInfo,
-    stats: FsStats,
-    log: tree_log::LogState,
-    log_stats: LogStats,
-    /// Set when a write or flush failed: the filesystem is read-only from
-    /// then on, and says why.
-    failed: Option<String>,
-    /// `Filesystem::shut_down` ran: every call fails with EIO.
-    shut_down: bool,
-    /// What the mount did with the log it found, if any.
-    replay: Option<ReplayOutcome>,
-    /// Set when the newest commit could not be read and an older one was
-    /// mounted (`Rescue::UseBackupRoot`).
-    backup_root_used: Option<BackupRootUsed>,
-    options: MountOptions,
-}
 
 /// Writes an empty filesystem (a root directory) onto `dev`. Unlike
 /// [`Filesystem::mkfs`] it takes any device, borrowed ones included.
@@ -161,8 +130,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let mut state = mount::open(dev.clone(), options.clone())?;
         // A rescue mount that fell back to an older commit may have made
         // itself read-only.
-        let read_only = state.options.read_only;
-        let has_log = state.superblock.log_root_bytenr != 0;
+        let read_only = state.info.options.read_only;
+        let has_log = state.info.superblock.log_root_bytenr != 0;
         if has_log {
             // Replay only changes memory (and reserves space in the
             // in-memory allocator): a fresh open forgets it entirely.
@@ -182,11 +151,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     ReplayOutcome::Discarded(e.to_string())
                 }
             };
-            state.replay = Some(outcome);
+            state.info.replay = Some(outcome);
         }
-        let store = state.forest.store().clone();
+        let store = state.info.forest.store().clone();
         let sync = SyncProgress {
-            durable_generation: state.superblock.generation,
+            durable_generation: state.info.superblock.generation,
             ..Default::default()
         };
         let shared = Arc::new(Shared {
@@ -216,14 +185,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Whether changes are refused: opened read-only and not switched since.
     pub fn is_read_only(&self) -> bool {
-        self.lock().options.read_only
+        self.lock().info.options.read_only
     }
 
     /// Why the filesystem turned read-only, if a write, flush or read
     /// while changing it failed (docs/IO-ERRORS.md): changes fail with
     /// EROFS and commits and fsyncs with EIO from then on.
     pub fn failure(&self) -> Option<String> {
-        self.lock().failed.clone()
+        self.lock().info.failed.clone()
     }
 
     /// Turns a read-only open into a read-write one, as if it had been
@@ -238,10 +207,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let mut threads = self.lock_threads();
         {
             let state = self.lock();
-            if state.shut_down {
+            if state.info.shut_down {
                 return Err(shut_down_error());
             }
-            if !state.options.read_only {
+            if !state.info.options.read_only {
                 return Ok(());
             }
         }
@@ -263,14 +232,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     fn start_writing(&self, threads: &mut BackgroundThreads) -> Result<()> {
         {
             let mut state = self.lock();
-            state.options.read_only = false;
+            state.info.options.read_only = false;
             self.shared.store.set_repair_writes(true);
             // Under the same hold of the state lock that allows changes:
             // a change that slipped in between could create an O_TMPFILE
             // inode (an orphan by design) that this would free while held.
             if let Err(e) = state.remove_orphans() {
                 if matches!(e, Error::Io(_) | Error::Corrupt(_)) {
-                    state.failed = Some(e.to_string());
+                    state.info.failed = Some(e.to_string());
                 }
                 return Err(e);
             }
@@ -279,7 +248,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         // makes the orphans' removal durable; nothing is written if there
         // was neither.
         self.commit()?;
-        let options = self.lock().options.clone();
+        let options = self.lock().info.options.clone();
         if options.commit_interval.is_some() {
             let shared = self.shared.clone();
             threads.worker = Some(
@@ -290,7 +259,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             );
         }
         if options.background_flusher {
-            self.lock().space.flusher_running = true;
+            self.lock().info.space.flusher_running = true;
             let shared = self.shared.clone();
             match std::thread::Builder::new()
                 .name("birch-flusher".into())
@@ -298,7 +267,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             {
                 Ok(handle) => threads.flusher = Some(handle),
                 Err(e) => {
-                    self.lock().space.flusher_running = false;
+                    self.lock().info.space.flusher_running = false;
                     return Err(Error::Io(e));
                 }
             }
@@ -320,7 +289,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// filesystem: reads are served from what is in memory.
     fn read<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
         let mut state = self.lock();
-        if state.shut_down {
+        if state.info.shut_down {
             return Err(shut_down_error());
         }
         f(&mut state)
@@ -334,11 +303,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// gets these details.
     pub fn fail_after_panic(&self, what: &str) -> String {
         let mut state = self.lock();
-        match &state.failed {
+        match &state.info.failed {
             Some(reason) if reason != transaction::PANIC_FAILURE => reason.clone(),
             _ => {
                 let reason = format!("{}: {what}", transaction::PANIC_FAILURE);
-                state.failed = Some(reason.clone());
+                state.info.failed = Some(reason.clone());
                 reason
             }
         }
@@ -351,8 +320,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// the device holds.
     pub fn shut_down(&self) {
         let mut state = self.lock();
-        state.shut_down = true;
-        state.failed.get_or_insert_with(|| "shut down".into());
+        state.info.shut_down = true;
+        state.info.failed.get_or_insert_with(|| "shut down".into());
     }
 
     /// Runs an operation that changes the filesystem and reserves nothing
@@ -376,7 +345,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     ) -> Result<T> {
         let result = self.change_reserving(need, f);
         if matches!(result, Err(Error::NoSpace)) {
-            self.lock().space.stats.enospc += 1;
+            self.lock().info.space.stats.enospc += 1;
         }
         result
     }
@@ -398,7 +367,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 self.shared.space_changed(&mut state);
                 (
                     result,
-                    state.dirty_page_bytes > state.options.dirty_limit_bytes,
+                    state.info.dirty_page_bytes > state.info.options.dirty_limit_bytes,
                 )
             };
             if matches!(result, Err(Error::NoSpace)) && !retried {
@@ -663,7 +632,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             return self.change(|s| s.write_file(ino, offset, data));
         }
         let mut done = 0usize;
-        let mut chunk_limit = space::WRITE_CHUNK;
+        let mut chunk_limit = space_info::WRITE_CHUNK;
         while done < data.len() {
             let at = offset + done as u64;
             let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
@@ -687,7 +656,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 Err(_) if done > 0 => break,
                 Err(e) => {
                     if matches!(e, Error::NoSpace) {
-                        self.lock().space.stats.enospc += 1;
+                        self.lock().info.space.stats.enospc += 1;
                     }
                     return Err(e);
                 }
@@ -770,7 +739,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         }
         let mut done = 0;
         while done < len {
-            let piece = (len - done).min(space::WRITE_CHUNK);
+            let piece = (len - done).min(space_info::WRITE_CHUNK);
             let data = self.read_file(src, src_offset + done, piece as usize)?;
             if data.is_empty() {
                 break;
@@ -870,7 +839,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Generation of the last durable commit.
     pub fn generation(&self) -> u64 {
-        self.lock().superblock.generation
+        self.lock().info.superblock.generation
     }
 
     pub fn stats(&self) -> FsStats {
@@ -883,13 +852,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             metadata_bad_copies: repairs.metadata_bad_copies,
             metadata_repairs: repairs.metadata_repairs,
             metadata_unrepairable: repairs.metadata_unrepairable,
-            ..self.lock().stats
+            ..self.lock().info.stats
         }
     }
 
     /// Counters of delayed allocation, reservation and reclaim.
     pub fn space_stats(&self) -> SpaceStats {
-        self.lock().space.stats
+        self.lock().info.space.stats
     }
 
     /// The space accounting right now (docs/DELALLOC.md).
@@ -908,7 +877,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let outcome = self.change_with(
             |_| Ok(Need::urgent_items(8)),
             |s| {
-                s.stats.fsyncs += 1;
+                s.info.stats.fsyncs += 1;
                 s.log_for_fsync(ino)
             },
         )?;
@@ -917,26 +886,26 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             tree_log::LogOutcome::Logged(id) => self.shared.wait_log(id),
             tree_log::LogOutcome::NeedCommit => self.commit(),
         };
-        self.lock().log_stats.fsync_nanos += started.elapsed().as_nanos() as u64;
+        self.lock().info.log_stats.fsync_nanos += started.elapsed().as_nanos() as u64;
         durable
     }
 
     /// What this mount did with the log the device held: `None` when
     /// there was none.
     pub fn replay_outcome(&self) -> Option<ReplayOutcome> {
-        self.lock().replay.clone()
+        self.lock().info.replay.clone()
     }
 
     /// Set when the newest commit could not be read and the mount fell
     /// back to an older one (`Rescue::UseBackupRoot`): which, and what was
     /// lost.
     pub fn backup_root_used(&self) -> Option<BackupRootUsed> {
-        self.lock().backup_root_used.clone()
+        self.lock().info.backup_root_used.clone()
     }
 
     /// Counters of the fsync path.
     pub fn log_stats(&self) -> LogStats {
-        self.lock().log_stats
+        self.lock().info.log_stats
     }
 
     /// What the engine holds in memory now (docs/MEMORY.md).
@@ -946,9 +915,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         MemoryStats {
             node_cache_nodes: nodes as u64,
             node_cache_limit: limit as u64,
-            node_cache_idle: state.idle_cache_nodes as u64,
-            spare_pages: state.spare_pages.len() as u64,
-            releases: state.memory_releases,
+            node_cache_idle: state.info.idle_cache_nodes as u64,
+            spare_pages: state.info.spare_pages.len() as u64,
+            releases: state.info.memory_releases,
         }
     }
 
@@ -962,10 +931,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn release_memory(&self) {
         let target = {
             let mut state = self.lock();
-            state.spare_pages.release();
-            state.inodes.shrink_to_fit();
-            state.memory_releases += 1;
-            state.idle_cache_nodes
+            state.info.spare_pages.release();
+            state.subvols.top.inodes.shrink_to_fit();
+            state.info.memory_releases += 1;
+            state.info.idle_cache_nodes
         };
         self.shared.store.shrink_cache(target);
     }
@@ -1001,19 +970,19 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             .expect("commit lock poisoned");
         let (superblock, no_rewrite) = {
             let state = self.lock();
-            if state.shut_down {
+            if state.info.shut_down {
                 return Err(shut_down_error());
             }
-            let no_rewrite = if let Some(why) = &state.failed {
+            let no_rewrite = if let Some(why) = &state.info.failed {
                 Some(format!(
                     "the filesystem is read-only after an earlier failure: {why}"
                 ))
-            } else if state.options.read_only {
+            } else if state.info.options.read_only {
                 Some("the filesystem is mounted read-only".to_string())
             } else {
                 None
             };
-            (state.superblock.clone(), no_rewrite)
+            (state.info.superblock.clone(), no_rewrite)
         };
         Ok(f(
             self.shared.store.device().as_ref(),
@@ -1026,8 +995,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// counters, which [`Self::stats`] shows while it runs.
     pub fn count_scrub_progress(&self, nodes: u64, data_bytes: u64) {
         let mut state = self.lock();
-        state.stats.scrub_nodes += nodes;
-        state.stats.scrub_data_bytes += data_bytes;
+        state.info.stats.scrub_nodes += nodes;
+        state.info.stats.scrub_data_bytes += data_bytes;
     }
 
     /// Commits the running transaction (no-op when nothing changed).
@@ -1050,8 +1019,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.shared.check_not_poisoned()?;
         self.stop_worker();
         self.stop_flusher();
-        let read_only = self.lock().options.read_only;
-        if !read_only && self.lock().failed.is_none() {
+        let read_only = self.lock().info.options.read_only;
+        if !read_only && self.lock().info.failed.is_none() {
             self.change(|s| s.remove_orphans())?;
         }
         self.commit()
@@ -1083,7 +1052,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             .flusher
             .take();
         if let Some(flusher) = flusher {
-            self.lock().space.flusher_stop = true;
+            self.lock().info.space.flusher_stop = true;
             self.shared.flusher_wake.notify_all();
             let _ = flusher.join();
         }

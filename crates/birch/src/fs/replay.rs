@@ -3,9 +3,10 @@
 //! docs/TREE-LOG.md, "Replay".
 
 use super::decode::decode_item;
-use super::inode::Inode;
+use super::inode_cache::Inode;
 use super::log_choice;
-use super::FsState;
+use super::state::FsState;
+use super::types::ReplayReport;
 use crate::alloc::TransactionSpace;
 use crate::btree::TreeRoot;
 use crate::device::BlockDevice;
@@ -16,34 +17,6 @@ use crate::format::{
     NODE_SIZE, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// What a replay did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ReplayReport {
-    pub inodes: u64,
-    pub names_added: u64,
-    pub names_removed: u64,
-    pub extents: u64,
-    pub inodes_deleted: u64,
-    /// Logged names left out because their directory did not exist at
-    /// replay. The logging side logs every new ancestor, so this should
-    /// stay 0; it is counted to make a slip visible.
-    pub names_without_parent: u64,
-    /// The newest log's one-flush sync had not reached the disk whole (a
-    /// crash before its flush): the log durable before it was replayed,
-    /// or none if the last commit had none (docs/LOG-FLUSH.md).
-    pub newest_log_incomplete: bool,
-}
-
-/// What a mount did with the log it found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplayOutcome {
-    /// The whole log was applied.
-    Replayed(ReplayReport),
-    /// Replay failed and none of the log was applied: the last commit was
-    /// mounted. The text says why.
-    Discarded(String),
-}
 
 fn corrupt(reason: String) -> Error {
     Error::corrupt(Corruption {
@@ -179,8 +152,8 @@ impl<D: BlockDevice> FsState<D> {
     /// transaction: finds the log trees, then runs [`Self::REPLAY_PASSES`]
     /// in order, checking each one's outcome.
     pub(crate) fn replay_log(&mut self) -> Result<ReplayReport> {
-        let store = self.forest.store().clone();
-        let choice = log_choice::choose_log(store.device(), &self.superblock)?;
+        let store = self.info.forest.store().clone();
+        let choice = log_choice::choose_log(store.device(), &self.info.superblock)?;
         if let Some(why) = &choice.newest_rejected {
             eprintln!(
                 "birch: {why}; replaying {}",
@@ -211,7 +184,7 @@ impl<D: BlockDevice> FsState<D> {
     /// Replays the log whose root tree is at `log`.
     fn replay_from(&mut self, log: LogRootRef) -> Result<ReplayReport> {
         // Every node of a log carries the transaction after its base.
-        let log_generation = self.superblock.generation + 1;
+        let log_generation = self.info.superblock.generation + 1;
         let root_tree = TreeRoot {
             id: tree_id::LOG_ROOT,
             bytenr: log.bytenr,
@@ -220,6 +193,7 @@ impl<D: BlockDevice> FsState<D> {
         };
         let key = Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS);
         let data = self
+            .info
             .forest
             .get(&root_tree, &key)?
             .ok_or_else(|| corrupt("log root tree has no log of the fs tree".into()))?;
@@ -246,8 +220,8 @@ impl<D: BlockDevice> FsState<D> {
     /// damaged.
     fn reserve_log_blocks(&mut self, replay: &mut Replay) -> Result<()> {
         for tree in &replay.log_trees {
-            for block in self.forest.tree_blocks(tree)? {
-                if !self.forest.alloc_mut().reserve_log_block(block) {
+            for block in self.info.forest.tree_blocks(tree)? {
+                if !self.info.forest.alloc_mut().reserve_log_block(block) {
                     return Err(corrupt(format!(
                         "log node {block} overlaps allocated space"
                     )));
@@ -260,7 +234,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// After [`Self::reserve_log_blocks`]: no log node is free.
     fn log_blocks_reserved(&mut self, replay: &Replay) -> Result<Option<String>> {
-        let alloc = self.forest.alloc();
+        let alloc = self.info.forest.alloc();
         Ok(replay
             .log_blocks
             .iter()
@@ -275,7 +249,10 @@ impl<D: BlockDevice> FsState<D> {
     /// that is not free means the log is damaged.
     fn claim_logged_extents(&mut self, replay: &mut Replay) -> Result<()> {
         let [_, log_tree] = replay.log_trees;
-        replay.items = self.forest.collect_range(&log_tree, Key::MIN, Key::MAX)?;
+        replay.items = self
+            .info
+            .forest
+            .collect_range(&log_tree, Key::MIN, Key::MAX)?;
         replay.item_count = replay.items.len();
         let mut claimed = BTreeSet::new();
         for (key, data) in &replay.items {
@@ -294,11 +271,16 @@ impl<D: BlockDevice> FsState<D> {
                 disk.disk_num_bytes,
             );
             if claimed.contains(&disk.disk_bytenr)
-                || self.forest.get(&self.roots.extent, &extent_key)?.is_some()
+                || self
+                    .info
+                    .forest
+                    .get(&self.info.roots.extent, &extent_key)?
+                    .is_some()
             {
                 continue;
             }
             if !self
+                .info
                 .forest
                 .alloc()
                 .is_free(disk.disk_bytenr, disk.disk_num_bytes)
@@ -307,7 +289,7 @@ impl<D: BlockDevice> FsState<D> {
                     "logged extent {extent_key} overlaps allocated space"
                 )));
             }
-            self.forest.alloc_mut().claim_logged_extent(
+            self.info.forest.alloc_mut().claim_logged_extent(
                 disk.disk_bytenr,
                 disk.disk_num_bytes,
                 key.objectid,
@@ -319,7 +301,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// After [`Self::claim_logged_extents`]: no logged data extent is free.
     fn logged_extents_allocated(&mut self, replay: &Replay) -> Result<Option<String>> {
-        let alloc = self.forest.alloc();
+        let alloc = self.info.forest.alloc();
         Ok(replay
             .logged_extents
             .iter()
@@ -412,11 +394,11 @@ impl<D: BlockDevice> FsState<D> {
             let Some(item) = &log.item else { continue };
             replay.report.inodes += 1;
             replay.touched.insert(ino);
-            self.next_ino = self.next_ino.max(ino + 1);
+            self.subvols.top.next_ino = self.subvols.top.next_ino.max(ino + 1);
             match self.inode(ino) {
                 Ok(inode) => inode.item = item.clone(),
                 Err(Error::NotFound) => {
-                    self.inodes.insert(
+                    self.subvols.top.inodes.insert(
                         ino,
                         Inode {
                             item: item.clone(),
@@ -442,8 +424,8 @@ impl<D: BlockDevice> FsState<D> {
                 };
                 self.drop_extents(ino, *offset, end)?;
                 match extent {
-                    FileExtent::Inline { .. } => self.forest.insert(
-                        &mut self.roots.fs,
+                    FileExtent::Inline { .. } => self.info.forest.insert(
+                        &mut self.info.roots.fs,
                         Key::new(ino, item_type::EXTENT_DATA, 0),
                         extent.encode(),
                     )?,
@@ -461,7 +443,7 @@ impl<D: BlockDevice> FsState<D> {
         Ok(replay
             .logged
             .iter()
-            .find(|(ino, log)| log.item.is_some() && !self.inodes.contains_key(ino))
+            .find(|(ino, log)| log.item.is_some() && !self.subvols.top.inodes.contains_key(ino))
             .map(|(ino, _)| format!("logged inode {ino} is not cached")))
     }
 
@@ -477,14 +459,14 @@ impl<D: BlockDevice> FsState<D> {
     /// After [`Self::replay_logged_csums`]: each checksum item it put back
     /// is in the checksum tree.
     fn replayed_csums_in_tree(&mut self, replay: &Replay) -> Result<Option<String>> {
-        let Some(root) = self.roots.csum else {
+        let Some(root) = self.info.roots.csum else {
             return Ok(replay
                 .csums_replayed
                 .first()
                 .map(|key| format!("checksum item {key} replayed without a checksum tree")));
         };
         for key in &replay.csums_replayed {
-            if self.forest.get(&root, key)?.is_none() {
+            if self.info.forest.get(&root, key)?.is_none() {
                 return Ok(Some(format!(
                     "replayed checksum item {key} is not in the checksum tree"
                 )));
@@ -499,7 +481,7 @@ impl<D: BlockDevice> FsState<D> {
         for (&dir, log) in &replay.logged {
             for &index in &log.dir_removed {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
-                let Some(data) = self.forest.get(&self.roots.fs, &key)? else {
+                let Some(data) = self.info.forest.get(&self.info.roots.fs, &key)? else {
                     continue;
                 };
                 let entry = decode_item(&key, DirEntry::decode(&data))?;
@@ -668,12 +650,12 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     fn replace_xattrs(&mut self, ino: u64, xattrs: &[Xattr]) -> Result<()> {
-        for (key, _) in self.forest.collect_range(
-            &self.roots.fs,
+        for (key, _) in self.info.forest.collect_range(
+            &self.info.roots.fs,
             Key::new(ino, item_type::XATTR_ITEM, 0),
             Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
         )? {
-            self.forest.delete(&mut self.roots.fs, &key)?;
+            self.info.forest.delete(&mut self.info.roots.fs, &key)?;
         }
         let mut buckets: HashMap<u64, Vec<Xattr>> = HashMap::new();
         for x in xattrs {
@@ -683,8 +665,8 @@ impl<D: BlockDevice> FsState<D> {
                 .push(x.clone());
         }
         for (hash, bucket) in buckets {
-            self.forest.put(
-                &mut self.roots.fs,
+            self.info.forest.put(
+                &mut self.info.roots.fs,
                 Key::new(ino, item_type::XATTR_ITEM, hash),
                 encode_xattrs(&bucket),
             )?;
@@ -729,8 +711,8 @@ impl<D: BlockDevice> FsState<D> {
             return Ok(true);
         }
         let mut nbytes = 0;
-        for (key, data) in self.forest.collect_range(
-            &self.roots.fs,
+        for (key, data) in self.info.forest.collect_range(
+            &self.info.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, 0),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
         )? {
@@ -760,7 +742,7 @@ mod tests {
         let root = fs.root_ino();
         let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
         let mut state = fs.lock();
-        let mut replay = Replay::new([state.roots.fs; 2]);
+        let mut replay = Replay::new([state.info.roots.fs; 2]);
         replay.removed.push((root, b"f".to_vec(), f));
         replay.added.push((root, b"g".to_vec(), f));
         let still_there = state.removed_names_gone(&replay).unwrap();
@@ -768,7 +750,7 @@ mod tests {
         let missing = state.added_names_found(&replay).unwrap();
         assert!(missing.is_some_and(|w| w.contains("does not name inode")));
 
-        let mut replay = Replay::new([state.roots.fs; 2]);
+        let mut replay = Replay::new([state.info.roots.fs; 2]);
         replay.removed.push((root, b"g".to_vec(), f));
         replay.added.push((root, b"f".to_vec(), f));
         assert_eq!(state.removed_names_gone(&replay).unwrap(), None);

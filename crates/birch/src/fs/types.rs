@@ -433,3 +433,31 @@ pub enum SeekWhence {
     Data,
     Hole,
 }
+
+/// What a replay did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayReport {
+    pub inodes: u64,
+    pub names_added: u64,
+    pub names_removed: u64,
+    pub extents: u64,
+    pub inodes_deleted: u64,
+    /// Logged names left out because their directory did not exist at
+    /// replay. The logging side logs every new ancestor, so this should
+    /// stay 0; it is counted to make a slip visible.
+    pub names_without_parent: u64,
+    /// The newest log's one-flush sync had not reached the disk whole (a
+    /// crash before its flush): the log durable before it was replayed,
+    /// or none if the last commit had none (docs/LOG-FLUSH.md).
+    pub newest_log_incomplete: bool,
+}
+
+/// What a mount did with the log it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    /// The whole log was applied.
+    Replayed(ReplayReport),
+    /// Replay failed and none of the log was applied: the last commit was
+    /// mounted. The text says why.
+    Discarded(String),
+}
