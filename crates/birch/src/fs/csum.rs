@@ -5,7 +5,7 @@
 //! back.
 
 use super::decode::decode_item;
-use super::state::FsState;
+use super::info::FsInfo;
 use crate::btree::{Change, Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
@@ -129,14 +129,14 @@ pub(crate) fn mismatch(recorded: Option<u32>, block: &[u8]) -> String {
     }
 }
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> FsInfo<D> {
     /// Writes `data` as the new extent at `bytenr` (just allocated) and, on
     /// a checksum image, records its checksums in the same transaction.
     pub(super) fn write_data_extent(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
-        self.info.forest.store().device().write_at(data, bytenr)?;
-        self.info.stats.data_bytes_written += data.len() as u64;
-        if let Some(root) = self.info.roots.csum.as_mut() {
-            insert_extent_csums(&mut self.info.forest, root, bytenr, data)?;
+        self.forest.store().device().write_at(data, bytenr)?;
+        self.stats.data_bytes_written += data.len() as u64;
+        if let Some(root) = self.roots.csum.as_mut() {
+            insert_extent_csums(&mut self.forest, root, bytenr, data)?;
         }
         Ok(())
     }
@@ -152,16 +152,12 @@ impl<D: BlockDevice> FsState<D> {
         disk_bytenr: u64,
         buf: &mut [u8],
     ) -> Result<()> {
-        self.info
-            .forest
-            .store()
-            .device()
-            .read_at(buf, disk_bytenr)?;
-        let Some(root) = self.info.roots.csum else {
+        self.forest.store().device().read_at(buf, disk_bytenr)?;
+        let Some(root) = self.roots.csum else {
             return Ok(());
         };
         let sums = lookup_csums(
-            &self.info.forest,
+            &self.forest,
             &root,
             disk_bytenr,
             disk_bytenr + buf.len() as u64,
@@ -169,7 +165,7 @@ impl<D: BlockDevice> FsState<D> {
         let Some((i, recorded)) = first_bad_block(buf, &sums) else {
             return Ok(());
         };
-        self.info.stats.data_csum_errors += 1;
+        self.stats.data_csum_errors += 1;
         let at = i as u64 * SECTOR_SIZE;
         let block = &buf[at as usize..(at + SECTOR_SIZE) as usize];
         let what = format!(
@@ -187,7 +183,7 @@ impl<D: BlockDevice> FsState<D> {
     /// (no extent item in the extent tree yet), which the committed
     /// checksum tree does not have. Extents of earlier commits need none.
     pub(super) fn csums_to_log(&self, key: &Key, data: &[u8]) -> Result<Vec<(Key, Vec<u8>)>> {
-        let Some(root) = self.info.roots.csum else {
+        let Some(root) = self.roots.csum else {
             return Ok(Vec::new());
         };
         let extent = decode_item(key, FileExtent::decode_at(key, data))?;
@@ -199,15 +195,10 @@ impl<D: BlockDevice> FsState<D> {
             item_type::EXTENT_ITEM,
             disk.disk_num_bytes,
         );
-        if self
-            .info
-            .forest
-            .get(&self.info.roots.extent, &extent_key)?
-            .is_some()
-        {
+        if self.forest.get(&self.roots.extent, &extent_key)?.is_some() {
             return Ok(Vec::new());
         }
-        self.info.forest.collect_range(
+        self.forest.collect_range(
             &root,
             csum_key(disk.disk_bytenr),
             csum_key(disk.disk_bytenr + disk.disk_num_bytes - 1),
@@ -227,7 +218,7 @@ impl<D: BlockDevice> FsState<D> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let Some(root) = self.info.roots.csum.as_mut() else {
+        let Some(root) = self.roots.csum.as_mut() else {
             return Err(corrupt(
                 tree_id::LOG,
                 "the log holds checksum items but the image has no data checksums".into(),
@@ -243,7 +234,7 @@ impl<D: BlockDevice> FsState<D> {
                 .next_back()
                 .is_some_and(|(&bytenr, &len)| end <= bytenr + len);
             if inside {
-                self.info.forest.put(root, key, data)?;
+                self.forest.put(root, key, data)?;
                 replayed.push(key);
             }
         }

@@ -9,31 +9,31 @@
 //! tree-log can log a directory straight from them without flushing
 //! (seed 003).
 
-use super::state::FsState;
+use super::root::RootCtx;
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::format::{item_type, Key};
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     /// Writes every pending dir-index change and inode update into the fs
     /// tree.
     pub(crate) fn flush_delayed_items(&mut self) -> Result<()> {
-        if self.subvols.top.delayed.is_empty() {
+        if self.root.delayed.is_empty() {
             return Ok(());
         }
-        let count = self.subvols.top.delayed.len() as u64;
-        let dirs = std::mem::take(&mut self.subvols.top.delayed.dirs);
-        let inodes = std::mem::take(&mut self.subvols.top.delayed.inodes);
-        self.subvols.top.delayed.dir_items = 0;
+        let count = self.root.delayed.len() as u64;
+        let dirs = std::mem::take(&mut self.root.delayed.dirs);
+        let inodes = std::mem::take(&mut self.root.delayed.inodes);
+        self.root.delayed.dir_items = 0;
         let mut dirs: Vec<_> = dirs.into_iter().collect();
         dirs.sort_by_key(|(ino, _)| *ino);
         for (dir, batch) in dirs {
             for index in batch.deletions {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
                 if self
-                    .info
+                    .fs
                     .forest
-                    .delete(&mut self.info.roots.fs, &key)?
+                    .delete(&mut self.fs.roots.fs, &key)?
                     .is_none()
                 {
                     return Err(crate::Error::corrupt(crate::Corruption::general(format!(
@@ -42,8 +42,8 @@ impl<D: BlockDevice> FsState<D> {
                 }
             }
             for (index, entry) in batch.insertions {
-                self.info.forest.insert(
-                    &mut self.info.roots.fs,
+                self.fs.forest.insert(
+                    &mut self.fs.roots.fs,
                     Key::new(dir, item_type::DIR_INDEX, index),
                     entry.encode(),
                 )?;
@@ -51,21 +51,20 @@ impl<D: BlockDevice> FsState<D> {
         }
         for ino in inodes {
             let item = self
-                .subvols
-                .top
+                .root
                 .inodes
                 .get(&ino)
                 .unwrap_or_else(|| panic!("dirty inode {ino} is not cached"))
                 .item
                 .encode();
-            self.info.forest.put(
-                &mut self.info.roots.fs,
+            self.fs.forest.put(
+                &mut self.fs.roots.fs,
                 Key::new(ino, item_type::INODE_ITEM, 0),
                 item,
             )?;
         }
-        self.info.stats.delayed_item_flushes += 1;
-        self.info.stats.delayed_items_flushed += count;
+        self.fs.stats.delayed_item_flushes += 1;
+        self.fs.stats.delayed_items_flushed += count;
         Ok(())
     }
 }

@@ -13,8 +13,8 @@
 //! (dirty bytes, runs, the dirty queue) exact.
 
 use super::decode::decode_item;
+use super::root::RootCtx;
 use super::space_info::Need;
-use super::state::FsState;
 use super::{FallocateMode, SeekWhence};
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
@@ -35,7 +35,7 @@ struct RunProgress {
 }
 
 const PAGE: u64 = SECTOR_SIZE;
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     pub(super) fn require_regular(&mut self, ino: u64) -> Result<()> {
         match self.inode(ino)?.item.file_type() {
             FileType::Regular => Ok(()),
@@ -52,8 +52,8 @@ impl<D: BlockDevice> FsState<D> {
         end: u64,
     ) -> Result<Vec<(u64, FileExtent)>> {
         let mut out = Vec::new();
-        if let Some((key, data)) = self.info.forest.last_at_or_before(
-            &self.info.roots.fs,
+        if let Some((key, data)) = self.fs.forest.last_at_or_before(
+            &self.fs.roots.fs,
             &Key::new(ino, item_type::EXTENT_DATA, start),
         )? {
             if key.objectid == ino && key.item_type == item_type::EXTENT_DATA {
@@ -65,8 +65,8 @@ impl<D: BlockDevice> FsState<D> {
         }
         if end > start + 1 {
             let mut err = None;
-            self.info.forest.scan(
-                &self.info.roots.fs,
+            self.fs.forest.scan(
+                &self.fs.roots.fs,
                 Key::new(ino, item_type::EXTENT_DATA, start + 1),
                 Key::new(ino, item_type::EXTENT_DATA, end - 1),
                 &mut |k, d| {
@@ -104,7 +104,7 @@ impl<D: BlockDevice> FsState<D> {
                     disk_bytenr,
                     offset,
                     ..
-                } => self.read_data(
+                } => self.fs.read_data(
                     ino,
                     ov_start,
                     disk_bytenr + offset + (ov_start - file_offset),
@@ -118,13 +118,13 @@ impl<D: BlockDevice> FsState<D> {
 
     /// One page of the file as it is now (dirty copy or disk content).
     pub(super) fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
-        let inode = self.subvols.top.inodes.get(&ino);
+        let inode = self.root.inodes.get(&ino);
         if let Some(dirty) = inode.and_then(|i| i.pages.get(&index)) {
-            let mut page = self.info.spare_pages.take_for_overwrite();
+            let mut page = self.fs.spare_pages.take_for_overwrite();
             page.copy_from_slice(dirty);
             return Ok(page);
         }
-        let mut page = self.info.spare_pages.take_zeroed();
+        let mut page = self.fs.spare_pages.take_zeroed();
         if index * PAGE < self.inode(ino)?.item.size {
             self.read_extents_into(ino, index * PAGE, &mut page)?;
         }
@@ -137,14 +137,14 @@ impl<D: BlockDevice> FsState<D> {
         let pages = &mut self.inode(ino)?.pages;
         if let Some(old) = pages.get_mut(&index) {
             let old = std::mem::replace(old, page);
-            self.info.spare_pages.give(old);
+            self.fs.spare_pages.give(old);
             return Ok(());
         }
         let left = index > 0 && pages.contains_key(&(index - 1));
         let right = pages.contains_key(&(index + 1));
         pages.insert(index, page);
-        self.info.dirty_page_bytes += PAGE;
-        self.info.space.page_added(ino, left, right);
+        self.fs.dirty_page_bytes += PAGE;
+        self.fs.space.page_added(ino, left, right);
         self.debug_check_runs(ino);
         Ok(())
     }
@@ -158,8 +158,8 @@ impl<D: BlockDevice> FsState<D> {
         let left = index > 0 && pages.contains_key(&(index - 1));
         let right = pages.contains_key(&(index + 1));
         let now_clean = pages.is_empty();
-        self.info.dirty_page_bytes -= PAGE;
-        self.info.space.page_removed(ino, left, right, now_clean);
+        self.fs.dirty_page_bytes -= PAGE;
+        self.fs.space.page_removed(ino, left, right, now_clean);
         Ok(Some(page))
     }
 
@@ -188,22 +188,21 @@ impl<D: BlockDevice> FsState<D> {
     /// Drops every dirty page of an inode that is going away.
     pub(crate) fn discard_dirty_pages(&mut self, ino: u64) -> Result<()> {
         if self
-            .subvols
-            .top
+            .root
             .inodes
             .get(&ino)
             .is_some_and(|i| !i.pages.is_empty())
         {
             self.take_dirty_pages(ino, ..)?;
         }
-        debug_assert!(!self.info.space.has_dirty(ino));
+        debug_assert!(!self.fs.space.has_dirty(ino));
         Ok(())
     }
 
     /// Debug builds: the run count kept for `ino` equals its page map's.
     fn debug_check_runs(&self, ino: u64) {
         #[cfg(debug_assertions)]
-        if let Some(inode) = self.subvols.top.inodes.get(&ino) {
+        if let Some(inode) = self.root.inodes.get(&ino) {
             if inode.pages.len() <= 1024 {
                 let mut runs = 0;
                 let mut prev: Option<u64> = None;
@@ -213,11 +212,7 @@ impl<D: BlockDevice> FsState<D> {
                     }
                     prev = Some(k);
                 }
-                assert_eq!(
-                    self.info.space.runs_of(ino),
-                    runs,
-                    "run count of inode {ino}"
-                );
+                assert_eq!(self.fs.space.runs_of(ino), runs, "run count of inode {ino}");
             }
         }
         #[cfg(not(debug_assertions))]
@@ -247,11 +242,11 @@ impl<D: BlockDevice> FsState<D> {
     /// An access to `ino` (a read, a directory listing): updates its atime
     /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says.
     pub(crate) fn touch_atime(&mut self, ino: u64) -> Result<()> {
-        if self.info.failed.is_some() || self.info.options.read_only {
+        if self.fs.failed.is_some() || self.fs.options.read_only {
             return Ok(());
         }
         let now = Timespec::now();
-        let policy = self.info.options.atime;
+        let policy = self.fs.options.atime;
         let item = &self.inode(ino)?.item;
         let update = match policy {
             super::AtimeUpdates::Never => false,
@@ -344,7 +339,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             let mut page = if from == page_start && to == page_start + PAGE {
                 // Fully overwritten: no need to read the old content.
-                self.info.spare_pages.take_for_overwrite()
+                self.fs.spare_pages.take_for_overwrite()
             } else {
                 self.load_page(ino, index)?
             };
@@ -395,8 +390,8 @@ impl<D: BlockDevice> FsState<D> {
         let mut nbytes_delta: i64 = 0;
         for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
             let ext_end = file_offset + extent.len();
-            self.info.forest.delete(
-                &mut self.info.roots.fs,
+            self.fs.forest.delete(
+                &mut self.fs.roots.fs,
                 &Key::new(ino, item_type::EXTENT_DATA, file_offset),
             )?;
             nbytes_delta -= extent.len() as i64;
@@ -405,8 +400,8 @@ impl<D: BlockDevice> FsState<D> {
                     if file_offset < start {
                         let head = data[..(start - file_offset) as usize].to_vec();
                         nbytes_delta += head.len() as i64;
-                        self.info.forest.insert(
-                            &mut self.info.roots.fs,
+                        self.fs.forest.insert(
+                            &mut self.fs.roots.fs,
                             Key::new(ino, item_type::EXTENT_DATA, file_offset),
                             FileExtent::Inline { data: head }.encode(),
                         )?;
@@ -458,13 +453,13 @@ impl<D: BlockDevice> FsState<D> {
         extent: FileExtent,
     ) -> Result<()> {
         if let Some(d) = extent.disk_ref() {
-            self.info
+            self.fs
                 .forest
                 .alloc_mut()
                 .add_data_ref(d.disk_bytenr, d.disk_num_bytes, ino, 1);
         }
-        self.info.forest.insert(
-            &mut self.info.roots.fs,
+        self.fs.forest.insert(
+            &mut self.fs.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, file_offset),
             extent.encode(),
         )
@@ -478,13 +473,13 @@ impl<D: BlockDevice> FsState<D> {
     /// left to do for it.
     pub(crate) fn drop_file_extent_ref(&mut self, ino: u64, disk: DiskRef) -> Result<()> {
         let released =
-            self.info
+            self.fs
                 .forest
                 .alloc_mut()
                 .drop_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino);
-        if let (true, Some(csum)) = (released, self.info.roots.csum.as_mut()) {
+        if let (true, Some(csum)) = (released, self.fs.roots.csum.as_mut()) {
             super::csum::delete_extents_csums(
-                &mut self.info.forest,
+                &mut self.fs.forest,
                 csum,
                 &[(disk.disk_bytenr, disk.disk_num_bytes)],
             )?;
@@ -494,12 +489,12 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Writes every dirty page of every file to new extents (commit).
     pub(crate) fn writeback_all(&mut self) -> Result<()> {
-        for ino in self.info.space.dirty_inodes() {
+        for ino in self.fs.space.dirty_inodes() {
             let pages = self.take_dirty_pages(ino, ..)?;
             let n = self.writeback_pages(ino, pages)?;
-            self.info.space.stats.commit_pages += n;
+            self.fs.space.stats.commit_pages += n;
         }
-        debug_assert_eq!(self.info.dirty_page_bytes, 0);
+        debug_assert_eq!(self.fs.dirty_page_bytes, 0);
         Ok(())
     }
 
@@ -507,7 +502,7 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn writeback_one(&mut self, ino: u64) -> Result<()> {
         let pages = self.take_dirty_pages(ino, ..)?;
         let n = self.writeback_pages(ino, pages)?;
-        self.info.space.stats.fsync_pages += n;
+        self.fs.space.stats.fsync_pages += n;
         Ok(())
     }
 
@@ -523,7 +518,7 @@ impl<D: BlockDevice> FsState<D> {
         let last = offset.saturating_add(len - 1) / PAGE;
         let pages = self.take_dirty_pages(ino, first..=last)?;
         let n = self.writeback_pages(ino, pages)?;
-        self.info.space.stats.range_pages += n;
+        self.fs.space.stats.range_pages += n;
         Ok(n)
     }
 
@@ -535,11 +530,11 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn writeback_oldest(&mut self, budget: u64) -> Result<u64> {
         let mut written = 0;
         while written < budget {
-            let Some(ino) = self.info.space.oldest_dirty_inode() else {
+            let Some(ino) = self.fs.space.oldest_dirty_inode() else {
                 break;
             };
             let want = (budget - written) as usize;
-            let cursor = self.info.space.cursor(ino);
+            let cursor = self.fs.space.cursor(ino);
             let keys: Vec<u64> = {
                 let pages = &self.inode(ino)?.pages;
                 pages
@@ -557,7 +552,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             self.debug_check_runs(ino);
             if let Some(&last) = keys.last() {
-                self.info.space.set_cursor(ino, last + 1);
+                self.fs.space.set_cursor(ino, last + 1);
             }
             written += pages.len() as u64;
             self.writeback_pages(ino, pages)?;
@@ -569,7 +564,7 @@ impl<D: BlockDevice> FsState<D> {
     /// next fast log. Kept sorted and merged: page-bounded writeback writes
     /// a file in pieces, in any order.
     pub(super) fn note_written_range(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         let log = &mut self.inode(ino)?.log;
         if log.ranges_trans != transid {
             log.dirty_ranges.clear();
@@ -634,8 +629,8 @@ impl<D: BlockDevice> FsState<D> {
             // The whole file lives in page 0: keep it in the tree.
             let page = &pages[&0];
             self.drop_extents(ino, 0, PAGE)?;
-            self.info.forest.insert(
-                &mut self.info.roots.fs,
+            self.fs.forest.insert(
+                &mut self.fs.roots.fs,
                 Key::new(ino, item_type::EXTENT_DATA, 0),
                 FileExtent::Inline {
                     data: page[..size as usize].to_vec(),
@@ -645,7 +640,7 @@ impl<D: BlockDevice> FsState<D> {
             self.note_written_range(ino, 0, PAGE)?;
             self.update_inode(ino, |i| i.nbytes += size)?;
             for page in pages.into_values() {
-                self.info.spare_pages.give(page);
+                self.fs.spare_pages.give(page);
             }
             return Ok(written);
         }
@@ -668,7 +663,7 @@ impl<D: BlockDevice> FsState<D> {
             let mut bytes = Vec::with_capacity((count * PAGE) as usize);
             for page in pages.by_ref().take(count as usize) {
                 bytes.extend_from_slice(&page);
-                self.info.spare_pages.give(page);
+                self.fs.spare_pages.give(page);
             }
             runs.push((first * PAGE, bytes));
         }
@@ -705,9 +700,9 @@ impl<D: BlockDevice> FsState<D> {
                 let done = progress.done;
                 let want = bytes.len() as u64 - done;
                 let keep = self.nodes_promised();
-                let (bytenr, got) = self.info.forest.alloc_mut().alloc_data(want, ino, keep)?;
+                let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(want, ino, keep)?;
                 let chunk = &bytes[done as usize..(done + got) as usize];
-                self.write_data_extent(bytenr, chunk)?;
+                self.fs.write_data_extent(bytenr, chunk)?;
                 let file_offset = start + done;
                 self.drop_extents(ino, file_offset, file_offset + got)?;
                 self.insert_file_extent(
@@ -802,7 +797,7 @@ impl<D: BlockDevice> FsState<D> {
             let mut at = hole_start;
             while at < hole_end {
                 let keep = self.nodes_promised();
-                let (bytenr, got) = self.info.forest.alloc_mut().alloc_data(
+                let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(
                     (hole_end - at).min(MAX_EXTENT_BYTES),
                     ino,
                     keep,

@@ -237,7 +237,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             // Under the same hold of the state lock that allows changes:
             // a change that slipped in between could create an O_TMPFILE
             // inode (an orphan by design) that this would free while held.
-            if let Err(e) = state.remove_orphans() {
+            if let Err(e) = state.top().remove_orphans() {
                 if matches!(e, Error::Io(_) | Error::Corrupt(_)) {
                     state.info.failed = Some(e.to_string());
                 }
@@ -390,12 +390,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         let _request = self.request();
-        self.read(|s| s.lookup(parent, name))
+        self.read(|s| s.top().lookup(parent, name))
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let _request = self.request();
-        self.read(|s| s.getattr(ino))
+        self.read(|s| s.top().getattr(ino))
     }
 
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
@@ -412,8 +412,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     && changes.size.is_none()
                     && !matches!(changes.atime, Some(SetTime::At(_)))
                     && !matches!(changes.mtime, Some(SetTime::At(_)));
-                s.deny_if_flagged(ino, only_now)?;
-                s.setattr(ino, changes)
+                s.top().deny_if_flagged(ino, only_now)?;
+                s.top().setattr(ino, changes)
             },
         )
     }
@@ -433,8 +433,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
-                s.deny_if_flagged(parent, true)?;
-                s.create_node(parent, name, mode, uid, gid, rdev)
+                s.top().deny_if_flagged(parent, true)?;
+                s.top().create_node(parent, name, mode, uid, gid, rdev)
             },
         )
     }
@@ -450,8 +450,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
-                s.deny_if_flagged(parent, true)?;
-                s.create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0)
+                s.top().deny_if_flagged(parent, true)?;
+                s.top()
+                    .create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0)
             },
         )
     }
@@ -468,15 +469,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(7)),
             |s| {
-                s.deny_if_flagged(parent, true)?;
-                s.symlink(parent, name, target, uid, gid)
+                s.top().deny_if_flagged(parent, true)?;
+                s.top().symlink(parent, name, target, uid, gid)
             },
         )
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let _request = self.request();
-        self.read(|s| s.readlink(ino))
+        self.read(|s| s.top().readlink(ino))
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
@@ -484,9 +485,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(5)),
             |s| {
-                s.deny_if_flagged(ino, false)?;
-                s.deny_if_flagged(new_parent, true)?;
-                s.link(ino, new_parent, new_name)
+                s.top().deny_if_flagged(ino, false)?;
+                s.top().deny_if_flagged(new_parent, true)?;
+                s.top().link(ino, new_parent, new_name)
             },
         )
     }
@@ -496,8 +497,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.deny_remove(parent, name)?;
-                s.unlink(parent, name)
+                s.top().deny_remove(parent, name)?;
+                s.top().unlink(parent, name)
             },
         )
     }
@@ -507,8 +508,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.deny_remove(parent, name)?;
-                s.rmdir(parent, name)
+                s.top().deny_remove(parent, name)?;
+                s.top().rmdir(parent, name)
             },
         )
     }
@@ -532,15 +533,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 // a long target, both before a flag).
                 let well_formed = namespace::validate_name(name).is_ok()
                     && namespace::validate_name(new_name).is_ok();
-                if well_formed && s.find_entry(parent, name)?.is_some() {
-                    s.deny_remove(parent, name)?;
-                    if flags.exchange || s.find_entry(new_parent, new_name)?.is_some() {
-                        s.deny_remove(new_parent, new_name)?;
+                if well_formed && s.top().find_entry(parent, name)?.is_some() {
+                    s.top().deny_remove(parent, name)?;
+                    if flags.exchange || s.top().find_entry(new_parent, new_name)?.is_some() {
+                        s.top().deny_remove(new_parent, new_name)?;
                     } else {
-                        s.deny_if_flagged(new_parent, true)?;
+                        s.top().deny_if_flagged(new_parent, true)?;
                     }
                 }
-                s.rename(parent, name, new_parent, new_name, flags)
+                s.top().rename(parent, name, new_parent, new_name, flags)
             },
         )
     }
@@ -549,7 +550,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// "." and ".." are not included), at most `limit` of them.
     pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
         let _request = self.request();
-        self.read(|s| s.readdir(ino, offset, limit))
+        self.read(|s| s.top().readdir(ino, offset, limit))
     }
 
     /// The dir index the next name added to `ino` will get: a listing that
@@ -559,8 +560,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn dir_index_end(&self, ino: u64) -> Result<u64> {
         let _request = self.request();
         self.read(|s| {
-            s.require_dir(ino)?;
-            s.peek_dir_index(ino)
+            s.top().require_dir(ino)?;
+            s.top().peek_dir_index(ino)
         })
     }
 
@@ -568,13 +569,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// mount's [`AtimeUpdates`] says.
     pub fn dir_accessed(&self, ino: u64) -> Result<()> {
         let _request = self.request();
-        self.read(|s| s.touch_atime(ino))
+        self.read(|s| s.top().touch_atime(ino))
     }
 
     /// The parent of a directory (the root's parent is itself).
     pub fn parent_of_dir(&self, ino: u64) -> Result<u64> {
         let _request = self.request();
-        self.read(|s| s.dir_parent(ino))
+        self.read(|s| s.top().dir_parent(ino))
     }
 
     // ----- open files -----
@@ -583,13 +584,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// lives on (as an orphan) until the last [`release`](Self::release).
     pub fn open_inode(&self, ino: u64) -> Result<()> {
         let _request = self.request();
-        self.read(|s| s.open_inode(ino))
+        self.read(|s| s.top().open_inode(ino))
     }
 
     pub fn release(&self, ino: u64) -> Result<()> {
         let _request = self.request();
         self.read(|s| {
-            let r = s.release_inode(ino);
+            let r = s.top().release_inode(ino);
             s.fail_on_device_error(&r);
             self.shared.space_changed(s);
             r
@@ -603,7 +604,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| {
             let mut r = Ok(());
             for _ in 0..count {
-                r = s.release_inode(ino);
+                r = s.top().release_inode(ino);
                 if r.is_err() {
                     break;
                 }
@@ -618,7 +619,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn read_file(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
         let _request = self.request();
-        self.read(|s| s.read_file(ino, offset, size))
+        self.read(|s| s.top().read_file(ino, offset, size))
     }
 
     /// Writes `data` at `offset` into dirty pages, each piece (up to 1 MiB)
@@ -627,9 +628,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (ENOSPC only when nothing could be accepted).
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let _request = self.request();
-        self.read(|s| s.check_write(ino, offset, data.len() as u64))?;
+        self.read(|s| s.top().check_write(ino, offset, data.len() as u64))?;
         if data.is_empty() {
-            return self.change(|s| s.write_file(ino, offset, data));
+            return self.change(|s| s.top().write_file(ino, offset, data));
         }
         let mut done = 0usize;
         let mut chunk_limit = space_info::WRITE_CHUNK;
@@ -638,10 +639,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
             let chunk = &data[done..done + piece];
             match self.change_reserving(
-                |s| s.write_need(ino, at, chunk.len() as u64),
+                |s| s.top().write_need(ino, at, chunk.len() as u64),
                 |s| {
-                    s.deny_write(ino, at)?;
-                    s.write_file(ino, at, chunk)
+                    s.top().deny_write(ino, at)?;
+                    s.top().write_file(ino, at, chunk)
                 },
             ) {
                 Ok(n) => done += n,
@@ -670,21 +671,21 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`. Returns the pages written.
     pub fn flush_range(&self, ino: u64, offset: u64, len: u64) -> Result<u64> {
         let _request = self.request();
-        self.change(|s| s.writeback_range(ino, offset, len))
+        self.change(|s| s.top().writeback_range(ino, offset, len))
     }
 
     /// Preallocates (reads as zeros until written) or punches a hole.
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
         let _request = self.request();
         self.change_with(
-            |s| s.fallocate_need(ino, offset, len, mode),
+            |s| s.top().fallocate_need(ino, offset, len, mode),
             |s| {
                 let grows_only = matches!(
                     mode,
                     FallocateMode::Allocate | FallocateMode::AllocateKeepSize
                 );
-                s.deny_if_flagged(ino, grows_only)?;
-                s.fallocate(ino, offset, len, mode)
+                s.top().deny_if_flagged(ino, grows_only)?;
+                s.top().fallocate(ino, offset, len, mode)
             },
         )
     }
@@ -693,7 +694,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// holds data (or is a hole; the end of file counts as a hole).
     pub fn seek(&self, ino: u64, offset: u64, whence: SeekWhence) -> Result<u64> {
         let _request = self.request();
-        self.read(|s| s.seek(ino, offset, whence))
+        self.read(|s| s.top().seek(ino, offset, whence))
     }
 
     pub fn truncate(&self, ino: u64, size: u64) -> Result<Attr> {
@@ -722,18 +723,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     ) -> Result<u64> {
         let _request = self.request();
         let len = self.read(|s| {
-            s.deny_if_flagged(dst, false)?;
-            s.check_copy(src, src_offset, dst, dst_offset, len)
+            s.top().deny_if_flagged(dst, false)?;
+            s.top().check_copy(src, src_offset, dst, dst_offset, len)
         })?;
         if len == 0 {
             return Ok(0);
         }
         if src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
             return self.change_with(
-                |s| s.clone_need(src, src_offset, len),
+                |s| s.top().clone_need(src, src_offset, len),
                 |s| {
-                    s.deny_if_flagged(dst, false)?;
-                    s.clone_range(src, src_offset, dst, dst_offset, len)
+                    s.top().deny_if_flagged(dst, false)?;
+                    s.top().clone_range(src, src_offset, dst, dst_offset, len)
                 },
             );
         }
@@ -759,7 +760,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// ([`inode_flags`]).
     pub fn get_flags(&self, ino: u64) -> Result<u32> {
         let _request = self.request();
-        self.read(|s| s.get_flags(ino))
+        self.read(|s| s.top().get_flags(ino))
     }
 
     /// Whether an open(2) of `ino` with `flags` (O_ACCMODE, O_APPEND,
@@ -770,14 +771,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// anyway.
     pub fn deny_open(&self, ino: u64, flags: i32) -> Result<()> {
         let _request = self.request();
-        self.read(|s| s.deny_open(ino, flags))
+        self.read(|s| s.top().deny_open(ino, flags))
     }
 
     /// FS_IOC_SETFLAGS: only [`inode_flags::SUPPORTED`] may be set
     /// (EOPNOTSUPP otherwise). Permission is the caller's to check.
     pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
         let _request = self.request();
-        self.change_with(|_| Ok(Need::items(1)), |s| s.set_flags(ino, flags))
+        self.change_with(|_| Ok(Need::items(1)), |s| s.top().set_flags(ino, flags))
     }
 
     /// `open(dir, O_TMPFILE)`: a regular file with no name, held once
@@ -790,8 +791,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(4)),
             |s| {
-                let ino = s.tmpfile(dir, mode, uid, gid)?;
-                s.getattr(ino)
+                let ino = s.top().tmpfile(dir, mode, uid, gid)?;
+                s.top().getattr(ino)
             },
         )
     }
@@ -800,7 +801,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let _request = self.request();
-        self.read(|s| s.getxattr(ino, name))
+        self.read(|s| s.top().getxattr(ino, name))
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
@@ -808,15 +809,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(3)),
             |s| {
-                s.deny_if_flagged(ino, false)?;
-                s.setxattr(ino, name, value, mode)
+                s.top().deny_if_flagged(ino, false)?;
+                s.top().setxattr(ino, name, value, mode)
             },
         )
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
         let _request = self.request();
-        self.read(|s| s.listxattr(ino))
+        self.read(|s| s.top().listxattr(ino))
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
@@ -824,8 +825,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(2)),
             |s| {
-                s.deny_if_flagged(ino, false)?;
-                s.removexattr(ino, name)
+                s.top().deny_if_flagged(ino, false)?;
+                s.top().removexattr(ino, name)
             },
         )
     }
@@ -878,7 +879,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |_| Ok(Need::urgent_items(8)),
             |s| {
                 s.info.stats.fsyncs += 1;
-                s.log_for_fsync(ino)
+                s.top().log_for_fsync(ino)
             },
         )?;
         let durable = match outcome {
@@ -1021,7 +1022,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.stop_flusher();
         let read_only = self.lock().info.options.read_only;
         if !read_only && self.lock().info.failed.is_none() {
-            self.change(|s| s.remove_orphans())?;
+            self.change(|s| s.top().remove_orphans())?;
         }
         self.commit()
     }

@@ -395,7 +395,7 @@ impl<D: BlockDevice> FsState<D> {
             replay.report.inodes += 1;
             replay.touched.insert(ino);
             self.subvols.top.next_ino = self.subvols.top.next_ino.max(ino + 1);
-            match self.inode(ino) {
+            match self.top().inode(ino) {
                 Ok(inode) => inode.item = item.clone(),
                 Err(Error::NotFound) => {
                     self.subvols.top.inodes.insert(
@@ -412,24 +412,26 @@ impl<D: BlockDevice> FsState<D> {
                 }
                 Err(e) => return Err(e),
             }
-            self.update_inode(ino, |_| {})?;
+            self.top().update_inode(ino, |_| {})?;
             self.replace_xattrs(ino, &log.xattrs)?;
             if log.full_extents {
-                self.drop_extents(ino, 0, u64::MAX)?;
+                self.top().drop_extents(ino, 0, u64::MAX)?;
             }
             for (offset, extent) in &log.extents {
                 let end = match extent {
                     FileExtent::Inline { .. } => SECTOR_SIZE,
                     e => offset + e.len(),
                 };
-                self.drop_extents(ino, *offset, end)?;
+                self.top().drop_extents(ino, *offset, end)?;
                 match extent {
                     FileExtent::Inline { .. } => self.info.forest.insert(
                         &mut self.info.roots.fs,
                         Key::new(ino, item_type::EXTENT_DATA, 0),
                         extent.encode(),
                     )?,
-                    _ => self.insert_file_extent(ino, *offset, extent.clone())?,
+                    _ => self
+                        .top()
+                        .insert_file_extent(ino, *offset, extent.clone())?,
                 }
                 replay.report.extents += 1;
             }
@@ -452,7 +454,7 @@ impl<D: BlockDevice> FsState<D> {
     fn replay_logged_csums(&mut self, replay: &mut Replay) -> Result<()> {
         let extents: BTreeMap<u64, u64> = replay.logged_extents.iter().copied().collect();
         let items = std::mem::take(&mut replay.csum_items);
-        replay.csums_replayed = self.replay_csums(items, &extents)?;
+        replay.csums_replayed = self.top().fs.replay_csums(items, &extents)?;
         Ok(())
     }
 
@@ -485,7 +487,7 @@ impl<D: BlockDevice> FsState<D> {
                     continue;
                 };
                 let entry = decode_item(&key, DirEntry::decode(&data))?;
-                self.remove_name(dir, &entry.name, entry.ino)?;
+                self.top().remove_name(dir, &entry.name, entry.ino)?;
                 replay.report.names_removed += 1;
                 replay.touched.extend([dir, entry.ino]);
                 replay.removed.push((dir, entry.name, entry.ino));
@@ -498,7 +500,11 @@ impl<D: BlockDevice> FsState<D> {
     /// names the inode it named.
     fn removed_names_gone(&mut self, replay: &Replay) -> Result<Option<String>> {
         for (dir, name, ino) in &replay.removed {
-            if self.find_entry(*dir, name)?.is_some_and(|e| e.ino == *ino) {
+            if self
+                .top()
+                .find_entry(*dir, name)?
+                .is_some_and(|e| e.ino == *ino)
+            {
                 return Ok(Some(format!(
                     "directory {dir} still names inode {ino} {:?}",
                     String::from_utf8_lossy(name)
@@ -520,12 +526,12 @@ impl<D: BlockDevice> FsState<D> {
             if !self.exists(ino)? {
                 continue;
             }
-            let file_type = self.inode(ino)?.item.file_type();
-            let current = self.names_of(ino)?;
+            let file_type = self.top().inode(ino)?.item.file_type();
+            let current = self.top().names_of(ino)?;
             touched.insert(ino);
             for (parent, name) in &current {
                 if !wanted.contains(&(*parent, name.clone())) {
-                    self.remove_name(*parent, name, ino)?;
+                    self.top().remove_name(*parent, name, ino)?;
                     report.names_removed += 1;
                     touched.insert(*parent);
                 }
@@ -535,17 +541,17 @@ impl<D: BlockDevice> FsState<D> {
                     continue;
                 }
                 if !self.exists(*parent)?
-                    || self.inode(*parent)?.item.file_type() != FileType::Directory
+                    || self.top().inode(*parent)?.item.file_type() != FileType::Directory
                 {
                     report.names_without_parent += 1;
                     continue;
                 }
-                if let Some(other) = self.find_entry(*parent, name)? {
-                    self.remove_name(*parent, name, other.ino)?;
+                if let Some(other) = self.top().find_entry(*parent, name)? {
+                    self.top().remove_name(*parent, name, other.ino)?;
                     report.names_removed += 1;
                     touched.insert(other.ino);
                 }
-                self.add_name(*parent, name, ino, file_type)?;
+                self.top().add_name(*parent, name, ino, file_type)?;
                 report.names_added += 1;
                 touched.extend([*parent, ino]);
             }
@@ -562,6 +568,7 @@ impl<D: BlockDevice> FsState<D> {
                 continue;
             }
             if let Some((parent, name)) = self
+                .top()
                 .names_of(ino)?
                 .into_iter()
                 .find(|n| !wanted.contains(n))
@@ -584,7 +591,7 @@ impl<D: BlockDevice> FsState<D> {
                 continue;
             }
             for entry in &log.dir_added {
-                if !self.exists(entry.ino)? || self.find_entry(dir, &entry.name)?.is_some() {
+                if !self.exists(entry.ino)? || self.top().find_entry(dir, &entry.name)?.is_some() {
                     continue;
                 }
                 // An inode whose names are logged has them all in the log.
@@ -592,8 +599,9 @@ impl<D: BlockDevice> FsState<D> {
                 if named.is_some_and(|names| !names.contains(&(dir, entry.name.clone()))) {
                     continue;
                 }
-                let file_type = self.inode(entry.ino)?.item.file_type();
-                self.add_name(dir, &entry.name, entry.ino, file_type)?;
+                let file_type = self.top().inode(entry.ino)?.item.file_type();
+                self.top()
+                    .add_name(dir, &entry.name, entry.ino, file_type)?;
                 replay.report.names_added += 1;
                 replay.touched.extend([dir, entry.ino]);
                 replay.added.push((dir, entry.name.clone(), entry.ino));
@@ -605,7 +613,11 @@ impl<D: BlockDevice> FsState<D> {
     /// After [`Self::add_logged_entries`]: every added name names its inode.
     fn added_names_found(&mut self, replay: &Replay) -> Result<Option<String>> {
         for (dir, name, ino) in &replay.added {
-            if self.find_entry(*dir, name)?.is_none_or(|e| e.ino != *ino) {
+            if self
+                .top()
+                .find_entry(*dir, name)?
+                .is_none_or(|e| e.ino != *ino)
+            {
                 return Ok(Some(format!(
                     "directory {dir} does not name inode {ino} {:?}",
                     String::from_utf8_lossy(name)
@@ -633,7 +645,7 @@ impl<D: BlockDevice> FsState<D> {
     /// has a link.
     fn touched_inodes_named(&mut self, replay: &Replay) -> Result<Option<String>> {
         for &ino in &replay.touched {
-            if self.exists(ino)? && self.inode(ino)?.item.nlink == 0 {
+            if self.exists(ino)? && self.top().inode(ino)?.item.nlink == 0 {
                 return Ok(Some(format!("inode {ino} is left with no link")));
             }
         }
@@ -642,7 +654,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Whether `ino` exists (in the cache or the fs tree).
     fn exists(&mut self, ino: u64) -> Result<bool> {
-        match self.inode(ino) {
+        match self.top().inode(ino) {
             Ok(_) => Ok(true),
             Err(Error::NotFound) => Ok(false),
             Err(e) => Err(e),
@@ -681,18 +693,18 @@ impl<D: BlockDevice> FsState<D> {
         let names = if ino == ROOT_DIR_INO {
             1
         } else {
-            self.names_of(ino)?.len() as u32
+            self.top().names_of(ino)?.len() as u32
         };
-        let file_type = self.inode(ino)?.item.file_type();
+        let file_type = self.top().inode(ino)?.item.file_type();
         if file_type == FileType::Directory {
-            let entries = self.readdir(ino, 0, usize::MAX)?;
+            let entries = self.top().readdir(ino, 0, usize::MAX)?;
             if names == 0 {
                 if !entries.is_empty() {
                     return Err(corrupt(format!(
                         "replay left directory {ino}, which has entries, without a name"
                     )));
                 }
-                self.destroy_inode(ino)?;
+                self.top().destroy_inode(ino)?;
                 return Ok(true);
             }
             let subdirs = entries
@@ -700,14 +712,14 @@ impl<D: BlockDevice> FsState<D> {
                 .filter(|e| e.file_type == FileType::Directory)
                 .count() as u32;
             let size: u64 = entries.iter().map(|e| e.name.len() as u64).sum();
-            self.update_inode(ino, |i| {
+            self.top().update_inode(ino, |i| {
                 i.nlink = 2 + subdirs;
                 i.size = size;
             })?;
             return Ok(false);
         }
         if names == 0 {
-            self.destroy_inode(ino)?;
+            self.top().destroy_inode(ino)?;
             return Ok(true);
         }
         let mut nbytes = 0;
@@ -718,7 +730,7 @@ impl<D: BlockDevice> FsState<D> {
         )? {
             nbytes += decode_item(&key, FileExtent::decode_at(&key, &data))?.len();
         }
-        self.update_inode(ino, |i| {
+        self.top().update_inode(ino, |i| {
             i.nlink = names;
             i.nbytes = nbytes;
         })?;

@@ -14,6 +14,8 @@
 //! available = free − reserved − global reserve     (urgent changes: + global reserve)
 //! ```
 
+use super::info::FsInfo;
+use super::root::RootCtx;
 use super::space_info::{
     prealloc_need, Need, Refusal, BACKGROUND_BATCH_PAGES, DELALLOC_EXTENT_ITEMS, GROWTH_PER_ITEM,
     MAX_FRUITLESS_REQUESTS, MAX_RECLAIM_PAGES, META_ITEM, MIN_RECLAIM_PAGES, NEW_FILE_ITEMS,
@@ -33,36 +35,23 @@ const PAGE: u64 = SECTOR_SIZE;
 pub use super::types::SpaceUsage;
 
 impl<D: BlockDevice> FsState<D> {
-    /// What one changed item may cost a transaction: a copy of its leaf,
-    /// on every copy the metadata profile keeps (docs/DUP.md).
+    /// Delayed items pending in every loaded root.
+    pub(crate) fn delayed_items(&self) -> u64 {
+        self.subvols.top.delayed.len() as u64
+    }
+
+    /// What one changed item may cost a transaction (see
+    /// [`FsInfo::meta_item`]).
     pub(crate) fn meta_item(&self) -> u64 {
-        self.info.forest.alloc().profile().node_footprint()
+        self.info.meta_item()
     }
 
-    /// Metadata reserved for the extents dirty data will become.
     pub(crate) fn delalloc_metadata(&self) -> u64 {
-        self.info.space.runs * DELALLOC_EXTENT_ITEMS * self.meta_item()
+        self.info.delalloc_metadata()
     }
 
-    /// Worst case of the nodes the running transaction may still copy for
-    /// work already queued: a leaf per pending item, but never more than
-    /// every node not yet copied in this transaction plus what the new items
-    /// can add.
     pub(crate) fn transaction_metadata(&self) -> u64 {
-        let items = self.subvols.top.delayed.len() as u64
-            + self.info.forest.alloc().delayed_ref_count() as u64;
-        let meta_item = self.meta_item();
-        let per_item = items * meta_item;
-        let copied = self.info.forest.dirty_node_count() as u64 * meta_item;
-        let growth = (2 * items * GROWTH_PER_ITEM).div_ceil(META_ITEM) * meta_item;
-        let cap = self
-            .info
-            .forest
-            .alloc()
-            .metadata_bytes()
-            .saturating_sub(copied)
-            + growth;
-        per_item.min(cap) + TXN_FIXED_NODES * meta_item
+        self.info.transaction_metadata(self.delayed_items())
     }
 
     /// What the pending work will leave allocated once committed: the new
@@ -71,44 +60,13 @@ impl<D: BlockDevice> FsState<D> {
     /// old copies.
     fn settled_metadata(&self) -> u64 {
         let items = self.info.space.runs * DELALLOC_EXTENT_ITEMS
-            + self.subvols.top.delayed.len() as u64
+            + self.delayed_items()
             + self.info.forest.alloc().delayed_ref_count() as u64;
         2 * items * GROWTH_PER_ITEM * self.meta_item() / META_ITEM
     }
 
-    /// Node space the accounting has promised (both copies under DUP):
-    /// the metadata reservations and the global reserve. Data allocation
-    /// leaves that much room for node pairs (`TransactionSpace::alloc_data`).
-    pub(crate) fn nodes_promised(&self) -> u64 {
-        self.delalloc_metadata() + self.transaction_metadata() + self.info.space.global_reserve
-    }
-
-    pub(crate) fn space_reserved(&self) -> u64 {
-        self.info.dirty_page_bytes
-            + self.delalloc_metadata()
-            + self.transaction_metadata()
-            + self.info.space.granted
-    }
-
-    /// What a change may still reserve (negative: over-committed).
     pub(crate) fn space_available(&self, urgent: bool) -> i64 {
-        let reserve = if urgent {
-            0
-        } else {
-            self.info.space.global_reserve
-        };
-        self.info.forest.alloc().free_bytes() as i64 - self.space_reserved() as i64 - reserve as i64
-    }
-
-    /// Fails with ENOSPC unless `bytes` fit without the global reserve's
-    /// last part. Changes reserve through `Filesystem::change_with` before
-    /// they run; this only refuses when the filesystem is over-committed
-    /// past the global reserve.
-    pub(crate) fn ensure_space(&self, bytes: u64) -> Result<()> {
-        if self.space_available(true) < bytes as i64 {
-            return Err(Error::NoSpace);
-        }
-        Ok(())
+        self.info.space_available(urgent, self.delayed_items())
     }
 
     /// Takes `bytes` now if they fit and no older ticket waits (an urgent
@@ -254,6 +212,85 @@ impl<D: BlockDevice> FsState<D> {
             files_free: u64::from(u32::MAX).saturating_sub(self.subvols.top.next_ino),
             name_max: crate::format::NAME_MAX as u32,
         }
+    }
+}
+
+/// The reservation arithmetic, over the fs-wide state and the number of
+/// delayed items pending (`delayed_items`): the roots' share of the
+/// running transaction's metadata, which the caller counts.
+impl<D: BlockDevice> FsInfo<D> {
+    /// What one changed item may cost a transaction: a copy of its leaf,
+    /// on every copy the metadata profile keeps (docs/DUP.md).
+    pub(crate) fn meta_item(&self) -> u64 {
+        self.forest.alloc().profile().node_footprint()
+    }
+
+    /// Metadata reserved for the extents dirty data will become.
+    pub(crate) fn delalloc_metadata(&self) -> u64 {
+        self.space.runs * DELALLOC_EXTENT_ITEMS * self.meta_item()
+    }
+
+    /// Worst case of the nodes the running transaction may still copy for
+    /// work already queued: a leaf per pending item, but never more than
+    /// every node not yet copied in this transaction plus what the new items
+    /// can add.
+    fn transaction_metadata(&self, delayed_items: u64) -> u64 {
+        let items = delayed_items + self.forest.alloc().delayed_ref_count() as u64;
+        let meta_item = self.meta_item();
+        let per_item = items * meta_item;
+        let copied = self.forest.dirty_node_count() as u64 * meta_item;
+        let growth = (2 * items * GROWTH_PER_ITEM).div_ceil(META_ITEM) * meta_item;
+        let cap = self.forest.alloc().metadata_bytes().saturating_sub(copied) + growth;
+        per_item.min(cap) + TXN_FIXED_NODES * meta_item
+    }
+
+    /// Node space the accounting has promised (both copies under DUP):
+    /// the metadata reservations and the global reserve. Data allocation
+    /// leaves that much room for node pairs (`TransactionSpace::alloc_data`).
+    fn nodes_promised(&self, delayed_items: u64) -> u64 {
+        self.delalloc_metadata()
+            + self.transaction_metadata(delayed_items)
+            + self.space.global_reserve
+    }
+
+    fn space_reserved(&self, delayed_items: u64) -> u64 {
+        self.dirty_page_bytes
+            + self.delalloc_metadata()
+            + self.transaction_metadata(delayed_items)
+            + self.space.granted
+    }
+
+    /// What a change may still reserve (negative: over-committed).
+    fn space_available(&self, urgent: bool, delayed_items: u64) -> i64 {
+        let reserve = if urgent { 0 } else { self.space.global_reserve };
+        self.forest.alloc().free_bytes() as i64
+            - self.space_reserved(delayed_items) as i64
+            - reserve as i64
+    }
+}
+
+/// The reservation checks per-root operations make. The delayed items
+/// counted are this root's: right while it is the only root (step 6 of
+/// docs/SNAPSHOTS.md (j) makes `FsInfo` keep the count over every root).
+impl<D: BlockDevice> RootCtx<'_, D> {
+    /// See [`FsInfo::nodes_promised`].
+    pub(crate) fn nodes_promised(&self) -> u64 {
+        self.fs.nodes_promised(self.root.delayed.len() as u64)
+    }
+
+    /// Fails with ENOSPC unless `bytes` fit without the global reserve's
+    /// last part. Changes reserve through `Filesystem::change_with` before
+    /// they run; this only refuses when the filesystem is over-committed
+    /// past the global reserve.
+    pub(crate) fn ensure_space(&self, bytes: u64) -> Result<()> {
+        if self
+            .fs
+            .space_available(true, self.root.delayed.len() as u64)
+            < bytes as i64
+        {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
     }
 }
 
@@ -415,7 +452,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     .min(MAX_RECLAIM_PAGES)
                     .min(state.info.dirty_page_bytes / PAGE);
                 let before = state.space_available(urgent);
-                match state.writeback_oldest(pages) {
+                match state.top().writeback_oldest(pages) {
                     Ok(n) => state.info.space.note_reclaim_request(n),
                     Err(e) => {
                         state.info.failed = Some(e.to_string());
@@ -436,7 +473,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 continue;
             }
             fruitless = 0;
-            let head_id = state.info.space.tickets.front().map_or(0, |t| t.id);
+            let head_id = state.info.space.front_ticket().unwrap_or(0);
             // Found full before, and not enough freed since for a commit
             // to cover this ticket: ENOSPC without another commit.
             if committed_for.is_none_or(|(id, _)| id != head_id)
@@ -463,13 +500,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                 return;
             }
             self.space_changed(&mut state);
-            if state
-                .info
-                .space
-                .tickets
-                .front()
-                .is_none_or(|t| t.id != head_id)
-            {
+            if state.info.space.front_ticket() != Some(head_id) {
                 // The commit satisfied the ticket it was made for.
                 state.info.space.full_at = None;
                 continue;
@@ -513,7 +544,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
             let target = limit / 4 * 3;
             while state.info.dirty_page_bytes > target {
                 let want = (state.info.dirty_page_bytes - target).div_ceil(PAGE);
-                match state.writeback_oldest(want) {
+                match state.top().writeback_oldest(want) {
                     Ok(0) => break,
                     Ok(n) => state.info.space.stats.throttle_pages += n,
                     Err(e) => {
@@ -583,7 +614,7 @@ pub(super) fn flusher<D: BlockDevice + 'static>(shared: std::sync::Arc<Shared<D>
                     .dirty_page_bytes
                     .saturating_sub(state.background_threshold());
                 let pages = over.div_ceil(PAGE).clamp(1, BACKGROUND_BATCH_PAGES);
-                match state.writeback_oldest(pages) {
+                match state.top().writeback_oldest(pages) {
                     Ok(n) => state.info.space.stats.background_pages += n,
                     Err(e) => state.info.failed = Some(e.to_string()),
                 }

@@ -161,6 +161,11 @@ pub(crate) struct SpaceInfo {
 }
 
 impl SpaceInfo {
+    /// The id of the oldest ticket waiting, if any.
+    pub(super) fn front_ticket(&self) -> Option<u64> {
+        self.tickets.front().map(|t| t.id)
+    }
+
     pub fn new(total_bytes: u64, profile: MetadataProfile) -> SpaceInfo {
         SpaceInfo {
             global_reserve: global_reserve_for(total_bytes, profile),

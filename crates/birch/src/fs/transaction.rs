@@ -267,7 +267,10 @@ impl<D: BlockDevice> Shared<D> {
                 if state.info.failed.is_some() || state.info.options.read_only {
                     return Ok(());
                 }
-                let written = match state.writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES)) {
+                let written = match state
+                    .top()
+                    .writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES))
+                {
                     Ok(n) => n,
                     Err(e) => {
                         let generation = state.info.forest.transid();
@@ -335,7 +338,7 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
         };
         if flush_delayed {
             let mut state = shared.lock_state();
-            if let Err(e) = state.flush_delayed_items() {
+            if let Err(e) = state.top().flush_delayed_items() {
                 state.info.failed = Some(e.to_string());
             }
         }
@@ -365,9 +368,9 @@ impl<D: BlockDevice> FsState<D> {
         purpose: Purpose,
         retired: &mut Option<RetiredRecords>,
     ) -> Result<Option<commit::PreparedCommit>> {
-        self.writeback_all()?;
-        self.flush_delayed_items()?;
-        *retired = Some(self.drop_log()?);
+        self.top().writeback_all()?;
+        self.top().flush_delayed_items()?;
+        *retired = Some(self.top().drop_log()?);
         // A superblock that points at a log (one replay applied or threw
         // away) is superseded even when nothing else changed, and so is
         // one newer than the commit in memory (a rescue mount fell back to
@@ -410,6 +413,6 @@ impl<D: BlockDevice> FsState<D> {
         self.info.superblock = prepared.superblock;
         self.info.stats.commits += 1;
         self.info.stats.nodes_written += nodes_written;
-        self.evict_clean_inodes();
+        self.top().evict_clean_inodes();
     }
 }

@@ -6,7 +6,7 @@
 use super::decode::decode_item;
 use super::delayed_items::RetiredRecords;
 use super::log_state::{FallbackReason, LogTrees};
-use super::state::FsState;
+use super::root::RootCtx;
 use crate::alloc::TransactionSpace;
 use crate::btree::{TreeKind, TreeRoot};
 use crate::device::BlockDevice;
@@ -41,12 +41,12 @@ fn full_range(ino: u64, t: u8) -> (Key, Key) {
     (Key::new(ino, t, 0), Key::new(ino, t, u64::MAX))
 }
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     /// The commit the running transaction's log is relative to. (While a
     /// commit is being written, that is the one in flight, not the last
     /// durable one.)
     fn committed_generation(&self) -> u64 {
-        self.info.forest.transid() - 1
+        self.fs.forest.transid() - 1
     }
 
     /// Whether the inode was created in the running transaction (so the
@@ -57,42 +57,42 @@ impl<D: BlockDevice> FsState<D> {
 
     /// The log trees, created on first use in this transaction.
     fn log_trees(&mut self) -> Result<LogTrees> {
-        if let Some(t) = self.info.log.trees {
+        if let Some(t) = self.fs.log.trees {
             return Ok(t);
         }
         let trees = LogTrees {
-            log: self.info.forest.create_tree(tree_id::LOG)?,
-            root: self.info.forest.create_tree(tree_id::LOG_ROOT)?,
+            log: self.fs.forest.create_tree(tree_id::LOG)?,
+            root: self.fs.forest.create_tree(tree_id::LOG_ROOT)?,
         };
-        self.info.log.trees = Some(trees);
+        self.fs.log.trees = Some(trees);
         Ok(trees)
     }
 
     fn log_put(&mut self, key: Key, data: Vec<u8>) -> Result<()> {
         // A logged extent brings its checksums (docs/DATA-CHECKSUMS.md).
         if key.item_type == item_type::EXTENT_DATA {
-            for (csum_key, csums) in self.csums_to_log(&key, &data)? {
+            for (csum_key, csums) in self.fs.csums_to_log(&key, &data)? {
                 self.log_put(csum_key, csums)?;
             }
         }
         let mut trees = self.log_trees()?;
-        let result = self.info.forest.put(&mut trees.log, key, data);
-        self.info.log.trees = Some(trees);
+        let result = self.fs.forest.put(&mut trees.log, key, data);
+        self.fs.log.trees = Some(trees);
         result
     }
 
     fn log_delete(&mut self, key: &Key) -> Result<()> {
-        let Some(mut trees) = self.info.log.trees else {
+        let Some(mut trees) = self.fs.log.trees else {
             return Ok(());
         };
-        let result = self.info.forest.delete(&mut trees.log, key).map(|_| ());
-        self.info.log.trees = Some(trees);
+        let result = self.fs.forest.delete(&mut trees.log, key).map(|_| ());
+        self.fs.log.trees = Some(trees);
         result
     }
 
     fn log_items(&self, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
-        match &self.info.log.trees {
-            Some(t) => self.info.forest.collect_range(&t.log, start, end),
+        match &self.fs.log.trees {
+            Some(t) => self.fs.forest.collect_range(&t.log, start, end),
             None => Ok(Vec::new()),
         }
     }
@@ -107,9 +107,9 @@ impl<D: BlockDevice> FsState<D> {
     /// Copies the fs tree's items in `[start, end]` into the log.
     fn log_copy_range(&mut self, start: Key, end: Key) -> Result<()> {
         for (key, data) in self
-            .info
+            .fs
             .forest
-            .collect_range(&self.info.roots.fs, start, end)?
+            .collect_range(&self.fs.roots.fs, start, end)?
         {
             self.log_put(key, data)?;
         }
@@ -137,7 +137,7 @@ impl<D: BlockDevice> FsState<D> {
     /// Those inodes' own names may involve further inodes (swaps through
     /// a third name, chains of renames): a worklist follows them all.
     pub(crate) fn log_names(&mut self, ino: u64) -> Result<()> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         self.log_own_names(ino)?;
         let mut todo = self.name_conflicts(ino)?;
         while let Some(other) = todo.pop() {
@@ -151,14 +151,14 @@ impl<D: BlockDevice> FsState<D> {
             if !live || self.inode(other)?.log.names_logged_trans == transid {
                 continue;
             }
-            self.info.log_stats.name_conflict_logs += 1;
+            self.fs.log_stats.name_conflict_logs += 1;
             self.log_exists_item(other)?;
             self.log_own_names(other)?;
             if let Some(reason) = self.log_new_ancestors(other)? {
                 // Its new name would be unreachable at replay while its
                 // committed one is taken: no log may be synced until the
                 // commit.
-                self.info.log.force_commit.get_or_insert(reason);
+                self.fs.log.force_commit.get_or_insert(reason);
             }
             todo.extend(self.name_conflicts(other)?);
         }
@@ -171,7 +171,7 @@ impl<D: BlockDevice> FsState<D> {
         let start = Key::new(ino, item_type::INODE_REF, 0);
         let end = Key::new(ino, item_type::INODE_EXTREF, u64::MAX);
         // Nothing of this inode in the log yet: nothing to drop (seed 001).
-        let logged_before = self.inode(ino)?.log.names_logged_trans == self.info.forest.transid();
+        let logged_before = self.inode(ino)?.log.names_logged_trans == self.fs.forest.transid();
         if logged_before {
             self.log_delete_range(start, end)?;
         }
@@ -186,7 +186,7 @@ impl<D: BlockDevice> FsState<D> {
         } else if logged_before {
             self.log_delete(&unlinked)?;
         }
-        self.inode(ino)?.log.names_logged_trans = self.info.forest.transid();
+        self.inode(ino)?.log.names_logged_trans = self.fs.forest.transid();
         Ok(())
     }
 
@@ -195,24 +195,13 @@ impl<D: BlockDevice> FsState<D> {
     fn name_conflicts(&mut self, ino: u64) -> Result<Vec<u64>> {
         let mut others = Vec::new();
         for (parent, name) in self.names_of(ino)? {
-            if let Some(owner) = self
-                .subvols
-                .top
-                .delayed
-                .committed_owner_removed(parent, &name)
-            {
+            if let Some(owner) = self.root.delayed.committed_owner_removed(parent, &name) {
                 if owner != ino {
                     others.push(owner);
                 }
             }
         }
-        for (dir, name) in self
-            .subvols
-            .top
-            .delayed
-            .committed_names_removed(ino)
-            .to_vec()
-        {
+        for (dir, name) in self.root.delayed.committed_names_removed(ino).to_vec() {
             match self.find_entry(dir, &name) {
                 Ok(Some(entry)) if entry.ino != ino => others.push(entry.ino),
                 Ok(_) | Err(crate::Error::NotFound) => {}
@@ -233,7 +222,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// The item half of [`Self::log_exists`].
     fn log_exists_item(&mut self, ino: u64) -> Result<()> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         if self.is_new(ino)? && self.inode(ino)?.log.state_logged_trans != transid {
             let mut item = self.inode(ino)?.item.clone();
             match item.file_type() {
@@ -257,8 +246,8 @@ impl<D: BlockDevice> FsState<D> {
     /// inode that changed after a hook logged it (a symlink whose target is
     /// written after its name).
     pub(crate) fn log_exists_again(&mut self, ino: u64) -> Result<()> {
-        if self.info.log.trees.is_some()
-            && self.inode(ino)?.log.names_logged_trans == self.info.forest.transid()
+        if self.fs.log.trees.is_some()
+            && self.inode(ino)?.log.names_logged_trans == self.fs.forest.transid()
         {
             self.log_exists(ino)?;
         }
@@ -270,7 +259,7 @@ impl<D: BlockDevice> FsState<D> {
     /// replay. Ancestors are not marked as state-logged (seed 000): a
     /// later fsync of one still logs its entries.
     pub(crate) fn log_new_ancestors(&mut self, ino: u64) -> Result<Option<FallbackReason>> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         let mut todo = self.parents_of(ino)?;
         let mut depth = 0;
         while let Some(dir) = todo.pop() {
@@ -291,7 +280,7 @@ impl<D: BlockDevice> FsState<D> {
     /// this transaction. A renamed directory stays in the inode cache until
     /// the commit (it is dirty), so only cached ones need looking at.
     fn ancestor_renamed(&mut self, ino: u64) -> Result<bool> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         let mut todo = self.parents_of(ino)?;
         let mut seen = std::collections::HashSet::new();
         while let Some(dir) = todo.pop() {
@@ -299,8 +288,7 @@ impl<D: BlockDevice> FsState<D> {
                 continue;
             }
             if self
-                .subvols
-                .top
+                .root
                 .inodes
                 .get(&dir)
                 .is_some_and(|i| i.log.renamed_trans == transid)
@@ -330,7 +318,7 @@ impl<D: BlockDevice> FsState<D> {
     /// Logs a file (or symlink, device, fifo): item from memory (seed 001),
     /// names, xattrs, and its extents in full or just the written ranges.
     fn log_file(&mut self, ino: u64) -> Result<()> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         let item = self.inode(ino)?.item.clone();
         let log = self.inode(ino)?.log.clone();
         let first_this_trans = log.state_logged_trans != transid;
@@ -345,7 +333,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             self.log_copy_range(es, ee)?;
             self.log_put(Key::new(ino, item_type::LOG_FULL_EXTENTS, 0), Vec::new())?;
-            self.info.log_stats.full_logs += 1;
+            self.fs.log_stats.full_logs += 1;
         } else {
             let ranges = if log.ranges_trans == transid {
                 log.dirty_ranges
@@ -355,7 +343,7 @@ impl<D: BlockDevice> FsState<D> {
             for (start, end) in ranges {
                 self.log_extent_range(ino, start, end)?;
             }
-            self.info.log_stats.fast_logs += 1;
+            self.fs.log_stats.fast_logs += 1;
         }
         let seq = self.inode(ino)?.change_seq;
         let inode = self.inode(ino)?;
@@ -392,7 +380,7 @@ impl<D: BlockDevice> FsState<D> {
         let (mut lo, mut hi) = (start, end);
         loop {
             let (before_lo, before_hi) = (lo, hi);
-            let log_from = match &self.info.log.trees {
+            let log_from = match &self.fs.log.trees {
                 Some(t) => self.extent_reaching_from_below(&t.log, ino, lo)?,
                 None => lo,
             };
@@ -407,9 +395,9 @@ impl<D: BlockDevice> FsState<D> {
                     hi = hi.max(key.offset + e.len());
                 }
             }
-            let fs_from = self.extent_reaching_from_below(&self.info.roots.fs, ino, lo)?;
-            for (key, data) in self.info.forest.collect_range(
-                &self.info.roots.fs,
+            let fs_from = self.extent_reaching_from_below(&self.fs.roots.fs, ino, lo)?;
+            for (key, data) in self.fs.forest.collect_range(
+                &self.fs.roots.fs,
                 Key::new(ino, item_type::EXTENT_DATA, fs_from),
                 Key::new(ino, item_type::EXTENT_DATA, hi.saturating_sub(1)),
             )? {
@@ -431,7 +419,7 @@ impl<D: BlockDevice> FsState<D> {
     /// itself when there is none.
     fn extent_reaching_from_below(&self, tree: &TreeRoot, ino: u64, offset: u64) -> Result<u64> {
         let probe = Key::new(ino, item_type::EXTENT_DATA, offset);
-        Ok(match self.info.forest.last_at_or_before(tree, &probe)? {
+        Ok(match self.fs.forest.last_at_or_before(tree, &probe)? {
             Some((key, _)) if key.objectid == ino && key.item_type == item_type::EXTENT_DATA => {
                 key.offset
             }
@@ -453,7 +441,7 @@ impl<D: BlockDevice> FsState<D> {
     /// d/x/q; fsync d` must keep `d/x/q`). Each is logged again only if it
     /// changed since its last log.
     fn log_dir(&mut self, dir: u64) -> Result<()> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         let mut todo = vec![dir];
         let mut seen = std::collections::HashSet::new();
         while let Some(d) = todo.pop() {
@@ -467,8 +455,7 @@ impl<D: BlockDevice> FsState<D> {
                 self.log_one_dir(d)?;
             }
             let new_subdirs: Vec<u64> = self
-                .subvols
-                .top
+                .root
                 .delayed
                 .txn_changes(d)
                 .map(|c| {
@@ -493,7 +480,7 @@ impl<D: BlockDevice> FsState<D> {
     /// 003: nothing is flushed into the fs tree for this). Only the changes
     /// since the directory was last logged are written.
     fn log_one_dir(&mut self, dir: u64) -> Result<()> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         let first_this_trans = self.inode(dir)?.log.state_logged_trans != transid;
         let item = self.inode(dir)?.item.clone();
         self.log_inode_item(dir, item)?;
@@ -503,8 +490,8 @@ impl<D: BlockDevice> FsState<D> {
         // in it (10,000 in seed 003), and copying it per fsync made a
         // directory's fsync cost grow with the directory.
         let unlogged: Vec<(u64, Option<DirEntry>, bool)> = {
-            let indexes = self.subvols.top.delayed.take_unlogged(dir);
-            let changes = self.subvols.top.delayed.txn_changes(dir);
+            let indexes = self.root.delayed.take_unlogged(dir);
+            let changes = self.root.delayed.txn_changes(dir);
             indexes
                 .into_iter()
                 .map(|index| {
@@ -525,7 +512,7 @@ impl<D: BlockDevice> FsState<D> {
                     self.log_put(Key::new(dir, item_type::DIR_LOG_INDEX, index), Vec::new())?;
                     // Replay drops this committed name: the inode takes its
                     // other (or new, for a rename out) names along.
-                    if let Some(ino) = self.subvols.top.delayed.removed_inode(dir, index) {
+                    if let Some(ino) = self.root.delayed.removed_inode(dir, index) {
                         if self.inode(ino).is_ok_and(|i| i.item.nlink > 0) {
                             added.push(ino);
                         }
@@ -539,7 +526,7 @@ impl<D: BlockDevice> FsState<D> {
             self.log_exists(ino)?;
         }
         let seq = self.inode(dir)?.change_seq;
-        let filling = self.info.log.filling;
+        let filling = self.fs.log.filling;
         let inode = self.inode(dir)?;
         inode.log.state_logged_trans = transid;
         inode.log.logged_change_seq = seq;
@@ -547,7 +534,7 @@ impl<D: BlockDevice> FsState<D> {
         // same log transaction: its own fsync, finding it unchanged, waits
         // for that one.
         inode.log.logged_in = filling;
-        self.info.log_stats.dir_logs += 1;
+        self.fs.log_stats.dir_logs += 1;
         self.log_names(dir)
     }
 
@@ -555,13 +542,13 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn log_for_fsync(&mut self, ino: u64) -> Result<LogOutcome> {
         let started = Instant::now();
         let outcome = self.log_for_fsync_timed(ino);
-        self.info.log_stats.logging_nanos += started.elapsed().as_nanos() as u64;
+        self.fs.log_stats.logging_nanos += started.elapsed().as_nanos() as u64;
         outcome
     }
 
     fn log_for_fsync_timed(&mut self, ino: u64) -> Result<LogOutcome> {
-        let transid = self.info.forest.transid();
-        if let Some(reason) = self.info.log.force_commit {
+        let transid = self.fs.forest.transid();
+        if let Some(reason) = self.fs.log.force_commit {
             self.count_fallback(reason);
             return Ok(LogOutcome::NeedCommit);
         }
@@ -579,7 +566,7 @@ impl<D: BlockDevice> FsState<D> {
         if inode.item.nlink == 0 || !changed_in_trans {
             // Unlinked in an earlier transaction (an orphan the last
             // commit holds), or already committed.
-            self.info.log_stats.noop_fsyncs += 1;
+            self.fs.log_stats.noop_fsyncs += 1;
             return Ok(LogOutcome::Nothing);
         }
         let unchanged = inode.log.state_logged_trans == transid
@@ -610,10 +597,10 @@ impl<D: BlockDevice> FsState<D> {
             self.count_fallback(reason);
             return Ok(LogOutcome::NeedCommit);
         }
-        let filling = self.info.log.filling;
+        let filling = self.fs.log.filling;
         self.inode(ino)?.log.logged_in = filling;
-        self.info.log.filling_dirty = true;
-        self.info.log_stats.logged_fsyncs += 1;
+        self.fs.log.filling_dirty = true;
+        self.fs.log_stats.logged_fsyncs += 1;
         Ok(LogOutcome::Logged(filling))
     }
 
@@ -626,38 +613,28 @@ impl<D: BlockDevice> FsState<D> {
     /// holds (new and never logged, or unlinked before the last commit,
     /// an orphan there) has nothing to log.
     fn log_unlinked(&mut self, ino: u64) -> Result<LogOutcome> {
-        let names_logged = self.inode(ino)?.log.names_logged_trans == self.info.forest.transid();
-        let lost_committed_name = !self
-            .subvols
-            .top
-            .delayed
-            .committed_names_removed(ino)
-            .is_empty();
+        let names_logged = self.inode(ino)?.log.names_logged_trans == self.fs.forest.transid();
+        let lost_committed_name = !self.root.delayed.committed_names_removed(ino).is_empty();
         if !names_logged && !lost_committed_name {
-            self.info.log_stats.noop_fsyncs += 1;
+            self.fs.log_stats.noop_fsyncs += 1;
             return Ok(LogOutcome::Nothing);
         }
         // Its names (none: `LOG_UNLINKED`), and the inodes now holding
         // names it gave up.
         self.log_names(ino)?;
-        let filling = self.info.log.filling;
+        let filling = self.fs.log.filling;
         self.inode(ino)?.log.logged_in = filling;
-        self.info.log.filling_dirty = true;
-        self.info.log_stats.logged_fsyncs += 1;
+        self.fs.log.filling_dirty = true;
+        self.fs.log_stats.logged_fsyncs += 1;
         Ok(LogOutcome::Logged(filling))
     }
 
     /// Whether the file gained a name by a link or lost a committed one in
     /// this transaction: its fsync then logs those names' directories.
     fn names_changed_in_trans(&mut self, ino: u64) -> Result<bool> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         Ok(self.inode(ino)?.log.linked_trans == transid
-            || !self
-                .subvols
-                .top
-                .delayed
-                .committed_names_removed(ino)
-                .is_empty())
+            || !self.root.delayed.committed_names_removed(ino).is_empty())
     }
 
     /// Logs, after a file, the directories whose entries replay changes
@@ -675,10 +652,9 @@ impl<D: BlockDevice> FsState<D> {
     ///
     /// Returns why the log cannot express it, if it cannot.
     fn log_dirs_of_changed_names(&mut self, ino: u64) -> Result<Option<FallbackReason>> {
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         let mut dirs: Vec<u64> = self
-            .subvols
-            .top
+            .root
             .delayed
             .committed_names_removed(ino)
             .iter()
@@ -716,9 +692,9 @@ impl<D: BlockDevice> FsState<D> {
 
     pub(crate) fn count_fallback(&mut self, reason: FallbackReason) {
         match reason {
-            FallbackReason::AncestorChain => self.info.log_stats.fallback_ancestor_chain += 1,
-            FallbackReason::RemovedDirectory => self.info.log_stats.fallback_removed_directory += 1,
-            FallbackReason::RenamedAncestor => self.info.log_stats.fallback_renamed_ancestor += 1,
+            FallbackReason::AncestorChain => self.fs.log_stats.fallback_ancestor_chain += 1,
+            FallbackReason::RemovedDirectory => self.fs.log_stats.fallback_removed_directory += 1,
+            FallbackReason::RenamedAncestor => self.fs.log_stats.fallback_renamed_ancestor += 1,
         }
     }
 
@@ -728,8 +704,8 @@ impl<D: BlockDevice> FsState<D> {
     /// gets the new set at once — without a log sync, and without marking
     /// any ancestor as logged, so a later fsync of a parent still logs it.
     pub(crate) fn log_names_changed(&mut self, ino: u64) -> Result<()> {
-        if self.info.log.trees.is_none()
-            || self.inode(ino)?.log.names_logged_trans != self.info.forest.transid()
+        if self.fs.log.trees.is_none()
+            || self.inode(ino)?.log.names_logged_trans != self.fs.forest.transid()
         {
             return Ok(());
         }
@@ -738,7 +714,7 @@ impl<D: BlockDevice> FsState<D> {
         // way a workload can see: `setfattr -x user.a f; ln f f_link`
         // after an fsync of `f` must not replay `f_link` with `user.a`
         // (generic/066; btrfs logs the inode's xattrs with its new name).
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         if self.inode(ino)?.log.state_logged_trans == transid {
             self.log_xattrs(ino, true)?;
         }
@@ -753,13 +729,13 @@ impl<D: BlockDevice> FsState<D> {
     /// inode's names), so the log never holds a removal without the entry
     /// that replaced it (rename over an entry of a logged directory).
     pub(crate) fn log_entry_added(&mut self, dir: u64, index: u64, entry: &DirEntry) -> Result<()> {
-        if self.info.log.trees.is_none()
-            || self.inode(dir)?.log.state_logged_trans != self.info.forest.transid()
+        if self.fs.log.trees.is_none()
+            || self.inode(dir)?.log.state_logged_trans != self.fs.forest.transid()
         {
             return Ok(());
         }
         self.log_put(Key::new(dir, item_type::DIR_INDEX, index), entry.encode())?;
-        self.subvols.top.delayed.mark_logged(dir, index);
+        self.root.delayed.mark_logged(dir, index);
         self.log_exists(entry.ino)
     }
 
@@ -774,8 +750,8 @@ impl<D: BlockDevice> FsState<D> {
         index: u64,
         committed: bool,
     ) -> Result<bool> {
-        if self.info.log.trees.is_none()
-            || self.inode(dir)?.log.state_logged_trans != self.info.forest.transid()
+        if self.fs.log.trees.is_none()
+            || self.inode(dir)?.log.state_logged_trans != self.fs.forest.transid()
         {
             return Ok(false);
         }
@@ -783,7 +759,7 @@ impl<D: BlockDevice> FsState<D> {
         if committed {
             self.log_put(Key::new(dir, item_type::DIR_LOG_INDEX, index), Vec::new())?;
         }
-        self.subvols.top.delayed.mark_logged(dir, index);
+        self.root.delayed.mark_logged(dir, index);
         Ok(true)
     }
 
@@ -792,10 +768,10 @@ impl<D: BlockDevice> FsState<D> {
         if self.is_new(dir)? {
             return Ok(());
         }
-        let transid = self.info.forest.transid();
+        let transid = self.fs.forest.transid();
         self.inode(parent)?.log.removed_committed_dir_trans = transid;
         if self.inode(parent)?.log.state_logged_trans == transid {
-            self.info.log.force_commit = Some(FallbackReason::RemovedDirectory);
+            self.fs.log.force_commit = Some(FallbackReason::RemovedDirectory);
         }
         Ok(())
     }
@@ -804,25 +780,25 @@ impl<D: BlockDevice> FsState<D> {
     /// tree's root in the log root tree and hands over the changed log
     /// nodes. Returns `None` when nothing was logged.
     pub(crate) fn seal_log(&mut self) -> Result<Option<SealedLog>> {
-        let id = self.info.log.filling;
-        self.info.log.filling += 1;
-        if !std::mem::take(&mut self.info.log.filling_dirty) {
+        let id = self.fs.log.filling;
+        self.fs.log.filling += 1;
+        if !std::mem::take(&mut self.fs.log.filling_dirty) {
             return Ok(None);
         }
-        let mut trees = self.info.log.trees.expect("something was logged");
+        let mut trees = self.fs.log.trees.expect("something was logged");
         let item = RootItem {
             bytenr: trees.log.bytenr,
             generation: trees.log.generation,
             level: trees.log.level,
         };
-        self.info.forest.put(
+        self.fs.forest.put(
             &mut trees.root,
             Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS),
             item.encode(),
         )?;
-        self.info.log.trees = Some(trees);
-        let nodes = self.info.forest.seal_log_nodes();
-        let released = self.info.forest.alloc_mut().take_log_pinned();
+        self.fs.log.trees = Some(trees);
+        let nodes = self.fs.forest.seal_log_nodes();
+        let released = self.fs.forest.alloc_mut().take_log_pinned();
         Ok(Some(SealedLog {
             id,
             base_generation: self.committed_generation(),
@@ -835,11 +811,11 @@ impl<D: BlockDevice> FsState<D> {
     /// An inode is being destroyed: its logged items go too, so a later log
     /// sync does not bring it back.
     pub(crate) fn forget_logged_inode(&mut self, ino: u64) -> Result<()> {
-        let transid = self.info.forest.transid();
-        let logged = self.subvols.top.inodes.get(&ino).is_some_and(|i| {
+        let transid = self.fs.forest.transid();
+        let logged = self.root.inodes.get(&ino).is_some_and(|i| {
             i.log.names_logged_trans == transid || i.log.state_logged_trans == transid
         });
-        if logged && self.info.log.trees.is_some() {
+        if logged && self.fs.log.trees.is_some() {
             self.log_delete_range(Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))?;
             // A committed inode keeps its committed names at replay unless
             // the log says they are gone (it may have been logged under a
@@ -855,13 +831,13 @@ impl<D: BlockDevice> FsState<D> {
     /// nodes stay pinned until the commit is. Returns the transaction's
     /// change records, which the caller frees outside the state lock.
     pub(crate) fn drop_log(&mut self) -> Result<RetiredRecords> {
-        if let Some(trees) = self.info.log.trees.take() {
-            self.info.forest.drop_tree(&trees.log)?;
-            self.info.forest.drop_tree(&trees.root)?;
+        if let Some(trees) = self.fs.log.trees.take() {
+            self.fs.forest.drop_tree(&trees.log)?;
+            self.fs.forest.drop_tree(&trees.root)?;
         }
-        self.info.log.filling_dirty = false;
-        self.info.log.force_commit = None;
-        Ok(self.subvols.top.delayed.take_txn_changes())
+        self.fs.log.filling_dirty = false;
+        self.fs.log.force_commit = None;
+        Ok(self.root.delayed.take_txn_changes())
     }
 }
 

@@ -2,7 +2,7 @@
 //! every attribute of the inode whose name has that hash.
 
 use super::decode::decode_item;
-use super::state::FsState;
+use super::root::RootCtx;
 use super::XattrSetMode;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
@@ -25,11 +25,11 @@ fn validate_xattr_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     fn xattr_bucket(&mut self, ino: u64, name: &[u8]) -> Result<(Key, Vec<Xattr>)> {
         self.inode(ino)?;
         let key = Key::new(ino, item_type::XATTR_ITEM, name_hash(name));
-        let bucket = match self.info.forest.get(&self.info.roots.fs, &key)? {
+        let bucket = match self.fs.forest.get(&self.fs.roots.fs, &key)? {
             Some(data) => decode_item(&key, decode_xattrs(&data))?,
             None => Vec::new(),
         };
@@ -73,9 +73,7 @@ impl<D: BlockDevice> FsState<D> {
         if encoded.len() > MAX_ITEM_DATA {
             return Err(Error::NoSpace);
         }
-        self.info
-            .forest
-            .put(&mut self.info.roots.fs, key, encoded)?;
+        self.fs.forest.put(&mut self.fs.roots.fs, key, encoded)?;
         let now = Timespec::now();
         self.update_inode(ino, |i| i.ctime = now)
     }
@@ -84,8 +82,8 @@ impl<D: BlockDevice> FsState<D> {
         self.inode(ino)?;
         let mut names = Vec::new();
         let mut err = None;
-        self.info.forest.scan(
-            &self.info.roots.fs,
+        self.fs.forest.scan(
+            &self.fs.roots.fs,
             Key::new(ino, item_type::XATTR_ITEM, 0),
             Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
             &mut |k, d| {
@@ -114,11 +112,11 @@ impl<D: BlockDevice> FsState<D> {
             return Err(Error::NoData);
         }
         if bucket.is_empty() {
-            self.info.forest.delete(&mut self.info.roots.fs, &key)?;
+            self.fs.forest.delete(&mut self.fs.roots.fs, &key)?;
         } else {
-            self.info
+            self.fs
                 .forest
-                .put(&mut self.info.roots.fs, key, encode_xattrs(&bucket))?;
+                .put(&mut self.fs.roots.fs, key, encode_xattrs(&bucket))?;
         }
         let now = Timespec::now();
         self.update_inode(ino, |i| i.ctime = now)
