@@ -15,6 +15,7 @@
 use super::decode::decode_item;
 use super::root::RootCtx;
 use super::space_info::Need;
+use super::state::FsState;
 use super::{FallocateMode, SeekWhence};
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
@@ -522,44 +523,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(n)
     }
 
-    /// Page-bounded writeback (reclaim, the flusher, throttled writers):
-    /// about `budget` pages, oldest dirty inode first, as many inodes as it
-    /// takes — never "all pages of N inodes". Within an inode it goes on
-    /// from where the last page-bounded writeback stopped, in file order,
-    /// so a large file still gets long extents. Returns the pages written.
-    pub(crate) fn writeback_oldest(&mut self, budget: u64) -> Result<u64> {
-        let mut written = 0;
-        while written < budget {
-            let Some(ino) = self.fs.space.oldest_dirty_inode() else {
-                break;
-            };
-            let want = (budget - written) as usize;
-            let cursor = self.fs.space.cursor(ino);
-            let keys: Vec<u64> = {
-                let pages = &self.inode(ino)?.pages;
-                pages
-                    .range(cursor..)
-                    .chain(pages.range(..cursor))
-                    .take(want)
-                    .map(|(&k, _)| k)
-                    .collect()
-            };
-            let mut pages = BTreeMap::new();
-            for &k in &keys {
-                if let Some(page) = self.take_dirty_page(ino, k)? {
-                    pages.insert(k, page);
-                }
-            }
-            self.debug_check_runs(ino);
-            if let Some(&last) = keys.last() {
-                self.fs.space.set_cursor(ino, last + 1);
-            }
-            written += pages.len() as u64;
-            self.writeback_pages(ino, pages)?;
-        }
-        Ok(written)
-    }
-
     /// Records that `[start, end)` of the file got new extents, for the
     /// next fast log. Kept sorted and merged: page-bounded writeback writes
     /// a file in pieces, in any order.
@@ -965,5 +928,47 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 Ok(at.min(size))
             }
         }
+    }
+}
+
+/// Writeback over the dirty-inode queue, which spans roots.
+impl<D: BlockDevice> FsState<D> {
+    /// Page-bounded writeback (reclaim, the flusher, throttled writers):
+    /// about `budget` pages, oldest dirty inode first, as many inodes as it
+    /// takes — never "all pages of N inodes". Within an inode it goes on
+    /// from where the last page-bounded writeback stopped, in file order,
+    /// so a large file still gets long extents. Returns the pages written.
+    pub(crate) fn writeback_oldest(&mut self, budget: u64) -> Result<u64> {
+        let mut written = 0;
+        while written < budget {
+            let Some(ino) = self.info.space.oldest_dirty_inode() else {
+                break;
+            };
+            let want = (budget - written) as usize;
+            let cursor = self.info.space.cursor(ino);
+            let keys: Vec<u64> = {
+                let mut root = self.top();
+                let pages = &root.inode(ino)?.pages;
+                pages
+                    .range(cursor..)
+                    .chain(pages.range(..cursor))
+                    .take(want)
+                    .map(|(&k, _)| k)
+                    .collect()
+            };
+            let mut pages = BTreeMap::new();
+            for &k in &keys {
+                if let Some(page) = self.top().take_dirty_page(ino, k)? {
+                    pages.insert(k, page);
+                }
+            }
+            self.top().debug_check_runs(ino);
+            if let Some(&last) = keys.last() {
+                self.info.space.set_cursor(ino, last + 1);
+            }
+            written += pages.len() as u64;
+            self.top().writeback_pages(ino, pages)?;
+        }
+        Ok(written)
     }
 }

@@ -69,7 +69,7 @@ impl<D: BlockDevice> Shared<D> {
                 ))));
             }
             let filling = state.info.log.filling;
-            match state.top().seal_log()? {
+            match state.seal_log()? {
                 Some(s) => (s, state.info.superblock.data_checksums),
                 // Nothing logged since the last sync: it is all durable.
                 None => return Ok(filling),

@@ -452,7 +452,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     .min(MAX_RECLAIM_PAGES)
                     .min(state.info.dirty_page_bytes / PAGE);
                 let before = state.space_available(urgent);
-                match state.top().writeback_oldest(pages) {
+                match state.writeback_oldest(pages) {
                     Ok(n) => state.info.space.note_reclaim_request(n),
                     Err(e) => {
                         state.info.failed = Some(e.to_string());
@@ -544,7 +544,7 @@ impl<D: BlockDevice + 'static> Shared<D> {
             let target = limit / 4 * 3;
             while state.info.dirty_page_bytes > target {
                 let want = (state.info.dirty_page_bytes - target).div_ceil(PAGE);
-                match state.top().writeback_oldest(want) {
+                match state.writeback_oldest(want) {
                     Ok(0) => break,
                     Ok(n) => state.info.space.stats.throttle_pages += n,
                     Err(e) => {
@@ -614,7 +614,7 @@ pub(super) fn flusher<D: BlockDevice + 'static>(shared: std::sync::Arc<Shared<D>
                     .dirty_page_bytes
                     .saturating_sub(state.background_threshold());
                 let pages = over.div_ceil(PAGE).clamp(1, BACKGROUND_BATCH_PAGES);
-                match state.top().writeback_oldest(pages) {
+                match state.writeback_oldest(pages) {
                     Ok(n) => state.info.space.stats.background_pages += n,
                     Err(e) => state.info.failed = Some(e.to_string()),
                 }

@@ -267,10 +267,7 @@ impl<D: BlockDevice> Shared<D> {
                 if state.info.failed.is_some() || state.info.options.read_only {
                     return Ok(());
                 }
-                let written = match state
-                    .top()
-                    .writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES))
-                {
+                let written = match state.writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES)) {
                     Ok(n) => n,
                     Err(e) => {
                         let generation = state.info.forest.transid();
@@ -370,7 +367,7 @@ impl<D: BlockDevice> FsState<D> {
     ) -> Result<Option<commit::PreparedCommit>> {
         self.top().writeback_all()?;
         self.top().flush_delayed_items()?;
-        *retired = Some(self.top().drop_log()?);
+        *retired = Some(self.drop_log()?);
         // A superblock that points at a log (one replay applied or threw
         // away) is superseded even when nothing else changed, and so is
         // one newer than the commit in memory (a rescue mount fell back to

@@ -7,6 +7,7 @@ use super::decode::decode_item;
 use super::delayed_items::RetiredRecords;
 use super::log_state::{FallbackReason, LogTrees};
 use super::root::RootCtx;
+use super::state::FsState;
 use crate::alloc::TransactionSpace;
 use crate::btree::{TreeKind, TreeRoot};
 use crate::device::BlockDevice;
@@ -776,38 +777,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(())
     }
 
-    /// Seals the filling log transaction for writing: records the log
-    /// tree's root in the log root tree and hands over the changed log
-    /// nodes. Returns `None` when nothing was logged.
-    pub(crate) fn seal_log(&mut self) -> Result<Option<SealedLog>> {
-        let id = self.fs.log.filling;
-        self.fs.log.filling += 1;
-        if !std::mem::take(&mut self.fs.log.filling_dirty) {
-            return Ok(None);
-        }
-        let mut trees = self.fs.log.trees.expect("something was logged");
-        let item = RootItem {
-            bytenr: trees.log.bytenr,
-            generation: trees.log.generation,
-            level: trees.log.level,
-        };
-        self.fs.forest.put(
-            &mut trees.root,
-            Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS),
-            item.encode(),
-        )?;
-        self.fs.log.trees = Some(trees);
-        let nodes = self.fs.forest.seal_log_nodes();
-        let released = self.fs.forest.alloc_mut().take_log_pinned();
-        Ok(Some(SealedLog {
-            id,
-            base_generation: self.committed_generation(),
-            root: trees.root,
-            nodes,
-            released,
-        }))
-    }
-
     /// An inode is being destroyed: its logged items go too, so a later log
     /// sync does not bring it back.
     pub(crate) fn forget_logged_inode(&mut self, ino: u64) -> Result<()> {
@@ -826,19 +795,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }
         Ok(())
     }
-
-    /// Drops the log (a commit makes its content durable): its written
-    /// nodes stay pinned until the commit is. Returns the transaction's
-    /// change records, which the caller frees outside the state lock.
-    pub(crate) fn drop_log(&mut self) -> Result<RetiredRecords> {
-        if let Some(trees) = self.fs.log.trees.take() {
-            self.fs.forest.drop_tree(&trees.log)?;
-            self.fs.forest.drop_tree(&trees.root)?;
-        }
-        self.fs.log.filling_dirty = false;
-        self.fs.log.force_commit = None;
-        Ok(self.root.delayed.take_txn_changes())
-    }
 }
 
 /// A log transaction ready to be written.
@@ -850,4 +806,52 @@ pub(crate) struct SealedLog {
     pub nodes: std::sync::Arc<std::collections::HashMap<u64, std::sync::Arc<crate::format::Node>>>,
     /// Log nodes that become free once this log's superblock is durable.
     pub released: Vec<(u64, u64)>,
+}
+
+/// The log across roots: sealing it for a log sync, dropping it at a commit.
+impl<D: BlockDevice> FsState<D> {
+    /// Seals the filling log transaction for writing: records the log
+    /// tree's root in the log root tree and hands over the changed log
+    /// nodes. Returns `None` when nothing was logged.
+    pub(crate) fn seal_log(&mut self) -> Result<Option<SealedLog>> {
+        let id = self.info.log.filling;
+        self.info.log.filling += 1;
+        if !std::mem::take(&mut self.info.log.filling_dirty) {
+            return Ok(None);
+        }
+        let mut trees = self.info.log.trees.expect("something was logged");
+        let item = RootItem {
+            bytenr: trees.log.bytenr,
+            generation: trees.log.generation,
+            level: trees.log.level,
+        };
+        self.info.forest.put(
+            &mut trees.root,
+            Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS),
+            item.encode(),
+        )?;
+        self.info.log.trees = Some(trees);
+        let nodes = self.info.forest.seal_log_nodes();
+        let released = self.info.forest.alloc_mut().take_log_pinned();
+        Ok(Some(SealedLog {
+            id,
+            base_generation: self.top().committed_generation(),
+            root: trees.root,
+            nodes,
+            released,
+        }))
+    }
+
+    /// Drops the log (a commit makes its content durable): its written
+    /// nodes stay pinned until the commit is. Returns the transaction's
+    /// change records, which the caller frees outside the state lock.
+    pub(crate) fn drop_log(&mut self) -> Result<RetiredRecords> {
+        if let Some(trees) = self.info.log.trees.take() {
+            self.info.forest.drop_tree(&trees.log)?;
+            self.info.forest.drop_tree(&trees.root)?;
+        }
+        self.info.log.filling_dirty = false;
+        self.info.log.force_commit = None;
+        Ok(self.subvols.top.delayed.take_txn_changes())
+    }
 }
