@@ -100,7 +100,8 @@ impl Held {
         }
     }
 
-    /// Restarts the hold clock paused by [`pause`](Self::pause).
+    /// (Re)starts the hold clock: once a blocking lock is taken, and after
+    /// a [`pause`](Self::pause).
     fn resume(&mut self) {
         if self.timed {
             self.held_since = Some(Instant::now());
@@ -249,8 +250,11 @@ impl<T> RankedMutex<T> {
     pub(crate) fn lock(&self) -> LockResult<RankedGuard<'_, T>> {
         #[cfg(debug_assertions)]
         check_may_take(self.rank);
-        let held = Held::new(self.rank);
-        match self.inner.lock() {
+        let mut held = Held::new(self.rank);
+        let locked = self.inner.lock();
+        // The hold starts once the lock is taken, not while waiting for it.
+        held.resume();
+        match locked {
             Ok(inner) => Ok(RankedGuard { inner, _held: held }),
             Err(poisoned) => Err(PoisonError::new(RankedGuard {
                 inner: poisoned.into_inner(),

@@ -11,7 +11,7 @@ use std::time::Instant;
 const PAGE: u64 = SECTOR_SIZE;
 /// Worst-case metadata one changed item costs a transaction: a copy of the
 /// leaf it lives in (under DUP twice that: the leaf and its mirror, see
-/// [`FsState::meta_item`]).
+/// `FsInfo::meta_item`).
 pub(crate) const META_ITEM: u64 = NODE_SIZE as u64;
 /// Items one run of dirty pages becomes: a file extent item and an extent
 /// item.
@@ -40,7 +40,7 @@ pub(crate) const WRITE_CHUNK: u64 = 1 << 20;
 pub(crate) struct Need {
     /// Data pages, in bytes.
     pub bytes: u64,
-    /// Changed items, each costing [`FsState::meta_item`].
+    /// Changed items, each costing `FsInfo::meta_item`.
     pub items: u64,
     /// May use the global reserve (changes that free space: unlink, rmdir,
     /// truncate, punch, fsync), and may pass queued tickets.
@@ -144,7 +144,7 @@ pub(crate) struct SpaceInfo {
     /// Space the commit in flight will unpin once durable.
     pub(super) committing_pinned: u64,
     /// Set when a ticket failed after a full reclaim cycle: what a commit
-    /// could then have given back ([`FsState::commit_could_return`]).
+    /// could then have given back (`FsState::commit_could_return`).
     /// Until that has grown by a ticket's shortfall (space freed since), a
     /// commit cannot satisfy the ticket and it fails without one.
     pub(super) full_at: Option<u64>,
