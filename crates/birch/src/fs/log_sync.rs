@@ -243,7 +243,7 @@ mod tests {
         let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
         let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
         fs.write_file(f, 0, b"logged").unwrap();
-        let logged = fs.lock().log_for_fsync(f).unwrap();
+        let logged = fs.lock().top().log_for_fsync(f).unwrap();
         let LogOutcome::Logged(id) = logged else {
             panic!("fsync of a new file did not log it");
         };
