@@ -145,6 +145,8 @@ fn report_text(report: &StatsReport) -> String {
         }
     }
 
+    out.push_str(&state_hold_text(report));
+
     let total: u64 = report.requests.iter().map(|(_, n)| n).sum();
     let _ = writeln!(
         out,
@@ -166,6 +168,52 @@ fn report_text(report: &StatsReport) -> String {
         let _ = writeln!(out, "{}", line.trim_end());
     }
     out
+}
+
+/// The mean state-lock hold per request, the request rate it caps the
+/// engine at, and the histogram's non-empty buckets.
+fn state_hold_text(report: &StatsReport) -> String {
+    let Some((mean, ceiling)) = report.state_hold_mean() else {
+        return String::new();
+    };
+    let mut out = format!(
+        "\nstate lock hold per request: mean {}, ceiling {} requests/s on any number of cores\n",
+        nanos_text(mean.as_nanos()),
+        count_text(ceiling.min(u64::MAX as f64) as i128)
+    );
+    let total: u64 = report.state_hold_histogram.iter().sum();
+    for (i, &n) in report.state_hold_histogram.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let from = 1u128 << i;
+        let range = if i + 1 == report.state_hold_histogram.len() {
+            format!(">= {}", nanos_text(from))
+        } else {
+            format!("{} - {}", nanos_text(from), nanos_text(from << 1))
+        };
+        let share = 100.0 * n as f64 / total.max(1) as f64;
+        let _ = writeln!(
+            out,
+            "  {range:<22}{:>14}  {share:5.1}%",
+            count_text(i128::from(n))
+        );
+    }
+    out
+}
+
+/// "640 ns", "12.3 µs", "4.1 ms", "2.15 s": a hold's length.
+fn nanos_text(nanos: u128) -> String {
+    let n = nanos as f64;
+    if nanos < 1_000 {
+        format!("{nanos} ns")
+    } else if nanos < 1_000_000 {
+        format!("{:.1} µs", n / 1e3)
+    } else if nanos < 1_000_000_000 {
+        format!("{:.1} ms", n / 1e6)
+    } else {
+        format!("{:.2} s", n / 1e9)
+    }
 }
 
 /// `names` after `prefix`, comma-separated, wrapped at 80 columns.
@@ -398,6 +446,26 @@ fn report_json(report: &StatsReport) -> Json {
             .iter()
             .map(|(c, value)| (c.name.to_string(), number(value))),
     );
+    if let Some((mean, ceiling)) = report.state_hold_mean() {
+        members.push((
+            "state_hold_mean_nanos".to_string(),
+            number(&mean.as_nanos()),
+        ));
+        members.push((
+            "state_hold_ceiling_per_second".to_string(),
+            Json::Number(format!("{ceiling:.0}")),
+        ));
+    }
+    members.push((
+        "state_hold_histogram".to_string(),
+        Json::Array(
+            report
+                .state_hold_histogram
+                .iter()
+                .map(|n| number(n))
+                .collect(),
+        ),
+    ));
     let total: u64 = report.requests.iter().map(|(_, n)| n).sum();
     members.push(("fuse_requests_total".to_string(), number(&total)));
     members.push((
@@ -434,13 +502,22 @@ mod tests {
             generation: 7,
             counters: COUNTERS
                 .iter()
-                .map(|c| (c, if c.name == "commits" { 250 } else { 0 }))
+                .map(|c| {
+                    let value = match c.name {
+                        "commits" => 250,
+                        "state_hold_requests" => 4,
+                        "state_hold_nanos" => 8_000,
+                        _ => 0,
+                    };
+                    (c, value)
+                })
                 .collect(),
             requests: vec![
                 ("LOOKUP".into(), 30),
                 ("GETATTR".into(), 70),
                 ("READ".into(), 0),
             ],
+            state_hold_histogram: vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 3],
         }
     }
 
@@ -471,6 +548,13 @@ mod tests {
         assert!(text.contains(" 70.0%"), "{text}");
         assert!(!text.contains("READ "), "{text}");
         assert!(text.lines().all(|l| l == l.trim_end()), "{text}");
+        // 8 µs held by 4 requests: 2 µs each, at most 500,000 a second.
+        assert!(
+            text.contains("mean 2.0 µs, ceiling 500,000 requests/s"),
+            "{text}"
+        );
+        assert!(text.contains("  1.0 µs - 2.0 µs"), "{text}");
+        assert!(text.contains(" 75.0%"), "{text}");
     }
 
     #[test]
@@ -490,5 +574,9 @@ mod tests {
         assert!(out.contains("\"uptime_seconds\": 100.000,"), "{out}");
         assert!(out.contains("\"commits\": 250,"), "{out}");
         assert!(out.contains("\"fuse_requests_total\": 100,"), "{out}");
+        assert!(
+            out.contains("\"state_hold_ceiling_per_second\": 500000,"),
+            "{out}"
+        );
     }
 }

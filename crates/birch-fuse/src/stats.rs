@@ -27,11 +27,12 @@ pub enum Group {
     MetadataCopies,
     DataChecksums,
     Scrub,
+    StateLock,
     Memory,
 }
 
 impl Group {
-    pub const ALL: [Group; 10] = [
+    pub const ALL: [Group; 11] = [
         Group::Transactions,
         Group::Fsync,
         Group::FsyncFallbacks,
@@ -41,6 +42,7 @@ impl Group {
         Group::MetadataCopies,
         Group::DataChecksums,
         Group::Scrub,
+        Group::StateLock,
         Group::Memory,
     ];
 
@@ -55,6 +57,7 @@ impl Group {
             Group::MetadataCopies => "metadata copies (DUP read repair)",
             Group::DataChecksums => "data checksums",
             Group::Scrub => "scrub (`birch scrub MOUNTPOINT`)",
+            Group::StateLock => "state lock (time each request held it)",
             Group::Memory => "memory (the daemon's)",
         }
     }
@@ -100,7 +103,7 @@ pub struct Counter {
 /// Builds [`COUNTERS`] and [`read_counters`] from one list, so the two
 /// cannot disagree on order or membership.
 macro_rules! counter_table {
-    ($( $getter:ident -> $source:ident $prefix:literal {
+    ($( $getter:ident -> $source:ident $prefix:literal $(shown apart: $($apart:ident),*)? {
         $( $field:ident: $group:ident $unit:ident $measure:ident, $counts:literal, $why:literal; )*
     } )*) => {
         /// Every engine counter `birch stats` shows, in display order
@@ -123,7 +126,7 @@ macro_rules! counter_table {
             $(
                 // An error here (rustc says "pattern requires `..`" or
                 // "does not mention field") is a counter without its line.
-                let $source { $($field),* } = fs.$getter();
+                let $source { $($field,)* $($($apart: _),*)? } = fs.$getter();
                 values.extend([$(i128::from($field)),*]);
             )*
             values
@@ -134,7 +137,7 @@ macro_rules! counter_table {
 // One line per counter: `field: Group Unit Measure, "what it counts", "why
 // you would look at it";`. The JSON key is the prefix plus the field name.
 counter_table! {
-    stats -> FsStats "" {
+    stats -> FsStats "" shown apart: state_hold_histogram {
         commits: Transactions Count Total, "Transactions committed (a superblock written): periodic, by `birch sync`/syncfs, by space reclaim, or in place of an fsync the log could not answer.", "Each commit writes every changed tree path and the superblock; far more than uptime / commit interval means something is forcing them (see the fallbacks and `reclaim_commits`).";
         delayed_item_flushes: Transactions Count Total, "Passes that wrote the pending directory-index items and dirty inode items into the trees (at commit, or by the background worker once `delayed_items_limit` are pending).", "Many more than `commits` means the delayed-item batching is cut short.";
         delayed_items_flushed: Transactions Count Total, "Items those passes wrote.", "Divided by `delayed_item_flushes`: how much each batch saved.";
@@ -147,6 +150,8 @@ counter_table! {
         data_csum_errors: DataChecksums Count Total, "Data blocks read whose checksum did not match (or that had none): each such read failed with EIO, logged with inode, file offset and disk bytenr.", "Non-zero: the device returned damaged file data; `birch scrub` names every bad block by path (docs/DATA-CHECKSUMS.md).";
         scrub_nodes: Scrub Count Total, "Tree nodes scrubbed on this mount (every copy of each read and verified), counted as a scrub goes.", "Rising: a scrub is running; `birch scrub MOUNTPOINT` shows it as progress. Commits wait for a scrub.";
         scrub_data_bytes: Scrub Bytes Total, "Bytes of data extents scrubbed on this mount (read and verified against their checksums), counted as a scrub goes.", "With `scrub_nodes`: how far a running scrub is; its rate is the scrub's read rate.";
+        state_hold_requests: StateLock Count Total, "Engine requests that took the state lock (one per FUSE request the engine served; a request's holds are summed).", "The base of the hold histogram `birch stats` prints below the counters.";
+        state_hold_nanos: StateLock Nanos Total, "Time those requests held the state lock, summed.", "Divided by `state_hold_requests`: the mean hold; 1 / mean hold is the most requests per second the engine can serve on any number of cores.";
     }
     log_stats -> LogStats "" {
         logged_fsyncs: Fsync Count Total, "fsyncs that logged their inode: answered by a log sync instead of a commit.", "The fast path of fsync. An fsync of an inode logged and unchanged since is in neither this nor `noop_fsyncs`: it waits for that log.";
@@ -295,6 +300,9 @@ pub struct StatsReport {
     /// FUSE requests received, by opcode name: every opcode (zeros too),
     /// in opcode order, then "other".
     pub requests: Vec<(String, u64)>,
+    /// `FsStats::state_hold_histogram`: engine requests by the time they
+    /// held the state lock, entry `i` for `[2^i, 2^(i+1))` ns.
+    pub state_hold_histogram: Vec<u64>,
 }
 
 /// The line keys of the encoded report.
@@ -310,6 +318,7 @@ const INIT_FLAGS: &str = "init_flags";
 const GENERATION: &str = "generation";
 const COUNTER: &str = "counter";
 const REQUEST: &str = "request";
+const STATE_HOLD_HISTOGRAM: &str = "state_hold_histogram";
 
 impl StatsReport {
     /// The engine's side of the report; the caller fills in the mount's.
@@ -326,7 +335,30 @@ impl StatsReport {
             generation: fs.generation(),
             counters: COUNTERS.iter().zip(read_counters(fs)).collect(),
             requests: Vec::new(),
+            state_hold_histogram: fs.stats().state_hold_histogram.to_vec(),
         }
+    }
+
+    /// The mean time an engine request held the state lock, and the
+    /// ceiling it implies: the request rate at which the lock would be
+    /// held all the time, whatever the number of cores (1 / mean hold).
+    /// `None` before the first request.
+    pub fn state_hold_mean(&self) -> Option<(Duration, f64)> {
+        let value = |name: &str| {
+            self.counters
+                .iter()
+                .find(|(c, _)| c.name == name)
+                .and_then(|(_, v)| u64::try_from(*v).ok())
+        };
+        let requests = value("state_hold_requests").filter(|&n| n > 0)?;
+        let nanos = value("state_hold_nanos")?;
+        let mean = nanos as f64 / requests as f64;
+        let ceiling = if mean > 0.0 {
+            1e9 / mean
+        } else {
+            f64::INFINITY
+        };
+        Some((Duration::from_nanos(nanos / requests), ceiling))
     }
 
     /// One `key value` line per fact. Values are single-line: a newline in
@@ -356,6 +388,12 @@ impl StatsReport {
         for (opcode, n) in &self.requests {
             let _ = writeln!(out, "{REQUEST} {opcode} {n}");
         }
+        let histogram: Vec<String> = self
+            .state_hold_histogram
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        let _ = writeln!(out, "{STATE_HOLD_HISTOGRAM} {}", histogram.join(" "));
         out
     }
 
@@ -378,6 +416,7 @@ impl StatsReport {
             generation: 0,
             counters: Vec::new(),
             requests: Vec::new(),
+            state_hold_histogram: Vec::new(),
         };
         let mut image_direct_io = false;
         for line in text.lines() {
@@ -403,6 +442,13 @@ impl StatsReport {
                     report.init_flags = value.split_whitespace().map(str::to_string).collect()
                 }
                 GENERATION => report.generation = u64::try_from(number(line, value)?).unwrap_or(0),
+                STATE_HOLD_HISTOGRAM => {
+                    report.state_hold_histogram = value
+                        .split_whitespace()
+                        .map(|n| n.parse::<u64>())
+                        .collect::<Result<_, _>>()
+                        .map_err(|_| format!("unreadable stats line: {line:?}"))?
+                }
                 COUNTER | REQUEST => {
                     let (name, n) = value
                         .split_once(' ')
@@ -497,6 +543,7 @@ mod tests {
             generation: 17,
             counters: COUNTERS.iter().zip((0..).map(|n| n - 3)).collect(),
             requests: vec![("LOOKUP".into(), 3), ("other".into(), 0)],
+            state_hold_histogram: vec![0, 0, 4, 0, 9],
         };
         assert_eq!(StatsReport::decode(&report.encode()), Ok(report));
         assert!(StatsReport::decode("counter commits many\n").is_err());

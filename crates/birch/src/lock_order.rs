@@ -8,12 +8,14 @@
 //! naming both locks, instead of hanging one run in a thousand. Release
 //! builds keep only the rank (no bookkeeping on the request path).
 
+use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{
     Condvar, LockResult, Mutex, MutexGuard, PoisonError, TryLockError, TryLockResult,
     WaitTimeoutResult,
 };
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The engine's locks, lowest rank first: the order of the table in
 /// docs/ARCHITECTURE.md.
@@ -67,28 +69,50 @@ fn check_may_take(rank: LockRank) {
     });
 }
 
-/// One held lock in this thread's list, removed when dropped.
+/// One held lock in this thread's list, removed when dropped. A lock of
+/// rank `State` also runs this thread's hold clock while held (see
+/// [`RequestHold`]).
 struct Held {
     #[cfg(debug_assertions)]
     rank: LockRank,
+    /// When this thread took (or, after a condvar wait, took back) a
+    /// `State` lock; `None` for other ranks and while waiting.
+    held_since: Option<Instant>,
+    timed: bool,
 }
 
 impl Held {
     fn new(rank: LockRank) -> Held {
         #[cfg(debug_assertions)]
         HELD.with(|held| held.borrow_mut().push(rank));
-        #[cfg(not(debug_assertions))]
-        let _ = rank;
         Held {
             #[cfg(debug_assertions)]
             rank,
+            held_since: (rank == LockRank::State).then(Instant::now),
+            timed: rank == LockRank::State,
+        }
+    }
+
+    /// Stops the hold clock: a condvar wait releases the lock.
+    fn pause(&mut self) {
+        if let Some(since) = self.held_since.take() {
+            add_state_hold(since);
+        }
+    }
+
+    /// (Re)starts the hold clock: once a blocking lock is taken, and after
+    /// a [`pause`](Self::pause).
+    fn resume(&mut self) {
+        if self.timed {
+            self.held_since = Some(Instant::now());
         }
     }
 }
 
-#[cfg(debug_assertions)]
 impl Drop for Held {
     fn drop(&mut self) {
+        self.pause();
+        #[cfg(debug_assertions)]
         HELD.with(|held| {
             let mut held = held.borrow_mut();
             // Guards may drop out of order; remove the latest of this rank.
@@ -96,6 +120,108 @@ impl Drop for Held {
                 held.remove(at);
             }
         });
+    }
+}
+
+thread_local! {
+    /// This thread's open [`RequestHold`]s and the time it held `State`
+    /// locks since the outermost one began.
+    static STATE_HOLD: Cell<(u32, u64)> = const { Cell::new((0, 0)) };
+}
+
+fn add_state_hold(since: Instant) {
+    let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    STATE_HOLD.with(|hold| {
+        let (open, total) = hold.get();
+        hold.set((open, total.saturating_add(nanos)));
+    });
+}
+
+/// Buckets of [`HoldHistogram`]: bucket `i` counts requests that held the
+/// state lock for `[2^i, 2^(i+1))` ns in total (bucket 0 also 0 ns; the
+/// last one everything from 2^31 ns, about 2.1 s, up).
+pub(crate) const HOLD_BUCKETS: usize = 32;
+
+/// The bucket of a hold of `nanos`.
+fn hold_bucket(nanos: u64) -> usize {
+    let log2 = (u64::BITS - 1).saturating_sub(nanos.max(1).leading_zeros()) as usize;
+    log2.min(HOLD_BUCKETS - 1)
+}
+
+/// How long requests held the state lock, each request's holds summed:
+/// a log2 histogram, updated without any lock (docs/ARCHITECTURE.md,
+/// "Lock order": the mean hold bounds the request rate on any number of
+/// cores).
+pub(crate) struct HoldHistogram {
+    buckets: [AtomicU64; HOLD_BUCKETS],
+    requests: AtomicU64,
+    nanos: AtomicU64,
+}
+
+/// A copy of a [`HoldHistogram`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HoldCounts {
+    pub(crate) buckets: [u64; HOLD_BUCKETS],
+    pub(crate) requests: u64,
+    pub(crate) nanos: u64,
+}
+
+impl HoldHistogram {
+    pub(crate) fn new() -> HoldHistogram {
+        HoldHistogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            requests: AtomicU64::new(0),
+            nanos: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, nanos: u64) {
+        self.buckets[hold_bucket(nanos)].fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    pub(crate) fn counts(&self) -> HoldCounts {
+        HoldCounts {
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            requests: self.requests.load(Ordering::Relaxed),
+            nanos: self.nanos.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Starts timing one request on this thread: until the returned guard
+    /// drops, the time this thread holds `State` locks is summed, and the
+    /// sum is recorded here when it drops. A request made inside another
+    /// (`create` calls `mknod`) is part of the outer one.
+    pub(crate) fn request(&self) -> RequestHold<'_> {
+        let outermost = STATE_HOLD.with(|hold| {
+            let (open, total) = hold.get();
+            hold.set((open + 1, if open == 0 { 0 } else { total }));
+            open == 0
+        });
+        RequestHold {
+            histogram: self,
+            outermost,
+        }
+    }
+}
+
+/// One request being timed ([`HoldHistogram::request`]).
+pub(crate) struct RequestHold<'a> {
+    histogram: &'a HoldHistogram,
+    outermost: bool,
+}
+
+impl Drop for RequestHold<'_> {
+    fn drop(&mut self) {
+        let total = STATE_HOLD.with(|hold| {
+            let (open, total) = hold.get();
+            hold.set((open.saturating_sub(1), total));
+            total
+        });
+        if self.outermost {
+            self.histogram.record(total);
+        }
     }
 }
 
@@ -124,8 +250,11 @@ impl<T> RankedMutex<T> {
     pub(crate) fn lock(&self) -> LockResult<RankedGuard<'_, T>> {
         #[cfg(debug_assertions)]
         check_may_take(self.rank);
-        let held = Held::new(self.rank);
-        match self.inner.lock() {
+        let mut held = Held::new(self.rank);
+        let locked = self.inner.lock();
+        // The hold starts once the lock is taken, not while waiting for it.
+        held.resume();
+        match locked {
             Ok(inner) => Ok(RankedGuard { inner, _held: held }),
             Err(poisoned) => Err(PoisonError::new(RankedGuard {
                 inner: poisoned.into_inner(),
@@ -191,8 +320,14 @@ impl RankedCondvar {
     }
 
     pub(crate) fn wait<'a, T>(&self, guard: RankedGuard<'a, T>) -> LockResult<RankedGuard<'a, T>> {
-        let RankedGuard { inner, _held: held } = guard;
-        match self.0.wait(inner) {
+        let RankedGuard {
+            inner,
+            _held: mut held,
+        } = guard;
+        held.pause();
+        let woken = self.0.wait(inner);
+        held.resume();
+        match woken {
             Ok(inner) => Ok(RankedGuard { inner, _held: held }),
             Err(poisoned) => Err(PoisonError::new(RankedGuard {
                 inner: poisoned.into_inner(),
@@ -206,8 +341,14 @@ impl RankedCondvar {
         guard: RankedGuard<'a, T>,
         timeout: Duration,
     ) -> LockResult<(RankedGuard<'a, T>, WaitTimeoutResult)> {
-        let RankedGuard { inner, _held: held } = guard;
-        match self.0.wait_timeout(inner, timeout) {
+        let RankedGuard {
+            inner,
+            _held: mut held,
+        } = guard;
+        held.pause();
+        let woken = self.0.wait_timeout(inner, timeout);
+        held.resume();
+        match woken {
             Ok((inner, timed_out)) => Ok((RankedGuard { inner, _held: held }, timed_out)),
             Err(poisoned) => {
                 let (inner, timed_out) = poisoned.into_inner();
@@ -269,6 +410,38 @@ mod tests {
         let stop = RankedMutex::new(LockRank::WorkerStop, false);
         let _c = commit.lock().expect("commit");
         let _ = stop.lock();
+    }
+
+    #[test]
+    fn holds_land_in_their_log2_bucket() {
+        assert_eq!(hold_bucket(0), 0);
+        assert_eq!(hold_bucket(1), 0);
+        assert_eq!(hold_bucket(2), 1);
+        assert_eq!(hold_bucket(1023), 9);
+        assert_eq!(hold_bucket(1024), 10);
+        assert_eq!(hold_bucket(u64::MAX), HOLD_BUCKETS - 1);
+    }
+
+    #[test]
+    fn a_request_inside_another_is_recorded_once_with_both_holds() {
+        let histogram = HoldHistogram::new();
+        let state = RankedMutex::new(LockRank::State, ());
+        let other = RankedMutex::new(LockRank::Commit, ());
+        {
+            let _outer = histogram.request();
+            drop(state.lock().expect("state"));
+            {
+                let _inner = histogram.request();
+                drop(state.lock().expect("state again"));
+            }
+            drop(other.lock().expect("not timed"));
+        }
+        let counts = histogram.counts();
+        assert_eq!(counts.requests, 1);
+        assert_eq!(counts.buckets.iter().sum::<u64>(), 1);
+        // Outside a request, holds are not recorded.
+        drop(state.lock().expect("state outside"));
+        assert_eq!(histogram.counts().requests, 1);
     }
 
     #[test]

@@ -465,3 +465,31 @@ fn last_block_of_the_largest_file_reads_back() {
         );
     }
 }
+
+/// Every request that takes the state lock is counted once in the hold
+/// histogram (a call made inside another, `create` → `mknod`, is part of
+/// it; a failed request counts too), and reading the statistics is not a
+/// request. Counts only: the times themselves depend on the machine.
+#[test]
+fn state_hold_histogram_counts_requests() {
+    let fs = mount(common::memory_fs(IMAGE_BYTES, 12));
+    let before = fs.stats();
+    assert_eq!(
+        before.state_hold_histogram.iter().sum::<u64>(),
+        before.state_hold_requests
+    );
+    let root = fs.root_ino();
+    fs.getattr(root).unwrap();
+    let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, b"hello").unwrap();
+    assert_eq!(fs.read_file(f, 0, 5).unwrap(), b"hello");
+    assert!(fs.lookup(root, b"missing").is_err());
+    let _ = (fs.log_stats(), fs.space_stats(), fs.memory_stats());
+    let after = fs.stats();
+    assert_eq!(after.state_hold_requests - before.state_hold_requests, 5);
+    assert_eq!(
+        after.state_hold_histogram.iter().sum::<u64>(),
+        after.state_hold_requests
+    );
+    assert!(after.state_hold_nanos >= before.state_hold_nanos);
+}

@@ -7,13 +7,13 @@
 //! never sets: birch refuses the changes itself, here, for every user of
 //! the engine.
 
+use super::root::RootCtx;
 use super::types::inode_flags::{APPEND, IMMUTABLE, SUPPORTED};
-use super::FsState;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{item_type, FileType, Key, ORPHAN_OBJECTID};
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     pub(crate) fn get_flags(&mut self, ino: u64) -> Result<u32> {
         Ok(self.inode(ino)?.item.flags as u32 & SUPPORTED)
     }
@@ -95,8 +95,8 @@ impl<D: BlockDevice> FsState<D> {
     /// An inode without names (a tmpfile, or a file unlinked while open)
     /// got one again: it is no orphan any more.
     pub(crate) fn inode_relinked(&mut self, ino: u64) -> Result<()> {
-        self.forest.delete(
-            &mut self.roots.fs,
+        self.fs.forest.delete(
+            &mut self.fs.roots.fs,
             &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
         )?;
         Ok(())

@@ -20,6 +20,7 @@
 //! still references, and T-1, T's first older backup root, stays mountable
 //! while T is the newest commit (docs/BACKUP-ROOTS.md).
 
+use super::info::Roots;
 use crate::alloc::{DelayedRef, ExtentItemChange, TransactionSpace};
 use crate::btree::{Change, Forest, TreeRoot};
 use crate::device::BlockDevice;
@@ -30,28 +31,6 @@ use crate::format::{
 };
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// The trees a commit records: the root tree's root goes in the
-/// superblock, the others in root items.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Roots {
-    pub root: TreeRoot,
-    pub extent: TreeRoot,
-    pub fs: TreeRoot,
-    /// The checksum tree, on images with data checksums
-    /// (docs/DATA-CHECKSUMS.md).
-    pub csum: Option<TreeRoot>,
-}
-
-impl Roots {
-    /// The trees recorded by root items in the root tree.
-    fn recorded(&self) -> Vec<TreeRoot> {
-        [self.extent, self.fs]
-            .into_iter()
-            .chain(self.csum)
-            .collect()
-    }
-}
 
 /// Everything a commit writes once the state lock is released.
 pub(crate) struct PreparedCommit {

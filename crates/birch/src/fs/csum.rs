@@ -5,7 +5,7 @@
 //! back.
 
 use super::decode::decode_item;
-use super::FsState;
+use super::info::FsInfo;
 use crate::btree::{Change, Forest, TreeRoot};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
@@ -129,7 +129,7 @@ pub(crate) fn mismatch(recorded: Option<u32>, block: &[u8]) -> String {
     }
 }
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> FsInfo<D> {
     /// Writes `data` as the new extent at `bytenr` (just allocated) and, on
     /// a checksum image, records its checksums in the same transaction.
     pub(super) fn write_data_extent(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {

@@ -11,8 +11,8 @@
 //! extent list (`full_sync`).
 
 use super::decode::decode_item;
-use super::space::Need;
-use super::FsState;
+use super::root::RootCtx;
+use super::space_info::Need;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
@@ -21,13 +21,13 @@ use std::ops::ControlFlow;
 
 const PAGE: u64 = SECTOR_SIZE;
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     /// Every file extent item of `ino` at or after `from`, in key order.
     fn extents_from(&self, ino: u64, from: u64) -> Result<Vec<(u64, FileExtent)>> {
         let mut out = Vec::new();
         let mut err = None;
-        self.forest.scan(
-            &self.roots.fs,
+        self.fs.forest.scan(
+            &self.fs.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, from),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
             &mut |k, d| match decode_item(k, FileExtent::decode_at(k, d)) {
@@ -49,12 +49,12 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Moves one extent item from `from` to `to` (its data reference stays).
     fn rekey_extent(&mut self, ino: u64, from: u64, to: u64, extent: &FileExtent) -> Result<()> {
-        self.forest.delete(
-            &mut self.roots.fs,
+        self.fs.forest.delete(
+            &mut self.fs.roots.fs,
             &Key::new(ino, item_type::EXTENT_DATA, from),
         )?;
-        self.forest.insert(
-            &mut self.roots.fs,
+        self.fs.forest.insert(
+            &mut self.fs.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, to),
             extent.encode(),
         )
@@ -69,9 +69,9 @@ impl<D: BlockDevice> FsState<D> {
             let page = self.load_page(ino, 0)?;
             self.drop_extents(ino, 0, PAGE)?;
             let keep = self.nodes_promised();
-            let (bytenr, got) = self.forest.alloc_mut().alloc_data(PAGE, ino, keep)?;
+            let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(PAGE, ino, keep)?;
             debug_assert_eq!(got, PAGE);
-            self.write_data_extent(bytenr, &page)?;
+            self.fs.write_data_extent(bytenr, &page)?;
             self.insert_file_extent(
                 ino,
                 0,
@@ -101,11 +101,12 @@ impl<D: BlockDevice> FsState<D> {
                 FileExtent::Prealloc { .. } => FileExtent::prealloc(d),
                 _ => FileExtent::regular(d),
             };
-            self.forest.delete(
-                &mut self.roots.fs,
+            self.fs.forest.delete(
+                &mut self.fs.roots.fs,
                 &Key::new(ino, item_type::EXTENT_DATA, file_offset),
             )?;
-            self.forest
+            self.fs
+                .forest
                 .alloc_mut()
                 .add_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino, -1);
             let head = DiskRef {

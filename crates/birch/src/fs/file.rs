@@ -13,8 +13,10 @@
 //! (dirty bytes, runs, the dirty queue) exact.
 
 use super::decode::decode_item;
-use super::space::Need;
-use super::{FallocateMode, FsState, SeekWhence};
+use super::root::RootCtx;
+use super::space_info::Need;
+use super::state::FsState;
+use super::{FallocateMode, SeekWhence};
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
@@ -34,61 +36,7 @@ struct RunProgress {
 }
 
 const PAGE: u64 = SECTOR_SIZE;
-/// Most page buffers kept for reuse (4 MiB).
-const SPARE_PAGES_MAX: usize = 1024;
-
-/// Page buffers that writeback is done with, kept for the next writes.
-/// Allocating and freeing a 4 KiB buffer per written page was a tenth of
-/// the daemon's CPU on dbench and untar (issue 12, docs/FUSE.md "Daemon
-/// CPU per request"): pages are allocated by request threads and freed by
-/// whichever thread writes them back, so glibc's per-thread heaps shrank
-/// and grew again (mprotect) and every new page was zeroed and faulted in
-/// by the kernel.
-#[derive(Default)]
-pub(crate) struct SparePages {
-    free: Vec<Box<[u8]>>,
-}
-
-impl SparePages {
-    /// A page buffer holding whatever it held last: only for a caller
-    /// that overwrites all of it.
-    fn take_for_overwrite(&mut self) -> Box<[u8]> {
-        self.free
-            .pop()
-            .unwrap_or_else(|| vec![0u8; PAGE as usize].into_boxed_slice())
-    }
-
-    /// A page buffer of zeros.
-    fn take_zeroed(&mut self) -> Box<[u8]> {
-        match self.free.pop() {
-            Some(mut page) => {
-                page.fill(0);
-                page
-            }
-            None => vec![0u8; PAGE as usize].into_boxed_slice(),
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.free.len()
-    }
-
-    /// Frees every kept buffer (an idle mount's memory back to the
-    /// allocator).
-    pub(crate) fn release(&mut self) {
-        self.free = Vec::new();
-    }
-
-    /// Keeps `page` for reuse, up to `SPARE_PAGES_MAX` of them (dirty
-    /// pages are all one page long; anything else is not kept).
-    fn give(&mut self, page: Box<[u8]>) {
-        if page.len() == PAGE as usize && self.free.len() < SPARE_PAGES_MAX {
-            self.free.push(page);
-        }
-    }
-}
-
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     pub(super) fn require_regular(&mut self, ino: u64) -> Result<()> {
         match self.inode(ino)?.item.file_type() {
             FileType::Regular => Ok(()),
@@ -105,8 +53,8 @@ impl<D: BlockDevice> FsState<D> {
         end: u64,
     ) -> Result<Vec<(u64, FileExtent)>> {
         let mut out = Vec::new();
-        if let Some((key, data)) = self.forest.last_at_or_before(
-            &self.roots.fs,
+        if let Some((key, data)) = self.fs.forest.last_at_or_before(
+            &self.fs.roots.fs,
             &Key::new(ino, item_type::EXTENT_DATA, start),
         )? {
             if key.objectid == ino && key.item_type == item_type::EXTENT_DATA {
@@ -118,8 +66,8 @@ impl<D: BlockDevice> FsState<D> {
         }
         if end > start + 1 {
             let mut err = None;
-            self.forest.scan(
-                &self.roots.fs,
+            self.fs.forest.scan(
+                &self.fs.roots.fs,
                 Key::new(ino, item_type::EXTENT_DATA, start + 1),
                 Key::new(ino, item_type::EXTENT_DATA, end - 1),
                 &mut |k, d| {
@@ -157,7 +105,7 @@ impl<D: BlockDevice> FsState<D> {
                     disk_bytenr,
                     offset,
                     ..
-                } => self.read_data(
+                } => self.fs.read_data(
                     ino,
                     ov_start,
                     disk_bytenr + offset + (ov_start - file_offset),
@@ -171,13 +119,13 @@ impl<D: BlockDevice> FsState<D> {
 
     /// One page of the file as it is now (dirty copy or disk content).
     pub(super) fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
-        let inode = self.inodes.get(&ino);
+        let inode = self.root.inodes.get(&ino);
         if let Some(dirty) = inode.and_then(|i| i.pages.get(&index)) {
-            let mut page = self.spare_pages.take_for_overwrite();
+            let mut page = self.fs.spare_pages.take_for_overwrite();
             page.copy_from_slice(dirty);
             return Ok(page);
         }
-        let mut page = self.spare_pages.take_zeroed();
+        let mut page = self.fs.spare_pages.take_zeroed();
         if index * PAGE < self.inode(ino)?.item.size {
             self.read_extents_into(ino, index * PAGE, &mut page)?;
         }
@@ -190,14 +138,14 @@ impl<D: BlockDevice> FsState<D> {
         let pages = &mut self.inode(ino)?.pages;
         if let Some(old) = pages.get_mut(&index) {
             let old = std::mem::replace(old, page);
-            self.spare_pages.give(old);
+            self.fs.spare_pages.give(old);
             return Ok(());
         }
         let left = index > 0 && pages.contains_key(&(index - 1));
         let right = pages.contains_key(&(index + 1));
         pages.insert(index, page);
-        self.dirty_page_bytes += PAGE;
-        self.space.page_added(ino, left, right);
+        self.fs.dirty_page_bytes += PAGE;
+        self.fs.space.page_added(ino, left, right);
         self.debug_check_runs(ino);
         Ok(())
     }
@@ -211,8 +159,8 @@ impl<D: BlockDevice> FsState<D> {
         let left = index > 0 && pages.contains_key(&(index - 1));
         let right = pages.contains_key(&(index + 1));
         let now_clean = pages.is_empty();
-        self.dirty_page_bytes -= PAGE;
-        self.space.page_removed(ino, left, right, now_clean);
+        self.fs.dirty_page_bytes -= PAGE;
+        self.fs.space.page_removed(ino, left, right, now_clean);
         Ok(Some(page))
     }
 
@@ -240,17 +188,22 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Drops every dirty page of an inode that is going away.
     pub(crate) fn discard_dirty_pages(&mut self, ino: u64) -> Result<()> {
-        if self.inodes.get(&ino).is_some_and(|i| !i.pages.is_empty()) {
+        if self
+            .root
+            .inodes
+            .get(&ino)
+            .is_some_and(|i| !i.pages.is_empty())
+        {
             self.take_dirty_pages(ino, ..)?;
         }
-        debug_assert!(!self.space.has_dirty(ino));
+        debug_assert!(!self.fs.space.has_dirty(ino));
         Ok(())
     }
 
     /// Debug builds: the run count kept for `ino` equals its page map's.
     fn debug_check_runs(&self, ino: u64) {
         #[cfg(debug_assertions)]
-        if let Some(inode) = self.inodes.get(&ino) {
+        if let Some(inode) = self.root.inodes.get(&ino) {
             if inode.pages.len() <= 1024 {
                 let mut runs = 0;
                 let mut prev: Option<u64> = None;
@@ -260,7 +213,7 @@ impl<D: BlockDevice> FsState<D> {
                     }
                     prev = Some(k);
                 }
-                assert_eq!(self.space.runs_of(ino), runs, "run count of inode {ino}");
+                assert_eq!(self.fs.space.runs_of(ino), runs, "run count of inode {ino}");
             }
         }
         #[cfg(not(debug_assertions))]
@@ -290,11 +243,11 @@ impl<D: BlockDevice> FsState<D> {
     /// An access to `ino` (a read, a directory listing): updates its atime
     /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says.
     pub(crate) fn touch_atime(&mut self, ino: u64) -> Result<()> {
-        if self.failed.is_some() || self.options.read_only {
+        if self.fs.failed.is_some() || self.fs.options.read_only {
             return Ok(());
         }
         let now = Timespec::now();
-        let policy = self.options.atime;
+        let policy = self.fs.options.atime;
         let item = &self.inode(ino)?.item;
         let update = match policy {
             super::AtimeUpdates::Never => false,
@@ -387,7 +340,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             let mut page = if from == page_start && to == page_start + PAGE {
                 // Fully overwritten: no need to read the old content.
-                self.spare_pages.take_for_overwrite()
+                self.fs.spare_pages.take_for_overwrite()
             } else {
                 self.load_page(ino, index)?
             };
@@ -438,8 +391,8 @@ impl<D: BlockDevice> FsState<D> {
         let mut nbytes_delta: i64 = 0;
         for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
             let ext_end = file_offset + extent.len();
-            self.forest.delete(
-                &mut self.roots.fs,
+            self.fs.forest.delete(
+                &mut self.fs.roots.fs,
                 &Key::new(ino, item_type::EXTENT_DATA, file_offset),
             )?;
             nbytes_delta -= extent.len() as i64;
@@ -448,8 +401,8 @@ impl<D: BlockDevice> FsState<D> {
                     if file_offset < start {
                         let head = data[..(start - file_offset) as usize].to_vec();
                         nbytes_delta += head.len() as i64;
-                        self.forest.insert(
-                            &mut self.roots.fs,
+                        self.fs.forest.insert(
+                            &mut self.fs.roots.fs,
                             Key::new(ino, item_type::EXTENT_DATA, file_offset),
                             FileExtent::Inline { data: head }.encode(),
                         )?;
@@ -501,12 +454,13 @@ impl<D: BlockDevice> FsState<D> {
         extent: FileExtent,
     ) -> Result<()> {
         if let Some(d) = extent.disk_ref() {
-            self.forest
+            self.fs
+                .forest
                 .alloc_mut()
                 .add_data_ref(d.disk_bytenr, d.disk_num_bytes, ino, 1);
         }
-        self.forest.insert(
-            &mut self.roots.fs,
+        self.fs.forest.insert(
+            &mut self.fs.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, file_offset),
             extent.encode(),
         )
@@ -520,12 +474,13 @@ impl<D: BlockDevice> FsState<D> {
     /// left to do for it.
     pub(crate) fn drop_file_extent_ref(&mut self, ino: u64, disk: DiskRef) -> Result<()> {
         let released =
-            self.forest
+            self.fs
+                .forest
                 .alloc_mut()
                 .drop_data_ref(disk.disk_bytenr, disk.disk_num_bytes, ino);
-        if let (true, Some(csum)) = (released, self.roots.csum.as_mut()) {
+        if let (true, Some(csum)) = (released, self.fs.roots.csum.as_mut()) {
             super::csum::delete_extents_csums(
-                &mut self.forest,
+                &mut self.fs.forest,
                 csum,
                 &[(disk.disk_bytenr, disk.disk_num_bytes)],
             )?;
@@ -535,12 +490,12 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Writes every dirty page of every file to new extents (commit).
     pub(crate) fn writeback_all(&mut self) -> Result<()> {
-        for ino in self.space.dirty_inodes() {
+        for ino in self.fs.space.dirty_inodes() {
             let pages = self.take_dirty_pages(ino, ..)?;
             let n = self.writeback_pages(ino, pages)?;
-            self.space.stats.commit_pages += n;
+            self.fs.space.stats.commit_pages += n;
         }
-        debug_assert_eq!(self.dirty_page_bytes, 0);
+        debug_assert_eq!(self.fs.dirty_page_bytes, 0);
         Ok(())
     }
 
@@ -548,7 +503,7 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn writeback_one(&mut self, ino: u64) -> Result<()> {
         let pages = self.take_dirty_pages(ino, ..)?;
         let n = self.writeback_pages(ino, pages)?;
-        self.space.stats.fsync_pages += n;
+        self.fs.space.stats.fsync_pages += n;
         Ok(())
     }
 
@@ -564,53 +519,15 @@ impl<D: BlockDevice> FsState<D> {
         let last = offset.saturating_add(len - 1) / PAGE;
         let pages = self.take_dirty_pages(ino, first..=last)?;
         let n = self.writeback_pages(ino, pages)?;
-        self.space.stats.range_pages += n;
+        self.fs.space.stats.range_pages += n;
         Ok(n)
-    }
-
-    /// Page-bounded writeback (reclaim, the flusher, throttled writers):
-    /// about `budget` pages, oldest dirty inode first, as many inodes as it
-    /// takes — never "all pages of N inodes". Within an inode it goes on
-    /// from where the last page-bounded writeback stopped, in file order,
-    /// so a large file still gets long extents. Returns the pages written.
-    pub(crate) fn writeback_oldest(&mut self, budget: u64) -> Result<u64> {
-        let mut written = 0;
-        while written < budget {
-            let Some(ino) = self.space.oldest_dirty_inode() else {
-                break;
-            };
-            let want = (budget - written) as usize;
-            let cursor = self.space.cursor(ino);
-            let keys: Vec<u64> = {
-                let pages = &self.inode(ino)?.pages;
-                pages
-                    .range(cursor..)
-                    .chain(pages.range(..cursor))
-                    .take(want)
-                    .map(|(&k, _)| k)
-                    .collect()
-            };
-            let mut pages = BTreeMap::new();
-            for &k in &keys {
-                if let Some(page) = self.take_dirty_page(ino, k)? {
-                    pages.insert(k, page);
-                }
-            }
-            self.debug_check_runs(ino);
-            if let Some(&last) = keys.last() {
-                self.space.set_cursor(ino, last + 1);
-            }
-            written += pages.len() as u64;
-            self.writeback_pages(ino, pages)?;
-        }
-        Ok(written)
     }
 
     /// Records that `[start, end)` of the file got new extents, for the
     /// next fast log. Kept sorted and merged: page-bounded writeback writes
     /// a file in pieces, in any order.
     pub(super) fn note_written_range(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         let log = &mut self.inode(ino)?.log;
         if log.ranges_trans != transid {
             log.dirty_ranges.clear();
@@ -675,8 +592,8 @@ impl<D: BlockDevice> FsState<D> {
             // The whole file lives in page 0: keep it in the tree.
             let page = &pages[&0];
             self.drop_extents(ino, 0, PAGE)?;
-            self.forest.insert(
-                &mut self.roots.fs,
+            self.fs.forest.insert(
+                &mut self.fs.roots.fs,
                 Key::new(ino, item_type::EXTENT_DATA, 0),
                 FileExtent::Inline {
                     data: page[..size as usize].to_vec(),
@@ -686,7 +603,7 @@ impl<D: BlockDevice> FsState<D> {
             self.note_written_range(ino, 0, PAGE)?;
             self.update_inode(ino, |i| i.nbytes += size)?;
             for page in pages.into_values() {
-                self.spare_pages.give(page);
+                self.fs.spare_pages.give(page);
             }
             return Ok(written);
         }
@@ -709,7 +626,7 @@ impl<D: BlockDevice> FsState<D> {
             let mut bytes = Vec::with_capacity((count * PAGE) as usize);
             for page in pages.by_ref().take(count as usize) {
                 bytes.extend_from_slice(&page);
-                self.spare_pages.give(page);
+                self.fs.spare_pages.give(page);
             }
             runs.push((first * PAGE, bytes));
         }
@@ -746,9 +663,9 @@ impl<D: BlockDevice> FsState<D> {
                 let done = progress.done;
                 let want = bytes.len() as u64 - done;
                 let keep = self.nodes_promised();
-                let (bytenr, got) = self.forest.alloc_mut().alloc_data(want, ino, keep)?;
+                let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(want, ino, keep)?;
                 let chunk = &bytes[done as usize..(done + got) as usize];
-                self.write_data_extent(bytenr, chunk)?;
+                self.fs.write_data_extent(bytenr, chunk)?;
                 let file_offset = start + done;
                 self.drop_extents(ino, file_offset, file_offset + got)?;
                 self.insert_file_extent(
@@ -843,7 +760,7 @@ impl<D: BlockDevice> FsState<D> {
             let mut at = hole_start;
             while at < hole_end {
                 let keep = self.nodes_promised();
-                let (bytenr, got) = self.forest.alloc_mut().alloc_data(
+                let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(
                     (hole_end - at).min(MAX_EXTENT_BYTES),
                     ino,
                     keep,
@@ -898,7 +815,7 @@ impl<D: BlockDevice> FsState<D> {
                 .map(|(a, b)| b - a)
                 .sum(),
         };
-        Ok(super::space::prealloc_need(holes))
+        Ok(super::space_info::prealloc_need(holes))
     }
 
     /// The page-aligned holes of `[offset, end)`: what preallocation fills
@@ -1011,5 +928,47 @@ impl<D: BlockDevice> FsState<D> {
                 Ok(at.min(size))
             }
         }
+    }
+}
+
+/// Writeback over the dirty-inode queue, which spans roots.
+impl<D: BlockDevice> FsState<D> {
+    /// Page-bounded writeback (reclaim, the flusher, throttled writers):
+    /// about `budget` pages, oldest dirty inode first, as many inodes as it
+    /// takes — never "all pages of N inodes". Within an inode it goes on
+    /// from where the last page-bounded writeback stopped, in file order,
+    /// so a large file still gets long extents. Returns the pages written.
+    pub(crate) fn writeback_oldest(&mut self, budget: u64) -> Result<u64> {
+        let mut written = 0;
+        while written < budget {
+            let Some(ino) = self.info.space.oldest_dirty_inode() else {
+                break;
+            };
+            let want = (budget - written) as usize;
+            let cursor = self.info.space.cursor(ino);
+            let keys: Vec<u64> = {
+                let mut root = self.top();
+                let pages = &root.inode(ino)?.pages;
+                pages
+                    .range(cursor..)
+                    .chain(pages.range(..cursor))
+                    .take(want)
+                    .map(|(&k, _)| k)
+                    .collect()
+            };
+            let mut pages = BTreeMap::new();
+            for &k in &keys {
+                if let Some(page) = self.top().take_dirty_page(ino, k)? {
+                    pages.insert(k, page);
+                }
+            }
+            self.top().debug_check_runs(ino);
+            if let Some(&last) = keys.last() {
+                self.info.space.set_cursor(ino, last + 1);
+            }
+            written += pages.len() as u64;
+            self.top().writeback_pages(ino, pages)?;
+        }
+        Ok(written)
     }
 }

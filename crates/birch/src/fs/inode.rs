@@ -2,8 +2,10 @@
 //! tree's copy is updated by the delayed-inode flush.
 
 use super::decode::decode_item;
-use super::tree_log::InodeLog;
-use super::{Attr, FsState, SetAttr, SetTime};
+use super::inode_cache::Inode;
+use super::inode_cache::InodeLog;
+use super::root::RootCtx;
+use super::{Attr, SetAttr, SetTime};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
@@ -16,32 +18,20 @@ use std::ops::ControlFlow;
 /// Clean inodes kept cached before eviction starts.
 const INODE_CACHE_TARGET: usize = 64 * 1024;
 
-pub(crate) struct Inode {
-    pub item: InodeItem,
-    pub open_count: u32,
-    /// Directories: the next dir index to hand out, once computed.
-    pub next_index: Option<u64>,
-    /// Regular files: dirty pages by page index (SECTOR_SIZE bytes each).
-    pub pages: BTreeMap<u64, Box<[u8]>>,
-    /// Counts changes, so an fsync can tell whether anything changed since
-    /// the inode was last logged.
-    pub change_seq: u64,
-    pub log: InodeLog,
-}
-
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     /// The cached inode, loaded from the fs tree on first use. A cached
     /// inode costs one hash lookup: this runs several times per request,
     /// and a lookup followed by a second one to return it was 1-2 % of the
     /// daemon's CPU on dbench.
     pub(crate) fn inode(&mut self, ino: u64) -> Result<&mut Inode> {
-        match self.inodes.entry(ino) {
+        match self.root.inodes.entry(ino) {
             Entry::Occupied(cached) => Ok(cached.into_mut()),
             Entry::Vacant(slot) => {
                 let key = Key::new(ino, item_type::INODE_ITEM, 0);
                 let data = self
+                    .fs
                     .forest
-                    .get(&self.roots.fs, &key)?
+                    .get(&self.fs.roots.fs, &key)?
                     .ok_or(Error::NotFound)?;
                 let item = decode_item(&key, InodeItem::decode(&data))?;
                 Ok(slot.insert(Inode {
@@ -67,20 +57,20 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Changes a cached inode and queues its item for the delayed flush.
     pub(crate) fn update_inode(&mut self, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         let inode = self.inode(ino)?;
         f(&mut inode.item);
         inode.item.transid = transid;
         inode.change_seq += 1;
-        self.delayed.inode_changed(ino);
+        self.root.delayed.inode_changed(ino);
         Ok(())
     }
 
     /// Registers a brand-new inode.
     pub(crate) fn add_new_inode(&mut self, item: InodeItem) -> u64 {
-        let ino = self.next_ino;
-        self.next_ino += 1;
-        self.inodes.insert(
+        let ino = self.root.next_ino;
+        self.root.next_ino += 1;
+        self.root.inodes.insert(
             ino,
             Inode {
                 item,
@@ -91,13 +81,13 @@ impl<D: BlockDevice> FsState<D> {
                 log: InodeLog::default(),
             },
         );
-        self.delayed.inode_changed(ino);
+        self.root.delayed.inode_changed(ino);
         ino
     }
 
     pub(crate) fn new_inode_item(&self, mode: u32, uid: u32, gid: u32, rdev: u64) -> InodeItem {
         let now = Timespec::now();
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         InodeItem {
             generation: transid,
             transid,
@@ -182,13 +172,13 @@ impl<D: BlockDevice> FsState<D> {
         );
         inode.open_count -= 1;
         if inode.open_count == 0 && inode.item.nlink == 0 {
-            if self.failed.is_some() {
+            if self.fs.failed.is_some() {
                 // Read-only now: the orphan item makes the next mount finish it.
                 return Ok(());
             }
             self.destroy_inode(ino)?;
-            self.forest.delete(
-                &mut self.roots.fs,
+            self.fs.forest.delete(
+                &mut self.fs.roots.fs,
                 &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
             )?;
         }
@@ -199,8 +189,8 @@ impl<D: BlockDevice> FsState<D> {
     /// an orphan so that a crash before the last close cannot leak it.
     pub(crate) fn inode_unlinked(&mut self, ino: u64) -> Result<()> {
         if self.inode(ino)?.open_count > 0 {
-            self.forest.put(
-                &mut self.roots.fs,
+            self.fs.forest.put(
+                &mut self.fs.roots.fs,
                 Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
                 Vec::new(),
             )?;
@@ -215,8 +205,8 @@ impl<D: BlockDevice> FsState<D> {
         self.forget_logged_inode(ino)?;
         let keys = {
             let mut keys = Vec::new();
-            self.forest.scan(
-                &self.roots.fs,
+            self.fs.forest.scan(
+                &self.fs.roots.fs,
                 Key::new(ino, 0, 0),
                 Key::new(ino, u8::MAX, u64::MAX),
                 &mut |k, d| {
@@ -234,19 +224,19 @@ impl<D: BlockDevice> FsState<D> {
                     self.drop_file_extent_ref(ino, disk)?;
                 }
             }
-            self.forest.delete(&mut self.roots.fs, &key)?;
+            self.fs.forest.delete(&mut self.fs.roots.fs, &key)?;
         }
         // Its dirty pages go, and with them their reservations.
         self.discard_dirty_pages(ino)?;
-        self.inodes.remove(&ino);
-        self.delayed.forget_inode(ino);
+        self.root.inodes.remove(&ino);
+        self.root.delayed.forget_inode(ino);
         Ok(())
     }
 
     /// Finishes inodes left as orphans by a crash or an unclean stop.
     pub(crate) fn remove_orphans(&mut self) -> Result<usize> {
-        let orphans = self.forest.collect_range(
-            &self.roots.fs,
+        let orphans = self.fs.forest.collect_range(
+            &self.fs.roots.fs,
             Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, 0),
             Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, u64::MAX),
         )?;
@@ -258,18 +248,18 @@ impl<D: BlockDevice> FsState<D> {
             if self.inode(ino)?.item.nlink == 0 {
                 self.destroy_inode(ino)?;
             }
-            self.forest.delete(&mut self.roots.fs, key)?;
+            self.fs.forest.delete(&mut self.fs.roots.fs, key)?;
         }
         Ok(orphans.len())
     }
 
     /// Keeps the cache bounded: drops inodes with nothing pending.
     pub(crate) fn evict_clean_inodes(&mut self) {
-        if self.inodes.len() <= INODE_CACHE_TARGET {
+        if self.root.inodes.len() <= INODE_CACHE_TARGET {
             return;
         }
-        let delayed = &self.delayed;
-        self.inodes.retain(|ino, inode| {
+        let delayed = &self.root.delayed;
+        self.root.inodes.retain(|ino, inode| {
             inode.open_count > 0
                 || !inode.pages.is_empty()
                 || delayed.is_inode_dirty(*ino)

@@ -38,6 +38,7 @@ impl<D: BlockDevice> Shared<D> {
                     Ok(written) => sync.durable_log = sync.durable_log.max(written),
                     Err(e) => {
                         self.lock_state()
+                            .info
                             .failed
                             .get_or_insert_with(|| e.to_string());
                         sync.failed = Some(e.to_string());
@@ -62,14 +63,14 @@ impl<D: BlockDevice> Shared<D> {
             let mut state = self.lock_state();
             // A change that failed since this log was filled may have left
             // it half changed (logged names are kept current in it).
-            if let Some(why) = &state.failed {
+            if let Some(why) = &state.info.failed {
                 return Err(Error::Io(std::io::Error::other(format!(
                     "filesystem is read-only after an earlier failure: {why}"
                 ))));
             }
-            let filling = state.log.filling;
+            let filling = state.info.log.filling;
             match state.seal_log()? {
-                Some(s) => (s, state.superblock.data_checksums),
+                Some(s) => (s, state.info.superblock.data_checksums),
                 // Nothing logged since the last sync: it is all durable.
                 None => return Ok(filling),
             }
@@ -135,15 +136,15 @@ impl<D: BlockDevice> Shared<D> {
             phases.lap(|p| &mut p.superblock);
         }
         let mut state = self.lock_state();
-        phases.add_to(&mut state.log_stats);
-        state.forest.end_log_write();
-        state.forest.alloc_mut().unpin(sealed.released);
+        phases.add_to(&mut state.info.log_stats);
+        state.info.forest.end_log_write();
+        state.info.forest.alloc_mut().unpin(sealed.released);
         match superblock {
             Some(sb) => {
-                state.superblock = sb;
-                state.log_stats.log_syncs += 1;
+                state.info.superblock = sb;
+                state.info.log_stats.log_syncs += 1;
             }
-            None => state.log_stats.log_syncs_superseded += 1,
+            None => state.info.log_stats.log_syncs_superseded += 1,
         }
         Ok(sealed.id)
     }
@@ -160,17 +161,17 @@ impl<D: BlockDevice> Shared<D> {
         manifest: Option<&[(u64, u32)]>,
     ) -> Option<Superblock> {
         let state = self.lock_state();
-        (state.superblock.generation == sealed.base_generation).then(|| Superblock {
+        (state.info.superblock.generation == sealed.base_generation).then(|| Superblock {
             log_root_bytenr: sealed.root.bytenr,
             log_root_level: sealed.root.level,
             log_generation: sealed.id,
             // The log the superblock names now is durable: a log sync
             // replaces it only once its flush returned (LOG-FLUSH.md, F2).
             log_manifest: manifest.map(|nodes| LogManifest {
-                previous: state.superblock.log_root(),
+                previous: state.info.superblock.log_root(),
                 nodes: nodes.to_vec(),
             }),
-            ..state.superblock.clone()
+            ..state.info.superblock.clone()
         })
     }
 
@@ -242,11 +243,11 @@ mod tests {
         let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
         let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
         fs.write_file(f, 0, b"logged").unwrap();
-        let logged = fs.lock().log_for_fsync(f).unwrap();
+        let logged = fs.lock().top().log_for_fsync(f).unwrap();
         let LogOutcome::Logged(id) = logged else {
             panic!("fsync of a new file did not log it");
         };
-        fs.lock().failed = Some("a concurrent change failed part-way".into());
+        fs.lock().info.failed = Some("a concurrent change failed part-way".into());
         faults.arm(FaultPlan::none());
         let err = fs.shared.wait_log(id).unwrap_err();
         assert!(err.to_string().contains("failed part-way"), "{err}");

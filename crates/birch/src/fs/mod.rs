@@ -14,73 +14,44 @@ mod commit;
 mod csum;
 mod decode;
 mod delayed;
+mod delayed_items;
 mod extent_ops;
 mod file;
+mod info;
 mod inode;
+mod inode_cache;
 pub(crate) mod log_choice;
+mod log_state;
 mod log_sync;
 mod mount;
 mod namespace;
 mod replay;
+mod root;
 mod space;
+mod space_info;
+mod spare_pages;
+mod state;
 mod transaction;
 mod tree_log;
 mod types;
 mod xattr;
 
 pub use commit::read_superblock;
-pub use replay::{ReplayOutcome, ReplayReport};
-pub use tree_log::{FallbackReason, LogStats};
+pub use log_state::{FallbackReason, LogStats};
 pub use types::*;
 
-use crate::btree::Forest;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{Superblock, SECTOR_SIZE};
-use crate::lock_order::{LockRank, RankedCondvar, RankedGuard, RankedMutex};
-use commit::Roots;
-use delayed::DelayedItems;
-use inode::Inode;
-use space::Need;
-use std::collections::HashMap;
+use crate::lock_order::{
+    HoldHistogram, LockRank, RankedCondvar, RankedGuard, RankedMutex, RequestHold,
+};
+use space_info::Need;
+use state::FsState;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 use transaction::{background_worker, shut_down_error, Shared, SyncProgress};
-
-/// Everything the running transaction knows, behind the state lock.
-pub(crate) struct FsState<D> {
-    forest: Forest<Arc<D>>,
-    roots: Roots,
-    /// The last superblock written (the durable state).
-    superblock: Superblock,
-    inodes: HashMap<u64, Inode>,
-    delayed: DelayedItems,
-    next_ino: u64,
-    /// Bytes held in dirty pages of all inodes.
-    dirty_page_bytes: u64,
-    /// Page buffers written back, for the next writes to reuse.
-    spare_pages: file::SparePages,
-    /// What `release_memory` shrinks the node cache to, and how often it ran.
-    idle_cache_nodes: usize,
-    memory_releases: u64,
-    /// Reservations, the dirty-inode queue, tickets (docs/DELALLOC.md).
-    space: space::SpaceInfo,
-    stats: FsStats,
-    log: tree_log::LogState,
-    log_stats: LogStats,
-    /// Set when a write or flush failed: the filesystem is read-only from
-    /// then on, and says why.
-    failed: Option<String>,
-    /// `Filesystem::shut_down` ran: every call fails with EIO.
-    shut_down: bool,
-    /// What the mount did with the log it found, if any.
-    replay: Option<ReplayOutcome>,
-    /// Set when the newest commit could not be read and an older one was
-    /// mounted (`Rescue::UseBackupRoot`).
-    backup_root_used: Option<BackupRootUsed>,
-    options: MountOptions,
-}
 
 /// Writes an empty filesystem (a root directory) onto `dev`. Unlike
 /// [`Filesystem::mkfs`] it takes any device, borrowed ones included.
@@ -159,8 +130,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let mut state = mount::open(dev.clone(), options.clone())?;
         // A rescue mount that fell back to an older commit may have made
         // itself read-only.
-        let read_only = state.options.read_only;
-        let has_log = state.superblock.log_root_bytenr != 0;
+        let read_only = state.info.options.read_only;
+        let has_log = state.info.superblock.log_root_bytenr != 0;
         if has_log {
             // Replay only changes memory (and reserves space in the
             // in-memory allocator): a fresh open forgets it entirely.
@@ -180,11 +151,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     ReplayOutcome::Discarded(e.to_string())
                 }
             };
-            state.replay = Some(outcome);
+            state.info.replay = Some(outcome);
         }
-        let store = state.forest.store().clone();
+        let store = state.info.forest.store().clone();
         let sync = SyncProgress {
-            durable_generation: state.superblock.generation,
+            durable_generation: state.info.superblock.generation,
             ..Default::default()
         };
         let shared = Arc::new(Shared {
@@ -199,6 +170,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             space_cv: RankedCondvar::new(),
             flusher_wake: RankedCondvar::new(),
             reclaim_lock: RankedMutex::new(LockRank::Reclaim, ()),
+            state_hold: HoldHistogram::new(),
         });
         let fs = Filesystem {
             shared,
@@ -213,14 +185,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Whether changes are refused: opened read-only and not switched since.
     pub fn is_read_only(&self) -> bool {
-        self.lock().options.read_only
+        self.lock().info.options.read_only
     }
 
     /// Why the filesystem turned read-only, if a write, flush or read
     /// while changing it failed (docs/IO-ERRORS.md): changes fail with
     /// EROFS and commits and fsyncs with EIO from then on.
     pub fn failure(&self) -> Option<String> {
-        self.lock().failed.clone()
+        self.lock().info.failed.clone()
     }
 
     /// Turns a read-only open into a read-write one, as if it had been
@@ -235,10 +207,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let mut threads = self.lock_threads();
         {
             let state = self.lock();
-            if state.shut_down {
+            if state.info.shut_down {
                 return Err(shut_down_error());
             }
-            if !state.options.read_only {
+            if !state.info.options.read_only {
                 return Ok(());
             }
         }
@@ -260,14 +232,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     fn start_writing(&self, threads: &mut BackgroundThreads) -> Result<()> {
         {
             let mut state = self.lock();
-            state.options.read_only = false;
+            state.info.options.read_only = false;
             self.shared.store.set_repair_writes(true);
             // Under the same hold of the state lock that allows changes:
             // a change that slipped in between could create an O_TMPFILE
             // inode (an orphan by design) that this would free while held.
-            if let Err(e) = state.remove_orphans() {
+            if let Err(e) = state.top().remove_orphans() {
                 if matches!(e, Error::Io(_) | Error::Corrupt(_)) {
-                    state.failed = Some(e.to_string());
+                    state.info.failed = Some(e.to_string());
                 }
                 return Err(e);
             }
@@ -276,7 +248,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         // makes the orphans' removal durable; nothing is written if there
         // was neither.
         self.commit()?;
-        let options = self.lock().options.clone();
+        let options = self.lock().info.options.clone();
         if options.commit_interval.is_some() {
             let shared = self.shared.clone();
             threads.worker = Some(
@@ -287,7 +259,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             );
         }
         if options.background_flusher {
-            self.lock().space.flusher_running = true;
+            self.lock().info.space.flusher_running = true;
             let shared = self.shared.clone();
             match std::thread::Builder::new()
                 .name("birch-flusher".into())
@@ -295,7 +267,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             {
                 Ok(handle) => threads.flusher = Some(handle),
                 Err(e) => {
-                    self.lock().space.flusher_running = false;
+                    self.lock().info.space.flusher_running = false;
                     return Err(Error::Io(e));
                 }
             }
@@ -307,11 +279,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.shared.lock_state()
     }
 
+    /// Times the request this call is (`FsStats::state_hold_histogram`):
+    /// the first line of every public call that serves a file request.
+    fn request(&self) -> RequestHold<'_> {
+        self.shared.state_hold.request()
+    }
+
     /// Runs a read-only operation. Also after a panic failed the
     /// filesystem: reads are served from what is in memory.
     fn read<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
         let mut state = self.lock();
-        if state.shut_down {
+        if state.info.shut_down {
             return Err(shut_down_error());
         }
         f(&mut state)
@@ -325,11 +303,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// gets these details.
     pub fn fail_after_panic(&self, what: &str) -> String {
         let mut state = self.lock();
-        match &state.failed {
+        match &state.info.failed {
             Some(reason) if reason != transaction::PANIC_FAILURE => reason.clone(),
             _ => {
                 let reason = format!("{}: {what}", transaction::PANIC_FAILURE);
-                state.failed = Some(reason.clone());
+                state.info.failed = Some(reason.clone());
                 reason
             }
         }
@@ -342,8 +320,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// the device holds.
     pub fn shut_down(&self) {
         let mut state = self.lock();
-        state.shut_down = true;
-        state.failed.get_or_insert_with(|| "shut down".into());
+        state.info.shut_down = true;
+        state.info.failed.get_or_insert_with(|| "shut down".into());
     }
 
     /// Runs an operation that changes the filesystem and reserves nothing
@@ -367,7 +345,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     ) -> Result<T> {
         let result = self.change_reserving(need, f);
         if matches!(result, Err(Error::NoSpace)) {
-            self.lock().space.stats.enospc += 1;
+            self.lock().info.space.stats.enospc += 1;
         }
         result
     }
@@ -389,7 +367,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 self.shared.space_changed(&mut state);
                 (
                     result,
-                    state.dirty_page_bytes > state.options.dirty_limit_bytes,
+                    state.info.dirty_page_bytes > state.info.options.dirty_limit_bytes,
                 )
             };
             if matches!(result, Err(Error::NoSpace)) && !retried {
@@ -411,14 +389,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.read(|s| s.lookup(parent, name))
+        let _request = self.request();
+        self.read(|s| s.top().lookup(parent, name))
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.read(|s| s.getattr(ino))
+        let _request = self.request();
+        self.read(|s| s.top().getattr(ino))
     }
 
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        let _request = self.request();
         // A truncate frees space: it may use the global reserve.
         self.change_with(
             |_| Ok(Need::urgent_items(4).plus_bytes(SECTOR_SIZE)),
@@ -431,8 +412,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     && changes.size.is_none()
                     && !matches!(changes.atime, Some(SetTime::At(_)))
                     && !matches!(changes.mtime, Some(SetTime::At(_)));
-                s.deny_if_flagged(ino, only_now)?;
-                s.setattr(ino, changes)
+                s.top().deny_if_flagged(ino, only_now)?;
+                s.top().setattr(ino, changes)
             },
         )
     }
@@ -448,26 +429,30 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         gid: u32,
         rdev: u64,
     ) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
-                s.deny_if_flagged(parent, true)?;
-                s.create_node(parent, name, mode, uid, gid, rdev)
+                s.top().deny_if_flagged(parent, true)?;
+                s.top().create_node(parent, name, mode, uid, gid, rdev)
             },
         )
     }
 
     /// Creates a regular file (`mode` holds permission bits).
     pub fn create(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let _request = self.request();
         self.mknod(parent, name, libc::S_IFREG | (mode & 0o7777), uid, gid, 0)
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
-                s.deny_if_flagged(parent, true)?;
-                s.create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0)
+                s.top().deny_if_flagged(parent, true)?;
+                s.top()
+                    .create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0)
             },
         )
     }
@@ -480,46 +465,51 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(7)),
             |s| {
-                s.deny_if_flagged(parent, true)?;
-                s.symlink(parent, name, target, uid, gid)
+                s.top().deny_if_flagged(parent, true)?;
+                s.top().symlink(parent, name, target, uid, gid)
             },
         )
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        self.read(|s| s.readlink(ino))
+        let _request = self.request();
+        self.read(|s| s.top().readlink(ino))
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(5)),
             |s| {
-                s.deny_if_flagged(ino, false)?;
-                s.deny_if_flagged(new_parent, true)?;
-                s.link(ino, new_parent, new_name)
+                s.top().deny_if_flagged(ino, false)?;
+                s.top().deny_if_flagged(new_parent, true)?;
+                s.top().link(ino, new_parent, new_name)
             },
         )
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.deny_remove(parent, name)?;
-                s.unlink(parent, name)
+                s.top().deny_remove(parent, name)?;
+                s.top().unlink(parent, name)
             },
         )
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.deny_remove(parent, name)?;
-                s.rmdir(parent, name)
+                s.top().deny_remove(parent, name)?;
+                s.top().rmdir(parent, name)
             },
         )
     }
@@ -532,6 +522,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(10)),
             |s| {
@@ -542,15 +533,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 // a long target, both before a flag).
                 let well_formed = namespace::validate_name(name).is_ok()
                     && namespace::validate_name(new_name).is_ok();
-                if well_formed && s.find_entry(parent, name)?.is_some() {
-                    s.deny_remove(parent, name)?;
-                    if flags.exchange || s.find_entry(new_parent, new_name)?.is_some() {
-                        s.deny_remove(new_parent, new_name)?;
+                if well_formed && s.top().find_entry(parent, name)?.is_some() {
+                    s.top().deny_remove(parent, name)?;
+                    if flags.exchange || s.top().find_entry(new_parent, new_name)?.is_some() {
+                        s.top().deny_remove(new_parent, new_name)?;
                     } else {
-                        s.deny_if_flagged(new_parent, true)?;
+                        s.top().deny_if_flagged(new_parent, true)?;
                     }
                 }
-                s.rename(parent, name, new_parent, new_name, flags)
+                s.top().rename(parent, name, new_parent, new_name, flags)
             },
         )
     }
@@ -558,7 +549,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Entries of a directory after `offset` (0 starts at the beginning;
     /// "." and ".." are not included), at most `limit` of them.
     pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
-        self.read(|s| s.readdir(ino, offset, limit))
+        let _request = self.request();
+        self.read(|s| s.top().readdir(ino, offset, limit))
     }
 
     /// The dir index the next name added to `ino` will get: a listing that
@@ -566,21 +558,24 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// it (each gets a new, higher index), as btrfs ends a listing at the
     /// last index that existed when it began.
     pub fn dir_index_end(&self, ino: u64) -> Result<u64> {
+        let _request = self.request();
         self.read(|s| {
-            s.require_dir(ino)?;
-            s.peek_dir_index(ino)
+            s.top().require_dir(ino)?;
+            s.top().peek_dir_index(ino)
         })
     }
 
     /// A listing of directory `ino` began: updates its atime as the
     /// mount's [`AtimeUpdates`] says.
     pub fn dir_accessed(&self, ino: u64) -> Result<()> {
-        self.read(|s| s.touch_atime(ino))
+        let _request = self.request();
+        self.read(|s| s.top().touch_atime(ino))
     }
 
     /// The parent of a directory (the root's parent is itself).
     pub fn parent_of_dir(&self, ino: u64) -> Result<u64> {
-        self.read(|s| s.dir_parent(ino))
+        let _request = self.request();
+        self.read(|s| s.top().dir_parent(ino))
     }
 
     // ----- open files -----
@@ -588,12 +583,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Notes an open handle: an inode whose last name is removed while open
     /// lives on (as an orphan) until the last [`release`](Self::release).
     pub fn open_inode(&self, ino: u64) -> Result<()> {
-        self.read(|s| s.open_inode(ino))
+        let _request = self.request();
+        self.read(|s| s.top().open_inode(ino))
     }
 
     pub fn release(&self, ino: u64) -> Result<()> {
+        let _request = self.request();
         self.read(|s| {
-            let r = s.release_inode(ino);
+            let r = s.top().release_inode(ino);
             s.fail_on_device_error(&r);
             self.shared.space_changed(s);
             r
@@ -603,10 +600,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Drops `count` holds taken with [`open_inode`](Self::open_inode)
     /// (FUSE's forget: the kernel's lookup count).
     pub fn forget(&self, ino: u64, count: u64) -> Result<()> {
+        let _request = self.request();
         self.read(|s| {
             let mut r = Ok(());
             for _ in 0..count {
-                r = s.release_inode(ino);
+                r = s.top().release_inode(ino);
                 if r.is_err() {
                     break;
                 }
@@ -620,7 +618,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     // ----- data -----
 
     pub fn read_file(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
-        self.read(|s| s.read_file(ino, offset, size))
+        let _request = self.request();
+        self.read(|s| s.top().read_file(ino, offset, size))
     }
 
     /// Writes `data` at `offset` into dirty pages, each piece (up to 1 MiB)
@@ -628,21 +627,22 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// fewer than `data.len()` when the filesystem filled up part-way
     /// (ENOSPC only when nothing could be accepted).
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        self.read(|s| s.check_write(ino, offset, data.len() as u64))?;
+        let _request = self.request();
+        self.read(|s| s.top().check_write(ino, offset, data.len() as u64))?;
         if data.is_empty() {
-            return self.change(|s| s.write_file(ino, offset, data));
+            return self.change(|s| s.top().write_file(ino, offset, data));
         }
         let mut done = 0usize;
-        let mut chunk_limit = space::WRITE_CHUNK;
+        let mut chunk_limit = space_info::WRITE_CHUNK;
         while done < data.len() {
             let at = offset + done as u64;
             let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
             let chunk = &data[done..done + piece];
             match self.change_reserving(
-                |s| s.write_need(ino, at, chunk.len() as u64),
+                |s| s.top().write_need(ino, at, chunk.len() as u64),
                 |s| {
-                    s.deny_write(ino, at)?;
-                    s.write_file(ino, at, chunk)
+                    s.top().deny_write(ino, at)?;
+                    s.top().write_file(ino, at, chunk)
                 },
             ) {
                 Ok(n) => done += n,
@@ -657,7 +657,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 Err(_) if done > 0 => break,
                 Err(e) => {
                     if matches!(e, Error::NoSpace) {
-                        self.lock().space.stats.enospc += 1;
+                        self.lock().info.space.stats.enospc += 1;
                     }
                     return Err(e);
                 }
@@ -670,20 +670,22 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// overlap `[offset, offset + len)`, like
     /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`. Returns the pages written.
     pub fn flush_range(&self, ino: u64, offset: u64, len: u64) -> Result<u64> {
-        self.change(|s| s.writeback_range(ino, offset, len))
+        let _request = self.request();
+        self.change(|s| s.top().writeback_range(ino, offset, len))
     }
 
     /// Preallocates (reads as zeros until written) or punches a hole.
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        let _request = self.request();
         self.change_with(
-            |s| s.fallocate_need(ino, offset, len, mode),
+            |s| s.top().fallocate_need(ino, offset, len, mode),
             |s| {
                 let grows_only = matches!(
                     mode,
                     FallocateMode::Allocate | FallocateMode::AllocateKeepSize
                 );
-                s.deny_if_flagged(ino, grows_only)?;
-                s.fallocate(ino, offset, len, mode)
+                s.top().deny_if_flagged(ino, grows_only)?;
+                s.top().fallocate(ino, offset, len, mode)
             },
         )
     }
@@ -691,10 +693,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that
     /// holds data (or is a hole; the end of file counts as a hole).
     pub fn seek(&self, ino: u64, offset: u64, whence: SeekWhence) -> Result<u64> {
-        self.read(|s| s.seek(ino, offset, whence))
+        let _request = self.request();
+        self.read(|s| s.top().seek(ino, offset, whence))
     }
 
     pub fn truncate(&self, ino: u64, size: u64) -> Result<Attr> {
+        let _request = self.request();
         self.setattr(
             ino,
             &SetAttr {
@@ -717,25 +721,26 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         dst_offset: u64,
         len: u64,
     ) -> Result<u64> {
+        let _request = self.request();
         let len = self.read(|s| {
-            s.deny_if_flagged(dst, false)?;
-            s.check_copy(src, src_offset, dst, dst_offset, len)
+            s.top().deny_if_flagged(dst, false)?;
+            s.top().check_copy(src, src_offset, dst, dst_offset, len)
         })?;
         if len == 0 {
             return Ok(0);
         }
         if src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
             return self.change_with(
-                |s| s.clone_need(src, src_offset, len),
+                |s| s.top().clone_need(src, src_offset, len),
                 |s| {
-                    s.deny_if_flagged(dst, false)?;
-                    s.clone_range(src, src_offset, dst, dst_offset, len)
+                    s.top().deny_if_flagged(dst, false)?;
+                    s.top().clone_range(src, src_offset, dst, dst_offset, len)
                 },
             );
         }
         let mut done = 0;
         while done < len {
-            let piece = (len - done).min(space::WRITE_CHUNK);
+            let piece = (len - done).min(space_info::WRITE_CHUNK);
             let data = self.read_file(src, src_offset + done, piece as usize)?;
             if data.is_empty() {
                 break;
@@ -754,7 +759,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// The inode's flags as FS_IOC_GETFLAGS reports them
     /// ([`inode_flags`]).
     pub fn get_flags(&self, ino: u64) -> Result<u32> {
-        self.read(|s| s.get_flags(ino))
+        let _request = self.request();
+        self.read(|s| s.top().get_flags(ino))
     }
 
     /// Whether an open(2) of `ino` with `flags` (O_ACCMODE, O_APPEND,
@@ -764,13 +770,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// may_open). For a front end that sees opens; writes are refused
     /// anyway.
     pub fn deny_open(&self, ino: u64, flags: i32) -> Result<()> {
-        self.read(|s| s.deny_open(ino, flags))
+        let _request = self.request();
+        self.read(|s| s.top().deny_open(ino, flags))
     }
 
     /// FS_IOC_SETFLAGS: only [`inode_flags::SUPPORTED`] may be set
     /// (EOPNOTSUPP otherwise). Permission is the caller's to check.
     pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
-        self.change_with(|_| Ok(Need::items(1)), |s| s.set_flags(ino, flags))
+        let _request = self.request();
+        self.change_with(|_| Ok(Need::items(1)), |s| s.top().set_flags(ino, flags))
     }
 
     /// `open(dir, O_TMPFILE)`: a regular file with no name, held once
@@ -779,11 +787,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// [`link`](Self::link) gave it a name). A crash before either leaves
     /// nothing behind.
     pub fn tmpfile(&self, dir: u64, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(4)),
             |s| {
-                let ino = s.tmpfile(dir, mode, uid, gid)?;
-                s.getattr(ino)
+                let ino = s.top().tmpfile(dir, mode, uid, gid)?;
+                s.top().getattr(ino)
             },
         )
     }
@@ -791,29 +800,33 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     // ----- xattrs -----
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        self.read(|s| s.getxattr(ino, name))
+        let _request = self.request();
+        self.read(|s| s.top().getxattr(ino, name))
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(3)),
             |s| {
-                s.deny_if_flagged(ino, false)?;
-                s.setxattr(ino, name, value, mode)
+                s.top().deny_if_flagged(ino, false)?;
+                s.top().setxattr(ino, name, value, mode)
             },
         )
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
-        self.read(|s| s.listxattr(ino))
+        let _request = self.request();
+        self.read(|s| s.top().listxattr(ino))
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let _request = self.request();
         self.change_with(
             |_| Ok(Need::urgent_items(2)),
             |s| {
-                s.deny_if_flagged(ino, false)?;
-                s.removexattr(ino, name)
+                s.top().deny_if_flagged(ino, false)?;
+                s.top().removexattr(ino, name)
             },
         )
     }
@@ -821,27 +834,32 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     // ----- whole filesystem -----
 
     pub fn statfs(&self) -> Result<StatFs> {
+        let _request = self.request();
         self.read(|s| Ok(s.statfs()))
     }
 
     /// Generation of the last durable commit.
     pub fn generation(&self) -> u64 {
-        self.lock().superblock.generation
+        self.lock().info.superblock.generation
     }
 
     pub fn stats(&self) -> FsStats {
         let repairs = self.shared.store.repair_stats();
+        let hold = self.shared.state_hold.counts();
         FsStats {
+            state_hold_requests: hold.requests,
+            state_hold_nanos: hold.nanos,
+            state_hold_histogram: hold.buckets,
             metadata_bad_copies: repairs.metadata_bad_copies,
             metadata_repairs: repairs.metadata_repairs,
             metadata_unrepairable: repairs.metadata_unrepairable,
-            ..self.lock().stats
+            ..self.lock().info.stats
         }
     }
 
     /// Counters of delayed allocation, reservation and reclaim.
     pub fn space_stats(&self) -> SpaceStats {
-        self.lock().space.stats
+        self.lock().info.space.stats
     }
 
     /// The space accounting right now (docs/DELALLOC.md).
@@ -853,14 +871,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// durable, through the log tree: no transaction commit unless the log
     /// cannot express what changed (docs/TREE-LOG.md).
     pub fn fsync(&self, ino: u64, _datasync: bool) -> Result<()> {
+        let _request = self.request();
         // The log's nodes: fsync must not fail for space, it may use the
         // global reserve (a reclaim commit makes it durable anyway).
         let started = Instant::now();
         let outcome = self.change_with(
             |_| Ok(Need::urgent_items(8)),
             |s| {
-                s.stats.fsyncs += 1;
-                s.log_for_fsync(ino)
+                s.info.stats.fsyncs += 1;
+                s.top().log_for_fsync(ino)
             },
         )?;
         let durable = match outcome {
@@ -868,26 +887,26 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             tree_log::LogOutcome::Logged(id) => self.shared.wait_log(id),
             tree_log::LogOutcome::NeedCommit => self.commit(),
         };
-        self.lock().log_stats.fsync_nanos += started.elapsed().as_nanos() as u64;
+        self.lock().info.log_stats.fsync_nanos += started.elapsed().as_nanos() as u64;
         durable
     }
 
     /// What this mount did with the log the device held: `None` when
     /// there was none.
     pub fn replay_outcome(&self) -> Option<ReplayOutcome> {
-        self.lock().replay.clone()
+        self.lock().info.replay.clone()
     }
 
     /// Set when the newest commit could not be read and the mount fell
     /// back to an older one (`Rescue::UseBackupRoot`): which, and what was
     /// lost.
     pub fn backup_root_used(&self) -> Option<BackupRootUsed> {
-        self.lock().backup_root_used.clone()
+        self.lock().info.backup_root_used.clone()
     }
 
     /// Counters of the fsync path.
     pub fn log_stats(&self) -> LogStats {
-        self.lock().log_stats
+        self.lock().info.log_stats
     }
 
     /// What the engine holds in memory now (docs/MEMORY.md).
@@ -897,9 +916,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         MemoryStats {
             node_cache_nodes: nodes as u64,
             node_cache_limit: limit as u64,
-            node_cache_idle: state.idle_cache_nodes as u64,
-            spare_pages: state.spare_pages.len() as u64,
-            releases: state.memory_releases,
+            node_cache_idle: state.info.idle_cache_nodes as u64,
+            spare_pages: state.info.spare_pages.len() as u64,
+            releases: state.info.memory_releases,
         }
     }
 
@@ -913,16 +932,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn release_memory(&self) {
         let target = {
             let mut state = self.lock();
-            state.spare_pages.release();
-            state.inodes.shrink_to_fit();
-            state.memory_releases += 1;
-            state.idle_cache_nodes
+            state.info.spare_pages.release();
+            state.subvols.top.inodes.shrink_to_fit();
+            state.info.memory_releases += 1;
+            state.info.idle_cache_nodes
         };
         self.shared.store.shrink_cache(target);
     }
 
     /// Makes everything durable.
     pub fn sync(&self) -> Result<()> {
+        let _request = self.request();
         self.commit()
     }
 
@@ -951,19 +971,19 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             .expect("commit lock poisoned");
         let (superblock, no_rewrite) = {
             let state = self.lock();
-            if state.shut_down {
+            if state.info.shut_down {
                 return Err(shut_down_error());
             }
-            let no_rewrite = if let Some(why) = &state.failed {
+            let no_rewrite = if let Some(why) = &state.info.failed {
                 Some(format!(
                     "the filesystem is read-only after an earlier failure: {why}"
                 ))
-            } else if state.options.read_only {
+            } else if state.info.options.read_only {
                 Some("the filesystem is mounted read-only".to_string())
             } else {
                 None
             };
-            (state.superblock.clone(), no_rewrite)
+            (state.info.superblock.clone(), no_rewrite)
         };
         Ok(f(
             self.shared.store.device().as_ref(),
@@ -976,8 +996,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// counters, which [`Self::stats`] shows while it runs.
     pub fn count_scrub_progress(&self, nodes: u64, data_bytes: u64) {
         let mut state = self.lock();
-        state.stats.scrub_nodes += nodes;
-        state.stats.scrub_data_bytes += data_bytes;
+        state.info.stats.scrub_nodes += nodes;
+        state.info.stats.scrub_data_bytes += data_bytes;
     }
 
     /// Commits the running transaction (no-op when nothing changed).
@@ -1000,9 +1020,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.shared.check_not_poisoned()?;
         self.stop_worker();
         self.stop_flusher();
-        let read_only = self.lock().options.read_only;
-        if !read_only && self.lock().failed.is_none() {
-            self.change(|s| s.remove_orphans())?;
+        let read_only = self.lock().info.options.read_only;
+        if !read_only && self.lock().info.failed.is_none() {
+            self.change(|s| s.top().remove_orphans())?;
         }
         self.commit()
     }
@@ -1033,7 +1053,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             .flusher
             .take();
         if let Some(flusher) = flusher {
-            self.lock().space.flusher_stop = true;
+            self.lock().info.space.flusher_stop = true;
             self.shared.flusher_wake.notify_all();
             let _ = flusher.join();
         }

@@ -1,12 +1,14 @@
 //! mkfs and open: building an empty filesystem, and loading one.
 
-use super::commit::{self, Roots};
-use super::delayed::DelayedItems;
-use super::space::SpaceInfo;
-use super::tree_log::{self, LogState};
+use super::commit;
+use super::info::{FsInfo, Roots};
+use super::log_state::LogState;
+use super::root::Root;
+use super::space_info::SpaceInfo;
+use super::state::FsState;
+use super::tree_log;
 use super::{
-    BackupRootUsed, DataChecksums, FsState, FsStats, MetadataCopies, MkfsOptions, MountOptions,
-    Rescue,
+    BackupRootUsed, DataChecksums, FsStats, MetadataCopies, MkfsOptions, MountOptions, Rescue,
 };
 use crate::alloc::{Allocator, FreeSpace};
 use crate::btree::{Forest, NodeExpectation, NodeStore, TreeRoot};
@@ -176,13 +178,10 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         None => FIRST_FREE_INO,
     };
     let total_bytes = superblock.total_bytes;
-    let state = FsState {
+    let info = FsInfo {
         forest,
         roots,
         superblock,
-        inodes: HashMap::new(),
-        delayed: DelayedItems::default(),
-        next_ino,
         dirty_page_bytes: 0,
         spare_pages: Default::default(),
         idle_cache_nodes: options.idle_cache_nodes,
@@ -200,6 +199,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         backup_root_used: rescue,
         options,
     };
+    let state = FsState::new(info, Root::new(next_ino));
     Ok(state)
 }
 

@@ -5,8 +5,9 @@
 //! DIR_INDEX (parent, index) for readdir order, kept as a delayed item.
 
 use super::decode::decode_item;
-use super::delayed::DelayedDir;
-use super::{Attr, DirListEntry, FsState, RenameFlags};
+use super::delayed_items::DelayedDir;
+use super::root::RootCtx;
+use super::{Attr, DirListEntry, RenameFlags};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
@@ -44,7 +45,7 @@ fn validate_new_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     pub(crate) fn require_dir(&mut self, ino: u64) -> Result<()> {
         if self.inode(ino)?.item.file_type() != FileType::Directory {
             return Err(Error::NotDir);
@@ -57,7 +58,7 @@ impl<D: BlockDevice> FsState<D> {
         self.require_dir(dir)?;
         validate_name(name)?;
         let key = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
-        let Some(data) = self.forest.get(&self.roots.fs, &key)? else {
+        let Some(data) = self.fs.forest.get(&self.fs.roots.fs, &key)? else {
             return Ok(None);
         };
         Ok(decode_item(&key, decode_dir_items(&data))?
@@ -84,8 +85,8 @@ impl<D: BlockDevice> FsState<D> {
             return Ok(ROOT_DIR_INO);
         }
         let mut parent = None;
-        self.forest.scan(
-            &self.roots.fs,
+        self.fs.forest.scan(
+            &self.fs.roots.fs,
             Key::new(dir, item_type::INODE_REF, 0),
             Key::new(dir, item_type::INODE_REF, u64::MAX),
             &mut |k, _| {
@@ -131,8 +132,8 @@ impl<D: BlockDevice> FsState<D> {
         if let Some(next) = self.inode(dir)?.next_index {
             return Ok(next);
         }
-        let last = self.forest.last_at_or_before(
-            &self.roots.fs,
+        let last = self.fs.forest.last_at_or_before(
+            &self.fs.roots.fs,
             &Key::new(dir, item_type::DIR_INDEX, u64::MAX),
         )?;
         let mut next = match last {
@@ -143,6 +144,7 @@ impl<D: BlockDevice> FsState<D> {
             _ => FIRST_DIR_INDEX,
         };
         if let Some(pending) = self
+            .root
             .delayed
             .dir(dir)
             .and_then(|d| d.insertions.keys().next_back())
@@ -162,7 +164,7 @@ impl<D: BlockDevice> FsState<D> {
         file_type: FileType,
     ) -> Result<u64> {
         let ref_key = Key::new(ino, item_type::INODE_REF, parent);
-        let mut refs = match self.forest.get(&self.roots.fs, &ref_key)? {
+        let mut refs = match self.fs.forest.get(&self.fs.roots.fs, &ref_key)? {
             Some(data) => decode_item(&ref_key, decode_inode_refs(&data))?,
             None => Vec::new(),
         };
@@ -174,7 +176,7 @@ impl<D: BlockDevice> FsState<D> {
         let refs = encode_inode_refs(&refs);
         let ref_full = refs.len() > MAX_ITEM_DATA;
         let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
-        let mut entries = match self.forest.get(&self.roots.fs, &dir_key)? {
+        let mut entries = match self.fs.forest.get(&self.fs.roots.fs, &dir_key)? {
             Some(data) => decode_item(&dir_key, decode_dir_items(&data))?,
             None => Vec::new(),
         };
@@ -192,10 +194,12 @@ impl<D: BlockDevice> FsState<D> {
         if ref_full {
             self.add_extref(ino, parent, name, index)?;
         } else {
-            self.forest.put(&mut self.roots.fs, ref_key, refs)?;
+            self.fs.forest.put(&mut self.fs.roots.fs, ref_key, refs)?;
         }
-        self.forest.put(&mut self.roots.fs, dir_key, entries)?;
-        self.delayed.insert_index(parent, index, entry.clone());
+        self.fs
+            .forest
+            .put(&mut self.fs.roots.fs, dir_key, entries)?;
+        self.root.delayed.insert_index(parent, index, entry.clone());
         let now = Timespec::now();
         self.update_inode(parent, |p| {
             p.size += name.len() as u64;
@@ -212,7 +216,7 @@ impl<D: BlockDevice> FsState<D> {
     /// up to `LINK_MAX` names in one directory.
     fn add_extref(&mut self, ino: u64, parent: u64, name: &[u8], index: u64) -> Result<()> {
         let key = Key::new(ino, item_type::INODE_EXTREF, extref_hash(parent, name));
-        let mut entries = match self.forest.get(&self.roots.fs, &key)? {
+        let mut entries = match self.fs.forest.get(&self.fs.roots.fs, &key)? {
             Some(data) => decode_item(&key, decode_inode_extrefs(&data))?,
             None => Vec::new(),
         };
@@ -226,14 +230,14 @@ impl<D: BlockDevice> FsState<D> {
         if encoded.len() > MAX_ITEM_DATA {
             return Err(Error::TooManyLinks);
         }
-        self.forest.put(&mut self.roots.fs, key, encoded)
+        self.fs.forest.put(&mut self.fs.roots.fs, key, encoded)
     }
 
     /// Removes the extended ref of `name` in `parent`; returns its index,
     /// or `None` when there is none.
     fn remove_extref(&mut self, ino: u64, parent: u64, name: &[u8]) -> Result<Option<u64>> {
         let key = Key::new(ino, item_type::INODE_EXTREF, extref_hash(parent, name));
-        let Some(data) = self.forest.get(&self.roots.fs, &key)? else {
+        let Some(data) = self.fs.forest.get(&self.fs.roots.fs, &key)? else {
             return Ok(None);
         };
         let mut entries = decode_item(&key, decode_inode_extrefs(&data))?;
@@ -245,10 +249,11 @@ impl<D: BlockDevice> FsState<D> {
         };
         let index = entries.remove(pos).index;
         if entries.is_empty() {
-            self.forest.delete(&mut self.roots.fs, &key)?;
+            self.fs.forest.delete(&mut self.fs.roots.fs, &key)?;
         } else {
-            self.forest
-                .put(&mut self.roots.fs, key, encode_inode_extrefs(&entries))?;
+            self.fs
+                .forest
+                .put(&mut self.fs.roots.fs, key, encode_inode_extrefs(&entries))?;
         }
         Ok(Some(index))
     }
@@ -257,8 +262,8 @@ impl<D: BlockDevice> FsState<D> {
     /// INODE_REF items, then its INODE_EXTREF items.
     pub(crate) fn names_of(&self, ino: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut names = Vec::new();
-        for (key, data) in self.forest.collect_range(
-            &self.roots.fs,
+        for (key, data) in self.fs.forest.collect_range(
+            &self.fs.roots.fs,
             Key::new(ino, item_type::INODE_REF, 0),
             Key::new(ino, item_type::INODE_EXTREF, u64::MAX),
         )? {
@@ -288,17 +293,17 @@ impl<D: BlockDevice> FsState<D> {
                 String::from_utf8_lossy(name)
             )))
         };
-        let in_ref = match self.forest.get(&self.roots.fs, &ref_key)? {
+        let in_ref = match self.fs.forest.get(&self.fs.roots.fs, &ref_key)? {
             Some(data) => {
                 let mut refs = decode_item(&ref_key, decode_inode_refs(&data))?;
                 match refs.iter().position(|r| r.name == name) {
                     Some(pos) => {
                         let index = refs.remove(pos).index;
                         if refs.is_empty() {
-                            self.forest.delete(&mut self.roots.fs, &ref_key)?;
+                            self.fs.forest.delete(&mut self.fs.roots.fs, &ref_key)?;
                         } else {
-                            self.forest.put(
-                                &mut self.roots.fs,
+                            self.fs.forest.put(
+                                &mut self.fs.roots.fs,
                                 ref_key,
                                 encode_inode_refs(&refs),
                             )?;
@@ -316,18 +321,20 @@ impl<D: BlockDevice> FsState<D> {
         };
         let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
         let data = self
+            .fs
             .forest
-            .get(&self.roots.fs, &dir_key)?
+            .get(&self.fs.roots.fs, &dir_key)?
             .ok_or_else(missing)?;
         let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
         entries.retain(|e| e.name != name);
         if entries.is_empty() {
-            self.forest.delete(&mut self.roots.fs, &dir_key)?;
+            self.fs.forest.delete(&mut self.fs.roots.fs, &dir_key)?;
         } else {
-            self.forest
-                .put(&mut self.roots.fs, dir_key, encode_dir_items(&entries))?;
+            self.fs
+                .forest
+                .put(&mut self.fs.roots.fs, dir_key, encode_dir_items(&entries))?;
         }
-        let committed = self.delayed.delete_index(parent, index, ino, name);
+        let committed = self.root.delayed.delete_index(parent, index, ino, name);
         let now = Timespec::now();
         self.update_inode(parent, |p| {
             // Saturating: during log replay a directory's item comes from
@@ -397,8 +404,8 @@ impl<D: BlockDevice> FsState<D> {
         }
         let attr = self.create_node(parent, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
         let ino = attr.ino;
-        self.forest.insert(
-            &mut self.roots.fs,
+        self.fs.forest.insert(
+            &mut self.fs.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, 0),
             FileExtent::Inline {
                 data: target.to_vec(),
@@ -419,11 +426,15 @@ impl<D: BlockDevice> FsState<D> {
             return Err(Error::InvalidArgument("not a symlink"));
         }
         let key = Key::new(ino, item_type::EXTENT_DATA, 0);
-        let data = self.forest.get(&self.roots.fs, &key)?.ok_or_else(|| {
-            Error::corrupt(crate::Corruption::general(format!(
-                "symlink {ino} has no target item"
-            )))
-        })?;
+        let data = self
+            .fs
+            .forest
+            .get(&self.fs.roots.fs, &key)?
+            .ok_or_else(|| {
+                Error::corrupt(crate::Corruption::general(format!(
+                    "symlink {ino} has no target item"
+                )))
+            })?;
         match decode_item(&key, FileExtent::decode_at(&key, &data))? {
             FileExtent::Inline { data } => Ok(data),
             _ => Err(Error::corrupt(crate::Corruption::general(format!(
@@ -453,7 +464,7 @@ impl<D: BlockDevice> FsState<D> {
             i.nlink += 1;
             i.ctime = now;
         })?;
-        self.inode(ino)?.log.linked_trans = self.forest.transid();
+        self.inode(ino)?.log.linked_trans = self.fs.forest.transid();
         if item.nlink == 0 {
             // An O_TMPFILE file (linkat) takes its first name.
             self.inode_relinked(ino)?;
@@ -487,6 +498,7 @@ impl<D: BlockDevice> FsState<D> {
 
     pub(crate) fn is_dir_empty(&mut self, dir: u64) -> Result<bool> {
         if self
+            .root
             .delayed
             .dir(dir)
             .is_some_and(|d| !d.insertions.is_empty())
@@ -494,10 +506,10 @@ impl<D: BlockDevice> FsState<D> {
             return Ok(false);
         }
         let empty_batch = DelayedDir::default();
-        let deletions = &self.delayed.dir(dir).unwrap_or(&empty_batch).deletions;
+        let deletions = &self.root.delayed.dir(dir).unwrap_or(&empty_batch).deletions;
         let mut empty = true;
-        self.forest.scan(
-            &self.roots.fs,
+        self.fs.forest.scan(
+            &self.fs.roots.fs,
             Key::new(dir, item_type::DIR_INDEX, 0),
             Key::new(dir, item_type::DIR_INDEX, u64::MAX),
             &mut |k, _| {
@@ -649,7 +661,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         for ino in [source.ino, target.ino] {
             self.update_inode(ino, |i| i.ctime = now)?;
-            self.inode(ino)?.log.renamed_trans = self.forest.transid();
+            self.inode(ino)?.log.renamed_trans = self.fs.forest.transid();
         }
         Ok(())
     }
@@ -695,7 +707,7 @@ impl<D: BlockDevice> FsState<D> {
             self.update_inode(new_parent, |p| p.nlink += 1)?;
         }
         self.update_inode(source.ino, |i| i.ctime = now)?;
-        self.inode(source.ino)?.log.renamed_trans = self.forest.transid();
+        self.inode(source.ino)?.log.renamed_trans = self.fs.forest.transid();
         Ok(())
     }
 
@@ -708,7 +720,7 @@ impl<D: BlockDevice> FsState<D> {
         self.require_dir(dir)?;
         let start = offset.max(FIRST_DIR_INDEX);
         let empty = DelayedDir::default();
-        let pending = self.delayed.dir(dir).unwrap_or(&empty);
+        let pending = self.root.delayed.dir(dir).unwrap_or(&empty);
         let mut inserts = pending.insertions.range(start..).peekable();
         let mut out: Vec<DirListEntry> = Vec::new();
         let listed = |index: u64, e: &DirEntry| DirListEntry {
@@ -722,8 +734,8 @@ impl<D: BlockDevice> FsState<D> {
         // it (`index + 1`). The engine never hands out u64::MAX (see
         // `next_dir_index`); a crafted image's entry there is not listed
         // (`birch check` reports it) rather than listed forever.
-        self.forest.scan(
-            &self.roots.fs,
+        self.fs.forest.scan(
+            &self.fs.roots.fs,
             Key::new(dir, item_type::DIR_INDEX, start),
             Key::new(dir, item_type::DIR_INDEX, u64::MAX - 1),
             &mut |k, data| {

@@ -3,9 +3,10 @@
 //! docs/TREE-LOG.md, "Replay".
 
 use super::decode::decode_item;
-use super::inode::Inode;
+use super::inode_cache::Inode;
 use super::log_choice;
-use super::FsState;
+use super::state::FsState;
+use super::types::ReplayReport;
 use crate::alloc::TransactionSpace;
 use crate::btree::TreeRoot;
 use crate::device::BlockDevice;
@@ -16,34 +17,6 @@ use crate::format::{
     NODE_SIZE, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// What a replay did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ReplayReport {
-    pub inodes: u64,
-    pub names_added: u64,
-    pub names_removed: u64,
-    pub extents: u64,
-    pub inodes_deleted: u64,
-    /// Logged names left out because their directory did not exist at
-    /// replay. The logging side logs every new ancestor, so this should
-    /// stay 0; it is counted to make a slip visible.
-    pub names_without_parent: u64,
-    /// The newest log's one-flush sync had not reached the disk whole (a
-    /// crash before its flush): the log durable before it was replayed,
-    /// or none if the last commit had none (docs/LOG-FLUSH.md).
-    pub newest_log_incomplete: bool,
-}
-
-/// What a mount did with the log it found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplayOutcome {
-    /// The whole log was applied.
-    Replayed(ReplayReport),
-    /// Replay failed and none of the log was applied: the last commit was
-    /// mounted. The text says why.
-    Discarded(String),
-}
 
 fn corrupt(reason: String) -> Error {
     Error::corrupt(Corruption {
@@ -179,8 +152,8 @@ impl<D: BlockDevice> FsState<D> {
     /// transaction: finds the log trees, then runs [`Self::REPLAY_PASSES`]
     /// in order, checking each one's outcome.
     pub(crate) fn replay_log(&mut self) -> Result<ReplayReport> {
-        let store = self.forest.store().clone();
-        let choice = log_choice::choose_log(store.device(), &self.superblock)?;
+        let store = self.info.forest.store().clone();
+        let choice = log_choice::choose_log(store.device(), &self.info.superblock)?;
         if let Some(why) = &choice.newest_rejected {
             eprintln!(
                 "birch: {why}; replaying {}",
@@ -211,7 +184,7 @@ impl<D: BlockDevice> FsState<D> {
     /// Replays the log whose root tree is at `log`.
     fn replay_from(&mut self, log: LogRootRef) -> Result<ReplayReport> {
         // Every node of a log carries the transaction after its base.
-        let log_generation = self.superblock.generation + 1;
+        let log_generation = self.info.superblock.generation + 1;
         let root_tree = TreeRoot {
             id: tree_id::LOG_ROOT,
             bytenr: log.bytenr,
@@ -221,6 +194,7 @@ impl<D: BlockDevice> FsState<D> {
         };
         let key = Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS);
         let data = self
+            .info
             .forest
             .get(&root_tree, &key)?
             .ok_or_else(|| corrupt("log root tree has no log of the fs tree".into()))?;
@@ -248,8 +222,8 @@ impl<D: BlockDevice> FsState<D> {
     /// damaged.
     fn reserve_log_blocks(&mut self, replay: &mut Replay) -> Result<()> {
         for tree in &replay.log_trees {
-            for block in self.forest.tree_blocks(tree)? {
-                if !self.forest.alloc_mut().reserve_log_block(block) {
+            for block in self.info.forest.tree_blocks(tree)? {
+                if !self.info.forest.alloc_mut().reserve_log_block(block) {
                     return Err(corrupt(format!(
                         "log node {block} overlaps allocated space"
                     )));
@@ -262,7 +236,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// After [`Self::reserve_log_blocks`]: no log node is free.
     fn log_blocks_reserved(&mut self, replay: &Replay) -> Result<Option<String>> {
-        let alloc = self.forest.alloc();
+        let alloc = self.info.forest.alloc();
         Ok(replay
             .log_blocks
             .iter()
@@ -277,7 +251,10 @@ impl<D: BlockDevice> FsState<D> {
     /// that is not free means the log is damaged.
     fn claim_logged_extents(&mut self, replay: &mut Replay) -> Result<()> {
         let [_, log_tree] = replay.log_trees;
-        replay.items = self.forest.collect_range(&log_tree, Key::MIN, Key::MAX)?;
+        replay.items = self
+            .info
+            .forest
+            .collect_range(&log_tree, Key::MIN, Key::MAX)?;
         replay.item_count = replay.items.len();
         let mut claimed = BTreeSet::new();
         for (key, data) in &replay.items {
@@ -296,11 +273,16 @@ impl<D: BlockDevice> FsState<D> {
                 disk.disk_num_bytes,
             );
             if claimed.contains(&disk.disk_bytenr)
-                || self.forest.get(&self.roots.extent, &extent_key)?.is_some()
+                || self
+                    .info
+                    .forest
+                    .get(&self.info.roots.extent, &extent_key)?
+                    .is_some()
             {
                 continue;
             }
             if !self
+                .info
                 .forest
                 .alloc()
                 .is_free(disk.disk_bytenr, disk.disk_num_bytes)
@@ -309,7 +291,7 @@ impl<D: BlockDevice> FsState<D> {
                     "logged extent {extent_key} overlaps allocated space"
                 )));
             }
-            self.forest.alloc_mut().claim_logged_extent(
+            self.info.forest.alloc_mut().claim_logged_extent(
                 disk.disk_bytenr,
                 disk.disk_num_bytes,
                 key.objectid,
@@ -321,7 +303,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// After [`Self::claim_logged_extents`]: no logged data extent is free.
     fn logged_extents_allocated(&mut self, replay: &Replay) -> Result<Option<String>> {
-        let alloc = self.forest.alloc();
+        let alloc = self.info.forest.alloc();
         Ok(replay
             .logged_extents
             .iter()
@@ -416,11 +398,11 @@ impl<D: BlockDevice> FsState<D> {
             let Some(item) = &log.item else { continue };
             replay.report.inodes += 1;
             replay.touched.insert(ino);
-            self.next_ino = self.next_ino.max(ino + 1);
-            match self.inode(ino) {
+            self.subvols.top.next_ino = self.subvols.top.next_ino.max(ino + 1);
+            match self.top().inode(ino) {
                 Ok(inode) => inode.item = item.clone(),
                 Err(Error::NotFound) => {
-                    self.inodes.insert(
+                    self.subvols.top.inodes.insert(
                         ino,
                         Inode {
                             item: item.clone(),
@@ -434,24 +416,26 @@ impl<D: BlockDevice> FsState<D> {
                 }
                 Err(e) => return Err(e),
             }
-            self.update_inode(ino, |_| {})?;
+            self.top().update_inode(ino, |_| {})?;
             self.replace_xattrs(ino, &log.xattrs)?;
             if log.full_extents {
-                self.drop_extents(ino, 0, u64::MAX)?;
+                self.top().drop_extents(ino, 0, u64::MAX)?;
             }
             for (offset, extent) in &log.extents {
                 let end = match extent {
                     FileExtent::Inline { .. } => SECTOR_SIZE,
                     e => offset + e.len(),
                 };
-                self.drop_extents(ino, *offset, end)?;
+                self.top().drop_extents(ino, *offset, end)?;
                 match extent {
-                    FileExtent::Inline { .. } => self.forest.insert(
-                        &mut self.roots.fs,
+                    FileExtent::Inline { .. } => self.info.forest.insert(
+                        &mut self.info.roots.fs,
                         Key::new(ino, item_type::EXTENT_DATA, 0),
                         extent.encode(),
                     )?,
-                    _ => self.insert_file_extent(ino, *offset, extent.clone())?,
+                    _ => self
+                        .top()
+                        .insert_file_extent(ino, *offset, extent.clone())?,
                 }
                 replay.report.extents += 1;
             }
@@ -465,7 +449,7 @@ impl<D: BlockDevice> FsState<D> {
         Ok(replay
             .logged
             .iter()
-            .find(|(ino, log)| log.item.is_some() && !self.inodes.contains_key(ino))
+            .find(|(ino, log)| log.item.is_some() && !self.subvols.top.inodes.contains_key(ino))
             .map(|(ino, _)| format!("logged inode {ino} is not cached")))
     }
 
@@ -474,21 +458,21 @@ impl<D: BlockDevice> FsState<D> {
     fn replay_logged_csums(&mut self, replay: &mut Replay) -> Result<()> {
         let extents: BTreeMap<u64, u64> = replay.logged_extents.iter().copied().collect();
         let items = std::mem::take(&mut replay.csum_items);
-        replay.csums_replayed = self.replay_csums(items, &extents)?;
+        replay.csums_replayed = self.top().fs.replay_csums(items, &extents)?;
         Ok(())
     }
 
     /// After [`Self::replay_logged_csums`]: each checksum item it put back
     /// is in the checksum tree.
     fn replayed_csums_in_tree(&mut self, replay: &Replay) -> Result<Option<String>> {
-        let Some(root) = self.roots.csum else {
+        let Some(root) = self.info.roots.csum else {
             return Ok(replay
                 .csums_replayed
                 .first()
                 .map(|key| format!("checksum item {key} replayed without a checksum tree")));
         };
         for key in &replay.csums_replayed {
-            if self.forest.get(&root, key)?.is_none() {
+            if self.info.forest.get(&root, key)?.is_none() {
                 return Ok(Some(format!(
                     "replayed checksum item {key} is not in the checksum tree"
                 )));
@@ -503,11 +487,11 @@ impl<D: BlockDevice> FsState<D> {
         for (&dir, log) in &replay.logged {
             for &index in &log.dir_removed {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
-                let Some(data) = self.forest.get(&self.roots.fs, &key)? else {
+                let Some(data) = self.info.forest.get(&self.info.roots.fs, &key)? else {
                     continue;
                 };
                 let entry = decode_item(&key, DirEntry::decode(&data))?;
-                self.remove_name(dir, &entry.name, entry.ino)?;
+                self.top().remove_name(dir, &entry.name, entry.ino)?;
                 replay.report.names_removed += 1;
                 replay.touched.extend([dir, entry.ino]);
                 replay.removed.push((dir, entry.name, entry.ino));
@@ -520,7 +504,11 @@ impl<D: BlockDevice> FsState<D> {
     /// names the inode it named.
     fn removed_names_gone(&mut self, replay: &Replay) -> Result<Option<String>> {
         for (dir, name, ino) in &replay.removed {
-            if self.find_entry(*dir, name)?.is_some_and(|e| e.ino == *ino) {
+            if self
+                .top()
+                .find_entry(*dir, name)?
+                .is_some_and(|e| e.ino == *ino)
+            {
                 return Ok(Some(format!(
                     "directory {dir} still names inode {ino} {:?}",
                     String::from_utf8_lossy(name)
@@ -542,12 +530,12 @@ impl<D: BlockDevice> FsState<D> {
             if !self.exists(ino)? {
                 continue;
             }
-            let file_type = self.inode(ino)?.item.file_type();
-            let current = self.names_of(ino)?;
+            let file_type = self.top().inode(ino)?.item.file_type();
+            let current = self.top().names_of(ino)?;
             touched.insert(ino);
             for (parent, name) in &current {
                 if !wanted.contains(&(*parent, name.clone())) {
-                    self.remove_name(*parent, name, ino)?;
+                    self.top().remove_name(*parent, name, ino)?;
                     report.names_removed += 1;
                     touched.insert(*parent);
                 }
@@ -557,17 +545,17 @@ impl<D: BlockDevice> FsState<D> {
                     continue;
                 }
                 if !self.exists(*parent)?
-                    || self.inode(*parent)?.item.file_type() != FileType::Directory
+                    || self.top().inode(*parent)?.item.file_type() != FileType::Directory
                 {
                     report.names_without_parent += 1;
                     continue;
                 }
-                if let Some(other) = self.find_entry(*parent, name)? {
-                    self.remove_name(*parent, name, other.ino)?;
+                if let Some(other) = self.top().find_entry(*parent, name)? {
+                    self.top().remove_name(*parent, name, other.ino)?;
                     report.names_removed += 1;
                     touched.insert(other.ino);
                 }
-                self.add_name(*parent, name, ino, file_type)?;
+                self.top().add_name(*parent, name, ino, file_type)?;
                 report.names_added += 1;
                 touched.extend([*parent, ino]);
             }
@@ -584,6 +572,7 @@ impl<D: BlockDevice> FsState<D> {
                 continue;
             }
             if let Some((parent, name)) = self
+                .top()
                 .names_of(ino)?
                 .into_iter()
                 .find(|n| !wanted.contains(n))
@@ -606,7 +595,7 @@ impl<D: BlockDevice> FsState<D> {
                 continue;
             }
             for entry in &log.dir_added {
-                if !self.exists(entry.ino)? || self.find_entry(dir, &entry.name)?.is_some() {
+                if !self.exists(entry.ino)? || self.top().find_entry(dir, &entry.name)?.is_some() {
                     continue;
                 }
                 // An inode whose names are logged has them all in the log.
@@ -614,8 +603,9 @@ impl<D: BlockDevice> FsState<D> {
                 if named.is_some_and(|names| !names.contains(&(dir, entry.name.clone()))) {
                     continue;
                 }
-                let file_type = self.inode(entry.ino)?.item.file_type();
-                self.add_name(dir, &entry.name, entry.ino, file_type)?;
+                let file_type = self.top().inode(entry.ino)?.item.file_type();
+                self.top()
+                    .add_name(dir, &entry.name, entry.ino, file_type)?;
                 replay.report.names_added += 1;
                 replay.touched.extend([dir, entry.ino]);
                 replay.added.push((dir, entry.name.clone(), entry.ino));
@@ -627,7 +617,11 @@ impl<D: BlockDevice> FsState<D> {
     /// After [`Self::add_logged_entries`]: every added name names its inode.
     fn added_names_found(&mut self, replay: &Replay) -> Result<Option<String>> {
         for (dir, name, ino) in &replay.added {
-            if self.find_entry(*dir, name)?.is_none_or(|e| e.ino != *ino) {
+            if self
+                .top()
+                .find_entry(*dir, name)?
+                .is_none_or(|e| e.ino != *ino)
+            {
                 return Ok(Some(format!(
                     "directory {dir} does not name inode {ino} {:?}",
                     String::from_utf8_lossy(name)
@@ -655,7 +649,7 @@ impl<D: BlockDevice> FsState<D> {
     /// has a link.
     fn touched_inodes_named(&mut self, replay: &Replay) -> Result<Option<String>> {
         for &ino in &replay.touched {
-            if self.exists(ino)? && self.inode(ino)?.item.nlink == 0 {
+            if self.exists(ino)? && self.top().inode(ino)?.item.nlink == 0 {
                 return Ok(Some(format!("inode {ino} is left with no link")));
             }
         }
@@ -664,7 +658,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Whether `ino` exists (in the cache or the fs tree).
     fn exists(&mut self, ino: u64) -> Result<bool> {
-        match self.inode(ino) {
+        match self.top().inode(ino) {
             Ok(_) => Ok(true),
             Err(Error::NotFound) => Ok(false),
             Err(e) => Err(e),
@@ -672,12 +666,12 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     fn replace_xattrs(&mut self, ino: u64, xattrs: &[Xattr]) -> Result<()> {
-        for (key, _) in self.forest.collect_range(
-            &self.roots.fs,
+        for (key, _) in self.info.forest.collect_range(
+            &self.info.roots.fs,
             Key::new(ino, item_type::XATTR_ITEM, 0),
             Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
         )? {
-            self.forest.delete(&mut self.roots.fs, &key)?;
+            self.info.forest.delete(&mut self.info.roots.fs, &key)?;
         }
         let mut buckets: HashMap<u64, Vec<Xattr>> = HashMap::new();
         for x in xattrs {
@@ -687,8 +681,8 @@ impl<D: BlockDevice> FsState<D> {
                 .push(x.clone());
         }
         for (hash, bucket) in buckets {
-            self.forest.put(
-                &mut self.roots.fs,
+            self.info.forest.put(
+                &mut self.info.roots.fs,
                 Key::new(ino, item_type::XATTR_ITEM, hash),
                 encode_xattrs(&bucket),
             )?;
@@ -703,18 +697,18 @@ impl<D: BlockDevice> FsState<D> {
         let names = if ino == ROOT_DIR_INO {
             1
         } else {
-            self.names_of(ino)?.len() as u32
+            self.top().names_of(ino)?.len() as u32
         };
-        let file_type = self.inode(ino)?.item.file_type();
+        let file_type = self.top().inode(ino)?.item.file_type();
         if file_type == FileType::Directory {
-            let entries = self.readdir(ino, 0, usize::MAX)?;
+            let entries = self.top().readdir(ino, 0, usize::MAX)?;
             if names == 0 {
                 if !entries.is_empty() {
                     return Err(corrupt(format!(
                         "replay left directory {ino}, which has entries, without a name"
                     )));
                 }
-                self.destroy_inode(ino)?;
+                self.top().destroy_inode(ino)?;
                 return Ok(true);
             }
             let subdirs = entries
@@ -722,25 +716,25 @@ impl<D: BlockDevice> FsState<D> {
                 .filter(|e| e.file_type == FileType::Directory)
                 .count() as u32;
             let size: u64 = entries.iter().map(|e| e.name.len() as u64).sum();
-            self.update_inode(ino, |i| {
+            self.top().update_inode(ino, |i| {
                 i.nlink = 2 + subdirs;
                 i.size = size;
             })?;
             return Ok(false);
         }
         if names == 0 {
-            self.destroy_inode(ino)?;
+            self.top().destroy_inode(ino)?;
             return Ok(true);
         }
         let mut nbytes = 0;
-        for (key, data) in self.forest.collect_range(
-            &self.roots.fs,
+        for (key, data) in self.info.forest.collect_range(
+            &self.info.roots.fs,
             Key::new(ino, item_type::EXTENT_DATA, 0),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
         )? {
             nbytes += decode_item(&key, FileExtent::decode_at(&key, &data))?.len();
         }
-        self.update_inode(ino, |i| {
+        self.top().update_inode(ino, |i| {
             i.nlink = names;
             i.nbytes = nbytes;
         })?;
@@ -764,7 +758,7 @@ mod tests {
         let root = fs.root_ino();
         let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
         let mut state = fs.lock();
-        let mut replay = Replay::new([state.roots.fs; 2]);
+        let mut replay = Replay::new([state.info.roots.fs; 2]);
         replay.removed.push((root, b"f".to_vec(), f));
         replay.added.push((root, b"g".to_vec(), f));
         let still_there = state.removed_names_gone(&replay).unwrap();
@@ -772,7 +766,7 @@ mod tests {
         let missing = state.added_names_found(&replay).unwrap();
         assert!(missing.is_some_and(|w| w.contains("does not name inode")));
 
-        let mut replay = Replay::new([state.roots.fs; 2]);
+        let mut replay = Replay::new([state.info.roots.fs; 2]);
         replay.removed.push((root, b"g".to_vec(), f));
         replay.added.push((root, b"f".to_vec(), f));
         assert_eq!(state.removed_names_gone(&replay).unwrap(), None);

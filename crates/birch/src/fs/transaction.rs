@@ -6,14 +6,14 @@
 //! interval. The log sync that shares these locks is in log_sync.rs.
 
 use super::commit;
-use super::delayed::RetiredRecords;
-use super::FsState;
+use super::delayed_items::RetiredRecords;
+use super::state::FsState;
 use crate::alloc::TransactionSpace;
 use crate::btree::NodeStore;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::SECTOR_SIZE;
-use crate::lock_order::{RankedCondvar, RankedGuard, RankedMutex};
+use crate::lock_order::{HoldHistogram, RankedCondvar, RankedGuard, RankedMutex};
 use std::sync::{Arc, LockResult, PoisonError, WaitTimeoutResult};
 use std::time::Instant;
 
@@ -66,6 +66,8 @@ pub(super) struct Shared<D> {
     pub(super) flusher_wake: RankedCondvar,
     /// One reclaimer at a time.
     pub(super) reclaim_lock: RankedMutex<()>,
+    /// How long each request held the state lock (`FsStats`).
+    pub(super) state_hold: HoldHistogram,
 }
 
 /// Why the filesystem failed when an operation panicked inside the engine.
@@ -85,6 +87,7 @@ impl<D: BlockDevice> Shared<D> {
             || self.superblock_lock.is_poisoned()
         {
             self.lock_state()
+                .info
                 .failed
                 .get_or_insert_with(|| PANIC_FAILURE.into());
             return Err(Error::Io(std::io::Error::other(format!(
@@ -110,7 +113,10 @@ impl<D: BlockDevice> Shared<D> {
     ) -> RankedGuard<'a, FsState<D>> {
         locked.unwrap_or_else(|poisoned| {
             let mut state = poisoned.into_inner();
-            state.failed.get_or_insert_with(|| PANIC_FAILURE.into());
+            state
+                .info
+                .failed
+                .get_or_insert_with(|| PANIC_FAILURE.into());
             self.state.clear_poison();
             state
         })
@@ -166,21 +172,21 @@ impl<D: BlockDevice> Shared<D> {
         let mut retired = None;
         let sealed = (|| {
             let mut state = self.lock_state();
-            if state.options.read_only {
+            if state.info.options.read_only {
                 return Ok(None);
             }
-            if let Some(why) = &state.failed {
+            if let Some(why) = &state.info.failed {
                 return Err(Error::Io(std::io::Error::other(format!(
                     "filesystem is read-only after an earlier failure: {why}"
                 ))));
             }
-            let covering = state.log.filling;
-            let generation = state.forest.transid();
+            let covering = state.info.log.filling;
+            let generation = state.info.forest.transid();
             match state.prepare_commit(purpose, &mut retired) {
                 Ok(p) => Ok(p.map(|p| (p, covering))),
                 Err(e) => {
                     let e = io_step(e, &format!("commit of generation {generation}"));
-                    state.failed = Some(e.to_string());
+                    state.info.failed = Some(e.to_string());
                     Err(e)
                 }
             }
@@ -227,7 +233,7 @@ impl<D: BlockDevice> Shared<D> {
                     Ok(())
                 }
                 Err(e) => {
-                    state.failed = Some(e.to_string());
+                    state.info.failed = Some(e.to_string());
                     Err(e)
                 }
             }
@@ -254,23 +260,23 @@ impl<D: BlockDevice> Shared<D> {
     /// section. Bounded by what was dirty at the start, so writers that
     /// dirty pages as fast as they are written cannot hold the commit back.
     fn write_back_before_seal(&self) -> Result<()> {
-        let mut left = self.lock_state().dirty_page_bytes / SECTOR_SIZE;
+        let mut left = self.lock_state().info.dirty_page_bytes / SECTOR_SIZE;
         while left > 0 {
             {
                 let mut state = self.lock_state();
-                if state.failed.is_some() || state.options.read_only {
+                if state.info.failed.is_some() || state.info.options.read_only {
                     return Ok(());
                 }
                 let written = match state.writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES)) {
                     Ok(n) => n,
                     Err(e) => {
-                        let generation = state.forest.transid();
+                        let generation = state.info.forest.transid();
                         let e = io_step(e, &format!("commit of generation {generation}"));
-                        state.failed = Some(e.to_string());
+                        state.info.failed = Some(e.to_string());
                         return Err(e);
                     }
                 };
-                state.space.stats.commit_pages += written;
+                state.info.space.stats.commit_pages += written;
                 self.space_changed(&mut state);
                 if written == 0 {
                     return Ok(());
@@ -305,6 +311,7 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
         .state
         .lock()
         .expect("state lock")
+        .info
         .options
         .commit_interval
         .expect("worker runs only with an interval");
@@ -323,12 +330,13 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
         }
         let flush_delayed = {
             let state = shared.lock_state();
-            state.failed.is_none() && state.delayed.len() > state.options.delayed_items_limit
+            state.info.failed.is_none()
+                && state.subvols.top.delayed.len() > state.info.options.delayed_items_limit
         };
         if flush_delayed {
             let mut state = shared.lock_state();
-            if let Err(e) = state.flush_delayed_items() {
-                state.failed = Some(e.to_string());
+            if let Err(e) = state.top().flush_delayed_items() {
+                state.info.failed = Some(e.to_string());
             }
         }
         if last_commit.elapsed() >= interval {
@@ -346,7 +354,7 @@ impl<D: BlockDevice> FsState<D> {
     /// filesystem turns read-only, keeping the first reason.
     pub(super) fn fail_on_device_error<T>(&mut self, result: &Result<T>) {
         if let Err(e @ (Error::Io(_) | Error::Corrupt(_))) = result {
-            self.failed.get_or_insert_with(|| e.to_string());
+            self.info.failed.get_or_insert_with(|| e.to_string());
         }
     }
 
@@ -357,25 +365,29 @@ impl<D: BlockDevice> FsState<D> {
         purpose: Purpose,
         retired: &mut Option<RetiredRecords>,
     ) -> Result<Option<commit::PreparedCommit>> {
-        self.writeback_all()?;
-        self.flush_delayed_items()?;
+        self.top().writeback_all()?;
+        self.top().flush_delayed_items()?;
         *retired = Some(self.drop_log()?);
         // A superblock that points at a log (one replay applied or threw
         // away) is superseded even when nothing else changed, and so is
         // one newer than the commit in memory (a rescue mount fell back to
         // an older commit: the first commit makes the rollback durable).
-        let device_holds_other_commit = self.superblock.generation + 1 != self.forest.transid();
-        let releases_held = purpose == Purpose::Space && self.forest.alloc().held_bytes() > 0;
-        if self.forest.dirty_node_count() == 0
-            && !self.forest.alloc().has_delayed_refs()
-            && self.superblock.log_root_bytenr == 0
+        let device_holds_other_commit =
+            self.info.superblock.generation + 1 != self.info.forest.transid();
+        let releases_held = purpose == Purpose::Space && self.info.forest.alloc().held_bytes() > 0;
+        if self.info.forest.dirty_node_count() == 0
+            && !self.info.forest.alloc().has_delayed_refs()
+            && self.info.superblock.log_root_bytenr == 0
             && !device_holds_other_commit
             && !releases_held
         {
             return Ok(None);
         }
-        let prepared =
-            commit::seal_transaction(&mut self.forest, &mut self.roots, &self.superblock)?;
+        let prepared = commit::seal_transaction(
+            &mut self.info.forest,
+            &mut self.info.roots,
+            &self.info.superblock,
+        )?;
         self.note_committing_pinned(
             prepared
                 .pinned
@@ -386,18 +398,18 @@ impl<D: BlockDevice> FsState<D> {
         );
         // The next transaction's log transactions get new numbers: the
         // commit covers every one up to the current.
-        self.log.filling += 1;
+        self.info.log.filling += 1;
         Ok(Some(prepared))
     }
 
     fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
-        self.forest.end_commit();
-        self.forest.alloc_mut().commit_durable(prepared.pinned);
-        self.forest.alloc_mut().unpin(prepared.log_released);
+        self.info.forest.end_commit();
+        self.info.forest.alloc_mut().commit_durable(prepared.pinned);
+        self.info.forest.alloc_mut().unpin(prepared.log_released);
         self.note_committing_pinned(0);
-        self.superblock = prepared.superblock;
-        self.stats.commits += 1;
-        self.stats.nodes_written += nodes_written;
-        self.evict_clean_inodes();
+        self.info.superblock = prepared.superblock;
+        self.info.stats.commits += 1;
+        self.info.stats.nodes_written += nodes_written;
+        self.top().evict_clean_inodes();
     }
 }

@@ -4,8 +4,10 @@
 //! sync protocol in log_sync.rs).
 
 use super::decode::decode_item;
-use super::delayed::RetiredRecords;
-use super::FsState;
+use super::delayed_items::RetiredRecords;
+use super::log_state::{FallbackReason, LogTrees};
+use super::root::RootCtx;
+use super::state::FsState;
 use crate::alloc::TransactionSpace;
 use crate::btree::{DataRef, TreeKind, TreeRoot};
 use crate::device::BlockDevice;
@@ -13,7 +15,7 @@ use crate::error::Result;
 use crate::format::{
     item_type, tree_id, DirEntry, FileExtent, FileType, InodeItem, Key, LeafItem, RootItem,
 };
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The log trees are the forest's [`TreeKind::Logged`] trees: written by
 /// log syncs, never recorded in the extent tree. Subvolume trees are
@@ -54,66 +56,6 @@ pub(super) fn leaf_data_ref(item: &LeafItem) -> Option<DataRef> {
     }
 }
 
-/// What the log knows of one inode in the running transaction.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct InodeLog {
-    /// Transaction in which the log holds this inode's names; from then on
-    /// every name change is applied to the log too (invariant L1).
-    pub names_logged_trans: u64,
-    /// Transaction in which the log holds the inode's own state (a file's
-    /// item, xattrs and extents; a directory's entry changes).
-    pub state_logged_trans: u64,
-    /// `change_seq` when the state was logged: an fsync finding it
-    /// unchanged has nothing to log.
-    pub logged_change_seq: u64,
-    /// Log transaction that last logged this inode's state.
-    pub logged_in: u64,
-    /// Transaction the ranges below belong to.
-    pub ranges_trans: u64,
-    /// File ranges written back since the last log (fast fsync logs these).
-    pub dirty_ranges: Vec<(u64, u64)>,
-    /// Fast logging cannot express the changes (extents were dropped, or
-    /// the inode was loaded from disk mid-transaction): log everything.
-    pub full_sync: bool,
-    /// Transaction in which a committed subdirectory of this directory was
-    /// removed (the log cannot express that: see `RemovedDirectory`).
-    pub removed_committed_dir_trans: u64,
-    /// Transaction in which this inode was moved by a rename.
-    pub renamed_trans: u64,
-    /// Transaction in which this inode gained a name by a link: its fsync
-    /// then logs the directories it has names in (generic/104, 343).
-    pub linked_trans: u64,
-}
-
-/// Why an fsync could not be answered by the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FallbackReason {
-    /// A directory chain of new ancestors too deep to log.
-    AncestorChain,
-    /// A committed directory was removed from a directory whose changes
-    /// are (or are being) logged. Replay would drop its entry, but the
-    /// removed directory's own earlier removals were never logged, so it
-    /// could come back nameless with entries. Crash case:
-    /// `mkdir p/d; touch p/d/x; sync; rm p/d/x; rmdir p/d; fsync p; <cut>`.
-    RemovedDirectory,
-    /// A directory on the way from the inode up to the root was renamed in
-    /// this transaction. The inode's new names would replay under the
-    /// directory's old name (or, for an exchange, clash with its partner's).
-    /// Crash case: `mkdir a d; sync; mv --exchange a d; mkdir a/b; fsync a/b;
-    /// <cut>` must show `a/b`.
-    RenamedAncestor,
-}
-
-impl FallbackReason {
-    pub fn name(self) -> &'static str {
-        match self {
-            FallbackReason::AncestorChain => "ancestor-chain",
-            FallbackReason::RemovedDirectory => "removed-directory",
-            FallbackReason::RenamedAncestor => "renamed-ancestor",
-        }
-    }
-}
-
 /// What an fsync needs after logging.
 pub(crate) enum LogOutcome {
     /// Already durable: nothing to wait for.
@@ -124,64 +66,6 @@ pub(crate) enum LogOutcome {
     NeedCommit,
 }
 
-/// The log trees of the running transaction.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LogTrees {
-    pub log: TreeRoot,
-    pub root: TreeRoot,
-}
-
-/// The running transaction's log.
-#[derive(Debug, Default)]
-pub(crate) struct LogState {
-    pub trees: Option<LogTrees>,
-    /// The log transaction being filled (numbers never repeat).
-    pub filling: u64,
-    /// Something was logged into `filling`.
-    pub filling_dirty: bool,
-    /// Every fsync until the next commit must commit instead.
-    pub force_commit: Option<FallbackReason>,
-}
-
-/// Counters of the fsync path. `birch stats` shows each through its line in
-/// crates/birch-fuse/src/stats.rs (a new field needs one there).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LogStats {
-    /// fsyncs answered by the log.
-    pub logged_fsyncs: u64,
-    /// fsyncs that found everything already durable.
-    pub noop_fsyncs: u64,
-    pub full_logs: u64,
-    pub fast_logs: u64,
-    pub dir_logs: u64,
-    /// Log syncs written (superblock included).
-    pub log_syncs: u64,
-    /// Log syncs whose base commit was superseded: no superblock written.
-    pub log_syncs_superseded: u64,
-    pub fallback_ancestor_chain: u64,
-    pub fallback_removed_directory: u64,
-    pub fallback_renamed_ancestor: u64,
-    /// Inodes logged because a logged inode took a name they held in the
-    /// last commit, or they took one it gave up (docs/TREE-LOG.md, "Name
-    /// conflicts").
-    pub name_conflict_logs: u64,
-    /// Time spent logging inodes (seed 003's figure), data writeback of
-    /// the fsynced file included.
-    pub logging_nanos: u64,
-    /// Time in `Filesystem::fsync` from entry to durable, every phase below
-    /// and waits for other syncs included: the engine's share of an fsync
-    /// request (docs/FUSE.md, "Where an fsync's time goes").
-    pub fsync_nanos: u64,
-    /// Log syncs: writing the sealed log's nodes.
-    pub log_write_nanos: u64,
-    /// Log syncs: the flush that makes data and log nodes durable.
-    pub log_nodes_flush_nanos: u64,
-    /// Log syncs: waiting for the commit the log is based on (seed 002).
-    pub log_base_wait_nanos: u64,
-    /// Log syncs: the superblock write and its flush.
-    pub log_superblock_nanos: u64,
-}
-
 /// Deepest chain of new directories logged as ancestors.
 const MAX_NEW_ANCESTORS: usize = 64;
 
@@ -189,12 +73,12 @@ fn full_range(ino: u64, t: u8) -> (Key, Key) {
     (Key::new(ino, t, 0), Key::new(ino, t, u64::MAX))
 }
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     /// The commit the running transaction's log is relative to. (While a
     /// commit is being written, that is the one in flight, not the last
     /// durable one.)
     fn committed_generation(&self) -> u64 {
-        self.forest.transid() - 1
+        self.fs.forest.transid() - 1
     }
 
     /// Whether the inode was created in the running transaction (so the
@@ -205,42 +89,42 @@ impl<D: BlockDevice> FsState<D> {
 
     /// The log trees, created on first use in this transaction.
     fn log_trees(&mut self) -> Result<LogTrees> {
-        if let Some(t) = self.log.trees {
+        if let Some(t) = self.fs.log.trees {
             return Ok(t);
         }
         let trees = LogTrees {
-            log: self.forest.create_tree(tree_id::LOG)?,
-            root: self.forest.create_tree(tree_id::LOG_ROOT)?,
+            log: self.fs.forest.create_tree(tree_id::LOG)?,
+            root: self.fs.forest.create_tree(tree_id::LOG_ROOT)?,
         };
-        self.log.trees = Some(trees);
+        self.fs.log.trees = Some(trees);
         Ok(trees)
     }
 
     fn log_put(&mut self, key: Key, data: Vec<u8>) -> Result<()> {
         // A logged extent brings its checksums (docs/DATA-CHECKSUMS.md).
         if key.item_type == item_type::EXTENT_DATA {
-            for (csum_key, csums) in self.csums_to_log(&key, &data)? {
+            for (csum_key, csums) in self.fs.csums_to_log(&key, &data)? {
                 self.log_put(csum_key, csums)?;
             }
         }
         let mut trees = self.log_trees()?;
-        let result = self.forest.put(&mut trees.log, key, data);
-        self.log.trees = Some(trees);
+        let result = self.fs.forest.put(&mut trees.log, key, data);
+        self.fs.log.trees = Some(trees);
         result
     }
 
     fn log_delete(&mut self, key: &Key) -> Result<()> {
-        let Some(mut trees) = self.log.trees else {
+        let Some(mut trees) = self.fs.log.trees else {
             return Ok(());
         };
-        let result = self.forest.delete(&mut trees.log, key).map(|_| ());
-        self.log.trees = Some(trees);
+        let result = self.fs.forest.delete(&mut trees.log, key).map(|_| ());
+        self.fs.log.trees = Some(trees);
         result
     }
 
     fn log_items(&self, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
-        match &self.log.trees {
-            Some(t) => self.forest.collect_range(&t.log, start, end),
+        match &self.fs.log.trees {
+            Some(t) => self.fs.forest.collect_range(&t.log, start, end),
             None => Ok(Vec::new()),
         }
     }
@@ -254,7 +138,11 @@ impl<D: BlockDevice> FsState<D> {
 
     /// Copies the fs tree's items in `[start, end]` into the log.
     fn log_copy_range(&mut self, start: Key, end: Key) -> Result<()> {
-        for (key, data) in self.forest.collect_range(&self.roots.fs, start, end)? {
+        for (key, data) in self
+            .fs
+            .forest
+            .collect_range(&self.fs.roots.fs, start, end)?
+        {
             self.log_put(key, data)?;
         }
         Ok(())
@@ -281,7 +169,7 @@ impl<D: BlockDevice> FsState<D> {
     /// Those inodes' own names may involve further inodes (swaps through
     /// a third name, chains of renames): a worklist follows them all.
     pub(crate) fn log_names(&mut self, ino: u64) -> Result<()> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         self.log_own_names(ino)?;
         let mut todo = self.name_conflicts(ino)?;
         while let Some(other) = todo.pop() {
@@ -295,14 +183,14 @@ impl<D: BlockDevice> FsState<D> {
             if !live || self.inode(other)?.log.names_logged_trans == transid {
                 continue;
             }
-            self.log_stats.name_conflict_logs += 1;
+            self.fs.log_stats.name_conflict_logs += 1;
             self.log_exists_item(other)?;
             self.log_own_names(other)?;
             if let Some(reason) = self.log_new_ancestors(other)? {
                 // Its new name would be unreachable at replay while its
                 // committed one is taken: no log may be synced until the
                 // commit.
-                self.log.force_commit.get_or_insert(reason);
+                self.fs.log.force_commit.get_or_insert(reason);
             }
             todo.extend(self.name_conflicts(other)?);
         }
@@ -315,7 +203,7 @@ impl<D: BlockDevice> FsState<D> {
         let start = Key::new(ino, item_type::INODE_REF, 0);
         let end = Key::new(ino, item_type::INODE_EXTREF, u64::MAX);
         // Nothing of this inode in the log yet: nothing to drop (seed 001).
-        let logged_before = self.inode(ino)?.log.names_logged_trans == self.forest.transid();
+        let logged_before = self.inode(ino)?.log.names_logged_trans == self.fs.forest.transid();
         if logged_before {
             self.log_delete_range(start, end)?;
         }
@@ -330,7 +218,7 @@ impl<D: BlockDevice> FsState<D> {
         } else if logged_before {
             self.log_delete(&unlinked)?;
         }
-        self.inode(ino)?.log.names_logged_trans = self.forest.transid();
+        self.inode(ino)?.log.names_logged_trans = self.fs.forest.transid();
         Ok(())
     }
 
@@ -339,13 +227,13 @@ impl<D: BlockDevice> FsState<D> {
     fn name_conflicts(&mut self, ino: u64) -> Result<Vec<u64>> {
         let mut others = Vec::new();
         for (parent, name) in self.names_of(ino)? {
-            if let Some(owner) = self.delayed.committed_owner_removed(parent, &name) {
+            if let Some(owner) = self.root.delayed.committed_owner_removed(parent, &name) {
                 if owner != ino {
                     others.push(owner);
                 }
             }
         }
-        for (dir, name) in self.delayed.committed_names_removed(ino).to_vec() {
+        for (dir, name) in self.root.delayed.committed_names_removed(ino).to_vec() {
             match self.find_entry(dir, &name) {
                 Ok(Some(entry)) if entry.ino != ino => others.push(entry.ino),
                 Ok(_) | Err(crate::Error::NotFound) => {}
@@ -366,7 +254,7 @@ impl<D: BlockDevice> FsState<D> {
 
     /// The item half of [`Self::log_exists`].
     fn log_exists_item(&mut self, ino: u64) -> Result<()> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         if self.is_new(ino)? && self.inode(ino)?.log.state_logged_trans != transid {
             let mut item = self.inode(ino)?.item.clone();
             match item.file_type() {
@@ -390,8 +278,8 @@ impl<D: BlockDevice> FsState<D> {
     /// inode that changed after a hook logged it (a symlink whose target is
     /// written after its name).
     pub(crate) fn log_exists_again(&mut self, ino: u64) -> Result<()> {
-        if self.log.trees.is_some()
-            && self.inode(ino)?.log.names_logged_trans == self.forest.transid()
+        if self.fs.log.trees.is_some()
+            && self.inode(ino)?.log.names_logged_trans == self.fs.forest.transid()
         {
             self.log_exists(ino)?;
         }
@@ -403,7 +291,7 @@ impl<D: BlockDevice> FsState<D> {
     /// replay. Ancestors are not marked as state-logged (seed 000): a
     /// later fsync of one still logs its entries.
     pub(crate) fn log_new_ancestors(&mut self, ino: u64) -> Result<Option<FallbackReason>> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         let mut todo = self.parents_of(ino)?;
         let mut depth = 0;
         while let Some(dir) = todo.pop() {
@@ -424,7 +312,7 @@ impl<D: BlockDevice> FsState<D> {
     /// this transaction. A renamed directory stays in the inode cache until
     /// the commit (it is dirty), so only cached ones need looking at.
     fn ancestor_renamed(&mut self, ino: u64) -> Result<bool> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         let mut todo = self.parents_of(ino)?;
         let mut seen = std::collections::HashSet::new();
         while let Some(dir) = todo.pop() {
@@ -432,6 +320,7 @@ impl<D: BlockDevice> FsState<D> {
                 continue;
             }
             if self
+                .root
                 .inodes
                 .get(&dir)
                 .is_some_and(|i| i.log.renamed_trans == transid)
@@ -461,7 +350,7 @@ impl<D: BlockDevice> FsState<D> {
     /// Logs a file (or symlink, device, fifo): item from memory (seed 001),
     /// names, xattrs, and its extents in full or just the written ranges.
     fn log_file(&mut self, ino: u64) -> Result<()> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         let item = self.inode(ino)?.item.clone();
         let log = self.inode(ino)?.log.clone();
         let first_this_trans = log.state_logged_trans != transid;
@@ -476,7 +365,7 @@ impl<D: BlockDevice> FsState<D> {
             }
             self.log_copy_range(es, ee)?;
             self.log_put(Key::new(ino, item_type::LOG_FULL_EXTENTS, 0), Vec::new())?;
-            self.log_stats.full_logs += 1;
+            self.fs.log_stats.full_logs += 1;
         } else {
             let ranges = if log.ranges_trans == transid {
                 log.dirty_ranges
@@ -486,7 +375,7 @@ impl<D: BlockDevice> FsState<D> {
             for (start, end) in ranges {
                 self.log_extent_range(ino, start, end)?;
             }
-            self.log_stats.fast_logs += 1;
+            self.fs.log_stats.fast_logs += 1;
         }
         let seq = self.inode(ino)?.change_seq;
         let inode = self.inode(ino)?;
@@ -523,7 +412,7 @@ impl<D: BlockDevice> FsState<D> {
         let (mut lo, mut hi) = (start, end);
         loop {
             let (before_lo, before_hi) = (lo, hi);
-            let log_from = match &self.log.trees {
+            let log_from = match &self.fs.log.trees {
                 Some(t) => self.extent_reaching_from_below(&t.log, ino, lo)?,
                 None => lo,
             };
@@ -538,9 +427,9 @@ impl<D: BlockDevice> FsState<D> {
                     hi = hi.max(key.offset + e.len());
                 }
             }
-            let fs_from = self.extent_reaching_from_below(&self.roots.fs, ino, lo)?;
-            for (key, data) in self.forest.collect_range(
-                &self.roots.fs,
+            let fs_from = self.extent_reaching_from_below(&self.fs.roots.fs, ino, lo)?;
+            for (key, data) in self.fs.forest.collect_range(
+                &self.fs.roots.fs,
                 Key::new(ino, item_type::EXTENT_DATA, fs_from),
                 Key::new(ino, item_type::EXTENT_DATA, hi.saturating_sub(1)),
             )? {
@@ -562,7 +451,7 @@ impl<D: BlockDevice> FsState<D> {
     /// itself when there is none.
     fn extent_reaching_from_below(&self, tree: &TreeRoot, ino: u64, offset: u64) -> Result<u64> {
         let probe = Key::new(ino, item_type::EXTENT_DATA, offset);
-        Ok(match self.forest.last_at_or_before(tree, &probe)? {
+        Ok(match self.fs.forest.last_at_or_before(tree, &probe)? {
             Some((key, _)) if key.objectid == ino && key.item_type == item_type::EXTENT_DATA => {
                 key.offset
             }
@@ -584,7 +473,7 @@ impl<D: BlockDevice> FsState<D> {
     /// d/x/q; fsync d` must keep `d/x/q`). Each is logged again only if it
     /// changed since its last log.
     fn log_dir(&mut self, dir: u64) -> Result<()> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         let mut todo = vec![dir];
         let mut seen = std::collections::HashSet::new();
         while let Some(d) = todo.pop() {
@@ -598,6 +487,7 @@ impl<D: BlockDevice> FsState<D> {
                 self.log_one_dir(d)?;
             }
             let new_subdirs: Vec<u64> = self
+                .root
                 .delayed
                 .txn_changes(d)
                 .map(|c| {
@@ -622,7 +512,7 @@ impl<D: BlockDevice> FsState<D> {
     /// 003: nothing is flushed into the fs tree for this). Only the changes
     /// since the directory was last logged are written.
     fn log_one_dir(&mut self, dir: u64) -> Result<()> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         let first_this_trans = self.inode(dir)?.log.state_logged_trans != transid;
         let item = self.inode(dir)?.item.clone();
         self.log_inode_item(dir, item)?;
@@ -632,8 +522,8 @@ impl<D: BlockDevice> FsState<D> {
         // in it (10,000 in seed 003), and copying it per fsync made a
         // directory's fsync cost grow with the directory.
         let unlogged: Vec<(u64, Option<DirEntry>, bool)> = {
-            let indexes = self.delayed.take_unlogged(dir);
-            let changes = self.delayed.txn_changes(dir);
+            let indexes = self.root.delayed.take_unlogged(dir);
+            let changes = self.root.delayed.txn_changes(dir);
             indexes
                 .into_iter()
                 .map(|index| {
@@ -654,7 +544,7 @@ impl<D: BlockDevice> FsState<D> {
                     self.log_put(Key::new(dir, item_type::DIR_LOG_INDEX, index), Vec::new())?;
                     // Replay drops this committed name: the inode takes its
                     // other (or new, for a rename out) names along.
-                    if let Some(ino) = self.delayed.removed_inode(dir, index) {
+                    if let Some(ino) = self.root.delayed.removed_inode(dir, index) {
                         if self.inode(ino).is_ok_and(|i| i.item.nlink > 0) {
                             added.push(ino);
                         }
@@ -668,7 +558,7 @@ impl<D: BlockDevice> FsState<D> {
             self.log_exists(ino)?;
         }
         let seq = self.inode(dir)?.change_seq;
-        let filling = self.log.filling;
+        let filling = self.fs.log.filling;
         let inode = self.inode(dir)?;
         inode.log.state_logged_trans = transid;
         inode.log.logged_change_seq = seq;
@@ -676,7 +566,7 @@ impl<D: BlockDevice> FsState<D> {
         // same log transaction: its own fsync, finding it unchanged, waits
         // for that one.
         inode.log.logged_in = filling;
-        self.log_stats.dir_logs += 1;
+        self.fs.log_stats.dir_logs += 1;
         self.log_names(dir)
     }
 
@@ -684,13 +574,13 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn log_for_fsync(&mut self, ino: u64) -> Result<LogOutcome> {
         let started = Instant::now();
         let outcome = self.log_for_fsync_timed(ino);
-        self.log_stats.logging_nanos += started.elapsed().as_nanos() as u64;
+        self.fs.log_stats.logging_nanos += started.elapsed().as_nanos() as u64;
         outcome
     }
 
     fn log_for_fsync_timed(&mut self, ino: u64) -> Result<LogOutcome> {
-        let transid = self.forest.transid();
-        if let Some(reason) = self.log.force_commit {
+        let transid = self.fs.forest.transid();
+        if let Some(reason) = self.fs.log.force_commit {
             self.count_fallback(reason);
             return Ok(LogOutcome::NeedCommit);
         }
@@ -708,7 +598,7 @@ impl<D: BlockDevice> FsState<D> {
         if inode.item.nlink == 0 || !changed_in_trans {
             // Unlinked in an earlier transaction (an orphan the last
             // commit holds), or already committed.
-            self.log_stats.noop_fsyncs += 1;
+            self.fs.log_stats.noop_fsyncs += 1;
             return Ok(LogOutcome::Nothing);
         }
         let unchanged = inode.log.state_logged_trans == transid
@@ -739,10 +629,10 @@ impl<D: BlockDevice> FsState<D> {
             self.count_fallback(reason);
             return Ok(LogOutcome::NeedCommit);
         }
-        let filling = self.log.filling;
+        let filling = self.fs.log.filling;
         self.inode(ino)?.log.logged_in = filling;
-        self.log.filling_dirty = true;
-        self.log_stats.logged_fsyncs += 1;
+        self.fs.log.filling_dirty = true;
+        self.fs.log_stats.logged_fsyncs += 1;
         Ok(LogOutcome::Logged(filling))
     }
 
@@ -755,28 +645,28 @@ impl<D: BlockDevice> FsState<D> {
     /// holds (new and never logged, or unlinked before the last commit,
     /// an orphan there) has nothing to log.
     fn log_unlinked(&mut self, ino: u64) -> Result<LogOutcome> {
-        let names_logged = self.inode(ino)?.log.names_logged_trans == self.forest.transid();
-        let lost_committed_name = !self.delayed.committed_names_removed(ino).is_empty();
+        let names_logged = self.inode(ino)?.log.names_logged_trans == self.fs.forest.transid();
+        let lost_committed_name = !self.root.delayed.committed_names_removed(ino).is_empty();
         if !names_logged && !lost_committed_name {
-            self.log_stats.noop_fsyncs += 1;
+            self.fs.log_stats.noop_fsyncs += 1;
             return Ok(LogOutcome::Nothing);
         }
         // Its names (none: `LOG_UNLINKED`), and the inodes now holding
         // names it gave up.
         self.log_names(ino)?;
-        let filling = self.log.filling;
+        let filling = self.fs.log.filling;
         self.inode(ino)?.log.logged_in = filling;
-        self.log.filling_dirty = true;
-        self.log_stats.logged_fsyncs += 1;
+        self.fs.log.filling_dirty = true;
+        self.fs.log_stats.logged_fsyncs += 1;
         Ok(LogOutcome::Logged(filling))
     }
 
     /// Whether the file gained a name by a link or lost a committed one in
     /// this transaction: its fsync then logs those names' directories.
     fn names_changed_in_trans(&mut self, ino: u64) -> Result<bool> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         Ok(self.inode(ino)?.log.linked_trans == transid
-            || !self.delayed.committed_names_removed(ino).is_empty())
+            || !self.root.delayed.committed_names_removed(ino).is_empty())
     }
 
     /// Logs, after a file, the directories whose entries replay changes
@@ -794,8 +684,9 @@ impl<D: BlockDevice> FsState<D> {
     ///
     /// Returns why the log cannot express it, if it cannot.
     fn log_dirs_of_changed_names(&mut self, ino: u64) -> Result<Option<FallbackReason>> {
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         let mut dirs: Vec<u64> = self
+            .root
             .delayed
             .committed_names_removed(ino)
             .iter()
@@ -833,9 +724,9 @@ impl<D: BlockDevice> FsState<D> {
 
     pub(crate) fn count_fallback(&mut self, reason: FallbackReason) {
         match reason {
-            FallbackReason::AncestorChain => self.log_stats.fallback_ancestor_chain += 1,
-            FallbackReason::RemovedDirectory => self.log_stats.fallback_removed_directory += 1,
-            FallbackReason::RenamedAncestor => self.log_stats.fallback_renamed_ancestor += 1,
+            FallbackReason::AncestorChain => self.fs.log_stats.fallback_ancestor_chain += 1,
+            FallbackReason::RemovedDirectory => self.fs.log_stats.fallback_removed_directory += 1,
+            FallbackReason::RenamedAncestor => self.fs.log_stats.fallback_renamed_ancestor += 1,
         }
     }
 
@@ -845,8 +736,8 @@ impl<D: BlockDevice> FsState<D> {
     /// gets the new set at once — without a log sync, and without marking
     /// any ancestor as logged, so a later fsync of a parent still logs it.
     pub(crate) fn log_names_changed(&mut self, ino: u64) -> Result<()> {
-        if self.log.trees.is_none()
-            || self.inode(ino)?.log.names_logged_trans != self.forest.transid()
+        if self.fs.log.trees.is_none()
+            || self.inode(ino)?.log.names_logged_trans != self.fs.forest.transid()
         {
             return Ok(());
         }
@@ -855,7 +746,7 @@ impl<D: BlockDevice> FsState<D> {
         // way a workload can see: `setfattr -x user.a f; ln f f_link`
         // after an fsync of `f` must not replay `f_link` with `user.a`
         // (generic/066; btrfs logs the inode's xattrs with its new name).
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         if self.inode(ino)?.log.state_logged_trans == transid {
             self.log_xattrs(ino, true)?;
         }
@@ -870,13 +761,13 @@ impl<D: BlockDevice> FsState<D> {
     /// inode's names), so the log never holds a removal without the entry
     /// that replaced it (rename over an entry of a logged directory).
     pub(crate) fn log_entry_added(&mut self, dir: u64, index: u64, entry: &DirEntry) -> Result<()> {
-        if self.log.trees.is_none()
-            || self.inode(dir)?.log.state_logged_trans != self.forest.transid()
+        if self.fs.log.trees.is_none()
+            || self.inode(dir)?.log.state_logged_trans != self.fs.forest.transid()
         {
             return Ok(());
         }
         self.log_put(Key::new(dir, item_type::DIR_INDEX, index), entry.encode())?;
-        self.delayed.mark_logged(dir, index);
+        self.root.delayed.mark_logged(dir, index);
         self.log_exists(entry.ino)
     }
 
@@ -891,8 +782,8 @@ impl<D: BlockDevice> FsState<D> {
         index: u64,
         committed: bool,
     ) -> Result<bool> {
-        if self.log.trees.is_none()
-            || self.inode(dir)?.log.state_logged_trans != self.forest.transid()
+        if self.fs.log.trees.is_none()
+            || self.inode(dir)?.log.state_logged_trans != self.fs.forest.transid()
         {
             return Ok(false);
         }
@@ -900,7 +791,7 @@ impl<D: BlockDevice> FsState<D> {
         if committed {
             self.log_put(Key::new(dir, item_type::DIR_LOG_INDEX, index), Vec::new())?;
         }
-        self.delayed.mark_logged(dir, index);
+        self.root.delayed.mark_logged(dir, index);
         Ok(true)
     }
 
@@ -909,54 +800,22 @@ impl<D: BlockDevice> FsState<D> {
         if self.is_new(dir)? {
             return Ok(());
         }
-        let transid = self.forest.transid();
+        let transid = self.fs.forest.transid();
         self.inode(parent)?.log.removed_committed_dir_trans = transid;
         if self.inode(parent)?.log.state_logged_trans == transid {
-            self.log.force_commit = Some(FallbackReason::RemovedDirectory);
+            self.fs.log.force_commit = Some(FallbackReason::RemovedDirectory);
         }
         Ok(())
-    }
-
-    /// Seals the filling log transaction for writing: records the log
-    /// tree's root in the log root tree and hands over the changed log
-    /// nodes. Returns `None` when nothing was logged.
-    pub(crate) fn seal_log(&mut self) -> Result<Option<SealedLog>> {
-        let id = self.log.filling;
-        self.log.filling += 1;
-        if !std::mem::take(&mut self.log.filling_dirty) {
-            return Ok(None);
-        }
-        let mut trees = self.log.trees.expect("something was logged");
-        let item = RootItem {
-            bytenr: trees.log.bytenr,
-            generation: trees.log.generation,
-            level: trees.log.level,
-        };
-        self.forest.put(
-            &mut trees.root,
-            Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS),
-            item.encode(),
-        )?;
-        self.log.trees = Some(trees);
-        let nodes = self.forest.seal_log_nodes();
-        let released = self.forest.alloc_mut().take_log_pinned();
-        Ok(Some(SealedLog {
-            id,
-            base_generation: self.committed_generation(),
-            root: trees.root,
-            nodes,
-            released,
-        }))
     }
 
     /// An inode is being destroyed: its logged items go too, so a later log
     /// sync does not bring it back.
     pub(crate) fn forget_logged_inode(&mut self, ino: u64) -> Result<()> {
-        let transid = self.forest.transid();
-        let logged = self.inodes.get(&ino).is_some_and(|i| {
+        let transid = self.fs.forest.transid();
+        let logged = self.root.inodes.get(&ino).is_some_and(|i| {
             i.log.names_logged_trans == transid || i.log.state_logged_trans == transid
         });
-        if logged && self.log.trees.is_some() {
+        if logged && self.fs.log.trees.is_some() {
             self.log_delete_range(Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))?;
             // A committed inode keeps its committed names at replay unless
             // the log says they are gone (it may have been logged under a
@@ -966,19 +825,6 @@ impl<D: BlockDevice> FsState<D> {
             }
         }
         Ok(())
-    }
-
-    /// Drops the log (a commit makes its content durable): its written
-    /// nodes stay pinned until the commit is. Returns the transaction's
-    /// change records, which the caller frees outside the state lock.
-    pub(crate) fn drop_log(&mut self) -> Result<RetiredRecords> {
-        if let Some(trees) = self.log.trees.take() {
-            self.forest.drop_tree(&trees.log)?;
-            self.forest.drop_tree(&trees.root)?;
-        }
-        self.log.filling_dirty = false;
-        self.log.force_commit = None;
-        Ok(self.delayed.take_txn_changes())
     }
 }
 
@@ -993,8 +839,50 @@ pub(crate) struct SealedLog {
     pub released: Vec<(u64, u64)>,
 }
 
-impl LogStats {
-    pub fn logging_time(&self) -> Duration {
-        Duration::from_nanos(self.logging_nanos)
+/// The log across roots: sealing it for a log sync, dropping it at a commit.
+impl<D: BlockDevice> FsState<D> {
+    /// Seals the filling log transaction for writing: records the log
+    /// tree's root in the log root tree and hands over the changed log
+    /// nodes. Returns `None` when nothing was logged.
+    pub(crate) fn seal_log(&mut self) -> Result<Option<SealedLog>> {
+        let id = self.info.log.filling;
+        self.info.log.filling += 1;
+        if !std::mem::take(&mut self.info.log.filling_dirty) {
+            return Ok(None);
+        }
+        let mut trees = self.info.log.trees.expect("something was logged");
+        let item = RootItem {
+            bytenr: trees.log.bytenr,
+            generation: trees.log.generation,
+            level: trees.log.level,
+        };
+        self.info.forest.put(
+            &mut trees.root,
+            Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS),
+            item.encode(),
+        )?;
+        self.info.log.trees = Some(trees);
+        let nodes = self.info.forest.seal_log_nodes();
+        let released = self.info.forest.alloc_mut().take_log_pinned();
+        Ok(Some(SealedLog {
+            id,
+            base_generation: self.top().committed_generation(),
+            root: trees.root,
+            nodes,
+            released,
+        }))
+    }
+
+    /// Drops the log (a commit makes its content durable): its written
+    /// nodes stay pinned until the commit is. Returns the transaction's
+    /// change records, which the caller frees outside the state lock.
+    pub(crate) fn drop_log(&mut self) -> Result<RetiredRecords> {
+        if let Some(trees) = self.info.log.trees.take() {
+            self.info.forest.drop_tree(&trees.log)?;
+            self.info.forest.drop_tree(&trees.root)?;
+        }
+        self.info.log.filling_dirty = false;
+        self.info.log.force_commit = None;
+        Ok(self.subvols.top.delayed.take_txn_changes())
     }
 }

@@ -311,7 +311,20 @@ pub struct FsStats {
     /// that another thread can show a scrub's progress.
     pub scrub_nodes: u64,
     pub scrub_data_bytes: u64,
+    /// Requests (`Filesystem` calls that take the state lock; a call made
+    /// inside another is part of it) and the time they held the state
+    /// lock, each request's holds summed: the mean hold per request
+    /// bounds the request rate on any number of cores at 1 / mean.
+    pub state_hold_requests: u64,
+    pub state_hold_nanos: u64,
+    /// Those requests by their hold: entry `i` counts holds in
+    /// `[2^i, 2^(i+1))` ns (entry 0 also 0 ns, the last one everything
+    /// longer).
+    pub state_hold_histogram: [u64; STATE_HOLD_BUCKETS],
 }
+
+/// Entries of [`FsStats::state_hold_histogram`].
+pub const STATE_HOLD_BUCKETS: usize = crate::lock_order::HOLD_BUCKETS;
 
 /// Counters of delayed allocation and space reservation since mount
 /// (docs/DELALLOC.md). `birch stats` shows each through its line in
@@ -419,4 +432,32 @@ pub mod inode_flags {
 pub enum SeekWhence {
     Data,
     Hole,
+}
+
+/// What a replay did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayReport {
+    pub inodes: u64,
+    pub names_added: u64,
+    pub names_removed: u64,
+    pub extents: u64,
+    pub inodes_deleted: u64,
+    /// Logged names left out because their directory did not exist at
+    /// replay. The logging side logs every new ancestor, so this should
+    /// stay 0; it is counted to make a slip visible.
+    pub names_without_parent: u64,
+    /// The newest log's one-flush sync had not reached the disk whole (a
+    /// crash before its flush): the log durable before it was replayed,
+    /// or none if the last commit had none (docs/LOG-FLUSH.md).
+    pub newest_log_incomplete: bool,
+}
+
+/// What a mount did with the log it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    /// The whole log was applied.
+    Replayed(ReplayReport),
+    /// Replay failed and none of the log was applied: the last commit was
+    /// mounted. The text says why.
+    Discarded(String),
 }

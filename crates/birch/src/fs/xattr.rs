@@ -2,7 +2,8 @@
 //! every attribute of the inode whose name has that hash.
 
 use super::decode::decode_item;
-use super::{FsState, XattrSetMode};
+use super::root::RootCtx;
+use super::XattrSetMode;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
@@ -24,11 +25,11 @@ fn validate_xattr_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-impl<D: BlockDevice> FsState<D> {
+impl<D: BlockDevice> RootCtx<'_, D> {
     fn xattr_bucket(&mut self, ino: u64, name: &[u8]) -> Result<(Key, Vec<Xattr>)> {
         self.inode(ino)?;
         let key = Key::new(ino, item_type::XATTR_ITEM, name_hash(name));
-        let bucket = match self.forest.get(&self.roots.fs, &key)? {
+        let bucket = match self.fs.forest.get(&self.fs.roots.fs, &key)? {
             Some(data) => decode_item(&key, decode_xattrs(&data))?,
             None => Vec::new(),
         };
@@ -72,7 +73,7 @@ impl<D: BlockDevice> FsState<D> {
         if encoded.len() > MAX_ITEM_DATA {
             return Err(Error::NoSpace);
         }
-        self.forest.put(&mut self.roots.fs, key, encoded)?;
+        self.fs.forest.put(&mut self.fs.roots.fs, key, encoded)?;
         let now = Timespec::now();
         self.update_inode(ino, |i| i.ctime = now)
     }
@@ -81,8 +82,8 @@ impl<D: BlockDevice> FsState<D> {
         self.inode(ino)?;
         let mut names = Vec::new();
         let mut err = None;
-        self.forest.scan(
-            &self.roots.fs,
+        self.fs.forest.scan(
+            &self.fs.roots.fs,
             Key::new(ino, item_type::XATTR_ITEM, 0),
             Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
             &mut |k, d| {
@@ -111,10 +112,11 @@ impl<D: BlockDevice> FsState<D> {
             return Err(Error::NoData);
         }
         if bucket.is_empty() {
-            self.forest.delete(&mut self.roots.fs, &key)?;
+            self.fs.forest.delete(&mut self.fs.roots.fs, &key)?;
         } else {
-            self.forest
-                .put(&mut self.roots.fs, key, encode_xattrs(&bucket))?;
+            self.fs
+                .forest
+                .put(&mut self.fs.roots.fs, key, encode_xattrs(&bucket))?;
         }
         let now = Timespec::now();
         self.update_inode(ino, |i| i.ctime = now)

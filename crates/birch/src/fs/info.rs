@@ -1,0 +1,67 @@
+//! The fs-wide half of the engine's state (`FsInfo`, btrfs's
+//! `btrfs_fs_info`): the forest of tree nodes and the allocator, the
+//! shared trees' roots, the superblock, dirty-page and space accounting,
+//! the log's transaction, counters, and the mount's condition. The
+//! per-subvolume half is `Root` (root.rs); docs/SNAPSHOTS.md, "The engine
+//! split", says which operation may touch which.
+
+use super::log_state::{LogState, LogStats};
+use super::space_info::SpaceInfo;
+use super::spare_pages::SparePages;
+use super::types::{BackupRootUsed, FsStats, MountOptions, ReplayOutcome};
+use crate::btree::{Forest, TreeRoot};
+use crate::format::Superblock;
+use std::sync::Arc;
+
+/// Fs-wide state, behind the state lock (inside `FsState`).
+pub(crate) struct FsInfo<D> {
+    pub(super) forest: Forest<Arc<D>>,
+    pub(super) roots: Roots,
+    /// The last superblock written (the durable state).
+    pub(super) superblock: Superblock,
+    /// Bytes held in dirty pages of all inodes.
+    pub(super) dirty_page_bytes: u64,
+    /// Page buffers written back, for the next writes to reuse.
+    pub(super) spare_pages: SparePages,
+    /// What `release_memory` shrinks the node cache to, and how often it ran.
+    pub(super) idle_cache_nodes: usize,
+    pub(super) memory_releases: u64,
+    /// Reservations, the dirty-inode queue, tickets (docs/DELALLOC.md).
+    pub(super) space: SpaceInfo,
+    pub(super) stats: FsStats,
+    pub(super) log: LogState,
+    pub(super) log_stats: LogStats,
+    /// Set when a write or flush failed: the filesystem is read-only from
+    /// then on, and says why.
+    pub(super) failed: Option<String>,
+    /// `Filesystem::shut_down` ran: every call fails with EIO.
+    pub(super) shut_down: bool,
+    /// What the mount did with the log it found, if any.
+    pub(super) replay: Option<ReplayOutcome>,
+    /// Set when the newest commit could not be read and an older one was
+    /// mounted (`Rescue::UseBackupRoot`).
+    pub(super) backup_root_used: Option<BackupRootUsed>,
+    pub(super) options: MountOptions,
+}
+
+/// The trees a commit records: the root tree's root goes in the
+/// superblock, the others in root items.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Roots {
+    pub root: TreeRoot,
+    pub extent: TreeRoot,
+    pub fs: TreeRoot,
+    /// The checksum tree, on images with data checksums
+    /// (docs/DATA-CHECKSUMS.md).
+    pub csum: Option<TreeRoot>,
+}
+
+impl Roots {
+    /// The trees recorded by root items in the root tree.
+    pub(super) fn recorded(&self) -> Vec<TreeRoot> {
+        [self.extent, self.fs]
+            .into_iter()
+            .chain(self.csum)
+            .collect()
+    }
+}
