@@ -99,7 +99,7 @@ item_types! {
     XattrItem = 24, XATTR_ITEM, in [Fs, Log];
     /// Under objectid `ORPHAN_OBJECTID`: in an fs tree, an inode with no
     /// names left (offset: the inode); in the root tree, a dead subvolume
-    /// the cleaner must drop (offset: its id, [`Key::orphan_root`]).
+    /// the cleaner must drop (offset: its id, [`crate::format::Key::orphan_root`]).
     OrphanItem = 48, ORPHAN_ITEM, in [Fs, Root];
     /// Log trees only: this entry of the directory was removed.
     DirLogIndex = 72, DIR_LOG_INDEX, in [Log];
@@ -110,7 +110,7 @@ item_types! {
     LogUnlinked = 76, LOG_UNLINKED, in [Log];
     /// Not in log trees: a logged directory's entries are its DIR_INDEX
     /// items (replay adds each name whole). In the root tree only the
-    /// default-subvolume item ([`Key::default_subvol`]).
+    /// default-subvolume item ([`crate::format::Key::default_subvol`]).
     DirItem = 84, DIR_ITEM, in [Fs, Root];
     DirIndex = 96, DIR_INDEX, in [Fs, Log];
     ExtentData = 108, EXTENT_DATA, in [Fs, Log];
@@ -120,10 +120,10 @@ item_types! {
     ExtentCsum = 128, EXTENT_CSUM, in [Csum, Log];
     RootItem = 132, ROOT_ITEM, in [Root, LogRoot];
     /// `(child, ROOT_BACKREF, parent)`: subvolume `child` is linked in a
-    /// directory of `parent` ([`Key::root_backref`]; payload a `RootRef`).
+    /// directory of `parent` ([`crate::format::Key::root_backref`]; payload a `RootRef`).
     RootBackref = 144, ROOT_BACKREF, in [Root];
     /// `(parent, ROOT_REF, child)`: the forward half of the pair
-    /// ([`Key::root_ref`]; the same `RootRef` payload).
+    /// ([`crate::format::Key::root_ref`]; the same `RootRef` payload).
     RootRef = 156, ROOT_REF, in [Root];
     ExtentItem = 168, EXTENT_ITEM, in [Extent];
     MetadataItem = 169, METADATA_ITEM, in [Extent];
