@@ -180,9 +180,9 @@ fn user_mounts_own_image_with_no_options() {
                     "set -e; mkdir mnt/d; echo data > mnt/d/f; test \"$(cat mnt/d/f)\" = data; \
                      test \"$(stat -c %u mnt)\" = {NOBODY}; {BIRCH} sync mnt; \
                      {BIRCH} scrub mnt > /dev/null; \
-                     setfacl -m u:{OTHER}:r mnt/d/f; getfacl -c mnt/d/f | grep -qx user:{OTHER}:r--; \
+                     setfacl -m u:{OTHER}:r mnt/d/f; getfacl -cE mnt/d/f | grep -qx user:{OTHER}:r--; \
                      setfacl -d -m u:{OTHER}:rwx mnt/d; touch mnt/d/g; \
-                     getfacl -c mnt/d/g | grep -qx user:{OTHER}:rwx"
+                     getfacl -cE mnt/d/g | grep -qx user:{OTHER}:rwx"
                 ),
             ],
         ),
