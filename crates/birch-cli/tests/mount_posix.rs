@@ -1993,3 +1993,81 @@ fn birch_sync_commits_and_fsync_is_durable() {
     let out = common::birch(&["sync", "/tmp"]);
     assert!(!out.status.success());
 }
+
+/// `setfacl`/`getfacl` on the mount, as `args` in `dir`; fails the test if
+/// the tool does.
+fn acl_tool(dir: &Path, program: &str, args: &[&str]) -> String {
+    let out = common::run_ok(
+        std::process::Command::new(program)
+            .args(args)
+            .current_dir(dir),
+    );
+    text(&out.stdout)
+}
+
+/// Whether nobody may open `path` for reading: 0, or the errno.
+fn nobody_opens(path: &Path) -> i32 {
+    let c = cstr(path);
+    as_nobody(|| {
+        // SAFETY: a valid C string; the descriptor dies with the child.
+        rc_errno(unsafe { libc::open(c.as_ptr(), libc::O_RDONLY) })
+    })
+}
+
+/// POSIX ACLs are enforced by the kernel (FUSE_POSIX_ACL): a named user
+/// entry grants nobody a 0600 file, the mask takes it back, and chmod
+/// rewrites the mask (docs/FUSE.md, "POSIX ACLs").
+#[test]
+fn posix_acl_grants_access_and_the_mask_limits_it() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("posix-acl-access");
+    let dir = fx.path("");
+    write_file(&fx.path("f"), b"secret");
+    fs::set_permissions(fx.path("f"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(nobody_opens(&fx.path("f")), libc::EACCES);
+    acl_tool(&dir, "setfacl", &["-m", "u:nobody:r", "f"]);
+    assert_eq!(nobody_opens(&fx.path("f")), 0, "granted by the ACL");
+    assert_eq!(fs::metadata(fx.path("f")).unwrap().mode() & 0o777, 0o640);
+    acl_tool(&dir, "setfacl", &["-m", "m::-", "f"]);
+    assert_eq!(nobody_opens(&fx.path("f")), libc::EACCES, "masked off");
+    fs::set_permissions(fx.path("f"), fs::Permissions::from_mode(0o640)).unwrap();
+    let listed = acl_tool(&dir, "getfacl", &["-c", "f"]);
+    assert!(
+        listed.contains("mask::r--"),
+        "chmod sets the mask:\n{listed}"
+    );
+    assert_eq!(nobody_opens(&fx.path("f")), 0);
+    // Removing the named entry leaves an ACL the mode says all of.
+    acl_tool(&dir, "setfacl", &["-b", "f"]);
+    let names = acl_tool(&dir, "getfattr", &["-d", "-m", "-", "f"]);
+    assert!(!names.contains("posix_acl_access"), "{names}");
+    assert_eq!(nobody_opens(&fx.path("f")), libc::EACCES);
+}
+
+/// A default ACL is inherited through the mount, replacing the umask
+/// (which the server applies with FUSE_DONT_MASK when there is none).
+#[test]
+fn posix_acl_default_is_inherited_at_create_and_mkdir() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("posix-acl-default");
+    let dir = fx.path("");
+    fs::create_dir(fx.path("d")).unwrap();
+    acl_tool(&dir, "setfacl", &["-d", "-m", "u:nobody:rwx", "d"]);
+    common::run_ok(std::process::Command::new("sh").current_dir(&dir).args([
+        "-c",
+        "umask 077; echo new > d/f; mkdir d/sub; echo plain > g",
+    ]));
+    assert_eq!(fs::metadata(fx.path("d/f")).unwrap().mode() & 0o777, 0o664);
+    let f_acl = acl_tool(&dir, "getfacl", &["-c", "d/f"]);
+    assert!(f_acl.contains("user:nobody:rwx"), "{f_acl}");
+    assert!(f_acl.contains("mask::rw-"), "{f_acl}");
+    let sub_acl = acl_tool(&dir, "getfacl", &["-c", "d/sub"]);
+    assert!(sub_acl.contains("default:user:nobody:rwx"), "{sub_acl}");
+    assert_eq!(nobody_opens(&fx.path("d/f")), 0);
+    // No default ACL: the umask applies.
+    assert_eq!(fs::metadata(fx.path("g")).unwrap().mode() & 0o777, 0o600);
+}

@@ -169,8 +169,8 @@ fn user_mounts_own_image_with_no_options() {
     // The root directory is the user's (mkfs gave it to its caller).
     assert_ok(
         // The mount's owner may scrub it (docs/FUSE.md, "Who may send
-        // which ioctl").
-        "write, read, sync and scrub",
+        // which ioctl"), and set and inherit POSIX ACLs.
+        "write, read, sync, scrub and ACLs",
         &as_user(
             &dir,
             "sh",
@@ -179,7 +179,10 @@ fn user_mounts_own_image_with_no_options() {
                 &format!(
                     "set -e; mkdir mnt/d; echo data > mnt/d/f; test \"$(cat mnt/d/f)\" = data; \
                      test \"$(stat -c %u mnt)\" = {NOBODY}; {BIRCH} sync mnt; \
-                     {BIRCH} scrub mnt > /dev/null"
+                     {BIRCH} scrub mnt > /dev/null; \
+                     setfacl -m u:{OTHER}:r mnt/d/f; getfacl -cE mnt/d/f | grep -qx user:{OTHER}:r--; \
+                     setfacl -d -m u:{OTHER}:rwx mnt/d; touch mnt/d/g; \
+                     getfacl -cE mnt/d/g | grep -qx user:{OTHER}:rwx"
                 ),
             ],
         ),

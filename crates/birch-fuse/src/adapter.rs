@@ -712,7 +712,14 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             // Lets the kernel resolve a file handle whose inode it has
             // dropped by asking us (LOOKUP of "." and ".."), so that
             // open_by_handle_at and an NFS re-export keep working.
-            | InitFlags::FUSE_EXPORT_SUPPORT;
+            | InitFlags::FUSE_EXPORT_SUPPORT
+            // The kernel checks access and default ACLs (read as the
+            // system.posix_acl_* xattrs) in its permission checks, and
+            // sends the umask instead of applying it, since a default ACL
+            // replaces it: the engine applies one or the other at create
+            // (docs/FUSE.md, "POSIX ACLs").
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         if self.options.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -880,7 +887,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -889,8 +896,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let result = self
             .new_owner(req, parent, mode)
             .and_then(|(uid, gid, mode)| {
+                let rdev = u64::from(rdev);
                 self.fs
-                    .mknod(parent, name.as_bytes(), mode, uid, gid, u64::from(rdev))
+                    .make_node(parent, name.as_bytes(), mode, umask, uid, gid, rdev)
             });
         self.reply_entry(self.settle_entry(parent, result), reply);
     }
@@ -901,14 +909,17 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         self.follow_remount();
         let parent = to_engine_ino(parent.0);
-        let result = self
-            .new_owner(req, parent, libc::S_IFDIR | mode)
-            .and_then(|(uid, gid, mode)| self.fs.mkdir(parent, name.as_bytes(), mode, uid, gid));
+        let result =
+            self.new_owner(req, parent, libc::S_IFDIR | mode)
+                .and_then(|(uid, gid, mode)| {
+                    self.fs
+                        .make_node(parent, name.as_bytes(), mode, umask, uid, gid, 0)
+                });
         self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
@@ -1335,7 +1346,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
@@ -1344,7 +1355,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let result = self
             .new_owner(req, parent, mode)
             .and_then(|(uid, gid, mode)| {
-                let created = self.fs.mknod(parent, name.as_bytes(), mode, uid, gid, 0);
+                let name = name.as_bytes();
+                let created = self.fs.make_node(parent, name, mode, umask, uid, gid, 0);
                 self.settle_entry(parent, created)
             })
             .and_then(|attr| self.fs.open_inode(attr.ino).map(|()| attr));
@@ -1370,14 +1382,17 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         req: &Request,
         parent: INodeNo,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         self.follow_remount();
         let parent = to_engine_ino(parent.0);
+        // With FUSE_DONT_MASK the umask is ours to apply. An O_TMPFILE
+        // inode does not inherit the directory's default ACL (not built:
+        // docs/FUSE.md, "POSIX ACLs").
         let result = self
-            .new_owner(req, parent, mode)
+            .new_owner(req, parent, mode & !(umask & 0o777))
             .and_then(|(uid, gid, mode)| self.fs.tmpfile(parent, mode, uid, gid));
         match result {
             Ok(attr) => reply.created(
@@ -1610,7 +1625,13 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
 /// they would let setfacl succeed with no effect on permissions).
 fn supported_xattr_namespace(name: &OsStr) -> Result<(), Errno> {
     const NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
-    if NAMESPACES.iter().any(|ns| name.as_bytes().starts_with(ns)) {
+    const ACLS: [&[u8]; 2] = [
+        birch::format::ACL_ACCESS_XATTR,
+        birch::format::ACL_DEFAULT_XATTR,
+    ];
+    if NAMESPACES.iter().any(|ns| name.as_bytes().starts_with(ns))
+        || ACLS.contains(&name.as_bytes())
+    {
         Ok(())
     } else {
         Err(Errno::EOPNOTSUPP)

@@ -1008,3 +1008,33 @@ fn a_pointer_to_a_shared_node_must_agree_with_it() {
     });
     assert!(f.reason.contains("shared node of fs(5)"), "{f}");
 }
+
+/// A POSIX ACL xattr the kernel could not parse (here: a named user with
+/// no mask entry, and a truncated one) is a fault naming the xattr, not a
+/// panic; a valid one is clean.
+#[test]
+fn malformed_acl_xattr() {
+    use birch::format::{Acl, AclEntry, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR};
+    let entry = |tag, perm, id| AclEntry { tag, perm, id };
+    let no_mask = Acl {
+        entries: vec![
+            entry(birch::format::ACL_USER_OBJ, 6, 0),
+            entry(birch::format::ACL_USER, 4, 65534),
+            entry(birch::format::ACL_GROUP_OBJ, 4, 0),
+            entry(birch::format::ACL_OTHER, 0, 0),
+        ],
+    }
+    .encode();
+    let valid = Acl::from_mode(0o644).encode();
+    let mut b = sample();
+    b.xattr(A, ACL_ACCESS_XATTR, &no_mask);
+    b.xattr(D, ACL_DEFAULT_XATTR, &valid[..valid.len() - 3]);
+    b.xattr(B, ACL_ACCESS_XATTR, &valid);
+    let report = check(&b.build());
+    for (ino, why) in [(A, "mask"), (D, "bytes")] {
+        expect_fault(&report, FaultId::AclMalformed, |f| {
+            f.key.is_some_and(|k| k.objectid == ino) && f.reason.contains(why)
+        });
+    }
+    assert_eq!(report.faults.len(), 2, "{report}");
+}

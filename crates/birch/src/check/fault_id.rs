@@ -223,6 +223,9 @@ fault_ids! {
         DirItemTwice = "dir-item-twice",
         /// One XATTR_ITEM holds a name twice.
         XattrNameTwice = "xattr-name-twice",
+        /// A `system.posix_acl_access` or `system.posix_acl_default` value
+        /// that is not a valid ACL in the kernel's xattr format.
+        AclMalformed = "acl-malformed",
         /// A DIR_INDEX below the first index 2, or at u64::MAX (no listing
         /// position follows it).
         DirIndexReserved = "dir-index-reserved",

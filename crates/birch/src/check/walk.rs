@@ -12,9 +12,10 @@ use crate::btree::{copy_name, NodeExpectation};
 use crate::format::node::MAX_LEVEL;
 use crate::format::tree_name;
 use crate::format::{
-    extref_hash, item_type, name_hash, tree_id, DirEntry, ExtentItem, FileExtent, InodeExtrefEntry,
-    Item, ItemType, Key, LeafItem, LogRootRef, MetadataProfile, Node, NodeBody, RootItem,
-    Superblock, TreeKind, Xattr, FIRST_DIR_INDEX, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
+    extref_hash, item_type, name_hash, tree_id, Acl, DirEntry, ExtentItem, FileExtent,
+    InodeExtrefEntry, Item, ItemType, Key, LeafItem, LogRootRef, MetadataProfile, Node, NodeBody,
+    RootItem, Superblock, TreeKind, Xattr, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, FIRST_DIR_INDEX,
+    NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::fs::log_choice::choose_log;
 use crate::print::name;
@@ -958,6 +959,15 @@ impl Checker<'_> {
                     loc,
                     format!("xattr item holds the name \"{}\" twice", name(&x.name)),
                 );
+            }
+            if x.name == ACL_ACCESS_XATTR || x.name == ACL_DEFAULT_XATTR {
+                if let Err(why) = Acl::decode(&x.value) {
+                    self.fault_at(
+                        FaultId::AclMalformed,
+                        loc,
+                        format!("{}: {why}", name(&x.name)),
+                    );
+                }
             }
             if fs {
                 self.report.summary.xattrs += 1;

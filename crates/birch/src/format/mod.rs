@@ -4,6 +4,7 @@
 //! `encode` and a `decode` that validates what it reads and names what is
 //! wrong. docs/FORMAT.md draws each layout.
 
+mod acl;
 mod bytes;
 mod csum;
 mod items;
@@ -11,6 +12,10 @@ mod key;
 pub mod node;
 mod superblock;
 
+pub use acl::{
+    Acl, AclEntry, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK,
+    ACL_OTHER, ACL_USER, ACL_USER_OBJ,
+};
 pub use csum::*;
 pub use items::*;
 pub use key::{item_type, item_type_name, ItemType, Key, TreeKind, UnknownItemType};

@@ -155,6 +155,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
             item.ctime = changes.ctime.unwrap_or(now);
         })?;
+        if let Some(mode) = changes.mode {
+            self.chmod_acl(ino, mode)?;
+        }
         self.getattr(ino)
     }
 

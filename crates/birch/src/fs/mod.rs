@@ -429,12 +429,33 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         gid: u32,
         rdev: u64,
     ) -> Result<Attr> {
+        self.make_node(parent, name, mode, 0, uid, gid, rdev)
+    }
+
+    /// Creates an inode of any type but symlink (per `mode`'s file type
+    /// bits) as the kernel asks a FUSE server with FUSE_DONT_MASK: the
+    /// parent's default ACL, if it has one, is inherited and masks `mode`;
+    /// otherwise `umask` does (docs/FUSE.md, "POSIX ACLs"). The inode and
+    /// its ACLs are one change.
+    #[allow(clippy::too_many_arguments)]
+    pub fn make_node(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u64,
+    ) -> Result<Attr> {
         let _request = self.request();
         self.change_with(
-            |_| Ok(Need::items(6)),
+            // The inode, its names, the parent, and two inherited ACLs.
+            |_| Ok(Need::items(8)),
             |s| {
                 s.top().deny_if_flagged(parent, true)?;
-                s.top().create_node(parent, name, mode, uid, gid, rdev)
+                s.top()
+                    .create_node(parent, name, mode, umask, uid, gid, rdev)
             },
         )
     }
@@ -446,14 +467,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        let _request = self.request();
-        self.change_with(
-            |_| Ok(Need::items(6)),
-            |s| {
-                s.top().deny_if_flagged(parent, true)?;
-                s.top()
-                    .create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0)
-            },
+        self.make_node(
+            parent,
+            name,
+            libc::S_IFDIR | (mode & 0o7777),
+            0,
+            uid,
+            gid,
+            0,
         )
     }
 

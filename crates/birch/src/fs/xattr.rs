@@ -8,7 +8,8 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
 use crate::format::{
-    decode_xattrs, encode_xattrs, item_type, name_hash, Key, Timespec, Xattr, NAME_MAX,
+    decode_xattrs, encode_xattrs, item_type, name_hash, Acl, FileType, Key, Timespec, Xattr,
+    ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, NAME_MAX,
 };
 use std::ops::ControlFlow;
 
@@ -54,6 +55,19 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         mode: XattrSetMode,
     ) -> Result<()> {
         validate_xattr_name(name)?;
+        if name == ACL_ACCESS_XATTR || name == ACL_DEFAULT_XATTR {
+            return self.set_acl(ino, name, value);
+        }
+        self.store_xattr(ino, name, value, mode)
+    }
+
+    fn store_xattr(
+        &mut self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrSetMode,
+    ) -> Result<()> {
         let (key, mut bucket) = self.xattr_bucket(ino, name)?;
         let existing = bucket.iter().position(|x| x.name == name);
         match (mode, existing) {
@@ -121,4 +135,114 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let now = Timespec::now();
         self.update_inode(ino, |i| i.ctime = now)
     }
+
+    /// Sets an ACL xattr after validating it (a malformed one is EINVAL
+    /// and never stored). As the kernel's posix_acl_update_mode, an access
+    /// ACL sets the mode's rwx bits, and one that says no more than they
+    /// can is not stored at all: the mode carries it. The VFS ignores
+    /// XATTR_CREATE and XATTR_REPLACE for ACLs, and so does this.
+    fn set_acl(&mut self, ino: u64, name: &[u8], value: &[u8]) -> Result<()> {
+        let acl = Acl::decode(value).map_err(|_| Error::InvalidArgument("malformed POSIX ACL"))?;
+        let item = self.inode_item(ino)?;
+        if name == ACL_DEFAULT_XATTR {
+            if item.file_type() != FileType::Directory {
+                return Err(Error::InvalidArgument("default ACL on a non-directory"));
+            }
+            return self.store_xattr(ino, name, value, XattrSetMode::CreateOrReplace);
+        }
+        let (mode, extended) = acl.equiv_mode(item.mode);
+        if extended {
+            self.store_xattr(ino, name, value, XattrSetMode::CreateOrReplace)?;
+        } else {
+            match self.removexattr(ino, name) {
+                Ok(()) | Err(Error::NoData) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let now = Timespec::now();
+        self.update_inode(ino, |i| {
+            i.mode = mode;
+            i.ctime = now;
+        })
+    }
+
+    /// The stored ACL `name` of `ino`, if any; a damaged one is corruption.
+    fn stored_acl(&mut self, ino: u64, name: &[u8]) -> Result<Option<Acl>> {
+        let value = match self.getxattr(ino, name) {
+            Ok(v) => v,
+            Err(Error::NoData) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Acl::decode(&value).map(Some).map_err(|why| {
+            Error::corrupt(crate::Corruption::general(format!(
+                "inode {ino}: {}: {why}",
+                String::from_utf8_lossy(name)
+            )))
+        })
+    }
+
+    /// A chmod to `mode` keeps the access ACL in step (posix_acl_chmod):
+    /// the kernel leaves this to the FUSE server.
+    pub(crate) fn chmod_acl(&mut self, ino: u64, mode: u32) -> Result<()> {
+        if let Some(mut acl) = self.stored_acl(ino, ACL_ACCESS_XATTR)? {
+            acl.chmod(mode);
+            self.store_xattr(ino, ACL_ACCESS_XATTR, &acl.encode(), XattrSetMode::Replace)?;
+        }
+        Ok(())
+    }
+
+    /// The mode a new inode of `mode` in `parent` gets, and the ACLs it
+    /// inherits (posix_acl_create): with a default ACL on the parent the
+    /// ACL replaces the umask; without one the umask applies. Symlinks
+    /// take neither.
+    pub(crate) fn acl_at_create(
+        &mut self,
+        parent: u64,
+        mode: u32,
+        umask: u32,
+    ) -> Result<(u32, InheritedAcls)> {
+        let file_type = FileType::from_mode(mode);
+        if file_type == Some(FileType::Symlink) {
+            return Ok((mode, InheritedAcls::default()));
+        }
+        let Some(default) = self.stored_acl(parent, ACL_DEFAULT_XATTR)? else {
+            return Ok((mode & !(umask & 0o777), InheritedAcls::default()));
+        };
+        let (access, mode, extended) = default.inherit(mode);
+        let inherited = InheritedAcls {
+            access: extended.then_some(access),
+            default: (file_type == Some(FileType::Directory)).then_some(default),
+        };
+        Ok((mode, inherited))
+    }
+
+    /// Stores what [`acl_at_create`](Self::acl_at_create) chose on the new
+    /// inode, in the same transaction as the inode itself.
+    pub(crate) fn store_inherited_acls(&mut self, ino: u64, acls: InheritedAcls) -> Result<()> {
+        if let Some(access) = acls.access {
+            self.store_xattr(
+                ino,
+                ACL_ACCESS_XATTR,
+                &access.encode(),
+                XattrSetMode::Create,
+            )?;
+        }
+        if let Some(default) = acls.default {
+            self.store_xattr(
+                ino,
+                ACL_DEFAULT_XATTR,
+                &default.encode(),
+                XattrSetMode::Create,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The ACLs a new inode takes from its directory's default ACL.
+#[derive(Default)]
+pub(crate) struct InheritedAcls {
+    access: Option<Acl>,
+    /// A new directory passes the default ACL on to what it will hold.
+    default: Option<Acl>,
 }
