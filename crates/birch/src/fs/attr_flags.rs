@@ -96,7 +96,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// got one again: it is no orphan any more.
     pub(crate) fn inode_relinked(&mut self, ino: u64) -> Result<()> {
         self.fs.forest.delete(
-            &mut self.fs.roots.fs,
+            &mut self.root.tree,
             &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
         )?;
         Ok(())

@@ -48,6 +48,9 @@ use crate::lock_order::{
 };
 use space_info::Need;
 use state::FsState;
+/// The top-level subvolume, the one the library's calls act in until
+/// they name a subvolume.
+const TOP: u64 = crate::format::tree_id::FS;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -412,8 +415,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     && changes.size.is_none()
                     && !matches!(changes.atime, Some(SetTime::At(_)))
                     && !matches!(changes.mtime, Some(SetTime::At(_)));
-                s.top().deny_if_flagged(ino, only_now)?;
-                s.top().setattr(ino, changes)
+                s.writable(TOP)?.deny_if_flagged(ino, only_now)?;
+                s.writable(TOP)?.setattr(ino, changes)
             },
         )
     }
@@ -433,8 +436,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
-                s.top().deny_if_flagged(parent, true)?;
-                s.top().create_node(parent, name, mode, uid, gid, rdev)
+                s.writable(TOP)?.deny_if_flagged(parent, true)?;
+                s.writable(TOP)?
+                    .create_node(parent, name, mode, uid, gid, rdev)
             },
         )
     }
@@ -450,9 +454,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
-                s.top().deny_if_flagged(parent, true)?;
-                s.top()
-                    .create_node(parent, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0)
+                s.writable(TOP)?.deny_if_flagged(parent, true)?;
+                s.writable(TOP)?.create_node(
+                    parent,
+                    name,
+                    libc::S_IFDIR | (mode & 0o7777),
+                    uid,
+                    gid,
+                    0,
+                )
             },
         )
     }
@@ -469,8 +479,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(7)),
             |s| {
-                s.top().deny_if_flagged(parent, true)?;
-                s.top().symlink(parent, name, target, uid, gid)
+                s.writable(TOP)?.deny_if_flagged(parent, true)?;
+                s.writable(TOP)?.symlink(parent, name, target, uid, gid)
             },
         )
     }
@@ -485,9 +495,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(5)),
             |s| {
-                s.top().deny_if_flagged(ino, false)?;
-                s.top().deny_if_flagged(new_parent, true)?;
-                s.top().link(ino, new_parent, new_name)
+                s.writable(TOP)?.deny_if_flagged(ino, false)?;
+                s.writable(TOP)?.deny_if_flagged(new_parent, true)?;
+                s.writable(TOP)?.link(ino, new_parent, new_name)
             },
         )
     }
@@ -497,8 +507,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.top().deny_remove(parent, name)?;
-                s.top().unlink(parent, name)
+                s.writable(TOP)?.deny_remove(parent, name)?;
+                s.writable(TOP)?.unlink(parent, name)
             },
         )
     }
@@ -508,8 +518,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.top().deny_remove(parent, name)?;
-                s.top().rmdir(parent, name)
+                s.writable(TOP)?.deny_remove(parent, name)?;
+                s.writable(TOP)?.rmdir(parent, name)
             },
         )
     }
@@ -533,15 +543,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 // a long target, both before a flag).
                 let well_formed = namespace::validate_name(name).is_ok()
                     && namespace::validate_name(new_name).is_ok();
-                if well_formed && s.top().find_entry(parent, name)?.is_some() {
-                    s.top().deny_remove(parent, name)?;
-                    if flags.exchange || s.top().find_entry(new_parent, new_name)?.is_some() {
-                        s.top().deny_remove(new_parent, new_name)?;
+                if well_formed && s.writable(TOP)?.find_entry(parent, name)?.is_some() {
+                    s.writable(TOP)?.deny_remove(parent, name)?;
+                    if flags.exchange
+                        || s.writable(TOP)?.find_entry(new_parent, new_name)?.is_some()
+                    {
+                        s.writable(TOP)?.deny_remove(new_parent, new_name)?;
                     } else {
-                        s.top().deny_if_flagged(new_parent, true)?;
+                        s.writable(TOP)?.deny_if_flagged(new_parent, true)?;
                     }
                 }
-                s.top().rename(parent, name, new_parent, new_name, flags)
+                s.writable(TOP)?
+                    .rename(parent, name, new_parent, new_name, flags)
             },
         )
     }
@@ -630,7 +643,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let _request = self.request();
         self.read(|s| s.top().check_write(ino, offset, data.len() as u64))?;
         if data.is_empty() {
-            return self.change(|s| s.top().write_file(ino, offset, data));
+            return self.change(|s| s.writable(TOP)?.write_file(ino, offset, data));
         }
         let mut done = 0usize;
         let mut chunk_limit = space_info::WRITE_CHUNK;
@@ -639,10 +652,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
             let chunk = &data[done..done + piece];
             match self.change_reserving(
-                |s| s.top().write_need(ino, at, chunk.len() as u64),
+                |s| s.writable(TOP)?.write_need(ino, at, chunk.len() as u64),
                 |s| {
-                    s.top().deny_write(ino, at)?;
-                    s.top().write_file(ino, at, chunk)
+                    s.writable(TOP)?.deny_write(ino, at)?;
+                    s.writable(TOP)?.write_file(ino, at, chunk)
                 },
             ) {
                 Ok(n) => done += n,
@@ -678,14 +691,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
         let _request = self.request();
         self.change_with(
-            |s| s.top().fallocate_need(ino, offset, len, mode),
+            |s| s.writable(TOP)?.fallocate_need(ino, offset, len, mode),
             |s| {
                 let grows_only = matches!(
                     mode,
                     FallocateMode::Allocate | FallocateMode::AllocateKeepSize
                 );
-                s.top().deny_if_flagged(ino, grows_only)?;
-                s.top().fallocate(ino, offset, len, mode)
+                s.writable(TOP)?.deny_if_flagged(ino, grows_only)?;
+                s.writable(TOP)?.fallocate(ino, offset, len, mode)
             },
         )
     }
@@ -731,10 +744,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         }
         if src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
             return self.change_with(
-                |s| s.top().clone_need(src, src_offset, len),
+                |s| s.writable(TOP)?.clone_need(src, src_offset, len),
                 |s| {
-                    s.top().deny_if_flagged(dst, false)?;
-                    s.top().clone_range(src, src_offset, dst, dst_offset, len)
+                    s.writable(TOP)?.deny_if_flagged(dst, false)?;
+                    s.writable(TOP)?
+                        .clone_range(src, src_offset, dst, dst_offset, len)
                 },
             );
         }
@@ -778,7 +792,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (EOPNOTSUPP otherwise). Permission is the caller's to check.
     pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
         let _request = self.request();
-        self.change_with(|_| Ok(Need::items(1)), |s| s.top().set_flags(ino, flags))
+        self.change_with(
+            |_| Ok(Need::items(1)),
+            |s| s.writable(TOP)?.set_flags(ino, flags),
+        )
     }
 
     /// `open(dir, O_TMPFILE)`: a regular file with no name, held once
@@ -791,8 +808,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(4)),
             |s| {
-                let ino = s.top().tmpfile(dir, mode, uid, gid)?;
-                s.top().getattr(ino)
+                let ino = s.writable(TOP)?.tmpfile(dir, mode, uid, gid)?;
+                s.writable(TOP)?.getattr(ino)
             },
         )
     }
@@ -809,8 +826,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(3)),
             |s| {
-                s.top().deny_if_flagged(ino, false)?;
-                s.top().setxattr(ino, name, value, mode)
+                s.writable(TOP)?.deny_if_flagged(ino, false)?;
+                s.writable(TOP)?.setxattr(ino, name, value, mode)
             },
         )
     }
@@ -825,8 +842,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(2)),
             |s| {
-                s.top().deny_if_flagged(ino, false)?;
-                s.top().removexattr(ino, name)
+                s.writable(TOP)?.deny_if_flagged(ino, false)?;
+                s.writable(TOP)?.removexattr(ino, name)
             },
         )
     }

@@ -429,7 +429,7 @@ impl<D: BlockDevice> FsState<D> {
                 self.top().drop_extents(ino, *offset, end)?;
                 match extent {
                     FileExtent::Inline { .. } => self.info.forest.insert(
-                        &mut self.info.roots.fs,
+                        &mut self.subvols.top.tree,
                         Key::new(ino, item_type::EXTENT_DATA, 0),
                         extent.encode(),
                     )?,
@@ -487,7 +487,7 @@ impl<D: BlockDevice> FsState<D> {
         for (&dir, log) in &replay.logged {
             for &index in &log.dir_removed {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
-                let Some(data) = self.info.forest.get(&self.info.roots.fs, &key)? else {
+                let Some(data) = self.info.forest.get(&self.subvols.top.tree, &key)? else {
                     continue;
                 };
                 let entry = decode_item(&key, DirEntry::decode(&data))?;
@@ -667,11 +667,11 @@ impl<D: BlockDevice> FsState<D> {
 
     fn replace_xattrs(&mut self, ino: u64, xattrs: &[Xattr]) -> Result<()> {
         for (key, _) in self.info.forest.collect_range(
-            &self.info.roots.fs,
+            &self.subvols.top.tree,
             Key::new(ino, item_type::XATTR_ITEM, 0),
             Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
         )? {
-            self.info.forest.delete(&mut self.info.roots.fs, &key)?;
+            self.info.forest.delete(&mut self.subvols.top.tree, &key)?;
         }
         let mut buckets: HashMap<u64, Vec<Xattr>> = HashMap::new();
         for x in xattrs {
@@ -682,7 +682,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         for (hash, bucket) in buckets {
             self.info.forest.put(
-                &mut self.info.roots.fs,
+                &mut self.subvols.top.tree,
                 Key::new(ino, item_type::XATTR_ITEM, hash),
                 encode_xattrs(&bucket),
             )?;
@@ -728,7 +728,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         let mut nbytes = 0;
         for (key, data) in self.info.forest.collect_range(
-            &self.info.roots.fs,
+            &self.subvols.top.tree,
             Key::new(ino, item_type::EXTENT_DATA, 0),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
         )? {
@@ -758,7 +758,7 @@ mod tests {
         let root = fs.root_ino();
         let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
         let mut state = fs.lock();
-        let mut replay = Replay::new([state.info.roots.fs; 2]);
+        let mut replay = Replay::new([state.subvols.top.tree; 2]);
         replay.removed.push((root, b"f".to_vec(), f));
         replay.added.push((root, b"g".to_vec(), f));
         let still_there = state.removed_names_gone(&replay).unwrap();
@@ -766,7 +766,7 @@ mod tests {
         let missing = state.added_names_found(&replay).unwrap();
         assert!(missing.is_some_and(|w| w.contains("does not name inode")));
 
-        let mut replay = Replay::new([state.info.roots.fs; 2]);
+        let mut replay = Replay::new([state.subvols.top.tree; 2]);
         replay.removed.push((root, b"g".to_vec(), f));
         replay.added.push((root, b"f".to_vec(), f));
         assert_eq!(state.removed_names_gone(&replay).unwrap(), None);

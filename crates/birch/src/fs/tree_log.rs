@@ -138,11 +138,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     /// Copies the fs tree's items in `[start, end]` into the log.
     fn log_copy_range(&mut self, start: Key, end: Key) -> Result<()> {
-        for (key, data) in self
-            .fs
-            .forest
-            .collect_range(&self.fs.roots.fs, start, end)?
-        {
+        for (key, data) in self.fs.forest.collect_range(&self.root.tree, start, end)? {
             self.log_put(key, data)?;
         }
         Ok(())
@@ -427,9 +423,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                     hi = hi.max(key.offset + e.len());
                 }
             }
-            let fs_from = self.extent_reaching_from_below(&self.fs.roots.fs, ino, lo)?;
+            let fs_from = self.extent_reaching_from_below(&self.root.tree, ino, lo)?;
             for (key, data) in self.fs.forest.collect_range(
-                &self.fs.roots.fs,
+                &self.root.tree,
                 Key::new(ino, item_type::EXTENT_DATA, fs_from),
                 Key::new(ino, item_type::EXTENT_DATA, hi.saturating_sub(1)),
             )? {
