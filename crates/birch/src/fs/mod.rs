@@ -31,6 +31,7 @@ mod space;
 mod space_info;
 mod spare_pages;
 mod state;
+mod subvol;
 mod transaction;
 mod tree_log;
 mod types;
@@ -38,6 +39,7 @@ mod xattr;
 
 pub use commit::read_superblock;
 pub use log_state::{FallbackReason, LogStats};
+pub use subvol::SubvolInfo;
 pub use types::*;
 
 use crate::device::BlockDevice;
@@ -393,12 +395,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         let _request = self.request();
-        self.read(|s| s.top().lookup(parent, name))
+        self.read(|s| s.lookup_across(parent, name))
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let _request = self.request();
-        self.read(|s| s.top().getattr(ino))
+        self.read(|s| s.getattr_across(ino))
     }
 
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
@@ -436,9 +438,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
-                s.writable(TOP)?.deny_if_flagged(parent, true)?;
-                s.writable(TOP)?
-                    .create_node(parent, name, mode, uid, gid, rdev)
+                let (mut root, dir) = s.resolve_writable(parent)?;
+                root.deny_if_flagged(dir, true)?;
+                root.create_node(dir, name, mode, uid, gid, rdev)
+                    .map(|a| root.external(a))
             },
         )
     }
@@ -454,15 +457,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(6)),
             |s| {
-                s.writable(TOP)?.deny_if_flagged(parent, true)?;
-                s.writable(TOP)?.create_node(
-                    parent,
-                    name,
-                    libc::S_IFDIR | (mode & 0o7777),
-                    uid,
-                    gid,
-                    0,
-                )
+                let (mut root, dir) = s.resolve_writable(parent)?;
+                root.deny_if_flagged(dir, true)?;
+                root.create_node(dir, name, libc::S_IFDIR | (mode & 0o7777), uid, gid, 0)
+                    .map(|a| root.external(a))
             },
         )
     }
@@ -495,6 +493,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(5)),
             |s| {
+                InoSpace::same_subvolume(ino, new_parent)?;
                 s.writable(TOP)?.deny_if_flagged(ino, false)?;
                 s.writable(TOP)?.deny_if_flagged(new_parent, true)?;
                 s.writable(TOP)?.link(ino, new_parent, new_name)
@@ -536,6 +535,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(10)),
             |s| {
+                InoSpace::same_subvolume(parent, new_parent)?;
                 // The source leaves its directory, a replaced target
                 // leaves the other; an exchange does both. A malformed
                 // name or a missing source is left to `rename`, which
@@ -563,7 +563,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// "." and ".." are not included), at most `limit` of them.
     pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
         let _request = self.request();
-        self.read(|s| s.top().readdir(ino, offset, limit))
+        self.read(|s| s.readdir_across(ino, offset, limit))
     }
 
     /// The dir index the next name added to `ino` will get: a listing that
@@ -1007,6 +1007,36 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             &superblock,
             no_rewrite.as_deref(),
         ))
+    }
+
+    /// Creates subvolume `name` in directory `parent` and commits
+    /// (docs/SNAPSHOTS.md, step 6): returns its id. A log never holds the
+    /// link, so the create is durable only through this commit.
+    pub fn create_subvolume(&self, parent: u64, name: &[u8], uid: u32, gid: u32) -> Result<u64> {
+        let _request = self.request();
+        let id = self.change_with(
+            |_| Ok(Need::items(10)),
+            |s| s.create_subvolume(parent, name, uid, gid),
+        )?;
+        self.commit()?;
+        Ok(id)
+    }
+
+    /// The live subvolumes, tree 5 first.
+    pub fn list_subvolumes(&self) -> Result<Vec<SubvolInfo>> {
+        let _request = self.request();
+        self.read(|s| s.list_subvolumes())
+    }
+
+    /// The subvolume a mount without `subvol=` shows (5 unless set).
+    pub fn default_subvolume(&self) -> Result<u64> {
+        let _request = self.request();
+        self.read(|s| s.default_subvolume())
+    }
+
+    pub fn set_default_subvolume(&self, id: u64) -> Result<()> {
+        let _request = self.request();
+        self.change(|s| s.set_default_subvolume(id))
     }
 
     /// Adds a scrub's progress to the `scrub_nodes` and `scrub_data_bytes`

@@ -101,7 +101,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         })
     }
 
-    fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
+    pub(crate) fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
         let next = self.peek_dir_index(dir)?;
         // u64::MAX itself is never handed out: it is peek's "none left".
         let after = next

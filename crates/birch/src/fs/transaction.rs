@@ -384,11 +384,15 @@ impl<D: BlockDevice> FsState<D> {
             return Ok(None);
         }
         let subvols = self.subvols.records();
+        // Tree 5's root item in the long form (the first subvolume made
+        // it so) and INCOMPAT_SUBVOLUMES go to disk in the same commit.
+        let mut template = self.info.superblock.clone();
+        template.subvolumes |= self.subvols.top.item.is_some();
         let prepared = commit::seal_transaction(
             &mut self.info.forest,
             &mut self.info.roots,
             &subvols,
-            &self.info.superblock,
+            &template,
         )?;
         self.note_committing_pinned(
             prepared
