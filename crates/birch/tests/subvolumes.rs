@@ -210,3 +210,25 @@ fn power_cut_during_subvolume_create() {
         points.len()
     );
 }
+
+/// Crash case: `subvolume create a; write a/f; fsync a/f; <cut>` shows
+/// `a/f`. Until each subvolume has its own log (step 7) the fsync commits
+/// (a counted fallback).
+#[test]
+fn fsync_in_subvolume_survives_power_cut() {
+    let rec = recorder(32 << 20, 0x66);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    let d = fs.mkdir(a, b"d", 0o755, 0, 0).unwrap().ino;
+    let before = fs.log_stats().fallback_subvolume;
+    fs.fsync(d, false).unwrap();
+    assert_eq!(fs.log_stats().fallback_subvolume, before + 1);
+    let synced = rec.flush_count();
+    drop(fs);
+    for point in crash_points(&rec, synced, &Enumeration::thorough(0x66)) {
+        let view = crash_view(&rec, &point);
+        assert!(view.contains_key("/a/d"), "{point:?}: {view:?}");
+    }
+}

@@ -896,7 +896,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |_| Ok(Need::urgent_items(8)),
             |s| {
                 s.info.stats.fsyncs += 1;
-                s.top().log_for_fsync(ino)
+                let (mut root, ino) = s.resolve(ino)?;
+                if root.root.tree.id != TOP {
+                    root.count_fallback(FallbackReason::Subvolume);
+                    return Ok(tree_log::LogOutcome::NeedCommit);
+                }
+                root.log_for_fsync(ino)
             },
         )?;
         let durable = match outcome {

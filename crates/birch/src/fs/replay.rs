@@ -356,9 +356,19 @@ impl<D: BlockDevice> FsState<D> {
                 ItemType::LogUnlinked => {
                     entry.names.get_or_insert_with(Vec::new);
                 }
-                ItemType::DirIndex => entry
-                    .dir_added
-                    .push(decode_item(&key, DirEntry::decode(&data))?),
+                ItemType::DirIndex => {
+                    let added = decode_item(&key, DirEntry::decode(&data))?;
+                    // A log never holds a subvolume link (docs/SNAPSHOTS.md
+                    // (a)): replaying one would name another tree's
+                    // inode in this one.
+                    if added.subvolume {
+                        return Err(corrupt(format!(
+                            "log item {key} is a link to subvolume {}: a log never holds one",
+                            added.ino
+                        )));
+                    }
+                    entry.dir_added.push(added)
+                }
                 ItemType::DirLogIndex => entry.dir_removed.push(key.offset),
                 // Checksum items were taken aside above.
                 ItemType::ExtentCsum

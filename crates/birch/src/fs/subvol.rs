@@ -5,6 +5,7 @@
 //! (`InoSpace`), the list of subvolumes and the default subvolume.
 
 use super::decode::decode_item;
+use super::log_state::FallbackReason;
 use super::root::{Root, RootCtx, SubvolRecord};
 use super::state::FsState;
 use super::{Attr, DirListEntry, InoSpace};
@@ -178,6 +179,9 @@ impl<D: BlockDevice> FsState<D> {
         let index = self
             .writable(parent_id)?
             .add_subvolume_link(dir, name, id)?;
+        // A log of this transaction would copy the link with its
+        // directory: fsyncs commit until the next commit.
+        self.info.log.force_commit = Some(FallbackReason::Subvolume);
         let rr = RootRef {
             dirid: dir,
             index,

@@ -723,6 +723,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             FallbackReason::AncestorChain => self.fs.log_stats.fallback_ancestor_chain += 1,
             FallbackReason::RemovedDirectory => self.fs.log_stats.fallback_removed_directory += 1,
             FallbackReason::RenamedAncestor => self.fs.log_stats.fallback_renamed_ancestor += 1,
+            FallbackReason::Subvolume => self.fs.log_stats.fallback_subvolume += 1,
         }
     }
 
