@@ -431,6 +431,37 @@ fn check_finds_log_subvolume_link() {
     assert_only(&report, &[FaultId::LogSubvolumeLink]);
 }
 
+/// Replay refuses a log holding a subvolume link: the log is thrown away
+/// (the mount says why) rather than naming another tree's inode in tree 5.
+#[test]
+fn replay_refuses_log_subvolume_link() {
+    let mut fx = with_subvolumes().build();
+    let gen = fx.superblock.generation + 1;
+    let link = DirEntry {
+        ino: 256,
+        file_type: FileType::Directory,
+        name: b"logged".to_vec(),
+        subvolume: true,
+    };
+    let items = vec![
+        inode_in_log(gen),
+        LeafItem {
+            key: Key::new(ROOT_DIR_INO, item_type::DIR_INDEX, 50),
+            data: link.encode(),
+        },
+    ];
+    add_log(&mut fx, tree_id::FS, items);
+    let dev = std::sync::Arc::new(fx.device());
+    let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+    match fs.replay_outcome() {
+        Some(birch::fs::ReplayOutcome::Discarded(why)) => {
+            assert!(why.contains("link to subvolume"), "{why}")
+        }
+        other => panic!("replay accepted a subvolume link: {other:?}"),
+    }
+    assert!(fs.lookup(fs.root_ino(), b"logged").is_err());
+}
+
 #[test]
 fn logs_of_live_subvolumes_only() {
     // A log of live subvolume 257: walked, clean.
