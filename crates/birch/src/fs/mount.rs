@@ -374,7 +374,7 @@ fn load_backup_root<D: BlockDevice>(
     for (rolled_back, (slot, backup)) in (1..).zip(older) {
         match load_commit(
             forest,
-            &CommitToLoad::backup(backup, &newest),
+            &CommitToLoad::backup(backup, newest),
             newest.total_bytes,
         ) {
             Ok(loaded) => {
