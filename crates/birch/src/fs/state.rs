@@ -37,16 +37,18 @@ impl Subvols {
     }
 
     /// Every loaded root, the top-level subvolume first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Root> {
+        std::iter::once(&self.top).chain(self.others.values())
+    }
+
+    /// Every loaded root, the top-level subvolume first.
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Root> {
         std::iter::once(&mut self.top).chain(self.others.values_mut())
     }
 
     /// The loaded roots' fs trees and root items, which the seal records.
     pub(super) fn records(&self) -> Vec<SubvolRecord> {
-        std::iter::once(&self.top)
-            .chain(self.others.values())
-            .map(Root::record)
-            .collect()
+        self.iter().map(Root::record).collect()
     }
 }
 

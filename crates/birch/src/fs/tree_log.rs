@@ -880,6 +880,11 @@ impl<D: BlockDevice> FsState<D> {
         }
         self.info.log.filling_dirty = false;
         self.info.log.force_commit = None;
+        // Other subvolumes are never logged yet (their fsyncs commit):
+        // their records of this transaction's changes are dropped.
+        for root in self.subvols.others.values_mut() {
+            root.delayed.take_txn_changes();
+        }
         Ok(self.subvols.top.delayed.take_txn_changes())
     }
 }
