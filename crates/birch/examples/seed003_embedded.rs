@@ -114,7 +114,8 @@ fn run() -> Result<(), String> {
         log.dir_logs,
         log.fallback_ancestor_chain
             + log.fallback_removed_directory
-            + log.fallback_renamed_ancestor,
+            + log.fallback_renamed_ancestor
+            + log.fallback_subvolume,
         log.logging_nanos as f64 / 1e6,
     );
     print!("{json}");

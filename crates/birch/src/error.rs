@@ -80,6 +80,8 @@ pub enum Error {
     /// read-only (EROFS).
     DeviceReadOnly,
     NotPermitted,
+    /// A rename or link between two subvolumes (EXDEV).
+    CrossDevice,
     /// SEEK_DATA / SEEK_HOLE past the end of the file (ENXIO).
     NoSuchOffset,
     /// A mode or request the filesystem does not implement (EOPNOTSUPP).
@@ -118,6 +120,7 @@ impl Error {
             Error::FileTooBig => libc::EFBIG,
             Error::ReadOnly | Error::DeviceReadOnly => libc::EROFS,
             Error::NotPermitted => libc::EPERM,
+            Error::CrossDevice => libc::EXDEV,
             Error::NoSuchOffset => libc::ENXIO,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::DirIndexesExhausted { .. } => libc::EOVERFLOW,
@@ -150,6 +153,7 @@ impl fmt::Display for Error {
                 f.write_str("the device was opened read-only (it is not writable here)")
             }
             Error::NotPermitted => f.write_str("operation not permitted"),
+            Error::CrossDevice => f.write_str("rename or link across subvolumes"),
             Error::NoSuchOffset => f.write_str("no such offset (no more data or holes)"),
             Error::NotSupported(what) => write!(f, "not supported: {what}"),
             Error::DirIndexesExhausted { dir } => write!(

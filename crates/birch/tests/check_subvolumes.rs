@@ -431,6 +431,37 @@ fn check_finds_log_subvolume_link() {
     assert_only(&report, &[FaultId::LogSubvolumeLink]);
 }
 
+/// Replay refuses a log holding a subvolume link: the log is thrown away
+/// (the mount says why) rather than naming another tree's inode in tree 5.
+#[test]
+fn replay_refuses_log_subvolume_link() {
+    let mut fx = with_subvolumes().build();
+    let gen = fx.superblock.generation + 1;
+    let link = DirEntry {
+        ino: 256,
+        file_type: FileType::Directory,
+        name: b"logged".to_vec(),
+        subvolume: true,
+    };
+    let items = vec![
+        inode_in_log(gen),
+        LeafItem {
+            key: Key::new(ROOT_DIR_INO, item_type::DIR_INDEX, 50),
+            data: link.encode(),
+        },
+    ];
+    add_log(&mut fx, tree_id::FS, items);
+    let dev = std::sync::Arc::new(fx.device());
+    let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+    match fs.replay_outcome() {
+        Some(birch::fs::ReplayOutcome::Discarded(why)) => {
+            assert!(why.contains("link to subvolume"), "{why}")
+        }
+        other => panic!("replay accepted a subvolume link: {other:?}"),
+    }
+    assert!(fs.lookup(fs.root_ino(), b"logged").is_err());
+}
+
 #[test]
 fn logs_of_live_subvolumes_only() {
     // A log of live subvolume 257: walked, clean.
@@ -457,13 +488,36 @@ fn logs_of_live_subvolumes_only() {
 /// must not open an image with them: it would rewrite tree 5's long root
 /// item short and ignore the other trees. Its root item decoder refuses
 /// the long form by name.
+/// The engine mounts an image with subvolumes, changes tree 5 and commits
+/// it: the seal writes tree 5's root item back in the long form (the image
+/// still checks clean, and a second mount reads it).
 #[test]
-fn engine_does_not_open_subvolume_images_yet() {
+fn image_with_subvolumes_mounts() {
     let fx = with_subvolumes().build();
     let dev = std::sync::Arc::new(fx.device());
-    let err = match Filesystem::open(dev, MountOptions::deterministic()) {
-        Ok(_) => panic!("the engine opened an image with subvolumes"),
-        Err(e) => e.to_string(),
+    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).unwrap();
+    fs.create(fs.root_ino(), b"new", 0o644, 0, 0).unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    assert_clean(&check_device(dev.as_ref()));
+    let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+    assert!(fs.lookup(fs.root_ino(), b"new").is_ok());
+}
+
+/// A read-only top-level subvolume refuses a change with EROFS: every
+/// change resolves its root through `FsState::writable`.
+#[test]
+fn read_only_top_level_subvolume_refuses_changes() {
+    let mut b = with_subvolumes();
+    b.subvol_item_mut(tree_id::FS).flags = birch::format::SUBVOL_RDONLY;
+    let dev = std::sync::Arc::new(b.build().device());
+    let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+    let root = fs.root_ino();
+    let erofs = |r: birch::error::Result<()>| {
+        assert!(matches!(r, Err(birch::error::Error::ReadOnly)), "{r:?}")
     };
-    assert!(err.contains("long root item"), "{err}");
+    erofs(fs.create(root, b"f", 0o644, 0, 0).map(|_| ()));
+    erofs(fs.mkdir(root, b"dir", 0o755, 0, 0).map(|_| ()));
+    erofs(fs.rename(root, b"d", root, b"e", Default::default()));
+    assert!(fs.lookup(root, b"d").is_ok(), "reads still work");
 }

@@ -70,6 +70,13 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     pub(crate) fn deny_remove(&mut self, dir: u64, name: &[u8]) -> Result<()> {
         self.deny_if_flagged(dir, false)?;
         if let Some(entry) = self.find_entry(dir, name)? {
+            // Deleting a subvolume is step 9 of docs/SNAPSHOTS.md; moving
+            // its link is not built either.
+            if entry.subvolume {
+                return Err(Error::NotSupported(
+                    "removing or renaming a subvolume link (not built yet)",
+                ));
+            }
             self.deny_if_flagged(entry.ino, false)?;
         }
         Ok(())
@@ -96,7 +103,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// got one again: it is no orphan any more.
     pub(crate) fn inode_relinked(&mut self, ino: u64) -> Result<()> {
         self.fs.forest.delete(
-            &mut self.fs.roots.fs,
+            &mut self.root.tree,
             &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
         )?;
         Ok(())

@@ -21,6 +21,7 @@
 //! while T is the newest commit (docs/BACKUP-ROOTS.md).
 
 use super::info::Roots;
+use super::root::SubvolRecord;
 use crate::alloc::{DelayedRef, ExtentItemChange, TransactionSpace};
 use crate::btree::{Change, Forest, TreeRoot};
 use crate::device::BlockDevice;
@@ -46,10 +47,12 @@ pub(crate) struct PreparedCommit {
 }
 
 /// Applies delayed extent refs and root items until the trees stop
-/// changing, then ends the transaction.
+/// changing, then ends the transaction. `subvols` are the loaded
+/// subvolumes' fs trees (tree 5 among them): the seal only reads them.
 pub(crate) fn seal_transaction<D: BlockDevice>(
     forest: &mut Forest<D>,
     roots: &mut Roots,
+    subvols: &[SubvolRecord],
     template: &Superblock,
 ) -> Result<PreparedCommit> {
     let transid = forest.transid();
@@ -63,15 +66,13 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         apply_delayed_refs(forest, roots, transid)?;
         // Root items are written every pass; the first write copies the
         // root tree's path, so its root always carries this transid.
-        for tree in roots.recorded() {
-            let item = root_item(&tree);
-            let key = Key::new(tree.id, item_type::ROOT_ITEM, 0);
-            if forest.get(&roots.root, &key)?.as_deref() != Some(&item.encode()[..]) || passes == 1
-            {
-                forest.put(&mut roots.root, key, item.encode())?;
+        for (id, item) in recorded(roots, subvols) {
+            let key = Key::new(id, item_type::ROOT_ITEM, 0);
+            if forest.get(&roots.root, &key)?.as_deref() != Some(&item[..]) || passes == 1 {
+                forest.put(&mut roots.root, key, item)?;
             }
         }
-        if !forest.alloc().has_delayed_refs() && root_items_current(forest, roots)? {
+        if !forest.alloc().has_delayed_refs() && root_items_current(forest, roots, subvols)? {
             break;
         }
     }
@@ -83,7 +84,7 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         root_tree_bytenr: roots.root.bytenr,
         root_tree_level: roots.root.level,
         extent_root: root_item(&roots.extent),
-        fs_root: root_item(&roots.fs),
+        fs_root: root_item(top_tree(subvols)?),
         bytes_used: forest.alloc().bytes_used(),
     };
     backup_roots[1..].copy_from_slice(&template.backup_roots[..BACKUP_ROOT_COUNT - 1]);
@@ -121,13 +122,39 @@ fn root_item(tree: &TreeRoot) -> RootItem {
     }
 }
 
-fn root_items_current<D: BlockDevice>(forest: &Forest<D>, roots: &Roots) -> Result<bool> {
-    for tree in roots.recorded() {
-        let item = root_item(&tree);
+/// Every root item a commit records, by tree id: the fs-wide trees' (short
+/// form) and the subvolumes'.
+fn recorded(roots: &Roots, subvols: &[SubvolRecord]) -> Vec<(u64, Vec<u8>)> {
+    let mut items: Vec<(u64, Vec<u8>)> = roots
+        .recorded()
+        .iter()
+        .map(|t| (t.id, root_item(t).encode()))
+        .collect();
+    items.extend(subvols.iter().map(|s| (s.tree.id, s.encode())));
+    items
+}
+
+/// The top-level subvolume's tree, which backup roots record.
+fn top_tree(subvols: &[SubvolRecord]) -> Result<&TreeRoot> {
+    subvols
+        .iter()
+        .map(|s| &s.tree)
+        .find(|t| t.id == tree_id::FS)
+        .ok_or(Error::InvalidArgument(
+            "a commit without the top-level subvolume's tree",
+        ))
+}
+
+fn root_items_current<D: BlockDevice>(
+    forest: &Forest<D>,
+    roots: &Roots,
+    subvols: &[SubvolRecord],
+) -> Result<bool> {
+    for (id, item) in recorded(roots, subvols) {
         if forest
-            .get(&roots.root, &Key::new(tree.id, item_type::ROOT_ITEM, 0))?
+            .get(&roots.root, &Key::new(id, item_type::ROOT_ITEM, 0))?
             .as_deref()
-            != Some(&item.encode()[..])
+            != Some(&item[..])
         {
             return Ok(false);
         }

@@ -30,12 +30,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         for (dir, batch) in dirs {
             for index in batch.deletions {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
-                if self
-                    .fs
-                    .forest
-                    .delete(&mut self.fs.roots.fs, &key)?
-                    .is_none()
-                {
+                if self.fs.forest.delete(&mut self.root.tree, &key)?.is_none() {
                     return Err(crate::Error::corrupt(crate::Corruption::general(format!(
                         "delayed deletion of {key}: no such item in the fs tree"
                     ))));
@@ -43,7 +38,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
             for (index, entry) in batch.insertions {
                 self.fs.forest.insert(
-                    &mut self.fs.roots.fs,
+                    &mut self.root.tree,
                     Key::new(dir, item_type::DIR_INDEX, index),
                     entry.encode(),
                 )?;
@@ -58,7 +53,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 .item
                 .encode();
             self.fs.forest.put(
-                &mut self.fs.roots.fs,
+                &mut self.root.tree,
                 Key::new(ino, item_type::INODE_ITEM, 0),
                 item,
             )?;

@@ -27,7 +27,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let mut out = Vec::new();
         let mut err = None;
         self.fs.forest.scan(
-            &self.fs.roots.fs,
+            &self.root.tree,
             Key::new(ino, item_type::EXTENT_DATA, from),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
             &mut |k, d| match decode_item(k, FileExtent::decode_at(k, d)) {
@@ -50,11 +50,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// Moves one extent item from `from` to `to` (its data reference stays).
     fn rekey_extent(&mut self, ino: u64, from: u64, to: u64, extent: &FileExtent) -> Result<()> {
         self.fs.forest.delete(
-            &mut self.fs.roots.fs,
+            &mut self.root.tree,
             &Key::new(ino, item_type::EXTENT_DATA, from),
         )?;
         self.fs.forest.insert(
-            &mut self.fs.roots.fs,
+            &mut self.root.tree,
             Key::new(ino, item_type::EXTENT_DATA, to),
             extent.encode(),
         )
@@ -102,7 +102,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 _ => FileExtent::regular(d),
             };
             self.fs.forest.delete(
-                &mut self.fs.roots.fs,
+                &mut self.root.tree,
                 &Key::new(ino, item_type::EXTENT_DATA, file_offset),
             )?;
             self.fs

@@ -54,7 +54,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     ) -> Result<Vec<(u64, FileExtent)>> {
         let mut out = Vec::new();
         if let Some((key, data)) = self.fs.forest.last_at_or_before(
-            &self.fs.roots.fs,
+            &self.root.tree,
             &Key::new(ino, item_type::EXTENT_DATA, start),
         )? {
             if key.objectid == ino && key.item_type == item_type::EXTENT_DATA {
@@ -67,7 +67,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if end > start + 1 {
             let mut err = None;
             self.fs.forest.scan(
-                &self.fs.roots.fs,
+                &self.root.tree,
                 Key::new(ino, item_type::EXTENT_DATA, start + 1),
                 Key::new(ino, item_type::EXTENT_DATA, end - 1),
                 &mut |k, d| {
@@ -392,7 +392,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
             let ext_end = file_offset + extent.len();
             self.fs.forest.delete(
-                &mut self.fs.roots.fs,
+                &mut self.root.tree,
                 &Key::new(ino, item_type::EXTENT_DATA, file_offset),
             )?;
             nbytes_delta -= extent.len() as i64;
@@ -402,7 +402,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                         let head = data[..(start - file_offset) as usize].to_vec();
                         nbytes_delta += head.len() as i64;
                         self.fs.forest.insert(
-                            &mut self.fs.roots.fs,
+                            &mut self.root.tree,
                             Key::new(ino, item_type::EXTENT_DATA, file_offset),
                             FileExtent::Inline { data: head }.encode(),
                         )?;
@@ -460,7 +460,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 .add_data_ref(d.disk_bytenr, d.disk_num_bytes, ino, 1);
         }
         self.fs.forest.insert(
-            &mut self.fs.roots.fs,
+            &mut self.root.tree,
             Key::new(ino, item_type::EXTENT_DATA, file_offset),
             extent.encode(),
         )
@@ -593,7 +593,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             let page = &pages[&0];
             self.drop_extents(ino, 0, PAGE)?;
             self.fs.forest.insert(
-                &mut self.fs.roots.fs,
+                &mut self.root.tree,
                 Key::new(ino, item_type::EXTENT_DATA, 0),
                 FileExtent::Inline {
                     data: page[..size as usize].to_vec(),

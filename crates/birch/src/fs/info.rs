@@ -44,24 +44,21 @@ pub(crate) struct FsInfo<D> {
     pub(super) options: MountOptions,
 }
 
-/// The trees a commit records: the root tree's root goes in the
-/// superblock, the others in root items.
+/// The fs-wide trees a commit records: the root tree's root goes in the
+/// superblock, the others in root items. Each subvolume's fs tree lives in
+/// its `Root` (root.rs).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Roots {
     pub root: TreeRoot,
     pub extent: TreeRoot,
-    pub fs: TreeRoot,
     /// The checksum tree, on images with data checksums
     /// (docs/DATA-CHECKSUMS.md).
     pub csum: Option<TreeRoot>,
 }
 
 impl Roots {
-    /// The trees recorded by root items in the root tree.
+    /// The fs-wide trees recorded by root items in the root tree.
     pub(super) fn recorded(&self) -> Vec<TreeRoot> {
-        [self.extent, self.fs]
-            .into_iter()
-            .chain(self.csum)
-            .collect()
+        std::iter::once(self.extent).chain(self.csum).collect()
     }
 }

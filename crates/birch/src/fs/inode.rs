@@ -31,7 +31,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 let data = self
                     .fs
                     .forest
-                    .get(&self.fs.roots.fs, &key)?
+                    .get(&self.root.tree, &key)?
                     .ok_or(Error::NotFound)?;
                 let item = decode_item(&key, InodeItem::decode(&data))?;
                 Ok(slot.insert(Inode {
@@ -181,7 +181,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
             self.destroy_inode(ino)?;
             self.fs.forest.delete(
-                &mut self.fs.roots.fs,
+                &mut self.root.tree,
                 &Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
             )?;
         }
@@ -193,7 +193,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     pub(crate) fn inode_unlinked(&mut self, ino: u64) -> Result<()> {
         if self.inode(ino)?.open_count > 0 {
             self.fs.forest.put(
-                &mut self.fs.roots.fs,
+                &mut self.root.tree,
                 Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, ino),
                 Vec::new(),
             )?;
@@ -209,7 +209,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let keys = {
             let mut keys = Vec::new();
             self.fs.forest.scan(
-                &self.fs.roots.fs,
+                &self.root.tree,
                 Key::new(ino, 0, 0),
                 Key::new(ino, u8::MAX, u64::MAX),
                 &mut |k, d| {
@@ -227,7 +227,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                     self.drop_file_extent_ref(ino, disk)?;
                 }
             }
-            self.fs.forest.delete(&mut self.fs.roots.fs, &key)?;
+            self.fs.forest.delete(&mut self.root.tree, &key)?;
         }
         // Its dirty pages go, and with them their reservations.
         self.discard_dirty_pages(ino)?;
@@ -239,7 +239,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// Finishes inodes left as orphans by a crash or an unclean stop.
     pub(crate) fn remove_orphans(&mut self) -> Result<usize> {
         let orphans = self.fs.forest.collect_range(
-            &self.fs.roots.fs,
+            &self.root.tree,
             Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, 0),
             Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, u64::MAX),
         )?;
@@ -251,7 +251,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             if self.inode(ino)?.item.nlink == 0 {
                 self.destroy_inode(ino)?;
             }
-            self.fs.forest.delete(&mut self.fs.roots.fs, key)?;
+            self.fs.forest.delete(&mut self.root.tree, key)?;
         }
         Ok(orphans.len())
     }

@@ -21,6 +21,11 @@ pub enum FallbackReason {
     /// Crash case: `mkdir a d; sync; mv --exchange a d; mkdir a/b; fsync a/b;
     /// <cut>` must show `a/b`.
     RenamedAncestor,
+    /// The inode is in a subvolume other than 5, or a subvolume was
+    /// created in this transaction (a log never holds its link): until
+    /// each subvolume has its own log (step 7 of docs/SNAPSHOTS.md), a
+    /// temporary fallback.
+    Subvolume,
 }
 
 impl FallbackReason {
@@ -29,6 +34,7 @@ impl FallbackReason {
             FallbackReason::AncestorChain => "ancestor-chain",
             FallbackReason::RemovedDirectory => "removed-directory",
             FallbackReason::RenamedAncestor => "renamed-ancestor",
+            FallbackReason::Subvolume => "subvolume",
         }
     }
 }
@@ -70,6 +76,7 @@ pub struct LogStats {
     pub fallback_ancestor_chain: u64,
     pub fallback_removed_directory: u64,
     pub fallback_renamed_ancestor: u64,
+    pub fallback_subvolume: u64,
     /// Inodes logged because a logged inode took a name they held in the
     /// last commit, or they took one it gave up (docs/TREE-LOG.md, "Name
     /// conflicts").

@@ -31,6 +31,7 @@ mod space;
 mod space_info;
 mod spare_pages;
 mod state;
+mod subvol;
 mod transaction;
 mod tree_log;
 mod types;
@@ -38,6 +39,7 @@ mod xattr;
 
 pub use commit::read_superblock;
 pub use log_state::{FallbackReason, LogStats};
+pub use subvol::SubvolInfo;
 pub use types::*;
 
 use crate::device::BlockDevice;
@@ -48,6 +50,9 @@ use crate::lock_order::{
 };
 use space_info::Need;
 use state::FsState;
+/// The top-level subvolume, the one the library's calls act in until
+/// they name a subvolume.
+const TOP: u64 = crate::format::tree_id::FS;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -390,12 +395,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         let _request = self.request();
-        self.read(|s| s.top().lookup(parent, name))
+        self.read(|s| s.lookup_across(parent, name))
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let _request = self.request();
-        self.read(|s| s.top().getattr(ino))
+        self.read(|s| s.getattr_across(ino))
     }
 
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
@@ -412,8 +417,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     && changes.size.is_none()
                     && !matches!(changes.atime, Some(SetTime::At(_)))
                     && !matches!(changes.mtime, Some(SetTime::At(_)));
-                s.top().deny_if_flagged(ino, only_now)?;
-                s.top().setattr(ino, changes)
+                s.writable(TOP)?.deny_if_flagged(ino, only_now)?;
+                s.writable(TOP)?.setattr(ino, changes)
             },
         )
     }
@@ -453,9 +458,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             // The inode, its names, the parent, and two inherited ACLs.
             |_| Ok(Need::items(8)),
             |s| {
-                s.top().deny_if_flagged(parent, true)?;
-                s.top()
-                    .create_node(parent, name, mode, umask, uid, gid, rdev)
+                let (mut root, dir) = s.resolve_writable(parent)?;
+                root.deny_if_flagged(dir, true)?;
+                root.create_node(dir, name, mode, umask, uid, gid, rdev)
+                    .map(|a| root.external(a))
             },
         )
     }
@@ -490,8 +496,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(7)),
             |s| {
-                s.top().deny_if_flagged(parent, true)?;
-                s.top().symlink(parent, name, target, uid, gid)
+                s.writable(TOP)?.deny_if_flagged(parent, true)?;
+                s.writable(TOP)?.symlink(parent, name, target, uid, gid)
             },
         )
     }
@@ -506,9 +512,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(5)),
             |s| {
-                s.top().deny_if_flagged(ino, false)?;
-                s.top().deny_if_flagged(new_parent, true)?;
-                s.top().link(ino, new_parent, new_name)
+                InoSpace::same_subvolume(ino, new_parent)?;
+                s.writable(TOP)?.deny_if_flagged(ino, false)?;
+                s.writable(TOP)?.deny_if_flagged(new_parent, true)?;
+                s.writable(TOP)?.link(ino, new_parent, new_name)
             },
         )
     }
@@ -518,8 +525,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.top().deny_remove(parent, name)?;
-                s.top().unlink(parent, name)
+                s.writable(TOP)?.deny_remove(parent, name)?;
+                s.writable(TOP)?.unlink(parent, name)
             },
         )
     }
@@ -529,8 +536,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.top().deny_remove(parent, name)?;
-                s.top().rmdir(parent, name)
+                s.writable(TOP)?.deny_remove(parent, name)?;
+                s.writable(TOP)?.rmdir(parent, name)
             },
         )
     }
@@ -547,6 +554,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(10)),
             |s| {
+                InoSpace::same_subvolume(parent, new_parent)?;
                 // The source leaves its directory, a replaced target
                 // leaves the other; an exchange does both. A malformed
                 // name or a missing source is left to `rename`, which
@@ -554,15 +562,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 // a long target, both before a flag).
                 let well_formed = namespace::validate_name(name).is_ok()
                     && namespace::validate_name(new_name).is_ok();
-                if well_formed && s.top().find_entry(parent, name)?.is_some() {
-                    s.top().deny_remove(parent, name)?;
-                    if flags.exchange || s.top().find_entry(new_parent, new_name)?.is_some() {
-                        s.top().deny_remove(new_parent, new_name)?;
+                if well_formed && s.writable(TOP)?.find_entry(parent, name)?.is_some() {
+                    s.writable(TOP)?.deny_remove(parent, name)?;
+                    if flags.exchange
+                        || s.writable(TOP)?.find_entry(new_parent, new_name)?.is_some()
+                    {
+                        s.writable(TOP)?.deny_remove(new_parent, new_name)?;
                     } else {
-                        s.top().deny_if_flagged(new_parent, true)?;
+                        s.writable(TOP)?.deny_if_flagged(new_parent, true)?;
                     }
                 }
-                s.top().rename(parent, name, new_parent, new_name, flags)
+                s.writable(TOP)?
+                    .rename(parent, name, new_parent, new_name, flags)
             },
         )
     }
@@ -571,7 +582,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// "." and ".." are not included), at most `limit` of them.
     pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirListEntry>> {
         let _request = self.request();
-        self.read(|s| s.top().readdir(ino, offset, limit))
+        self.read(|s| s.readdir_across(ino, offset, limit))
     }
 
     /// The dir index the next name added to `ino` will get: a listing that
@@ -651,7 +662,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let _request = self.request();
         self.read(|s| s.top().check_write(ino, offset, data.len() as u64))?;
         if data.is_empty() {
-            return self.change(|s| s.top().write_file(ino, offset, data));
+            return self.change(|s| s.writable(TOP)?.write_file(ino, offset, data));
         }
         let mut done = 0usize;
         let mut chunk_limit = space_info::WRITE_CHUNK;
@@ -660,10 +671,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
             let chunk = &data[done..done + piece];
             match self.change_reserving(
-                |s| s.top().write_need(ino, at, chunk.len() as u64),
+                |s| s.writable(TOP)?.write_need(ino, at, chunk.len() as u64),
                 |s| {
-                    s.top().deny_write(ino, at)?;
-                    s.top().write_file(ino, at, chunk)
+                    s.writable(TOP)?.deny_write(ino, at)?;
+                    s.writable(TOP)?.write_file(ino, at, chunk)
                 },
             ) {
                 Ok(n) => done += n,
@@ -699,14 +710,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
         let _request = self.request();
         self.change_with(
-            |s| s.top().fallocate_need(ino, offset, len, mode),
+            |s| s.writable(TOP)?.fallocate_need(ino, offset, len, mode),
             |s| {
                 let grows_only = matches!(
                     mode,
                     FallocateMode::Allocate | FallocateMode::AllocateKeepSize
                 );
-                s.top().deny_if_flagged(ino, grows_only)?;
-                s.top().fallocate(ino, offset, len, mode)
+                s.writable(TOP)?.deny_if_flagged(ino, grows_only)?;
+                s.writable(TOP)?.fallocate(ino, offset, len, mode)
             },
         )
     }
@@ -752,10 +763,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         }
         if src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
             return self.change_with(
-                |s| s.top().clone_need(src, src_offset, len),
+                |s| s.writable(TOP)?.clone_need(src, src_offset, len),
                 |s| {
-                    s.top().deny_if_flagged(dst, false)?;
-                    s.top().clone_range(src, src_offset, dst, dst_offset, len)
+                    s.writable(TOP)?.deny_if_flagged(dst, false)?;
+                    s.writable(TOP)?
+                        .clone_range(src, src_offset, dst, dst_offset, len)
                 },
             );
         }
@@ -799,7 +811,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (EOPNOTSUPP otherwise). Permission is the caller's to check.
     pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
         let _request = self.request();
-        self.change_with(|_| Ok(Need::items(1)), |s| s.top().set_flags(ino, flags))
+        self.change_with(
+            |_| Ok(Need::items(1)),
+            |s| s.writable(TOP)?.set_flags(ino, flags),
+        )
     }
 
     /// `open(dir, O_TMPFILE)`: a regular file with no name, held once
@@ -812,8 +827,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(4)),
             |s| {
-                let ino = s.top().tmpfile(dir, mode, uid, gid)?;
-                s.top().getattr(ino)
+                let ino = s.writable(TOP)?.tmpfile(dir, mode, uid, gid)?;
+                s.writable(TOP)?.getattr(ino)
             },
         )
     }
@@ -830,8 +845,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(3)),
             |s| {
-                s.top().deny_if_flagged(ino, false)?;
-                s.top().setxattr(ino, name, value, mode)
+                s.writable(TOP)?.deny_if_flagged(ino, false)?;
+                s.writable(TOP)?.setxattr(ino, name, value, mode)
             },
         )
     }
@@ -846,8 +861,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(2)),
             |s| {
-                s.top().deny_if_flagged(ino, false)?;
-                s.top().removexattr(ino, name)
+                s.writable(TOP)?.deny_if_flagged(ino, false)?;
+                s.writable(TOP)?.removexattr(ino, name)
             },
         )
     }
@@ -900,7 +915,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |_| Ok(Need::urgent_items(8)),
             |s| {
                 s.info.stats.fsyncs += 1;
-                s.top().log_for_fsync(ino)
+                let (mut root, ino) = s.resolve(ino)?;
+                if root.root.tree.id != TOP {
+                    root.count_fallback(FallbackReason::Subvolume);
+                    return Ok(tree_log::LogOutcome::NeedCommit);
+                }
+                root.log_for_fsync(ino)
             },
         )?;
         let durable = match outcome {
@@ -1011,6 +1031,36 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             &superblock,
             no_rewrite.as_deref(),
         ))
+    }
+
+    /// Creates subvolume `name` in directory `parent` and commits
+    /// (docs/SNAPSHOTS.md, step 6): returns its id. A log never holds the
+    /// link, so the create is durable only through this commit.
+    pub fn create_subvolume(&self, parent: u64, name: &[u8], uid: u32, gid: u32) -> Result<u64> {
+        let _request = self.request();
+        let id = self.change_with(
+            |_| Ok(Need::items(10)),
+            |s| s.create_subvolume(parent, name, uid, gid),
+        )?;
+        self.commit()?;
+        Ok(id)
+    }
+
+    /// The live subvolumes, tree 5 first.
+    pub fn list_subvolumes(&self) -> Result<Vec<SubvolInfo>> {
+        let _request = self.request();
+        self.read(|s| s.list_subvolumes())
+    }
+
+    /// The subvolume a mount without `subvol=` shows (5 unless set).
+    pub fn default_subvolume(&self) -> Result<u64> {
+        let _request = self.request();
+        self.read(|s| s.default_subvolume())
+    }
+
+    pub fn set_default_subvolume(&self, id: u64) -> Result<()> {
+        let _request = self.request();
+        self.change(|s| s.set_default_subvolume(id))
     }
 
     /// Adds a scrub's progress to the `scrub_nodes` and `scrub_data_bytes`

@@ -3,7 +3,7 @@
 use super::commit;
 use super::info::{FsInfo, Roots};
 use super::log_state::LogState;
-use super::root::Root;
+use super::root::{next_free_ino, Root, SubvolRecord};
 use super::space_info::SpaceInfo;
 use super::state::FsState;
 use super::tree_log;
@@ -17,8 +17,7 @@ use crate::error::{Corruption, Error, Result};
 use crate::format::{
     encode_inode_refs, item_type, tree_id, BackupRoot, ExtentItem, InodeItem, InodeRefEntry,
     ItemType, Key, MetadataProfile, NodeBody, RootItem, Superblock, BACKUP_ROOT_COUNT,
-    FIRST_ALLOCATABLE_BYTE, FIRST_FREE_INO, MIN_DEVICE_BYTES, NODE_SIZE, ORPHAN_OBJECTID,
-    ROOT_DIR_INO, SECTOR_SIZE,
+    FIRST_ALLOCATABLE_BYTE, MIN_DEVICE_BYTES, NODE_SIZE, ROOT_DIR_INO, SECTOR_SIZE,
 };
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -66,12 +65,12 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
     let mut roots = Roots {
         root: forest.create_tree(tree_id::ROOT)?,
         extent: forest.create_tree(tree_id::EXTENT)?,
-        fs: forest.create_tree(tree_id::FS)?,
         csum: match options.data_checksums {
             DataChecksums::On => Some(forest.create_tree(tree_id::CSUM)?),
             DataChecksums::Off => None,
         },
     };
+    let mut top = forest.create_tree(tree_id::FS)?;
     let now = crate::format::Timespec::now();
     let root_dir = InodeItem {
         generation: transid,
@@ -87,12 +86,12 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         ..Default::default()
     };
     forest.insert(
-        &mut roots.fs,
+        &mut top,
         Key::new(ROOT_DIR_INO, item_type::INODE_ITEM, 0),
         root_dir.encode(),
     )?;
     forest.insert(
-        &mut roots.fs,
+        &mut top,
         Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO),
         encode_inode_refs(&[InodeRefEntry {
             index: 0,
@@ -115,7 +114,11 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         log_manifest: None,
         subvolumes: false,
     };
-    let prepared = commit::seal_transaction(&mut forest, &mut roots, &template)?;
+    let top = SubvolRecord {
+        tree: top,
+        item: None,
+    };
+    let prepared = commit::seal_transaction(&mut forest, &mut roots, &[top], &template)?;
     commit::write_commit(dev, &prepared)?;
     Ok(())
 }
@@ -171,12 +174,8 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
     forest.set_alloc(alloc);
     forest.set_refs_root(loaded.roots.extent);
     let roots = loaded.roots;
-    let next_ino = match forest
-        .last_at_or_before(&roots.fs, &Key::new(ORPHAN_OBJECTID - 1, u8::MAX, u64::MAX))?
-    {
-        Some((k, _)) => (k.objectid + 1).max(FIRST_FREE_INO),
-        None => FIRST_FREE_INO,
-    };
+    let top = loaded.top;
+    let next_ino = next_free_ino(&forest, &top.tree)?;
     let total_bytes = superblock.total_bytes;
     let info = FsInfo {
         forest,
@@ -199,7 +198,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         backup_root_used: rescue,
         options,
     };
-    let state = FsState::new(info, Root::new(next_ino));
+    let state = FsState::new(info, Root::new(top.tree, top.item, next_ino));
     Ok(state)
 }
 
@@ -212,6 +211,8 @@ struct CommitToLoad {
     recorded: Option<BackupRoot>,
     /// The image has data checksums: the root tree names a checksum tree.
     data_checksums: bool,
+    /// The image has subvolumes: their root items are in the long form.
+    subvolumes: bool,
 }
 
 impl CommitToLoad {
@@ -227,10 +228,11 @@ impl CommitToLoad {
             bytes_used: superblock.bytes_used,
             recorded: None,
             data_checksums: superblock.data_checksums,
+            subvolumes: superblock.subvolumes,
         }
     }
 
-    fn backup(backup: &BackupRoot, data_checksums: bool) -> CommitToLoad {
+    fn backup(backup: &BackupRoot, newest: &Superblock) -> CommitToLoad {
         CommitToLoad {
             root_tree: TreeRoot {
                 id: tree_id::ROOT,
@@ -241,7 +243,8 @@ impl CommitToLoad {
             },
             bytes_used: backup.bytes_used,
             recorded: Some(*backup),
-            data_checksums,
+            data_checksums: newest.data_checksums,
+            subvolumes: newest.subvolumes,
         }
     }
 }
@@ -250,6 +253,8 @@ impl CommitToLoad {
 /// extent tree leaves.
 struct LoadedCommit {
     roots: Roots,
+    /// The top-level subvolume's fs tree and root item.
+    top: SubvolRecord,
     free: FreeSpace,
     bytes_used: u64,
     metadata_bytes: u64,
@@ -285,7 +290,14 @@ fn load_commit<D: BlockDevice>(
         })
     };
     let extent = load_root(tree_id::EXTENT)?;
-    let fs = load_root(tree_id::FS)?;
+    let top_key = Key::new(tree_id::FS, item_type::ROOT_ITEM, 0);
+    let top_data = forest.get(&root, &top_key)?.ok_or_else(|| {
+        Error::corrupt(Corruption::general(
+            "root tree has no root item for tree fs".to_string(),
+        ))
+    })?;
+    let top = SubvolRecord::decode(tree_id::FS, &top_data, commit.subvolumes)?;
+    let fs = top.tree;
     let csum = if commit.data_checksums {
         Some(load_root(tree_id::CSUM)?)
     } else {
@@ -336,12 +348,8 @@ fn load_commit<D: BlockDevice>(
         ))));
     }
     Ok(LoadedCommit {
-        roots: Roots {
-            root,
-            extent,
-            fs,
-            csum,
-        },
+        roots: Roots { root, extent, csum },
+        top,
         free: scanned.free,
         bytes_used: scanned.bytes_used,
         metadata_bytes: scanned.metadata_bytes,
@@ -366,7 +374,7 @@ fn load_backup_root<D: BlockDevice>(
     for (rolled_back, (slot, backup)) in (1..).zip(older) {
         match load_commit(
             forest,
-            &CommitToLoad::backup(backup, newest.data_checksums),
+            &CommitToLoad::backup(backup, newest),
             newest.total_bytes,
         ) {
             Ok(loaded) => {

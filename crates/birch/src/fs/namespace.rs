@@ -58,7 +58,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.require_dir(dir)?;
         validate_name(name)?;
         let key = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
-        let Some(data) = self.fs.forest.get(&self.fs.roots.fs, &key)? else {
+        let Some(data) = self.fs.forest.get(&self.root.tree, &key)? else {
             return Ok(None);
         };
         Ok(decode_item(&key, decode_dir_items(&data))?
@@ -86,7 +86,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }
         let mut parent = None;
         self.fs.forest.scan(
-            &self.fs.roots.fs,
+            &self.root.tree,
             Key::new(dir, item_type::INODE_REF, 0),
             Key::new(dir, item_type::INODE_REF, u64::MAX),
             &mut |k, _| {
@@ -101,7 +101,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         })
     }
 
-    fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
+    pub(crate) fn next_dir_index(&mut self, dir: u64) -> Result<u64> {
         let next = self.peek_dir_index(dir)?;
         // u64::MAX itself is never handed out: it is peek's "none left".
         let after = next
@@ -133,7 +133,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Ok(next);
         }
         let last = self.fs.forest.last_at_or_before(
-            &self.fs.roots.fs,
+            &self.root.tree,
             &Key::new(dir, item_type::DIR_INDEX, u64::MAX),
         )?;
         let mut next = match last {
@@ -164,7 +164,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         file_type: FileType,
     ) -> Result<u64> {
         let ref_key = Key::new(ino, item_type::INODE_REF, parent);
-        let mut refs = match self.fs.forest.get(&self.fs.roots.fs, &ref_key)? {
+        let mut refs = match self.fs.forest.get(&self.root.tree, &ref_key)? {
             Some(data) => decode_item(&ref_key, decode_inode_refs(&data))?,
             None => Vec::new(),
         };
@@ -176,7 +176,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let refs = encode_inode_refs(&refs);
         let ref_full = refs.len() > MAX_ITEM_DATA;
         let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
-        let mut entries = match self.fs.forest.get(&self.fs.roots.fs, &dir_key)? {
+        let mut entries = match self.fs.forest.get(&self.root.tree, &dir_key)? {
             Some(data) => decode_item(&dir_key, decode_dir_items(&data))?,
             None => Vec::new(),
         };
@@ -194,11 +194,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if ref_full {
             self.add_extref(ino, parent, name, index)?;
         } else {
-            self.fs.forest.put(&mut self.fs.roots.fs, ref_key, refs)?;
+            self.fs.forest.put(&mut self.root.tree, ref_key, refs)?;
         }
-        self.fs
-            .forest
-            .put(&mut self.fs.roots.fs, dir_key, entries)?;
+        self.fs.forest.put(&mut self.root.tree, dir_key, entries)?;
         self.root.delayed.insert_index(parent, index, entry.clone());
         let now = Timespec::now();
         self.update_inode(parent, |p| {
@@ -216,7 +214,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// up to `LINK_MAX` names in one directory.
     fn add_extref(&mut self, ino: u64, parent: u64, name: &[u8], index: u64) -> Result<()> {
         let key = Key::new(ino, item_type::INODE_EXTREF, extref_hash(parent, name));
-        let mut entries = match self.fs.forest.get(&self.fs.roots.fs, &key)? {
+        let mut entries = match self.fs.forest.get(&self.root.tree, &key)? {
             Some(data) => decode_item(&key, decode_inode_extrefs(&data))?,
             None => Vec::new(),
         };
@@ -230,14 +228,14 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if encoded.len() > MAX_ITEM_DATA {
             return Err(Error::TooManyLinks);
         }
-        self.fs.forest.put(&mut self.fs.roots.fs, key, encoded)
+        self.fs.forest.put(&mut self.root.tree, key, encoded)
     }
 
     /// Removes the extended ref of `name` in `parent`; returns its index,
     /// or `None` when there is none.
     fn remove_extref(&mut self, ino: u64, parent: u64, name: &[u8]) -> Result<Option<u64>> {
         let key = Key::new(ino, item_type::INODE_EXTREF, extref_hash(parent, name));
-        let Some(data) = self.fs.forest.get(&self.fs.roots.fs, &key)? else {
+        let Some(data) = self.fs.forest.get(&self.root.tree, &key)? else {
             return Ok(None);
         };
         let mut entries = decode_item(&key, decode_inode_extrefs(&data))?;
@@ -249,11 +247,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         };
         let index = entries.remove(pos).index;
         if entries.is_empty() {
-            self.fs.forest.delete(&mut self.fs.roots.fs, &key)?;
+            self.fs.forest.delete(&mut self.root.tree, &key)?;
         } else {
             self.fs
                 .forest
-                .put(&mut self.fs.roots.fs, key, encode_inode_extrefs(&entries))?;
+                .put(&mut self.root.tree, key, encode_inode_extrefs(&entries))?;
         }
         Ok(Some(index))
     }
@@ -263,7 +261,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     pub(crate) fn names_of(&self, ino: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut names = Vec::new();
         for (key, data) in self.fs.forest.collect_range(
-            &self.fs.roots.fs,
+            &self.root.tree,
             Key::new(ino, item_type::INODE_REF, 0),
             Key::new(ino, item_type::INODE_EXTREF, u64::MAX),
         )? {
@@ -293,17 +291,17 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 String::from_utf8_lossy(name)
             )))
         };
-        let in_ref = match self.fs.forest.get(&self.fs.roots.fs, &ref_key)? {
+        let in_ref = match self.fs.forest.get(&self.root.tree, &ref_key)? {
             Some(data) => {
                 let mut refs = decode_item(&ref_key, decode_inode_refs(&data))?;
                 match refs.iter().position(|r| r.name == name) {
                     Some(pos) => {
                         let index = refs.remove(pos).index;
                         if refs.is_empty() {
-                            self.fs.forest.delete(&mut self.fs.roots.fs, &ref_key)?;
+                            self.fs.forest.delete(&mut self.root.tree, &ref_key)?;
                         } else {
                             self.fs.forest.put(
-                                &mut self.fs.roots.fs,
+                                &mut self.root.tree,
                                 ref_key,
                                 encode_inode_refs(&refs),
                             )?;
@@ -323,16 +321,16 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let data = self
             .fs
             .forest
-            .get(&self.fs.roots.fs, &dir_key)?
+            .get(&self.root.tree, &dir_key)?
             .ok_or_else(missing)?;
         let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
         entries.retain(|e| e.name != name);
         if entries.is_empty() {
-            self.fs.forest.delete(&mut self.fs.roots.fs, &dir_key)?;
+            self.fs.forest.delete(&mut self.root.tree, &dir_key)?;
         } else {
             self.fs
                 .forest
-                .put(&mut self.fs.roots.fs, dir_key, encode_dir_items(&entries))?;
+                .put(&mut self.root.tree, dir_key, encode_dir_items(&entries))?;
         }
         let committed = self.root.delayed.delete_index(parent, index, ino, name);
         let now = Timespec::now();
@@ -412,7 +410,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let attr = self.create_node(parent, name, libc::S_IFLNK | 0o777, 0, uid, gid, 0)?;
         let ino = attr.ino;
         self.fs.forest.insert(
-            &mut self.fs.roots.fs,
+            &mut self.root.tree,
             Key::new(ino, item_type::EXTENT_DATA, 0),
             FileExtent::Inline {
                 data: target.to_vec(),
@@ -433,15 +431,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Err(Error::InvalidArgument("not a symlink"));
         }
         let key = Key::new(ino, item_type::EXTENT_DATA, 0);
-        let data = self
-            .fs
-            .forest
-            .get(&self.fs.roots.fs, &key)?
-            .ok_or_else(|| {
-                Error::corrupt(crate::Corruption::general(format!(
-                    "symlink {ino} has no target item"
-                )))
-            })?;
+        let data = self.fs.forest.get(&self.root.tree, &key)?.ok_or_else(|| {
+            Error::corrupt(crate::Corruption::general(format!(
+                "symlink {ino} has no target item"
+            )))
+        })?;
         match decode_item(&key, FileExtent::decode_at(&key, &data))? {
             FileExtent::Inline { data } => Ok(data),
             _ => Err(Error::corrupt(crate::Corruption::general(format!(
@@ -516,7 +510,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let deletions = &self.root.delayed.dir(dir).unwrap_or(&empty_batch).deletions;
         let mut empty = true;
         self.fs.forest.scan(
-            &self.fs.roots.fs,
+            &self.root.tree,
             Key::new(dir, item_type::DIR_INDEX, 0),
             Key::new(dir, item_type::DIR_INDEX, u64::MAX),
             &mut |k, _| {
@@ -742,7 +736,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         // `next_dir_index`); a crafted image's entry there is not listed
         // (`birch check` reports it) rather than listed forever.
         self.fs.forest.scan(
-            &self.fs.roots.fs,
+            &self.root.tree,
             Key::new(dir, item_type::DIR_INDEX, start),
             Key::new(dir, item_type::DIR_INDEX, u64::MAX - 1),
             &mut |k, data| {

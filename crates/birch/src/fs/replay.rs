@@ -356,9 +356,19 @@ impl<D: BlockDevice> FsState<D> {
                 ItemType::LogUnlinked => {
                     entry.names.get_or_insert_with(Vec::new);
                 }
-                ItemType::DirIndex => entry
-                    .dir_added
-                    .push(decode_item(&key, DirEntry::decode(&data))?),
+                ItemType::DirIndex => {
+                    let added = decode_item(&key, DirEntry::decode(&data))?;
+                    // A log never holds a subvolume link (docs/SNAPSHOTS.md
+                    // (a)): replaying one would name another tree's
+                    // inode in this one.
+                    if added.subvolume {
+                        return Err(corrupt(format!(
+                            "log item {key} is a link to subvolume {}: a log never holds one",
+                            added.ino
+                        )));
+                    }
+                    entry.dir_added.push(added)
+                }
                 ItemType::DirLogIndex => entry.dir_removed.push(key.offset),
                 // Checksum items were taken aside above.
                 ItemType::ExtentCsum
@@ -429,7 +439,7 @@ impl<D: BlockDevice> FsState<D> {
                 self.top().drop_extents(ino, *offset, end)?;
                 match extent {
                     FileExtent::Inline { .. } => self.info.forest.insert(
-                        &mut self.info.roots.fs,
+                        &mut self.subvols.top.tree,
                         Key::new(ino, item_type::EXTENT_DATA, 0),
                         extent.encode(),
                     )?,
@@ -487,7 +497,7 @@ impl<D: BlockDevice> FsState<D> {
         for (&dir, log) in &replay.logged {
             for &index in &log.dir_removed {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
-                let Some(data) = self.info.forest.get(&self.info.roots.fs, &key)? else {
+                let Some(data) = self.info.forest.get(&self.subvols.top.tree, &key)? else {
                     continue;
                 };
                 let entry = decode_item(&key, DirEntry::decode(&data))?;
@@ -667,11 +677,11 @@ impl<D: BlockDevice> FsState<D> {
 
     fn replace_xattrs(&mut self, ino: u64, xattrs: &[Xattr]) -> Result<()> {
         for (key, _) in self.info.forest.collect_range(
-            &self.info.roots.fs,
+            &self.subvols.top.tree,
             Key::new(ino, item_type::XATTR_ITEM, 0),
             Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
         )? {
-            self.info.forest.delete(&mut self.info.roots.fs, &key)?;
+            self.info.forest.delete(&mut self.subvols.top.tree, &key)?;
         }
         let mut buckets: HashMap<u64, Vec<Xattr>> = HashMap::new();
         for x in xattrs {
@@ -682,7 +692,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         for (hash, bucket) in buckets {
             self.info.forest.put(
-                &mut self.info.roots.fs,
+                &mut self.subvols.top.tree,
                 Key::new(ino, item_type::XATTR_ITEM, hash),
                 encode_xattrs(&bucket),
             )?;
@@ -728,7 +738,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         let mut nbytes = 0;
         for (key, data) in self.info.forest.collect_range(
-            &self.info.roots.fs,
+            &self.subvols.top.tree,
             Key::new(ino, item_type::EXTENT_DATA, 0),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
         )? {
@@ -758,7 +768,7 @@ mod tests {
         let root = fs.root_ino();
         let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
         let mut state = fs.lock();
-        let mut replay = Replay::new([state.info.roots.fs; 2]);
+        let mut replay = Replay::new([state.subvols.top.tree; 2]);
         replay.removed.push((root, b"f".to_vec(), f));
         replay.added.push((root, b"g".to_vec(), f));
         let still_there = state.removed_names_gone(&replay).unwrap();
@@ -766,7 +776,7 @@ mod tests {
         let missing = state.added_names_found(&replay).unwrap();
         assert!(missing.is_some_and(|w| w.contains("does not name inode")));
 
-        let mut replay = Replay::new([state.info.roots.fs; 2]);
+        let mut replay = Replay::new([state.subvols.top.tree; 2]);
         replay.removed.push((root, b"g".to_vec(), f));
         replay.added.push((root, b"f".to_vec(), f));
         assert_eq!(state.removed_names_gone(&replay).unwrap(), None);

@@ -37,7 +37,7 @@ pub use super::types::SpaceUsage;
 impl<D: BlockDevice> FsState<D> {
     /// Delayed items pending in every loaded root.
     pub(crate) fn delayed_items(&self) -> u64 {
-        self.subvols.top.delayed.len() as u64
+        self.subvols.iter().map(|r| r.delayed.len() as u64).sum()
     }
 
     /// What one changed item may cost a transaction (see

@@ -2,7 +2,12 @@
 //! subvolume roots (docs/SNAPSHOTS.md, "The engine split").
 
 use super::info::FsInfo;
-use super::root::{Root, RootCtx};
+use super::root::{next_free_ino, Root, RootCtx, SubvolRecord};
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::tree_id;
+use crate::format::{item_type, Key};
+use std::collections::BTreeMap;
 
 /// Everything the running transaction knows, behind the state lock.
 /// Operations that span roots (commit, replay, writeback over the dirty
@@ -12,20 +17,103 @@ pub(crate) struct FsState<D> {
     pub(super) subvols: Subvols,
 }
 
-/// The loaded subvolume roots. Only the top-level subvolume (id 5) exists
-/// until subvolumes do; it is a field rather than a map entry so that code
-/// can borrow its parts and the fs-wide state's at once. With subvolumes
-/// it becomes a map by id behind `FsState::ctx(id)`.
+/// The loaded subvolume roots, by id. The top-level subvolume (id 5) is
+/// always loaded and is a field of its own, so that code that only knows
+/// it (replay, the orphan pass) can borrow its parts beside the fs-wide
+/// state's; the others are loaded on first use (`FsState::ctx`) and stay
+/// loaded until unmount.
 pub(crate) struct Subvols {
     pub(super) top: Root,
+    pub(super) others: BTreeMap<u64, Root>,
+}
+
+impl Subvols {
+    pub(super) fn get_mut(&mut self, id: u64) -> Option<&mut Root> {
+        if id == tree_id::FS {
+            Some(&mut self.top)
+        } else {
+            self.others.get_mut(&id)
+        }
+    }
+
+    /// Every loaded root, the top-level subvolume first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Root> {
+        std::iter::once(&self.top).chain(self.others.values())
+    }
+
+    /// Every loaded root, the top-level subvolume first.
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Root> {
+        std::iter::once(&mut self.top).chain(self.others.values_mut())
+    }
+
+    /// The loaded roots' fs trees and root items, which the seal records.
+    pub(super) fn records(&self) -> Vec<SubvolRecord> {
+        self.iter().map(Root::record).collect()
+    }
 }
 
 impl<D> FsState<D> {
     pub(super) fn new(info: FsInfo<D>, top: Root) -> FsState<D> {
         FsState {
             info,
-            subvols: Subvols { top },
+            subvols: Subvols {
+                top,
+                others: BTreeMap::new(),
+            },
         }
+    }
+
+    /// Subvolume `id` beside the fs-wide state, its root read from the
+    /// root tree on first use. NotFound: no such subvolume.
+    pub(super) fn ctx(&mut self, id: u64) -> Result<RootCtx<'_, D>>
+    where
+        D: BlockDevice,
+    {
+        if self.subvols.get_mut(id).is_none() {
+            let key = Key::new(id, item_type::ROOT_ITEM, 0);
+            let Some(data) = self.info.forest.get(&self.info.roots.root, &key)? else {
+                return Err(Error::NotFound);
+            };
+            let record = SubvolRecord::decode(id, &data, self.info.superblock.subvolumes)?;
+            let next_ino = next_free_ino(&self.info.forest, &record.tree)?;
+            self.subvols
+                .others
+                .insert(id, Root::new(record.tree, record.item, next_ino));
+        }
+        let root = self.subvols.get_mut(id).ok_or(Error::NotFound)?;
+        Ok(RootCtx {
+            fs: &mut self.info,
+            root,
+        })
+    }
+
+    /// Subvolume `id` for a change: every operation that changes a
+    /// subvolume resolves its root here, so a read-only subvolume refuses
+    /// them all with EROFS (docs/SNAPSHOTS.md, (g)).
+    pub(super) fn writable(&mut self, id: u64) -> Result<RootCtx<'_, D>>
+    where
+        D: BlockDevice,
+    {
+        let ctx = self.ctx(id)?;
+        if ctx.root.is_readonly() {
+            return Err(Error::ReadOnly);
+        }
+        Ok(ctx)
+    }
+
+    /// Runs `f` on every loaded root in turn (the commit's writeback,
+    /// delayed-item flush and cache eviction).
+    pub(super) fn for_each_root(
+        &mut self,
+        mut f: impl FnMut(RootCtx<'_, D>) -> Result<()>,
+    ) -> Result<()> {
+        for root in self.subvols.iter_mut() {
+            f(RootCtx {
+                fs: &mut self.info,
+                root,
+            })?;
+        }
+        Ok(())
     }
 
     /// The top-level subvolume beside the fs-wide state.

@@ -366,7 +366,7 @@ impl<D: BlockDevice> FsState<D> {
         retired: &mut Option<RetiredRecords>,
     ) -> Result<Option<commit::PreparedCommit>> {
         self.top().writeback_all()?;
-        self.top().flush_delayed_items()?;
+        self.for_each_root(|mut root| root.flush_delayed_items())?;
         *retired = Some(self.drop_log()?);
         // A superblock that points at a log (one replay applied or threw
         // away) is superseded even when nothing else changed, and so is
@@ -383,10 +383,16 @@ impl<D: BlockDevice> FsState<D> {
         {
             return Ok(None);
         }
+        let subvols = self.subvols.records();
+        // Tree 5's root item in the long form (the first subvolume made
+        // it so) and INCOMPAT_SUBVOLUMES go to disk in the same commit.
+        let mut template = self.info.superblock.clone();
+        template.subvolumes |= self.subvols.top.item.is_some();
         let prepared = commit::seal_transaction(
             &mut self.info.forest,
             &mut self.info.roots,
-            &self.info.superblock,
+            &subvols,
+            &template,
         )?;
         self.note_committing_pinned(
             prepared
@@ -410,6 +416,10 @@ impl<D: BlockDevice> FsState<D> {
         self.info.superblock = prepared.superblock;
         self.info.stats.commits += 1;
         self.info.stats.nodes_written += nodes_written;
-        self.top().evict_clean_inodes();
+        let evicted = self.for_each_root(|mut root| {
+            root.evict_clean_inodes();
+            Ok(())
+        });
+        debug_assert!(evicted.is_ok());
     }
 }

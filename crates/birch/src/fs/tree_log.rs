@@ -138,11 +138,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     /// Copies the fs tree's items in `[start, end]` into the log.
     fn log_copy_range(&mut self, start: Key, end: Key) -> Result<()> {
-        for (key, data) in self
-            .fs
-            .forest
-            .collect_range(&self.fs.roots.fs, start, end)?
-        {
+        for (key, data) in self.fs.forest.collect_range(&self.root.tree, start, end)? {
             self.log_put(key, data)?;
         }
         Ok(())
@@ -427,9 +423,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                     hi = hi.max(key.offset + e.len());
                 }
             }
-            let fs_from = self.extent_reaching_from_below(&self.fs.roots.fs, ino, lo)?;
+            let fs_from = self.extent_reaching_from_below(&self.root.tree, ino, lo)?;
             for (key, data) in self.fs.forest.collect_range(
-                &self.fs.roots.fs,
+                &self.root.tree,
                 Key::new(ino, item_type::EXTENT_DATA, fs_from),
                 Key::new(ino, item_type::EXTENT_DATA, hi.saturating_sub(1)),
             )? {
@@ -727,6 +723,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             FallbackReason::AncestorChain => self.fs.log_stats.fallback_ancestor_chain += 1,
             FallbackReason::RemovedDirectory => self.fs.log_stats.fallback_removed_directory += 1,
             FallbackReason::RenamedAncestor => self.fs.log_stats.fallback_renamed_ancestor += 1,
+            FallbackReason::Subvolume => self.fs.log_stats.fallback_subvolume += 1,
         }
     }
 
@@ -883,6 +880,11 @@ impl<D: BlockDevice> FsState<D> {
         }
         self.info.log.filling_dirty = false;
         self.info.log.force_commit = None;
+        // Other subvolumes are never logged yet (their fsyncs commit):
+        // their records of this transaction's changes are dropped.
+        for root in self.subvols.others.values_mut() {
+            root.delayed.take_txn_changes();
+        }
         Ok(self.subvols.top.delayed.take_txn_changes())
     }
 }

@@ -461,3 +461,41 @@ pub enum ReplayOutcome {
     /// mounted. The text says why.
     Discarded(String),
 }
+
+/// External inode numbers, unique across subvolumes (docs/SNAPSHOTS.md
+/// (a), "Inode numbers"): tree 5's inodes keep their numbers, subvolume
+/// `id >= 256`'s inode `ino` is `id << 40 | ino`. One FUSE mount has one
+/// st_dev, so this is what keeps `(st_dev, st_ino)` unique.
+pub struct InoSpace;
+
+impl InoSpace {
+    /// Bits of an inode number inside its tree.
+    const INO_BITS: u32 = 40;
+
+    pub fn join(subvol: u64, ino: u64) -> u64 {
+        if subvol == crate::format::tree_id::FS {
+            ino
+        } else {
+            subvol << Self::INO_BITS | ino
+        }
+    }
+
+    /// EXDEV unless `a` and `b` are in one subvolume: a rename or link
+    /// cannot cross subvolumes.
+    pub fn same_subvolume(a: u64, b: u64) -> crate::error::Result<()> {
+        if Self::split(a).0 == Self::split(b).0 {
+            Ok(())
+        } else {
+            Err(crate::error::Error::CrossDevice)
+        }
+    }
+
+    /// `(subvolume id, inode number in its tree)`. The id may name no
+    /// subvolume: `FsState::ctx` refuses it.
+    pub fn split(ext: u64) -> (u64, u64) {
+        match ext >> Self::INO_BITS {
+            0 => (crate::format::tree_id::FS, ext),
+            subvol => (subvol, ext & (crate::format::MAX_SUBVOL_INO - 1)),
+        }
+    }
+}

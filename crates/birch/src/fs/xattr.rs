@@ -30,7 +30,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     fn xattr_bucket(&mut self, ino: u64, name: &[u8]) -> Result<(Key, Vec<Xattr>)> {
         self.inode(ino)?;
         let key = Key::new(ino, item_type::XATTR_ITEM, name_hash(name));
-        let bucket = match self.fs.forest.get(&self.fs.roots.fs, &key)? {
+        let bucket = match self.fs.forest.get(&self.root.tree, &key)? {
             Some(data) => decode_item(&key, decode_xattrs(&data))?,
             None => Vec::new(),
         };
@@ -87,7 +87,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if encoded.len() > MAX_ITEM_DATA {
             return Err(Error::NoSpace);
         }
-        self.fs.forest.put(&mut self.fs.roots.fs, key, encoded)?;
+        self.fs.forest.put(&mut self.root.tree, key, encoded)?;
         let now = Timespec::now();
         self.update_inode(ino, |i| i.ctime = now)
     }
@@ -97,7 +97,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let mut names = Vec::new();
         let mut err = None;
         self.fs.forest.scan(
-            &self.fs.roots.fs,
+            &self.root.tree,
             Key::new(ino, item_type::XATTR_ITEM, 0),
             Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
             &mut |k, d| {
@@ -126,11 +126,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Err(Error::NoData);
         }
         if bucket.is_empty() {
-            self.fs.forest.delete(&mut self.fs.roots.fs, &key)?;
+            self.fs.forest.delete(&mut self.root.tree, &key)?;
         } else {
             self.fs
                 .forest
-                .put(&mut self.fs.roots.fs, key, encode_xattrs(&bucket))?;
+                .put(&mut self.root.tree, key, encode_xattrs(&bucket))?;
         }
         let now = Timespec::now();
         self.update_inode(ino, |i| i.ctime = now)
