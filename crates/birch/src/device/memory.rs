@@ -30,6 +30,7 @@ impl MemoryDevice {
 
 impl BlockDevice for MemoryDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         let bytes = self.bytes.read().expect("memory device lock poisoned");
         check_range(buf.len(), offset, bytes.len() as u64)?;
         let start = offset as usize;
@@ -38,6 +39,7 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         let mut bytes = self.bytes.write().expect("memory device lock poisoned");
         check_range(buf.len(), offset, bytes.len() as u64)?;
         let start = offset as usize;
@@ -46,6 +48,7 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         Ok(())
     }
 
