@@ -59,3 +59,27 @@ impl BlockDevice for MemoryDevice {
             .len() as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock_order::{allow_io_under_state_lock, LockRank, RankedMutex};
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn io_under_state_lock_panics_in_debug() {
+        let dev = MemoryDevice::new(1 << 20);
+        let state = RankedMutex::new(LockRank::State, ());
+        let mut buf = [0u8; 512];
+        dev.read_at(&mut buf, 0).expect("read without the lock");
+        let held = state.lock().expect("state");
+        {
+            let _debt = allow_io_under_state_lock("the test's exemption");
+            dev.read_at(&mut buf, 0).expect("exempted read");
+        }
+        let read = std::panic::catch_unwind(|| dev.read_at(&mut [0u8; 512], 0));
+        drop(held);
+        assert!(read.is_err(), "a read under the state lock did not panic");
+        dev.write_at(&buf, 0).expect("write after the lock dropped");
+    }
+}
