@@ -18,7 +18,9 @@
 
 use crate::error::{Error, Result};
 use crate::format::{item_type, ExtentItem, Key, MetadataProfile, NODE_SIZE, SECTOR_SIZE};
+use crate::lock_order::{LockRank, RankedMutex};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Under DUP, when node pairs are short: the most a data extent breaks
 /// at once. The bytes across from the ones it takes are left unpaired, for
@@ -378,6 +380,52 @@ impl FreeSpace {
     }
 }
 
+/// The data reads in flight without the state lock, by the epoch each was
+/// planned in (docs/SNAPSHOTS.md (f), "How device I/O leaves the state
+/// lock"): the allocator's epoch counts durable commits, and space a
+/// commit releases in epoch `e` returns to the free map only when no read
+/// planned before `e` is still reading, so a read never finds its extent
+/// reused by newer data.
+pub struct ReaderEpochs {
+    /// Epoch -> reads of it in flight.
+    active: RankedMutex<BTreeMap<u64, usize>>,
+}
+
+impl std::fmt::Debug for ReaderEpochs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReaderEpochs")
+            .field("oldest", &self.oldest())
+            .finish()
+    }
+}
+
+impl ReaderEpochs {
+    fn oldest(&self) -> Option<u64> {
+        let active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        active.keys().next().copied()
+    }
+}
+
+/// One data read registered in its epoch ([`TransactionSpace::start_read`]);
+/// dropping it (the read done, or failed) unregisters it.
+#[derive(Debug)]
+pub struct ReaderTicket {
+    epochs: Arc<ReaderEpochs>,
+    epoch: u64,
+}
+
+impl Drop for ReaderTicket {
+    fn drop(&mut self) {
+        let mut active = self.epochs.active.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = active.get_mut(&self.epoch) {
+            *count -= 1;
+            if *count == 0 {
+                active.remove(&self.epoch);
+            }
+        }
+    }
+}
+
 /// The allocator of one filesystem.
 #[derive(Debug)]
 pub struct Allocator {
@@ -390,6 +438,13 @@ pub struct Allocator {
     /// older backup root) still references them, so they are not reused
     /// until the next commit is durable (docs/BACKUP-ROOTS.md).
     held: Vec<(u64, u64)>,
+    /// Released by a durable commit, tagged with the epoch it ended, but
+    /// kept from the free map while a read planned in an older epoch is in
+    /// flight (see [`ReaderEpochs`]).
+    unread_wait: Vec<(u64, u64, u64)>,
+    /// Durable commits since mount: the reader epoch.
+    epoch: u64,
+    readers: Arc<ReaderEpochs>,
     delayed_refs: BTreeMap<u64, DelayedRef>,
     /// Next-fit cursors: metadata and data are laid out in separate runs so
     /// data extents stay contiguous.
@@ -419,6 +474,11 @@ impl Allocator {
             pinned: Vec::new(),
             log_pinned: Vec::new(),
             held: Vec::new(),
+            unread_wait: Vec::new(),
+            epoch: 0,
+            readers: Arc::new(ReaderEpochs {
+                active: RankedMutex::new(LockRank::Epochs, BTreeMap::new()),
+            }),
             delayed_refs: BTreeMap::new(),
             metadata_cursor: first,
             data_cursor: first + (total_bytes - first) / 4,
@@ -563,6 +623,23 @@ impl Allocator {
         true
     }
 
+    /// Returns to the free map the released ranges no read in flight may
+    /// still read: those released in an epoch no older than the oldest
+    /// read's (a read planned after the release never names them).
+    fn free_unread(&mut self) {
+        if self.unread_wait.is_empty() {
+            return;
+        }
+        let oldest = self.readers.oldest().unwrap_or(u64::MAX);
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unread_wait)
+            .into_iter()
+            .partition(|&(epoch, _, _)| epoch <= oldest);
+        self.unread_wait = waiting;
+        for (_, start, len) in ready {
+            self.free.add(start, len);
+        }
+    }
+
     /// Allocates a log tree node. Log nodes live only until the next
     /// commit and are never recorded in the extent tree.
     pub fn alloc_log_node(&mut self) -> Result<u64> {
@@ -607,7 +684,8 @@ pub trait TransactionSpace {
 
     fn pinned_bytes(&self) -> u64;
 
-    /// Space held for the previous commit (see [`Self::commit_durable`]).
+    /// Space held for the previous commit (see [`Self::commit_durable`]),
+    /// or for data reads in flight (see [`ReaderEpochs`]).
     fn held_bytes(&self) -> u64;
 
     /// Freed log nodes waiting for the next log sync or commit.
@@ -663,6 +741,11 @@ pub trait TransactionSpace {
     /// previous commit freed, referenced only by older backups, is free.
     fn commit_durable(&mut self, freed: Vec<(u64, u64)>);
 
+    /// Registers a data read about to leave the state lock with the extents
+    /// it planned: none of them returns to the free map until the ticket
+    /// drops. Also frees what earlier reads kept that no read waits for now.
+    fn start_read(&mut self) -> ReaderTicket;
+
     /// Returns ranges to the free map: log nodes no durable superblock
     /// references any more.
     fn unpin(&mut self, ranges: Vec<(u64, u64)>);
@@ -712,7 +795,8 @@ impl TransactionSpace for Allocator {
     }
 
     fn held_bytes(&self) -> u64 {
-        self.held.iter().map(|&(_, l)| l).sum()
+        self.held.iter().map(|&(_, l)| l).sum::<u64>()
+            + self.unread_wait.iter().map(|&(_, _, l)| l).sum::<u64>()
     }
 
     fn log_pinned_bytes(&self) -> u64 {
@@ -833,7 +917,25 @@ impl TransactionSpace for Allocator {
 
     fn commit_durable(&mut self, freed: Vec<(u64, u64)>) {
         let released = std::mem::replace(&mut self.held, freed);
-        self.unpin(released);
+        self.epoch += 1;
+        let epoch = self.epoch;
+        self.unread_wait
+            .extend(released.into_iter().map(|(start, len)| (epoch, start, len)));
+        self.free_unread();
+    }
+
+    fn start_read(&mut self) -> ReaderTicket {
+        self.free_unread();
+        let mut active = self
+            .readers
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *active.entry(self.epoch).or_insert(0) += 1;
+        ReaderTicket {
+            epochs: self.readers.clone(),
+            epoch: self.epoch,
+        }
     }
 
     fn unpin(&mut self, ranges: Vec<(u64, u64)>) {

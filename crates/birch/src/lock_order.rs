@@ -33,6 +33,8 @@ pub(crate) enum LockRank {
     Sync,
     /// The filesystem state: trees, inodes, dirty pages, reservations.
     State,
+    /// The data reads in flight, by epoch (`alloc::ReaderEpochs`).
+    Epochs,
     /// The clean-node cache.
     NodeCache,
     /// The commit worker's stop flag: taken with nothing else held, and
@@ -119,6 +121,61 @@ impl Drop for Held {
             if let Some(at) = held.iter().rposition(|&r| r == self.rank) {
                 held.remove(at);
             }
+        });
+    }
+}
+
+#[cfg(debug_assertions)]
+thread_local! {
+    /// The named exemptions from "no device I/O under the state lock" this
+    /// thread is inside ([`allow_io_under_state_lock`]), innermost last.
+    static IO_EXEMPTIONS: std::cell::RefCell<Vec<&'static str>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Debug builds: panics if this thread holds the state lock, unless it is
+/// inside a named exemption. The device layer calls it on every read,
+/// write and flush (docs/ARCHITECTURE.md, "Lock order": device I/O under
+/// the state lock stalls every request behind the device).
+pub(crate) fn assert_no_state_lock() {
+    #[cfg(debug_assertions)]
+    HELD.with(|held| {
+        if held.borrow().contains(&LockRank::State) {
+            IO_EXEMPTIONS.with(|exempt| {
+                assert!(
+                    !exempt.borrow().is_empty(),
+                    "device I/O while holding the state lock (docs/SNAPSHOTS.md (f), \
+                     \"How device I/O leaves the state lock\")"
+                );
+            });
+        }
+    });
+}
+
+/// A named exemption from [`assert_no_state_lock`] (dropping it ends it).
+/// Each is a path that still does device I/O under the state lock, listed
+/// in docs/SNAPSHOTS.md (j) step 3 as debt.
+#[must_use = "the exemption ends when the guard drops"]
+pub(crate) struct IoUnderStateLock {
+    _private: (),
+}
+
+/// Allows device I/O under the state lock until the guard drops, for the
+/// path `why` names (one of the remaining paths listed in
+/// docs/SNAPSHOTS.md (j) step 3).
+pub(crate) fn allow_io_under_state_lock(why: &'static str) -> IoUnderStateLock {
+    #[cfg(debug_assertions)]
+    IO_EXEMPTIONS.with(|exempt| exempt.borrow_mut().push(why));
+    #[cfg(not(debug_assertions))]
+    let _ = why;
+    IoUnderStateLock { _private: () }
+}
+
+impl Drop for IoUnderStateLock {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        IO_EXEMPTIONS.with(|exempt| {
+            exempt.borrow_mut().pop();
         });
     }
 }

@@ -6,7 +6,7 @@ use super::cache::NodeCache;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{tree_id, MetadataProfile, Node, NODE_SIZE};
-use crate::lock_order::{LockRank, RankedMutex};
+use crate::lock_order::{allow_io_under_state_lock, LockRank, RankedMutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -129,7 +129,11 @@ impl<D: BlockDevice> NodeStore<D> {
                 return Ok(node);
             }
         }
+        // Debt (docs/SNAPSHOTS.md (f) item 3): operations look nodes up
+        // under the state lock, so a miss reads (and may repair) under it.
+        let exemption = allow_io_under_state_lock("node cache miss");
         let node = Arc::new(self.read_and_repair(bytenr, expect)?);
+        drop(exemption);
         self.cache
             .lock()
             .expect("cache lock poisoned")

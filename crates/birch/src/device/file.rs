@@ -229,6 +229,7 @@ impl AlignedBuffer {
 
 impl BlockDevice for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         check_range(buf.len(), offset, self.size_bytes)?;
         if self.direct_io {
             Self::check_direct_io(offset, buf.len(), "read")?;
@@ -241,6 +242,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         check_range(buf.len(), offset, self.size_bytes)?;
         if self.direct_io {
             Self::check_direct_io(offset, buf.len(), "write")?;
@@ -251,6 +253,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         let ring = match &self.write_ring {
             Some(ring) if writes.len() > 1 => ring,
             _ => {
@@ -274,6 +277,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         self.file.sync_data()
     }
 

@@ -30,6 +30,7 @@ impl MemoryDevice {
 
 impl BlockDevice for MemoryDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         let bytes = self.bytes.read().expect("memory device lock poisoned");
         check_range(buf.len(), offset, bytes.len() as u64)?;
         let start = offset as usize;
@@ -38,6 +39,7 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         let mut bytes = self.bytes.write().expect("memory device lock poisoned");
         check_range(buf.len(), offset, bytes.len() as u64)?;
         let start = offset as usize;
@@ -46,6 +48,7 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
+        crate::lock_order::assert_no_state_lock();
         Ok(())
     }
 
@@ -54,5 +57,29 @@ impl BlockDevice for MemoryDevice {
             .read()
             .expect("memory device lock poisoned")
             .len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock_order::{allow_io_under_state_lock, LockRank, RankedMutex};
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn io_under_state_lock_panics_in_debug() {
+        let dev = MemoryDevice::new(1 << 20);
+        let state = RankedMutex::new(LockRank::State, ());
+        let mut buf = [0u8; 512];
+        dev.read_at(&mut buf, 0).expect("read without the lock");
+        let held = state.lock().expect("state");
+        {
+            let _debt = allow_io_under_state_lock("the test's exemption");
+            dev.read_at(&mut buf, 0).expect("exempted read");
+        }
+        let read = std::panic::catch_unwind(|| dev.read_at(&mut [0u8; 512], 0));
+        drop(held);
+        assert!(read.is_err(), "a read under the state lock did not panic");
+        dev.write_at(&buf, 0).expect("write after the lock dropped");
     }
 }

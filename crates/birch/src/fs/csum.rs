@@ -141,41 +141,33 @@ impl<D: BlockDevice> FsInfo<D> {
         Ok(())
     }
 
-    /// Reads `buf` from `disk_bytenr` (file `ino` at `file_offset`, both
-    /// sector aligned), verifying each block on a checksum image: a block
-    /// that fails is never returned; the read fails with EIO, counted and
-    /// logged with where it is.
-    pub(super) fn read_data(
-        &mut self,
-        ino: u64,
+    /// Plans the read of `len` bytes from `disk_bytenr` (file offset
+    /// `file_offset`, both sector aligned) into `at` of a buffer: with the
+    /// checksums to verify them against on a checksum image, looked up now,
+    /// under the state lock, so that [`read_planned`] needs no tree.
+    pub(super) fn plan_data_read(
+        &self,
         file_offset: u64,
         disk_bytenr: u64,
-        buf: &mut [u8],
-    ) -> Result<()> {
-        self.forest.store().device().read_at(buf, disk_bytenr)?;
-        let Some(root) = self.roots.csum else {
-            return Ok(());
+        at: usize,
+        len: usize,
+    ) -> Result<ExtentRead> {
+        let sums = match self.roots.csum {
+            Some(root) => Some(lookup_csums(
+                &self.forest,
+                &root,
+                disk_bytenr,
+                disk_bytenr + len as u64,
+            )?),
+            None => None,
         };
-        let sums = lookup_csums(
-            &self.forest,
-            &root,
+        Ok(ExtentRead {
+            at,
+            len,
+            file_offset,
             disk_bytenr,
-            disk_bytenr + buf.len() as u64,
-        )?;
-        let Some((i, recorded)) = first_bad_block(buf, &sums) else {
-            return Ok(());
-        };
-        self.stats.data_csum_errors += 1;
-        let at = i as u64 * SECTOR_SIZE;
-        let block = &buf[at as usize..(at + SECTOR_SIZE) as usize];
-        let what = format!(
-            "inode {ino} file offset {} disk bytenr {}: {}",
-            file_offset + at,
-            disk_bytenr + at,
-            mismatch(recorded, block)
-        );
-        eprintln!("birch: data checksum error: {what}");
-        Err(Error::BadData(what))
+            sums,
+        })
     }
 
     /// The checksum items to log with the file extent item `key`/`data`:
@@ -240,4 +232,52 @@ impl<D: BlockDevice> FsInfo<D> {
         }
         Ok(replayed)
     }
+}
+
+/// One extent's part of a planned file read ([`FsInfo::plan_data_read`]).
+#[derive(Debug)]
+pub(crate) struct ExtentRead {
+    /// Where in the read's buffer it goes, and how many bytes.
+    at: usize,
+    len: usize,
+    file_offset: u64,
+    disk_bytenr: u64,
+    /// The recorded checksum of each block; `None` on an image without
+    /// data checksums.
+    sums: Option<Vec<Option<u32>>>,
+}
+
+/// Reads the planned extents of file `ino` into `buf` and verifies each
+/// block on a checksum image: a block that fails is never returned; the
+/// read fails with [`Error::BadData`], logged with where it is (the caller
+/// counts it in `FsStats::data_csum_errors`). Needs no lock: the plan
+/// carries everything, and the reader epoch its caller holds keeps the
+/// extents from being reused meanwhile.
+pub(crate) fn read_planned<Dev: BlockDevice + ?Sized>(
+    dev: &Dev,
+    ino: u64,
+    reads: &[ExtentRead],
+    buf: &mut [u8],
+) -> Result<()> {
+    for read in reads {
+        let dst = &mut buf[read.at..read.at + read.len];
+        dev.read_at(dst, read.disk_bytenr)?;
+        let Some(sums) = &read.sums else {
+            continue;
+        };
+        let Some((i, recorded)) = first_bad_block(dst, sums) else {
+            continue;
+        };
+        let at = i as u64 * SECTOR_SIZE;
+        let block = &dst[at as usize..(at + SECTOR_SIZE) as usize];
+        let what = format!(
+            "inode {ino} file offset {} disk bytenr {}: {}",
+            read.file_offset + at,
+            read.disk_bytenr + at,
+            mismatch(recorded, block)
+        );
+        eprintln!("birch: data checksum error: {what}");
+        return Err(Error::BadData(what));
+    }
+    Ok(())
 }

@@ -17,6 +17,7 @@ use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{item_type, DiskRef, FileExtent, Key, Timespec, MAX_FILE_SIZE, SECTOR_SIZE};
+use crate::lock_order::allow_io_under_state_lock;
 use std::ops::ControlFlow;
 
 const PAGE: u64 = SECTOR_SIZE;
@@ -71,7 +72,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             let keep = self.nodes_promised();
             let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(PAGE, ino, keep)?;
             debug_assert_eq!(got, PAGE);
+            let debt = allow_io_under_state_lock("inline extent made regular for reflink");
             self.fs.write_data_extent(bytenr, &page)?;
+            drop(debt);
             self.insert_file_extent(
                 ino,
                 0,

@@ -12,18 +12,20 @@
 //! `put_dirty_page` / `take_dirty_page`, which keep the space accounting
 //! (dirty bytes, runs, the dirty queue) exact.
 
+use super::csum::{read_planned, ExtentRead};
 use super::decode::decode_item;
 use super::root::RootCtx;
 use super::space_info::Need;
 use super::state::FsState;
 use super::{FallocateMode, SeekWhence};
-use crate::alloc::TransactionSpace;
+use crate::alloc::{ReaderTicket, TransactionSpace};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{
     item_type, DiskRef, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_FILE_SIZE,
     MAX_INLINE_DATA, SECTOR_SIZE,
 };
+use crate::lock_order::allow_io_under_state_lock;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
@@ -90,13 +92,15 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     /// Fills `buf` (page aligned, at page-aligned `start`) with the file's
     /// on-disk content; holes and preallocated ranges read as zeros.
-    fn read_extents_into(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
+    fn plan_extents(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<Vec<ExtentRead>> {
         debug_assert!(start.is_multiple_of(PAGE) && (buf.len() as u64).is_multiple_of(PAGE));
         let end = start + buf.len() as u64;
+        let mut reads = Vec::new();
         for (file_offset, extent) in self.extents_overlapping(ino, start, end)? {
             let ov_start = file_offset.max(start);
             let ov_end = (file_offset + extent.len()).min(end);
-            let dst = &mut buf[(ov_start - start) as usize..(ov_end - start) as usize];
+            let at = (ov_start - start) as usize;
+            let dst = &mut buf[at..(ov_end - start) as usize];
             match &extent {
                 FileExtent::Inline { data } => dst.copy_from_slice(
                     &data[(ov_start - file_offset) as usize..(ov_end - file_offset) as usize],
@@ -105,16 +109,29 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                     disk_bytenr,
                     offset,
                     ..
-                } => self.fs.read_data(
-                    ino,
+                } => reads.push(self.fs.plan_data_read(
                     ov_start,
                     disk_bytenr + offset + (ov_start - file_offset),
-                    dst,
-                )?,
+                    at,
+                    dst.len(),
+                )?),
                 FileExtent::Prealloc { .. } => dst.fill(0),
             }
         }
-        Ok(())
+        Ok(reads)
+    }
+
+    /// Reads `[start, start + buf.len())` (page aligned) of the file as its
+    /// extents hold it, under the state lock: for a write's partial page
+    /// and reflink's unaligned edges, which need the bytes in the same hold.
+    fn read_extents_into(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
+        let reads = self.plan_extents(ino, start, buf)?;
+        let _debt = allow_io_under_state_lock("partial page read under a change");
+        let read = read_planned(self.fs.forest.store().device(), ino, &reads, buf);
+        if matches!(read, Err(Error::BadData(_))) {
+            self.fs.stats.data_csum_errors += 1;
+        }
+        read
     }
 
     /// One page of the file as it is now (dirty copy or disk content).
@@ -220,24 +237,51 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let _ = ino;
     }
 
-    pub(crate) fn read_file(&mut self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+    /// Plans a read of the file (docs/SNAPSHOTS.md (f), "How device I/O
+    /// leaves the state lock"): inline data, holes and copies of the dirty
+    /// pages go into the plan, the extents to read with their checksums
+    /// are listed, and the read is registered in the allocator's reader
+    /// epoch; [`ReadPlan::execute`] then reads without the lock.
+    pub(crate) fn plan_read(&mut self, ino: u64, offset: u64, size: usize) -> Result<ReadPlan> {
         self.require_regular(ino)?;
         let file_size = self.inode(ino)?.item.size;
         if offset >= file_size || size == 0 {
-            return Ok(Vec::new());
+            return Ok(ReadPlan::empty(ino));
         }
         let end = file_size.min(offset.saturating_add(size as u64));
         let first_page = offset / PAGE;
         let aligned_start = first_page * PAGE;
         let aligned_end = end.div_ceil(PAGE) * PAGE;
         let mut buf = vec![0u8; (aligned_end - aligned_start) as usize];
-        self.read_extents_into(ino, aligned_start, &mut buf)?;
-        for (&index, page) in self.inode(ino)?.pages.range(first_page..aligned_end / PAGE) {
-            let at = ((index - first_page) * PAGE) as usize;
-            buf[at..at + PAGE as usize].copy_from_slice(page);
-        }
+        let reads = self.plan_extents(ino, aligned_start, &mut buf)?;
+        let dirty = self
+            .inode(ino)?
+            .pages
+            .range(first_page..aligned_end / PAGE)
+            .map(|(&index, page)| (((index - first_page) * PAGE) as usize, page.clone()))
+            .collect();
+        let reader = (!reads.is_empty()).then(|| self.fs.forest.alloc_mut().start_read());
         self.touch_atime(ino)?;
-        Ok(buf[(offset - aligned_start) as usize..(end - aligned_start) as usize].to_vec())
+        Ok(ReadPlan {
+            ino,
+            buf,
+            reads,
+            dirty,
+            keep: (offset - aligned_start) as usize..(end - aligned_start) as usize,
+            _reader: reader,
+        })
+    }
+
+    /// Reads the file under the state lock (reflink's copy of unaligned
+    /// parts, which must see the bytes in the same hold as its change).
+    pub(crate) fn read_file(&mut self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+        let plan = self.plan_read(ino, offset, size)?;
+        let _debt = allow_io_under_state_lock("partial page read under a change");
+        let read = plan.execute(self.fs.forest.store().device());
+        if matches!(read, Err(Error::BadData(_))) {
+            self.fs.stats.data_csum_errors += 1;
+        }
+        read
     }
 
     /// An access to `ino` (a read, a directory listing): updates its atime
@@ -557,6 +601,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// set) to new extents: runs of contiguous pages become one extent each
     /// (several when free space is fragmented). Returns the pages written.
     fn writeback_pages(&mut self, ino: u64, mut pages: BTreeMap<u64, Box<[u8]>>) -> Result<u64> {
+        // Debt (docs/SNAPSHOTS.md (f) item 2): fsync's, sync_file_range's,
+        // the flusher's and the commit's writeback still write under the
+        // state lock.
+        let _debt = allow_io_under_state_lock("data writeback");
         if pages.is_empty() {
             return Ok(0);
         }
@@ -970,5 +1018,47 @@ impl<D: BlockDevice> FsState<D> {
             self.top().writeback_pages(ino, pages)?;
         }
         Ok(written)
+    }
+}
+
+/// A file read planned under the state lock ([`RootCtx::plan_read`]) and
+/// done without it.
+pub(crate) struct ReadPlan {
+    ino: u64,
+    /// The read's pages, inline data and holes already in place.
+    buf: Vec<u8>,
+    reads: Vec<ExtentRead>,
+    /// Copies of the dirty pages, by their place in `buf`: laid over the
+    /// extents' older bytes once those are read.
+    dirty: Vec<(usize, Box<[u8]>)>,
+    /// The bytes asked for, within `buf`.
+    keep: std::ops::Range<usize>,
+    /// Keeps the planned extents from reuse until the read is done.
+    _reader: Option<ReaderTicket>,
+}
+
+impl ReadPlan {
+    fn empty(ino: u64) -> ReadPlan {
+        ReadPlan {
+            ino,
+            buf: Vec::new(),
+            reads: Vec::new(),
+            dirty: Vec::new(),
+            keep: 0..0,
+            _reader: None,
+        }
+    }
+
+    /// Reads and verifies the planned extents from `dev` and returns the
+    /// bytes asked for. A checksum failure is [`Error::BadData`], for the
+    /// caller to count.
+    pub(crate) fn execute<Dev: BlockDevice + ?Sized>(mut self, dev: &Dev) -> Result<Vec<u8>> {
+        read_planned(dev, self.ino, &self.reads, &mut self.buf)?;
+        for (at, page) in &self.dirty {
+            self.buf[*at..*at + page.len()].copy_from_slice(page);
+        }
+        self.buf.truncate(self.keep.end);
+        self.buf.drain(..self.keep.start);
+        Ok(self.buf)
     }
 }

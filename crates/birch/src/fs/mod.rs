@@ -651,7 +651,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn read_file(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
         let _request = self.request();
-        self.read(|s| s.top().read_file(ino, offset, size))
+        let plan = self.read(|s| s.top().plan_read(ino, offset, size))?;
+        let read = plan.execute(self.shared.store.device());
+        if matches!(read, Err(Error::BadData(_))) {
+            self.lock().info.stats.data_csum_errors += 1;
+        }
+        read
     }
 
     /// Writes `data` at `offset` into dirty pages, each piece (up to 1 MiB)
