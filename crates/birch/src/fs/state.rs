@@ -69,6 +69,11 @@ impl<D> FsState<D> {
     where
         D: BlockDevice,
     {
+        // The id comes from a request's inode number: the extent and
+        // checksum trees have root items too, and must never load as one.
+        if !tree_id::is_subvolume(id) {
+            return Err(Error::NotFound);
+        }
         if self.subvols.get_mut(id).is_none() {
             let key = Key::new(id, item_type::ROOT_ITEM, 0);
             let Some(data) = self.info.forest.get(&self.info.roots.root, &key)? else {
