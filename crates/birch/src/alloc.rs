@@ -547,17 +547,23 @@ impl Allocator {
         Ok(start)
     }
 
-    /// Frees a tree node: the forest found its reference count reaching 0
-    /// (for a node of a tree nothing shares, its one pointer went away).
-    /// Its space is pinned until this transaction's commit is durable.
-    pub fn free_node(&mut self, bytenr: u64, owner: u64, level: u8) {
-        let entry = self.delayed_refs.entry(bytenr).or_insert(DelayedRef {
+    /// The pending change of the node at `bytenr`, started empty: a node
+    /// already in the extent tree whose count this transaction changes.
+    fn node_ref_entry(&mut self, bytenr: u64, owner: u64, level: u8) -> &mut DelayedRef {
+        self.delayed_refs.entry(bytenr).or_insert(DelayedRef {
             num_bytes: NODE_SIZE as u64,
             kind: ExtentKind::Metadata { owner, level },
             created: false,
             ref_delta: 0,
             freed: false,
-        });
+        })
+    }
+
+    /// Frees a tree node: the forest found its reference count reaching 0
+    /// (for a node of a tree nothing shares, its one pointer went away).
+    /// Its space is pinned until this transaction's commit is durable.
+    pub fn free_node(&mut self, bytenr: u64, owner: u64, level: u8) {
+        let entry = self.node_ref_entry(bytenr, owner, level);
         assert!(!entry.freed, "node {bytenr} freed twice");
         entry.ref_delta -= 1;
         entry.freed = true;
@@ -582,13 +588,7 @@ impl Allocator {
     /// too; or one of its sharers let go of it). The forest frees a node
     /// with [`Self::free_node`] instead when its count reaches 0.
     pub fn add_node_ref(&mut self, bytenr: u64, owner: u64, level: u8, delta: i64) {
-        let entry = self.delayed_refs.entry(bytenr).or_insert(DelayedRef {
-            num_bytes: NODE_SIZE as u64,
-            kind: ExtentKind::Metadata { owner, level },
-            created: false,
-            ref_delta: 0,
-            freed: false,
-        });
+        let entry = self.node_ref_entry(bytenr, owner, level);
         assert!(
             !entry.freed && matches!(entry.kind, ExtentKind::Metadata { .. }),
             "reference change of freed or non-node extent {bytenr}"
