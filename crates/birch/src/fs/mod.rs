@@ -1068,6 +1068,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change(|s| s.set_default_subvolume(id))
     }
 
+    /// Makes subvolume `id` read-only or read-write and commits, as
+    /// btrfs's `BTRFS_IOC_SUBVOL_SETFLAGS` does: from the return on, every
+    /// change in it is EROFS (or allowed again).
+    pub fn set_subvolume_readonly(&self, id: u64, readonly: bool) -> Result<()> {
+        let _request = self.request();
+        self.change_with(
+            |_| Ok(Need::items(1)),
+            |s| s.set_subvolume_readonly(id, readonly),
+        )?;
+        self.commit()
+    }
+
     /// Adds a scrub's progress to the `scrub_nodes` and `scrub_data_bytes`
     /// counters, which [`Self::stats`] shows while it runs.
     pub fn count_scrub_progress(&self, nodes: u64, data_bytes: u64) {
