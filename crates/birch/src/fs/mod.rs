@@ -858,7 +858,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let _request = self.request();
-        self.read(|s| s.top().getxattr(ino, name))
+        self.read(|s| {
+            let (mut ctx, ino) = s.resolve(ino)?;
+            ctx.getxattr(ino, name)
+        })
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
@@ -874,7 +877,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
         let _request = self.request();
-        self.read(|s| s.top().listxattr(ino))
+        self.read(|s| {
+            let (mut ctx, ino) = s.resolve(ino)?;
+            ctx.listxattr(ino)
+        })
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
