@@ -12,6 +12,7 @@ mod common;
 
 use common::{birch, run, skip_unless_root, text, Fixture, BIRCH};
 use std::fs;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output};
@@ -62,6 +63,23 @@ fn as_nobody(args: &[&str]) -> Output {
         .arg("--")
         .arg(BIRCH)
         .args(args))
+}
+
+/// `BTRFS_IOC_INO_LOOKUP` (`_IOWR(0x94, 18, 4096 bytes)`) on `dir`: the
+/// tree id it answers, or the errno.
+fn ino_lookup(dir: &Path, tree: u64, objectid: u64) -> Result<u64, i32> {
+    let f = fs::File::open(dir).unwrap();
+    let mut args = [0u8; 4096];
+    args[..8].copy_from_slice(&tree.to_ne_bytes());
+    args[8..16].copy_from_slice(&objectid.to_ne_bytes());
+    // SAFETY: the kernel reads and writes the 4096 bytes the command
+    // encodes, which `args` is.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), 0xd000_9412, args.as_mut_ptr()) };
+    if rc == 0 {
+        Ok(u64::from_ne_bytes(args[..8].try_into().unwrap()))
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
 }
 
 /// `(id, top level, path)` of every line of `birch subvolume list`.
@@ -157,6 +175,19 @@ fn subvolume_create_list_show() {
     assert!(err.contains("not a subvolume"), "{err}");
     let err = fails(&["subvolume", "create", s(&fx.path("missing/x"))]);
     assert!(err.contains("cannot access"), "{err}");
+    // INO_LOOKUP of a tree id or inode number past their fields would
+    // alias subvolume 256's root in the external number.
+    for (tree, objectid, errno) in [
+        ((1u64 << 24) + 256, 256u64, libc::ENOENT),
+        (256, (1 << 40) + 256, libc::EINVAL),
+    ] {
+        assert_eq!(
+            ino_lookup(&mnt, tree, objectid),
+            Err(errno),
+            "{tree} {objectid}"
+        );
+    }
+    assert_eq!(ino_lookup(&a, 0, 256), Ok(256));
 
     fx.unmount();
     // The same list from the image, without a mount.

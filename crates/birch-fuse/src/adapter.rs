@@ -16,7 +16,7 @@ use crate::scrub::BIRCH_IOC_SCRUB;
 use crate::stats::{self, ImageInfo, StatsReport};
 use crate::subvol;
 use birch::device::BlockDevice;
-use birch::format::{tree_id, ROOT_DIR_INO};
+use birch::format::{tree_id, MAX_SUBVOL_INO, ROOT_DIR_INO};
 use birch::fs::{
     inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, InoSpace, RenameFlags, SeekWhence,
     SetAttr, SetTime, XattrSetMode,
@@ -833,6 +833,14 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                     .get(8..16)
                     .map(|b| u64::from_ne_bytes(b.try_into().expect("eight bytes")))
                     .ok_or(Errno::EINVAL)?;
+                // Numbers past either field would alias another
+                // subvolume's inode in the external number.
+                if !tree_id::is_subvolume(lookup_tree) {
+                    return Err(Errno::ENOENT);
+                }
+                if objectid >= MAX_SUBVOL_INO {
+                    return Err(Errno::EINVAL);
+                }
                 // btrfs answers "which subvolume is this" to anyone, a
                 // directory's path only to CAP_SYS_ADMIN.
                 if objectid != ROOT_DIR_INO && !may_administer(req.uid(), self.owner) {
