@@ -292,7 +292,7 @@ fn list_mounted(path: &Path) -> Result<Vec<SubvolEntry>, Failure> {
 /// `birch subvolume list IMAGE`: the image opened read-only under the
 /// lock a mount takes (a mounted image is listed through its mount).
 fn list_image(image: &Path) -> Result<Vec<SubvolEntry>, Failure> {
-    let dev = FileDevice::open(image, true).map_err(|e| {
+    let dev = FileDevice::open_read_only(image).map_err(|e| {
         Failure::unreadable(format!(
             "{}: not a birch mount, and cannot open as an image: {e}",
             show(image)
