@@ -7,6 +7,9 @@
 //! birch mount IMAGE MOUNTPOINT [-f] [-o OPTIONS]
 //! birch sync MOUNTPOINT
 //! birch stats [--json] MOUNTPOINT
+//! birch subvolume create [-p] PATH | list [-pcuqRsr] MOUNTPOINT|IMAGE | show PATH
+//! birch subvolume get-default MOUNTPOINT | set-default ID MOUNTPOINT
+//! birch property get PATH [ro] | set PATH ro true|false
 //! ```
 //! Every failure is one line on stderr naming the image and what is wrong;
 //! bad arguments get clap's usage error (exit 2).
@@ -18,6 +21,7 @@ mod replay;
 mod scrub;
 mod signature;
 mod stats;
+mod subvolume;
 
 use birch::check::{
     check_device, newest_valid_copy, read_superblock_copies, tree_roots, SuperblockCopy,
@@ -65,6 +69,12 @@ enum Command {
     /// Read every copy of every tree node of an unmounted image or a mounted filesystem, rewrite bad
     /// copies from good ones, verify every data block (exit 0 clean or repaired, 1 something unrepaired)
     Scrub(ScrubArgs),
+    /// Create, list and show subvolumes, get and set the default one (as btrfs-progs)
+    #[command(subcommand)]
+    Subvolume(subvolume::SubvolumeCommand),
+    /// Get or set a subvolume's property: `ro` (read-only)
+    #[command(subcommand)]
+    Property(subvolume::PropertyCommand),
 }
 
 /// The IMAGE argument, the same in every subcommand.
@@ -213,6 +223,8 @@ fn main() -> ExitCode {
         Command::Replay(args) => ("replay", replay::replay(&args)),
         Command::Stats(args) => ("stats", stats::stats(&args)),
         Command::Scrub(args) => ("scrub", scrub(&args)),
+        Command::Subvolume(command) => ("subvolume", subvolume::subvolume(&command)),
+        Command::Property(command) => ("property", subvolume::property(&command)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -47,7 +47,8 @@ pub struct MountArgs {
     /// is given back, default 10, 0 never), dirty_limit=SIZE (dirty file data held, default 256M),
     /// rescue=usebackuproot (if the newest commit cannot be read, mount the newest older
     /// one the superblock records, read-only unless `rw` is given too); and mount(8)'s
-    /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...
+    /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...;
+    /// subvol=PATH (from the top level) or subvolid=ID: the subvolume to show (default: the default one)
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Record every device write and flush, and a mark at each fsync and
@@ -215,6 +216,12 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             ("sync", None) => s.fuse.sync = true,
             ("async", None) => s.fuse.sync = false,
             ("dirsync", None) => s.fuse.dirsync = true,
+            ("subvol", Some(v)) => s.fuse.subvolume.path = Some(v.to_string()),
+            ("subvolid", Some(v)) => {
+                s.fuse.subvolume.id = Some(v.parse().map_err(|_| {
+                    Failure::new(format!("-o subvolid={v}: expected a subvolume id"))
+                })?)
+            }
             // No effect here. lazytime: birch keeps atime updates in memory
             // until the next commit or fsync anyway. silent/loud: the
             // kernel's messages at mount, which FUSE does not print. The
@@ -657,6 +664,10 @@ fn serve(
     };
     // A rollback mounted read-only is read-only for the kernel too.
     settings.fuse.read_only |= fs.is_read_only();
+    // `serve` resolves it again; here a bad subvol= fails the mount
+    // with its own message, not as a FUSE session failure.
+    birch_fuse::subvol::mount_root(&fs, &settings.fuse.subvolume)
+        .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
     let fs = birch_fuse::serve(
         fs,
         &args.mountpoint,

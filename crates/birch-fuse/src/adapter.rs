@@ -8,19 +8,18 @@
 //! kernel sending open/release at all (we answer open with ENOSYS: the
 //! kernel then stops asking and keeps its page cache across opens).
 
-use crate::attr::{
-    from_request_time, to_engine_ino, to_fuse_attr, to_fuse_generation, to_fuse_ino,
-};
+use crate::attr::{from_request_time, NodeIds};
 use crate::listing::{self, Listed};
 use crate::remount::RemountWatch;
 use crate::requests::RequestCounts;
 use crate::scrub::BIRCH_IOC_SCRUB;
 use crate::stats::{self, ImageInfo, StatsReport};
+use crate::subvol;
 use birch::device::BlockDevice;
-use birch::format::ROOT_DIR_INO;
+use birch::format::{tree_id, MAX_SUBVOL_INO, ROOT_DIR_INO};
 use birch::fs::{
-    inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, RenameFlags, SeekWhence, SetAttr,
-    SetTime, XattrSetMode,
+    inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, InoSpace, RenameFlags, SeekWhence,
+    SetAttr, SetTime, XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
@@ -139,6 +138,8 @@ pub struct FuseOptions {
     pub sync: bool,
     /// `dirsync`: every directory change is durable before it is answered.
     pub dirsync: bool,
+    /// `subvol=` / `subvolid=`: the subvolume shown as the mount's root.
+    pub subvolume: crate::subvol::SubvolumeChoice,
 }
 
 impl Default for FuseOptions {
@@ -166,6 +167,7 @@ impl Default for FuseOptions {
             nodiratime: false,
             sync: false,
             dirsync: false,
+            subvolume: Default::default(),
         }
     }
 }
@@ -338,6 +340,8 @@ pub struct BirchFuse<D: BlockDevice + 'static> {
     /// root's mounts, the user for an unprivileged one. It may shut down
     /// and scrub its own mount ([`may_administer`]).
     owner: u32,
+    /// Node id 1 is the mounted subvolume's root directory.
+    ids: NodeIds,
 }
 
 /// Who may send an ioctl (docs/FUSE.md, "Who may send which ioctl").
@@ -352,14 +356,58 @@ enum IoctlAccess {
     /// CAP_SYS_ADMIN on xfs, ext4 and btrfs: here root or the mount's
     /// owner ([`may_administer`]).
     Administrator,
+    /// The handler checks the caller against the inode, as btrfs does:
+    /// subvolume create needs write and search permission on the
+    /// directory, setting the read-only flag ownership of the subvolume's
+    /// root directory, a directory's path from INO_LOOKUP CAP_SYS_ADMIN.
+    CheckedByBirch,
 }
 
 fn ioctl_access(cmd: u32) -> IoctlAccess {
     match cmd {
-        XFS_IOC_GOINGDOWN | BIRCH_IOC_SCRUB => IoctlAccess::Administrator,
+        XFS_IOC_GOINGDOWN | BIRCH_IOC_SCRUB | subvol::BTRFS_IOC_DEFAULT_SUBVOL => {
+            IoctlAccess::Administrator
+        }
         FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR => IoctlAccess::CheckedByKernel,
+        subvol::BTRFS_IOC_SUBVOL_CREATE
+        | subvol::BTRFS_IOC_SUBVOL_SETFLAGS
+        | subvol::BTRFS_IOC_INO_LOOKUP => IoctlAccess::CheckedByBirch,
         _ => IoctlAccess::Anyone,
     }
+}
+
+/// The name in a `struct btrfs_ioctl_vol_args` (after its 8-byte fd),
+/// up to its NUL: EINVAL without one, or with a '/' in it (btrfs's rules;
+/// the engine refuses "." and ".." as existing names).
+fn vol_args_name(in_data: &[u8]) -> Result<&[u8], Errno> {
+    let field = in_data
+        .get(8..subvol::BTRFS_VOL_ARGS_SIZE)
+        .ok_or(Errno::EINVAL)?;
+    let len = field.iter().position(|&b| b == 0).ok_or(Errno::EINVAL)?;
+    let name = &field[..len];
+    if name.is_empty() || name.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    Ok(name)
+}
+
+/// Whether `req`'s caller may add a name to directory `dir`: write and
+/// search permission by its mode bits, for the owner, the group or
+/// others, as mkdir(2) asks (btrfs's `btrfs_may_create`); root always.
+/// The kernel checks mkdir itself (default_permissions) but passes an
+/// ioctl on unchecked. ACL entries beyond the mode bits are not read.
+fn may_write_and_search(req: &Request, dir: &Attr) -> bool {
+    let perm = u32::from(dir.perm);
+    let class = if req.uid() == 0 {
+        return true;
+    } else if req.uid() == dir.uid {
+        perm >> 6
+    } else if in_group(req, dir.gid) {
+        perm >> 3
+    } else {
+        perm
+    };
+    class & 0o3 == 0o3
 }
 
 /// Whether `caller` may shut down or scrub a mount served by `owner`.
@@ -444,7 +492,15 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             failure_reported: AtomicBool::new(false),
             // SAFETY: getuid has no preconditions.
             owner: unsafe { libc::getuid() },
+            ids: NodeIds::new(ROOT_DIR_INO),
         }
+    }
+
+    /// Serves the subvolume whose root directory is engine inode `root`
+    /// as the mount's root ([`crate::subvol::mount_root`] finds it).
+    pub fn with_root(mut self, root: u64) -> Self {
+        self.ids = NodeIds::new(root);
+        self
     }
 
     /// The errno a request fails with. An EIO or EROFS may be the first
@@ -566,7 +622,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
     /// (`forget` ignores it), so it takes none: a ".." lookup can return it.
     fn reply_entry(&self, result: birch::Result<Attr>, reply: ReplyEntry) {
         let held = result.and_then(|attr| {
-            if attr.ino != ROOT_DIR_INO {
+            if attr.ino != self.ids.root() {
                 self.fs.open_inode(attr.ino)?;
             }
             Ok(attr)
@@ -574,8 +630,8 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         match held {
             Ok(attr) => reply.entry(
                 &self.options.entry_ttl,
-                &to_fuse_attr(&attr),
-                to_fuse_generation(&attr),
+                &self.ids.attr(&attr),
+                self.ids.generation(&attr),
             ),
             Err(e) => reply.error(self.errno(&e)),
         }
@@ -591,6 +647,9 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
     fn export_lookup(&self, ino: u64, name: &[u8]) -> Option<birch::Result<Attr>> {
         match name {
             b"." => Some(self.fs.getattr(ino)),
+            // The mount's root is its own parent, as `..` of a mount's
+            // root is on any filesystem.
+            b".." if ino == self.ids.root() => Some(self.fs.getattr(ino)),
             b".." => Some(self.fs.parent_of_dir(ino).and_then(|p| self.fs.getattr(p))),
             _ => None,
         }
@@ -657,7 +716,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             return;
         };
         // A negative offset: attributes only, no page cache.
-        match notifier.inval_inode(to_fuse_ino(ino), -1, 0) {
+        match notifier.inval_inode(self.ids.to_fuse(ino), -1, 0) {
             Err(e) if e.raw_os_error() != Some(libc::ENOENT) => eprintln!(
                 "birch: {}: inode {ino}: cannot invalidate the kernel's cached attributes: {e}",
                 self.options.fsname
@@ -678,6 +737,151 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         }
     }
 
+    /// The subvolume ioctls (crate::subvol; docs/FUSE.md, "Subvolume
+    /// ioctls"), sent on `ino`: the reply's bytes. `None`: `cmd` is not
+    /// one of them.
+    fn subvolume_ioctl(
+        &self,
+        req: &Request,
+        ino: u64,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+    ) -> Option<Result<Vec<u8>, Errno>> {
+        let errno = |e: birch::Error| self.errno(&e);
+        let word = || {
+            in_data
+                .get(..8)
+                .map(|b| u64::from_ne_bytes(b.try_into().expect("eight bytes")))
+                .ok_or(Errno::EINVAL)
+        };
+        let (tree, dir) = InoSpace::split(ino);
+        // GETFLAGS and SETFLAGS act on a subvolume's root directory only.
+        let subvolume_root = || {
+            if dir == ROOT_DIR_INO {
+                Ok(tree)
+            } else {
+                Err(Errno::EINVAL)
+            }
+        };
+        Some(match cmd {
+            subvol::BTRFS_IOC_SUBVOL_CREATE => (|| {
+                let name = vol_args_name(in_data)?;
+                self.follow_remount();
+                let parent = self.fs.getattr(ino).map_err(errno)?;
+                if !may_write_and_search(req, &parent) {
+                    return Err(Errno::EACCES);
+                }
+                let (uid, gid, _) = self
+                    .new_owner(req, ino, libc::S_IFDIR | 0o755)
+                    .map_err(errno)?;
+                self.fs
+                    .create_subvolume(ino, name, uid, gid)
+                    .map_err(errno)?;
+                // The kernel may hold "no such name" for it, and the
+                // parent's old size, nlink and times.
+                if let Some(notifier) = self.notifier.get() {
+                    let _ = notifier.inval_entry(self.ids.to_fuse(ino), OsStr::from_bytes(name));
+                }
+                self.forget_cached_attributes(ino);
+                Ok(Vec::new())
+            })(),
+            subvol::BTRFS_IOC_SUBVOL_GETFLAGS => (|| {
+                let id = subvolume_root()?;
+                let listed = self.fs.list_subvolumes().map_err(errno)?;
+                let info = listed.iter().find(|i| i.id == id).ok_or(Errno::ENOENT)?;
+                Ok(subvol::btrfs_flags(info.readonly).to_ne_bytes().to_vec())
+            })(),
+            subvol::BTRFS_IOC_SUBVOL_SETFLAGS => (|| {
+                let id = subvolume_root()?;
+                let flags = word()?;
+                if flags & !subvol::BTRFS_SUBVOL_RDONLY != 0 {
+                    return Err(Errno::EOPNOTSUPP);
+                }
+                // btrfs: the owner of the subvolume's root directory, or
+                // CAP_FOWNER.
+                let owner = self.fs.getattr(ino).map_err(errno)?.uid;
+                if req.uid() != owner && !may_administer(req.uid(), self.owner) {
+                    return Err(Errno::EPERM);
+                }
+                self.follow_remount();
+                self.fs
+                    .set_subvolume_readonly(id, flags & subvol::BTRFS_SUBVOL_RDONLY != 0)
+                    .map_err(errno)?;
+                Ok(Vec::new())
+            })(),
+            subvol::BTRFS_IOC_DEFAULT_SUBVOL => (|| {
+                let id = match word()? {
+                    0 => tree_id::FS,
+                    id => id,
+                };
+                self.follow_remount();
+                self.fs.set_default_subvolume(id).map_err(errno)?;
+                Ok(Vec::new())
+            })(),
+            subvol::BIRCH_IOC_GET_DEFAULT_SUBVOL => self
+                .fs
+                .default_subvolume()
+                .map(|id| id.to_ne_bytes().to_vec())
+                .map_err(errno),
+            subvol::BTRFS_IOC_INO_LOOKUP => (|| {
+                let lookup_tree = match word()? {
+                    0 => tree,
+                    t => t,
+                };
+                let objectid = in_data
+                    .get(8..16)
+                    .map(|b| u64::from_ne_bytes(b.try_into().expect("eight bytes")))
+                    .ok_or(Errno::EINVAL)?;
+                // Numbers past either field would alias another
+                // subvolume's inode in the external number.
+                if !tree_id::is_subvolume(lookup_tree) {
+                    return Err(Errno::ENOENT);
+                }
+                if objectid >= MAX_SUBVOL_INO {
+                    return Err(Errno::EINVAL);
+                }
+                // btrfs answers "which subvolume is this" to anyone, a
+                // directory's path only to CAP_SYS_ADMIN.
+                if objectid != ROOT_DIR_INO && !may_administer(req.uid(), self.owner) {
+                    return Err(Errno::EPERM);
+                }
+                let path = subvol::dir_path(&self.fs, lookup_tree, objectid).map_err(errno)?;
+                let mut out = vec![0u8; subvol::BTRFS_INO_LOOKUP_ARGS_SIZE];
+                if path.len() >= out.len() - 16 {
+                    return Err(Errno::ENAMETOOLONG);
+                }
+                out[..8].copy_from_slice(&lookup_tree.to_ne_bytes());
+                out[8..16].copy_from_slice(&objectid.to_ne_bytes());
+                out[16..16 + path.len()].copy_from_slice(&path);
+                Ok(out)
+            })(),
+            subvol::BIRCH_IOC_SUBVOL_LIST => (|| {
+                let cursor = word()?;
+                let mut page = Vec::new();
+                let mut len = 8;
+                for entry in subvol::list(&self.fs).map_err(errno)? {
+                    if entry.id < cursor {
+                        continue;
+                    }
+                    let bytes = entry.encode();
+                    len += bytes.len();
+                    if len > out_size as usize {
+                        // Not even one entry fits: say so rather than end
+                        // the list early.
+                        if page.is_empty() {
+                            return Err(Errno::EOVERFLOW);
+                        }
+                        break;
+                    }
+                    page.push(bytes);
+                }
+                Ok(subvol::SubvolEntry::encode_page(&page))
+            })(),
+            _ => return None,
+        })
+    }
+
     fn readdir_common(
         &self,
         ino: INodeNo,
@@ -685,7 +889,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         add: impl FnMut(&Listed, u64, Option<&Attr>) -> bool,
         plus: bool,
     ) -> birch::Result<()> {
-        let dir = to_engine_ino(ino.0);
+        let dir = self.ids.to_engine(ino.0);
         let started = || {
             if self.options.nodiratime {
                 Ok(())
@@ -757,7 +961,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let parent = to_engine_ino(parent.0);
+        let parent = self.ids.to_engine(parent.0);
         if let Some(result) = self.export_lookup(parent, name.as_bytes()) {
             return match result {
                 // A number with no live inode behind it: the handle names
@@ -784,8 +988,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(to_engine_ino(ino.0)) {
-            Ok(a) => reply.attr(&self.options.attr_ttl, &to_fuse_attr(&a)),
+        match self.fs.getattr(self.ids.to_engine(ino.0)) {
+            Ok(a) => reply.attr(&self.options.attr_ttl, &self.ids.attr(&a)),
             Err(e) => reply.error(self.errno(&e)),
         }
     }
@@ -809,7 +1013,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyAttr,
     ) {
         self.follow_remount();
-        let ino = to_engine_ino(ino.0);
+        let ino = self.ids.to_engine(ino.0);
         let result = (|| {
             let mut changes = SetAttr {
                 mode,
@@ -854,7 +1058,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             Ok(attr)
         })();
         match result {
-            Ok(a) => reply.attr(&self.options.attr_ttl, &to_fuse_attr(&a)),
+            Ok(a) => reply.attr(&self.options.attr_ttl, &self.ids.attr(&a)),
             Err(e) => reply.error(self.errno(&e)),
         }
     }
@@ -868,14 +1072,14 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _mask: u32,
         reply: ReplyStatx,
     ) {
-        match self.fs.getattr(to_engine_ino(ino.0)) {
-            Ok(a) => reply.statx(&self.options.attr_ttl, &to_fuse_attr(&a)),
+        match self.fs.getattr(self.ids.to_engine(ino.0)) {
+            Ok(a) => reply.statx(&self.options.attr_ttl, &self.ids.attr(&a)),
             Err(e) => reply.error(self.errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(to_engine_ino(ino.0)) {
+        match self.fs.readlink(self.ids.to_engine(ino.0)) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(self.errno(&e)),
         }
@@ -892,7 +1096,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyEntry,
     ) {
         self.follow_remount();
-        let parent = to_engine_ino(parent.0);
+        let parent = self.ids.to_engine(parent.0);
         let result = self
             .new_owner(req, parent, mode)
             .and_then(|(uid, gid, mode)| {
@@ -913,7 +1117,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyEntry,
     ) {
         self.follow_remount();
-        let parent = to_engine_ino(parent.0);
+        let parent = self.ids.to_engine(parent.0);
         let result =
             self.new_owner(req, parent, libc::S_IFDIR | mode)
                 .and_then(|(uid, gid, mode)| {
@@ -925,7 +1129,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.follow_remount();
-        let parent = to_engine_ino(parent.0);
+        let parent = self.ids.to_engine(parent.0);
         self.reply_empty(
             self.fs
                 .unlink(parent, name.as_bytes())
@@ -936,7 +1140,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.follow_remount();
-        let parent = to_engine_ino(parent.0);
+        let parent = self.ids.to_engine(parent.0);
         self.reply_empty(
             self.fs
                 .rmdir(parent, name.as_bytes())
@@ -954,7 +1158,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyEntry,
     ) {
         self.follow_remount();
-        let parent = to_engine_ino(parent.0);
+        let parent = self.ids.to_engine(parent.0);
         let result = self
             .new_owner(req, parent, libc::S_IFLNK)
             .and_then(|(uid, gid, _)| {
@@ -989,7 +1193,10 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
-        let (parent, newparent) = (to_engine_ino(parent.0), to_engine_ino(newparent.0));
+        let (parent, newparent) = (
+            self.ids.to_engine(parent.0),
+            self.ids.to_engine(newparent.0),
+        );
         let dirs: &[u64] = if parent == newparent {
             &[parent]
         } else {
@@ -1018,10 +1225,10 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyEntry,
     ) {
         self.follow_remount();
-        let newparent = to_engine_ino(newparent.0);
+        let newparent = self.ids.to_engine(newparent.0);
         let result = self
             .fs
-            .link(to_engine_ino(ino.0), newparent, newname.as_bytes());
+            .link(self.ids.to_engine(ino.0), newparent, newname.as_bytes());
         self.reply_entry(self.settle_entry(newparent, result), reply);
     }
 
@@ -1033,7 +1240,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         // The VFS checks immutable and append-only at open only from
         // inode->i_flags, which FUSE never sets (generic/079). O_TRUNC
         // arrives as a SETATTR of the size, which the engine refuses.
-        match self.fs.deny_open(to_engine_ino(ino.0), flags.0) {
+        match self.fs.deny_open(self.ids.to_engine(ino.0), flags.0) {
             Ok(()) => {
                 let (fh, fopen) = self.open_reply(flags.0);
                 reply.opened(fh, fopen)
@@ -1055,7 +1262,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         match self
             .fs
-            .read_file(to_engine_ino(ino.0), offset, size as usize)
+            .read_file(self.ids.to_engine(ino.0), offset, size as usize)
         {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(self.errno(&e)),
@@ -1075,7 +1282,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyWrite,
     ) {
         self.follow_remount();
-        let ino = to_engine_ino(ino.0);
+        let ino = self.ids.to_engine(ino.0);
         let result = (|| {
             // The kernel sets KILL_SUIDGID for a caller without CAP_FSETID.
             // It has normally dropped the bits already (the empty SETATTR
@@ -1150,7 +1357,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyEmpty,
     ) {
         self.follow_remount();
-        let ino = to_engine_ino(ino.0);
+        let ino = self.ids.to_engine(ino.0);
         self.reply_fsync(ino, self.fs.fsync(ino, datasync), reply);
     }
 
@@ -1171,7 +1378,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             offset,
             |entry, next, _| {
                 reply.add(
-                    to_fuse_ino(entry.ino),
+                    self.ids.to_fuse(entry.ino),
                     next,
                     entry.kind,
                     OsStr::from_bytes(&entry.name),
@@ -1201,12 +1408,12 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             |entry, next, attr| {
                 let attr = attr.expect("readdirplus passes attributes");
                 let full = reply.add(
-                    to_fuse_ino(entry.ino),
+                    self.ids.to_fuse(entry.ino),
                     next,
                     OsStr::from_bytes(&entry.name),
                     &ttl,
-                    &to_fuse_attr(attr),
-                    to_fuse_generation(attr),
+                    &self.ids.attr(attr),
+                    self.ids.generation(attr),
                 );
                 // The kernel counts a lookup for each entry it accepted,
                 // except "." and "..".
@@ -1232,7 +1439,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyEmpty,
     ) {
         self.follow_remount();
-        let ino = to_engine_ino(ino.0);
+        let ino = self.ids.to_engine(ino.0);
         self.reply_fsync(ino, self.fs.fsync(ino, datasync), reply);
     }
 
@@ -1280,7 +1487,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             libc::XATTR_REPLACE => XattrSetMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        let ino = to_engine_ino(ino.0);
+        let ino = self.ids.to_engine(ino.0);
         self.reply_empty(
             self.fs
                 .setxattr(ino, name.as_bytes(), value, mode)
@@ -1293,7 +1500,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         if let Err(e) = supported_xattr_namespace(name) {
             return reply.error(e);
         }
-        match self.fs.getxattr(to_engine_ino(ino.0), name.as_bytes()) {
+        match self.fs.getxattr(self.ids.to_engine(ino.0), name.as_bytes()) {
             Ok(value) if size == 0 => reply.size(value.len() as u32),
             Ok(value) if value.len() > size as usize => reply.error(Errno::ERANGE),
             Ok(value) => reply.data(&value),
@@ -1302,7 +1509,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(to_engine_ino(ino.0)) {
+        match self.fs.listxattr(self.ids.to_engine(ino.0)) {
             Ok(names) => {
                 let mut buf = Vec::new();
                 for n in names {
@@ -1326,7 +1533,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         if let Err(e) = supported_xattr_namespace(name) {
             return reply.error(e);
         }
-        let ino = to_engine_ino(ino.0);
+        let ino = self.ids.to_engine(ino.0);
         self.reply_empty(
             self.fs
                 .removexattr(ino, name.as_bytes())
@@ -1351,7 +1558,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyCreate,
     ) {
         self.follow_remount();
-        let parent = to_engine_ino(parent.0);
+        let parent = self.ids.to_engine(parent.0);
         let result = self
             .new_owner(req, parent, mode)
             .and_then(|(uid, gid, mode)| {
@@ -1365,8 +1572,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 let (fh, fopen) = self.open_reply(flags);
                 reply.created(
                     &self.options.entry_ttl,
-                    &to_fuse_attr(&attr),
-                    to_fuse_generation(&attr),
+                    &self.ids.attr(&attr),
+                    self.ids.generation(&attr),
                     fh,
                     fopen,
                 )
@@ -1387,7 +1594,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyCreate,
     ) {
         self.follow_remount();
-        let parent = to_engine_ino(parent.0);
+        let parent = self.ids.to_engine(parent.0);
         // With FUSE_DONT_MASK the umask is ours to apply. An O_TMPFILE
         // inode does not inherit the directory's default ACL (not built:
         // docs/FUSE.md, "POSIX ACLs").
@@ -1397,8 +1604,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         match result {
             Ok(attr) => reply.created(
                 &self.options.entry_ttl,
-                &to_fuse_attr(&attr),
-                to_fuse_generation(&attr),
+                &self.ids.attr(&attr),
+                self.ids.generation(&attr),
                 FileHandle(0),
                 FopenFlags::FOPEN_KEEP_CACHE,
             ),
@@ -1430,7 +1637,13 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         ) {
             self.follow_remount();
         }
-        let ino = to_engine_ino(ino.0);
+        let ino = self.ids.to_engine(ino.0);
+        if let Some(result) = self.subvolume_ioctl(req, ino, cmd, in_data, out_size) {
+            return match result {
+                Ok(bytes) => reply.ioctl(0, &bytes),
+                Err(e) => reply.error(e),
+            };
+        }
         match cmd {
             FS_IOC_GETFLAGS => match self.fs.get_flags(ino) {
                 Ok(flags) => reply.ioctl(0, &flags.to_ne_bytes()),
@@ -1555,7 +1768,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             libc::FALLOC_FL_INSERT_RANGE => FallocateMode::InsertRange,
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
-        let ino = to_engine_ino(ino.0);
+        let ino = self.ids.to_engine(ino.0);
         self.reply_empty(
             self.fs
                 .fallocate(ino, offset, length, mode)
@@ -1581,7 +1794,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let Ok(offset) = u64::try_from(offset) else {
             return reply.error(Errno::ENXIO);
         };
-        match self.fs.seek(to_engine_ino(ino.0), offset, whence) {
+        match self.fs.seek(self.ids.to_engine(ino.0), offset, whence) {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(self.errno(&e)),
         }
@@ -1606,9 +1819,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         self.follow_remount();
         const MAX_REPLY: u64 = u32::MAX as u64 / 4096 * 4096;
         match self.fs.copy_file_range(
-            to_engine_ino(ino_in.0),
+            self.ids.to_engine(ino_in.0),
             offset_in,
-            to_engine_ino(ino_out.0),
+            self.ids.to_engine(ino_out.0),
             offset_out,
             len.min(MAX_REPLY),
         ) {
@@ -1666,7 +1879,11 @@ mod tests {
 
     #[test]
     fn only_root_or_the_owner_may_shut_down_or_scrub() {
-        for cmd in [XFS_IOC_GOINGDOWN, BIRCH_IOC_SCRUB] {
+        for cmd in [
+            XFS_IOC_GOINGDOWN,
+            BIRCH_IOC_SCRUB,
+            subvol::BTRFS_IOC_DEFAULT_SUBVOL,
+        ] {
             assert_eq!(ioctl_access(cmd), IoctlAccess::Administrator);
         }
         for cmd in [
@@ -1674,6 +1891,9 @@ mod tests {
             BIRCH_IOC_STATS,
             FS_IOC_GETFLAGS,
             FS_IOC_FSGETXATTR,
+            subvol::BIRCH_IOC_SUBVOL_LIST,
+            subvol::BIRCH_IOC_GET_DEFAULT_SUBVOL,
+            subvol::BTRFS_IOC_SUBVOL_GETFLAGS,
         ] {
             assert_eq!(ioctl_access(cmd), IoctlAccess::Anyone);
         }

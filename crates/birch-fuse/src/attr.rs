@@ -1,38 +1,64 @@
 //! Conversions between engine values and FUSE's.
 
-use birch::format::{FileType, Timespec, ROOT_DIR_INO};
+use birch::format::{FileType, Timespec};
 use birch::fs::Attr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// FUSE calls the root directory 1; the engine calls it ROOT_DIR_INO.
-pub fn to_engine_ino(fuse_ino: u64) -> u64 {
-    if fuse_ino == fuser::INodeNo::ROOT.0 {
-        ROOT_DIR_INO
-    } else {
-        fuse_ino
+/// How FUSE's node ids map to the engine's (external) inode numbers.
+/// FUSE calls the mount's root directory 1: that is the root directory of
+/// the subvolume mounted (`subvol=`, `subvolid=`, else the default one;
+/// docs/SNAPSHOTS.md (g)), engine number `root`. Every other node id is
+/// the engine's number itself; no engine number is 1 (they start at 256),
+/// so the map is one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeIds {
+    root: u64,
+}
+
+impl NodeIds {
+    /// The map for a mount of the subvolume whose root directory is
+    /// engine inode `root`.
+    pub fn new(root: u64) -> NodeIds {
+        NodeIds { root }
     }
-}
 
-pub fn to_fuse_ino(engine_ino: u64) -> fuser::INodeNo {
-    fuser::INodeNo(if engine_ino == ROOT_DIR_INO {
-        fuser::INodeNo::ROOT.0
-    } else {
-        engine_ino
-    })
-}
+    /// The engine number of the mount's root directory.
+    pub fn root(self) -> u64 {
+        self.root
+    }
 
-/// The generation the kernel gets with an inode, and puts in its file
-/// handles: the engine's (the transaction that created the inode), so a
-/// number reused in a later mount, after the inode that had it was
-/// deleted, never matches an old handle. FUSE wants 0 for the root (the
-/// kernel made it with 0 and would call it stale otherwise). The kernel
-/// keeps 32 bits: transactions would have to pass 2^32 to wrap.
-pub fn to_fuse_generation(a: &Attr) -> fuser::Generation {
-    fuser::Generation(if a.ino == ROOT_DIR_INO {
-        0
-    } else {
-        a.generation
-    })
+    pub fn to_engine(self, fuse_ino: u64) -> u64 {
+        if fuse_ino == fuser::INodeNo::ROOT.0 {
+            self.root
+        } else {
+            fuse_ino
+        }
+    }
+
+    pub fn to_fuse(self, engine_ino: u64) -> fuser::INodeNo {
+        fuser::INodeNo(if engine_ino == self.root {
+            fuser::INodeNo::ROOT.0
+        } else {
+            engine_ino
+        })
+    }
+
+    /// The generation the kernel gets with an inode, and puts in its file
+    /// handles: the engine's (the transaction that created the inode), so
+    /// a number reused in a later mount, after the inode that had it was
+    /// deleted, never matches an old handle. FUSE wants 0 for the root
+    /// (the kernel made it with 0 and would call it stale otherwise). The
+    /// kernel keeps 32 bits: transactions would have to pass 2^32 to wrap.
+    pub fn generation(self, a: &Attr) -> fuser::Generation {
+        fuser::Generation(if a.ino == self.root { 0 } else { a.generation })
+    }
+
+    pub fn attr(self, a: &Attr) -> fuser::FileAttr {
+        fuser::FileAttr {
+            ino: self.to_fuse(a.ino),
+            ..to_fuse_attr(a)
+        }
+    }
 }
 
 pub fn to_system_time(t: Timespec) -> SystemTime {
@@ -74,9 +100,10 @@ pub fn to_fuse_type(t: FileType) -> fuser::FileType {
     }
 }
 
-pub fn to_fuse_attr(a: &Attr) -> fuser::FileAttr {
+/// `a` for FUSE, its number unmapped: [`NodeIds::attr`] maps it.
+fn to_fuse_attr(a: &Attr) -> fuser::FileAttr {
     fuser::FileAttr {
-        ino: to_fuse_ino(a.ino),
+        ino: fuser::INodeNo(a.ino),
         size: a.size,
         blocks: a.blocks,
         atime: to_system_time(a.atime),
@@ -97,6 +124,8 @@ pub fn to_fuse_attr(a: &Attr) -> fuser::FileAttr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use birch::format::ROOT_DIR_INO;
+    use birch::fs::InoSpace;
 
     #[test]
     fn reply_times_include_times_before_the_epoch() {
@@ -136,8 +165,16 @@ mod tests {
 
     #[test]
     fn root_maps_both_ways() {
-        assert_eq!(to_engine_ino(1), ROOT_DIR_INO);
-        assert_eq!(to_fuse_ino(ROOT_DIR_INO).0, 1);
-        assert_eq!(to_engine_ino(300), 300);
+        let top = NodeIds::new(ROOT_DIR_INO);
+        assert_eq!(top.to_engine(1), ROOT_DIR_INO);
+        assert_eq!(top.to_fuse(ROOT_DIR_INO).0, 1);
+        assert_eq!(top.to_engine(300), 300);
+        // A mount of subvolume 257: its root directory is node 1, and
+        // tree 5's root directory (not reachable from it) keeps its number.
+        let sv = NodeIds::new(InoSpace::join(257, ROOT_DIR_INO));
+        assert_eq!(sv.to_engine(1), InoSpace::join(257, ROOT_DIR_INO));
+        assert_eq!(sv.to_fuse(InoSpace::join(257, ROOT_DIR_INO)).0, 1);
+        assert_eq!(sv.to_fuse(ROOT_DIR_INO).0, ROOT_DIR_INO);
+        assert_eq!(sv.to_engine(ROOT_DIR_INO), ROOT_DIR_INO);
     }
 }

@@ -12,6 +12,7 @@ mod remount;
 mod requests;
 pub mod scrub;
 pub mod stats;
+pub mod subvol;
 mod transport;
 
 pub use adapter::{
@@ -50,7 +51,8 @@ pub fn serve<D: BlockDevice + 'static>(
     } else {
         None
     };
-    let mut adapter = BirchFuse::new(fs.clone(), options.clone(), control);
+    let root = subvol::mount_root(&fs, &options.subvolume).map_err(io::Error::other)?;
+    let mut adapter = BirchFuse::new(fs.clone(), options.clone(), control).with_root(root);
     if let Some(watch) = &remount {
         adapter = adapter.with_remount_watch(watch.clone());
     }

@@ -232,3 +232,45 @@ fn fsync_in_subvolume_survives_power_cut() {
         assert!(view.contains_key("/a/d"), "{point:?}: {view:?}");
     }
 }
+
+/// `set_subvolume_readonly` (what `birch property set PATH ro` sends):
+/// durable at its return (it commits: the device copy taken right after
+/// shows it), every change in the subvolume EROFS until cleared, and the
+/// top level's flag works on an image that had no subvolume yet.
+#[test]
+fn set_subvolume_readonly_commits_and_refuses_changes() {
+    let dev = memory_fs(32 << 20, 0x66);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv_root = fs.lookup(root, b"sv").unwrap().ino;
+    fs.set_subvolume_readonly(sv, true).unwrap();
+    let after = Arc::new(MemoryDevice::from_bytes(dev.snapshot()));
+    assert_clean(&after, "after set ro");
+    let copy = mount(after);
+    let listed = copy.list_subvolumes().unwrap();
+    assert!(
+        listed.iter().any(|i| i.id == sv && i.readonly),
+        "{listed:?}"
+    );
+    let erofs = |r: birch::error::Result<()>| assert!(matches!(r, Err(Error::ReadOnly)), "{r:?}");
+    erofs(copy.mkdir(sv_root, b"d", 0o755, 0, 0).map(|_| ()));
+    erofs(fs.mkdir(sv_root, b"d", 0o755, 0, 0).map(|_| ()));
+    fs.set_subvolume_readonly(sv, false).unwrap();
+    fs.mkdir(sv_root, b"d", 0o755, 0, 0).unwrap();
+    assert_eq!(
+        fs.set_subvolume_readonly(4000, true).unwrap_err().errno(),
+        libc::ENOENT
+    );
+
+    let dev = memory_fs(32 << 20, 0x67);
+    let fs = mount(dev.clone());
+    fs.set_subvolume_readonly(tree_id::FS, true).unwrap();
+    erofs(fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).map(|_| ()));
+    drop(fs);
+    assert_clean(&dev, "top level made read-only");
+    let fs = mount(dev);
+    assert!(fs.list_subvolumes().unwrap()[0].readonly);
+    fs.set_subvolume_readonly(tree_id::FS, false).unwrap();
+    fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap();
+}

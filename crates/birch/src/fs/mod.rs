@@ -592,8 +592,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn dir_index_end(&self, ino: u64) -> Result<u64> {
         let _request = self.request();
         self.read(|s| {
-            s.top().require_dir(ino)?;
-            s.top().peek_dir_index(ino)
+            let (mut ctx, ino) = s.resolve(ino)?;
+            ctx.require_dir(ino)?;
+            ctx.peek_dir_index(ino)
         })
     }
 
@@ -601,13 +602,21 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// mount's [`AtimeUpdates`] says.
     pub fn dir_accessed(&self, ino: u64) -> Result<()> {
         let _request = self.request();
-        self.read(|s| s.top().touch_atime(ino))
+        self.read(|s| {
+            let (mut ctx, ino) = s.resolve(ino)?;
+            ctx.touch_atime(ino)
+        })
     }
 
-    /// The parent of a directory (the root's parent is itself).
+    /// The parent of a directory (a subvolume's root directory is its
+    /// own parent).
     pub fn parent_of_dir(&self, ino: u64) -> Result<u64> {
         let _request = self.request();
-        self.read(|s| s.top().dir_parent(ino))
+        self.read(|s| {
+            let (mut ctx, ino) = s.resolve(ino)?;
+            let parent = ctx.dir_parent(ino)?;
+            Ok(InoSpace::join(ctx.root.tree.id, parent))
+        })
     }
 
     // ----- open files -----
@@ -616,13 +625,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// lives on (as an orphan) until the last [`release`](Self::release).
     pub fn open_inode(&self, ino: u64) -> Result<()> {
         let _request = self.request();
-        self.read(|s| s.top().open_inode(ino))
+        self.read(|s| {
+            let (mut ctx, ino) = s.resolve(ino)?;
+            ctx.open_inode(ino)
+        })
     }
 
     pub fn release(&self, ino: u64) -> Result<()> {
         let _request = self.request();
         self.read(|s| {
-            let r = s.top().release_inode(ino);
+            let r = s
+                .resolve(ino)
+                .and_then(|(mut ctx, ino)| ctx.release_inode(ino));
             s.fail_on_device_error(&r);
             self.shared.space_changed(s);
             r
@@ -636,7 +650,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| {
             let mut r = Ok(());
             for _ in 0..count {
-                r = s.top().release_inode(ino);
+                r = s
+                    .resolve(ino)
+                    .and_then(|(mut ctx, ino)| ctx.release_inode(ino));
                 if r.is_err() {
                     break;
                 }
@@ -842,7 +858,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let _request = self.request();
-        self.read(|s| s.top().getxattr(ino, name))
+        self.read(|s| {
+            let (mut ctx, ino) = s.resolve(ino)?;
+            ctx.getxattr(ino, name)
+        })
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
@@ -858,7 +877,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
         let _request = self.request();
-        self.read(|s| s.top().listxattr(ino))
+        self.read(|s| {
+            let (mut ctx, ino) = s.resolve(ino)?;
+            ctx.listxattr(ino)
+        })
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
@@ -1066,6 +1088,18 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn set_default_subvolume(&self, id: u64) -> Result<()> {
         let _request = self.request();
         self.change(|s| s.set_default_subvolume(id))
+    }
+
+    /// Makes subvolume `id` read-only or read-write and commits, as
+    /// btrfs's `BTRFS_IOC_SUBVOL_SETFLAGS` does: from the return on, every
+    /// change in it is EROFS (or allowed again).
+    pub fn set_subvolume_readonly(&self, id: u64, readonly: bool) -> Result<()> {
+        let _request = self.request();
+        self.change_with(
+            |_| Ok(Need::items(1)),
+            |s| s.set_subvolume_readonly(id, readonly),
+        )?;
+        self.commit()
     }
 
     /// Adds a scrub's progress to the `scrub_nodes` and `scrub_data_bytes`

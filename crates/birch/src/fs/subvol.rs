@@ -27,6 +27,11 @@ pub struct SubvolInfo {
     pub dir: u64,
     pub name: Vec<u8>,
     pub readonly: bool,
+    /// The generation of its tree's root node (btrfs-progs' `gen`).
+    pub generation: u64,
+    /// The long root item (uuids, transids, times); `None` for tree 5 on
+    /// an image without subvolumes.
+    pub item: Option<SubvolRootItem>,
 }
 
 impl<D: BlockDevice> FsState<D> {
@@ -128,23 +133,7 @@ impl<D: BlockDevice> FsState<D> {
         }
         let now = Timespec::now();
         let transid = self.info.forest.transid();
-        let fsid = self.info.superblock.fsid;
-        let long_item = |id: u64| {
-            let mut uuid = fsid;
-            for (b, x) in uuid.iter_mut().zip(id.to_le_bytes()) {
-                *b ^= x;
-            }
-            SubvolRootItem {
-                refs: 1,
-                uuid,
-                ctransid: transid,
-                otransid: transid,
-                ctime: now,
-                otime: now,
-                ..Default::default()
-            }
-        };
-        let top_item = long_item(tree_id::FS);
+        let top_item = self.fresh_root_item(tree_id::FS, now);
         self.subvols.top.item.get_or_insert(top_item);
         let mut tree = self.info.forest.create_tree(id)?;
         let root_dir = InodeItem {
@@ -173,9 +162,10 @@ impl<D: BlockDevice> FsState<D> {
                 name: b"..".to_vec(),
             }]),
         )?;
-        self.subvols
-            .others
-            .insert(id, Root::new(tree, Some(long_item(id)), FIRST_FREE_INO));
+        self.subvols.others.insert(
+            id,
+            Root::new(tree, Some(self.fresh_root_item(id, now)), FIRST_FREE_INO),
+        );
         let index = self
             .writable(parent_id)?
             .add_subvolume_link(dir, name, id)?;
@@ -196,6 +186,62 @@ impl<D: BlockDevice> FsState<D> {
             .forest
             .insert(&mut roots.root, Key::root_backref(id, parent_id), rr)?;
         Ok(id)
+    }
+
+    /// The long root item of a subvolume made (or, for tree 5, first
+    /// given the long form) in this transaction at `now`.
+    fn fresh_root_item(&self, id: u64, now: Timespec) -> SubvolRootItem {
+        let transid = self.info.forest.transid();
+        let mut uuid = self.info.superblock.fsid;
+        for (b, x) in uuid.iter_mut().zip(id.to_le_bytes()) {
+            *b ^= x;
+        }
+        SubvolRootItem {
+            refs: 1,
+            uuid,
+            ctransid: transid,
+            otransid: transid,
+            ctime: now,
+            otime: now,
+            ..Default::default()
+        }
+    }
+
+    /// Sets or clears subvolume `id`'s `SUBVOL_RDONLY` flag (`birch
+    /// property set PATH ro`). Tree 5 on an image without subvolumes gets
+    /// its long root item here, as in [`create_subvolume`](Self::create_subvolume).
+    /// The item is written into the root tree now (the seal writes it
+    /// again) so that the commit that follows has a change to write.
+    pub(super) fn set_subvolume_readonly(&mut self, id: u64, readonly: bool) -> Result<()> {
+        if !tree_id::is_subvolume(id) {
+            return Err(Error::NotFound);
+        }
+        let fresh = self.fresh_root_item(id, Timespec::now());
+        let ctx = self.ctx(id)?;
+        // Only tree 5 can lack the long item. Its tree may be unchanged in
+        // this transaction: the last change is its root node's generation
+        // (S8: ctransid <= generation); otransid 0, as btrfs shows for its
+        // top level.
+        let last_change = ctx.root.tree.generation;
+        let item = ctx.root.item.get_or_insert(SubvolRootItem {
+            ctransid: last_change,
+            otransid: 0,
+            otime: Timespec::default(),
+            ..fresh
+        });
+        if readonly {
+            item.flags |= SUBVOL_RDONLY;
+        } else {
+            item.flags &= !SUBVOL_RDONLY;
+        }
+        let record = ctx.root.record();
+        let roots = &mut self.info.roots;
+        self.info.forest.put(
+            &mut roots.root,
+            Key::new(id, item_type::ROOT_ITEM, 0),
+            record.encode(),
+        )?;
+        Ok(())
     }
 
     /// The highest subvolume id with a root item or created in this
@@ -241,6 +287,8 @@ impl<D: BlockDevice> FsState<D> {
                         dir: 0,
                         name: Vec::new(),
                         readonly: record.item.is_some_and(|i| i.flags & SUBVOL_RDONLY != 0),
+                        generation: record.tree.generation,
+                        item: record.item,
                     });
                 }
                 item_type::ROOT_BACKREF => {
