@@ -16,7 +16,9 @@ use birch::device::{BlockDevice, MemoryDevice};
 use birch::error::Error;
 use birch::format::{tree_id, FileType, ROOT_DIR_INO};
 use birch::fs::{Filesystem, InoSpace};
-use common::{assert_clean, crash_mount, crash_points, ino, memory_fs, mount, recorder, Enumeration};
+use common::{
+    assert_clean, crash_mount, crash_points, ino, memory_fs, mount, recorder, Enumeration,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -112,7 +114,12 @@ fn power_cut_right_after_snapshot() {
         });
         saw[has as usize] = true;
     }
-    assert_eq!(saw, [true, true], "both outcomes among {} states", points.len());
+    assert_eq!(
+        saw,
+        [true, true],
+        "both outcomes among {} states",
+        points.len()
+    );
 }
 
 /// Crash case: `write f A; fsync f; snapshot -r 5 snap; write f B; fsync
@@ -128,7 +135,8 @@ fn snapshot_is_its_source_at_the_commit() {
     let (a, b) = (content(1, b'A'), content(2, b'B'));
     fs.write_file(f, 0, &a).unwrap();
     fs.fsync(f, false).unwrap();
-    fs.create_snapshot(tree_id::FS, root, b"snap", true).unwrap();
+    fs.create_snapshot(tree_id::FS, root, b"snap", true)
+        .unwrap();
     fs.write_file(f, 0, &b).unwrap();
     fs.fsync(f, false).unwrap();
     let snap_f = ino(&fs, "snap/f");
@@ -141,10 +149,17 @@ fn snapshot_is_its_source_at_the_commit() {
     drop(fs);
     for point in crash_points(&rec, synced, &Enumeration::thorough(0x82)) {
         crash_mount(&rec, &point, |fs| {
-            assert_eq!(fs.read_file(ino(fs, "f"), 0, 1 << 20).unwrap(), b, "{point:?}");
+            assert_eq!(
+                fs.read_file(ino(fs, "f"), 0, 1 << 20).unwrap(),
+                b,
+                "{point:?}"
+            );
             let snap_f = ino(fs, "snap/f");
             assert_eq!(fs.read_file(snap_f, 0, 1 << 20).unwrap(), a, "{point:?}");
-            assert!(matches!(fs.write_file(snap_f, 0, b"x"), Err(Error::ReadOnly)));
+            assert!(matches!(
+                fs.write_file(snap_f, 0, b"x"),
+                Err(Error::ReadOnly)
+            ));
         });
     }
 }
@@ -172,7 +187,8 @@ fn source_changes_after_snapshot_do_not_reach_it() {
         .collect();
     fs.sync().unwrap();
     let at_snapshot = shape(&fs, root);
-    fs.create_snapshot(tree_id::FS, root, b"snap", false).unwrap();
+    fs.create_snapshot(tree_id::FS, root, b"snap", false)
+        .unwrap();
     let synced = rec.flush_count();
     // Per file: its content before and after the change (None: no such
     // file), and the flush count once the fsync that made the change
@@ -263,7 +279,8 @@ fn snapshot_inside_its_source() {
     let sv = lookup(&fs, root, "sv").unwrap();
     let snaps = fs.mkdir(sv, b"snaps", 0o755, 0, 0).unwrap().ino;
     for i in 0..10 {
-        fs.mkdir(sv, format!("d{i}").as_bytes(), 0o700, 0, 0).unwrap();
+        fs.mkdir(sv, format!("d{i}").as_bytes(), 0o700, 0, 0)
+            .unwrap();
     }
     fs.sync().unwrap();
     let before = shape(&fs, sv);
@@ -281,7 +298,9 @@ fn snapshot_inside_its_source() {
             };
             let copy = shape(fs, s1);
             assert!(
-                fs.readdir(ino(fs, "sv/snaps/s1/snaps"), 0, 10).unwrap().is_empty(),
+                fs.readdir(ino(fs, "sv/snaps/s1/snaps"), 0, 10)
+                    .unwrap()
+                    .is_empty(),
                 "{point:?}: the snapshot contains itself: {copy:?}"
             );
             // The source gained the link (and its directory's size and
@@ -311,7 +330,10 @@ fn readonly_snapshot_refuses_changes() {
         };
         erofs(fs.create(ro, b"f", 0o644, 0, 0).map(|_| ()), "create");
         erofs(fs.mkdir(d, b"e", 0o755, 0, 0).map(|_| ()), "mkdir");
-        erofs(fs.create_subvolume(ro, b"sv", 0, 0).map(|_| ()), "subvolume");
+        erofs(
+            fs.create_subvolume(ro, b"sv", 0, 0).map(|_| ()),
+            "subvolume",
+        );
         erofs(
             fs.create_snapshot(tree_id::FS, d, b"s", false).map(|_| ()),
             "snapshot into it",
@@ -330,7 +352,10 @@ fn readonly_snapshot_refuses_changes() {
         .iter()
         .map(|i| (i.id, i.readonly))
         .collect();
-    assert_eq!(listed, vec![(tree_id::FS, false), (ro_id, true), (rw_id, false)]);
+    assert_eq!(
+        listed,
+        vec![(tree_id::FS, false), (ro_id, true), (rw_id, false)]
+    );
     assert!(lookup(&fs, ino(&fs, "rw/d"), "e").is_some());
     assert!(lookup(&fs, ino(&fs, "ro/d"), "e").is_none());
 }
@@ -373,9 +398,17 @@ fn fsync_inside_snapshot_survives() {
     for point in crash_points(&rec, synced, &Enumeration::thorough(0x87)) {
         crash_mount(&rec, &point, |fs| {
             let f = ino(fs, "f");
-            assert_eq!(fs.read_file(f, 0, 1 << 20).unwrap(), content(3, 1), "{point:?}");
+            assert_eq!(
+                fs.read_file(f, 0, 1 << 20).unwrap(),
+                content(3, 1),
+                "{point:?}"
+            );
             let s_f = ino(fs, "s/f");
-            assert_eq!(fs.read_file(s_f, 0, 1 << 20).unwrap(), content(5, 9), "{point:?}");
+            assert_eq!(
+                fs.read_file(s_f, 0, 1 << 20).unwrap(),
+                content(5, 9),
+                "{point:?}"
+            );
         });
     }
 }
@@ -433,7 +466,10 @@ fn snapshot_leaves_out_nested_subvolumes() {
     assert!(lookup(&fs, d, "inner").is_some());
     assert_eq!(s2, s1 + 1);
     drop(fs);
-    assert_clean(dev.as_ref(), "after snapshots of a tree with a nested subvolume");
+    assert_clean(
+        dev.as_ref(),
+        "after snapshots of a tree with a nested subvolume",
+    );
 }
 
 /// What a snapshot request is refused for, before anything changes.
@@ -444,12 +480,30 @@ fn snapshot_arguments_are_checked() {
     let root = fs.root_ino();
     let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
     let errno = |r: Result<u64, Error>| r.unwrap_err().errno();
-    assert_eq!(errno(fs.create_snapshot(tree_id::FS, root, b"f", false)), libc::EEXIST);
-    assert_eq!(errno(fs.create_snapshot(tree_id::FS, root, b"..", false)), libc::EEXIST);
-    assert_eq!(errno(fs.create_snapshot(tree_id::FS, f, b"s", false)), libc::ENOTDIR);
-    assert_eq!(errno(fs.create_snapshot(999, root, b"s", false)), libc::ENOENT);
-    assert_eq!(errno(fs.create_snapshot(tree_id::EXTENT, root, b"s", false)), libc::ENOENT);
-    assert_eq!(errno(fs.create_snapshot(tree_id::FS, 1 << 40 | 256, b"s", false)), libc::ENOENT);
+    assert_eq!(
+        errno(fs.create_snapshot(tree_id::FS, root, b"f", false)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(fs.create_snapshot(tree_id::FS, root, b"..", false)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(fs.create_snapshot(tree_id::FS, f, b"s", false)),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno(fs.create_snapshot(999, root, b"s", false)),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno(fs.create_snapshot(tree_id::EXTENT, root, b"s", false)),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno(fs.create_snapshot(tree_id::FS, 1 << 40 | 256, b"s", false)),
+        libc::ENOENT
+    );
     assert_eq!(fs.list_subvolumes().unwrap().len(), 1);
     drop(fs);
     assert_clean(dev.as_ref(), "after refused snapshots");
@@ -477,7 +531,8 @@ fn snapshot_shares_data_written_in_its_own_transaction() {
         })
         .collect();
     let synced = rec.flush_count();
-    fs.create_snapshot(tree_id::FS, root, b"snap", false).unwrap();
+    fs.create_snapshot(tree_id::FS, root, b"snap", false)
+        .unwrap();
     let at_snapshot = without(shape(&fs, root), "snap");
     assert_eq!(shape(&fs, ino(&fs, "snap")), at_snapshot);
     for (i, &f) in files.iter().enumerate() {

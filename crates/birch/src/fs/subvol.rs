@@ -174,9 +174,11 @@ impl<D: BlockDevice> FsState<D> {
         }
         ctx.require_dir(dir)?;
         if ctx.find_entry(dir, name)?.is_some()
-            || ctx.fs.pending_snapshots.iter().any(|p| {
-                p.dest_root == parent_id && p.dest_dir == dir && p.name == name
-            })
+            || ctx
+                .fs
+                .pending_snapshots
+                .iter()
+                .any(|p| p.dest_root == parent_id && p.dest_dir == dir && p.name == name)
         {
             return Err(Error::Exists);
         }
