@@ -551,3 +551,76 @@ fn snapshot_shares_data_written_in_its_own_transaction() {
         });
     }
 }
+
+/// Crash case: one thread `write f; fsync f` in a loop (each iteration
+/// its own content, each longer than the last), another `snapshot 5 snap`
+/// meanwhile; `<cut at every flush point>` → every fsync that returned is
+/// in `f`; `snap/f` holds one of the contents written around the snapshot
+/// (told apart by size until data reads are routed into subvolumes).
+#[test]
+fn snapshot_during_fsynced_writes() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    const ROUNDS: usize = 40;
+    let rec = recorder(32 << 20, 0x8c);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &content(0, 5)).unwrap();
+    fs.sync().unwrap();
+    let synced = rec.flush_count();
+    let started = AtomicUsize::new(0);
+    let written = AtomicUsize::new(0);
+    // (round, flush count once its fsync returned)
+    let durable = Mutex::new(vec![(0, synced)]);
+    let (lo, hi, snap_durable) = std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 1..ROUNDS {
+                started.store(i, Ordering::SeqCst);
+                fs.write_file(f, 0, &content(i, 5)).unwrap();
+                written.store(i, Ordering::SeqCst);
+                fs.fsync(f, false).unwrap();
+                durable.lock().unwrap().push((i, rec.flush_count()));
+            }
+        });
+        while written.load(Ordering::SeqCst) < 5 {
+            std::thread::yield_now();
+        }
+        let lo = written.load(Ordering::SeqCst);
+        fs.create_snapshot(tree_id::FS, root, b"snap", false)
+            .unwrap();
+        (lo, started.load(Ordering::SeqCst), rec.flush_count())
+    });
+    let durable = durable.into_inner().unwrap();
+    let size_of = |i: usize| content(i, 5).len() as u64;
+    drop(fs);
+    for point in crash_points(&rec, synced, &Enumeration::budgeted(300, 0x8c)) {
+        crash_mount(&rec, &point, |fs| {
+            let at_least = durable
+                .iter()
+                .filter(|&&(_, at)| at <= point.flushes_completed)
+                .map(|&(i, _)| i)
+                .max()
+                .unwrap_or(0);
+            let data = fs.read_file(ino(fs, "f"), 0, 1 << 20).unwrap();
+            let round = (0..ROUNDS).find(|&i| data == content(i, 5));
+            assert!(
+                round.is_some_and(|r| r >= at_least),
+                "{point:?}: f is round {round:?} ({} bytes), fsynced round {at_least} was durable",
+                data.len()
+            );
+            let snap = lookup(fs, fs.root_ino(), "snap");
+            assert!(
+                snap.is_some() || point.flushes_completed < snap_durable,
+                "{point:?}: the snapshot returned but is gone"
+            );
+            if let Some(snap) = snap {
+                let size = fs.getattr(lookup(fs, snap, "f").unwrap()).unwrap().size;
+                assert!(
+                    (lo..=hi).any(|i| size_of(i) == size),
+                    "{point:?}: snap/f has {size} bytes, not one of rounds {lo}..={hi}"
+                );
+            }
+        });
+    }
+}
