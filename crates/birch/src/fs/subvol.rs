@@ -567,3 +567,51 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(links)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::check::check_device;
+    use crate::device::MemoryDevice;
+    use crate::error::Error;
+    use crate::format::{tree_id, FileType};
+    use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions};
+    use std::sync::Arc;
+
+    /// A snapshot's destination can change between the request and the
+    /// seal (btrfs holds the directory's lock across the commit; birch
+    /// does not): the seal refuses it, with the reason the caller gets,
+    /// and makes the rest. Threads make that race; this takes its steps
+    /// in order.
+    #[test]
+    fn a_destination_changed_before_the_seal_refuses_the_snapshot() {
+        let dev = Arc::new(MemoryDevice::new(16 << 20));
+        mkfs(dev.as_ref(), &MkfsOptions::default()).unwrap();
+        let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).unwrap();
+        let root = fs.root_ino();
+        let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+        let queue = |dir, name: &[u8]| {
+            fs.lock()
+                .queue_snapshot(tree_id::FS, dir, name, false)
+                .unwrap()
+        };
+        let taken = queue(root, b"s");
+        let gone = queue(d, b"t");
+        let made = queue(root, b"u");
+        fs.create(root, b"s", 0o644, 0, 0).unwrap();
+        fs.rmdir(root, b"d").unwrap();
+        fs.commit().unwrap();
+        {
+            let mut state = fs.lock();
+            let refused = &mut state.info.refused_snapshots;
+            assert!(matches!(refused.remove(&taken), Some(Error::Exists)));
+            assert!(matches!(refused.remove(&gone), Some(Error::NotFound)));
+            assert!(refused.is_empty());
+        }
+        let ids: Vec<u64> = fs.list_subvolumes().unwrap().iter().map(|i| i.id).collect();
+        assert_eq!(ids, vec![tree_id::FS, made]);
+        assert_eq!(fs.lookup(root, b"s").unwrap().file_type, FileType::Regular);
+        fs.close().unwrap();
+        let report = check_device(dev.as_ref());
+        assert!(report.is_clean(), "{report}");
+    }
+}
