@@ -58,7 +58,8 @@ pub struct TreeRoot {
 }
 
 impl TreeRoot {
-    fn expectation(&self) -> NodeExpectation {
+    /// What the root node must be (owner, level, generation) to be read.
+    pub fn expectation(&self) -> NodeExpectation {
         NodeExpectation {
             tree: self.id,
             level: self.level,

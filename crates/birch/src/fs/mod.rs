@@ -1066,9 +1066,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     ) -> Result<u64> {
         let _request = self.request();
         let id = self.change_with(
-            // The link, its ROOT_REF pair, two root items, and one count
-            // change per pointer of the copied root.
-            |_| Ok(Need::items(8 + crate::format::node::MAX_KEY_PTRS as u64)),
+            |s| s.snapshot_need(source),
             |s| s.queue_snapshot(source, dest_dir, name, readonly),
         )?;
         self.commit()?;

@@ -9,10 +9,12 @@ use super::decode::decode_item;
 use super::info::PendingSnapshot;
 use super::log_state::FallbackReason;
 use super::root::{Root, RootCtx, SubvolRecord};
+use super::space_info::Need;
 use super::state::FsState;
 use super::{Attr, DirListEntry, InoSpace};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
+use crate::format::node::NodeBody;
 use crate::format::{
     decode_dir_items, encode_dir_items, encode_inode_refs, item_type, name_hash, tree_id, DirEntry,
     FileType, InodeItem, InodeRefEntry, Key, RootRef, SubvolRootItem, Timespec,
@@ -244,6 +246,19 @@ impl<D: BlockDevice> FsState<D> {
         Ok(id)
     }
 
+    /// What a snapshot of `source` may add to the running transaction:
+    /// its root items, link and ROOT_REF pair, and one count change per
+    /// pointer (or item, for a leaf) of the source's root node.
+    pub(super) fn snapshot_need(&mut self, source: u64) -> Result<Need> {
+        let ctx = self.ctx(source)?;
+        let tree = ctx.root.tree;
+        let pointers = match ctx.fs.forest.node(tree.bytenr, tree.expectation())?.body {
+            NodeBody::Internal(ref ptrs) => ptrs.len(),
+            NodeBody::Leaf(ref items) => items.len(),
+        };
+        Ok(Need::items(8 + pointers as u64))
+    }
+
     /// Makes the snapshots queued in the running transaction, in queue
     /// order: the seal's step between the delayed-item flush and the
     /// log's drop (docs/SNAPSHOTS.md (c)). The caller flushes the delayed
@@ -319,6 +334,11 @@ impl<D: BlockDevice> FsState<D> {
             let link = decode_item(key, RootRef::decode(data))?;
             snapshot.remove_copied_link(&link)?;
         }
+        // The source's open unlinked files are copied as orphans, which
+        // nothing in the snapshot holds open: they go now (their data
+        // stays for the source), rather than at the snapshot's first
+        // read-write load, which a read-only snapshot never has.
+        snapshot.remove_orphans()?;
         let index = self.ctx(pending.dest_root)?.add_subvolume_link(
             pending.dest_dir,
             &pending.name,
@@ -573,7 +593,7 @@ mod tests {
     use crate::check::check_device;
     use crate::device::MemoryDevice;
     use crate::error::Error;
-    use crate::format::{tree_id, FileType};
+    use crate::format::{item_type, tree_id, FileType, Key, ORPHAN_OBJECTID};
     use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions};
     use std::sync::Arc;
 
@@ -610,6 +630,44 @@ mod tests {
         let ids: Vec<u64> = fs.list_subvolumes().unwrap().iter().map(|i| i.id).collect();
         assert_eq!(ids, vec![tree_id::FS, made]);
         assert_eq!(fs.lookup(root, b"s").unwrap().file_type, FileType::Regular);
+        fs.close().unwrap();
+        let report = check_device(dev.as_ref());
+        assert!(report.is_clean(), "{report}");
+    }
+
+    /// A file open and unlinked in the source is an orphan there; the
+    /// snapshot does not keep it (nothing holds it open in the snapshot),
+    /// and once the source's holder closes it, nothing is left of it.
+    #[test]
+    fn a_snapshot_leaves_out_the_open_unlinked_files_of_its_source() {
+        let dev = Arc::new(MemoryDevice::new(16 << 20));
+        mkfs(dev.as_ref(), &MkfsOptions::default()).unwrap();
+        let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).unwrap();
+        let root = fs.root_ino();
+        let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, &[7; 20_000]).unwrap();
+        fs.sync().unwrap();
+        fs.open_inode(f).unwrap();
+        fs.unlink(root, b"f").unwrap();
+        let id = fs
+            .create_snapshot(tree_id::FS, root, b"snap", true)
+            .unwrap();
+        let orphans_in = |id: u64| {
+            let mut state = fs.lock();
+            let ctx = state.ctx(id).unwrap();
+            ctx.fs
+                .forest
+                .collect_range(
+                    &ctx.root.tree,
+                    Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, 0),
+                    Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, u64::MAX),
+                )
+                .unwrap()
+                .len()
+        };
+        assert_eq!((orphans_in(tree_id::FS), orphans_in(id)), (1, 0));
+        assert_eq!(fs.read_file(f, 0, 10).unwrap(), [7; 10]);
+        fs.release(f).unwrap();
         fs.close().unwrap();
         let report = check_device(dev.as_ref());
         assert!(report.is_clean(), "{report}");
