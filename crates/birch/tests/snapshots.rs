@@ -655,7 +655,7 @@ fn random_changes_never_reach_another_tree() {
     for step in 0..160 {
         let when = format!("BIRCH_SEED={seed} step {step}");
         match rng.gen_range(0..10) {
-            0 | 1 | 2 => {
+            0..=2 => {
                 let name = format!("f{step}");
                 let f = fs.create(root, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
                 fs.write_file(f, 0, &content(rng.gen_range(0..60), step as u8))
