@@ -58,7 +58,8 @@ pub struct TreeRoot {
 }
 
 impl TreeRoot {
-    fn expectation(&self) -> NodeExpectation {
+    /// What the root node must be (owner, level, generation) to be read.
+    pub fn expectation(&self) -> NodeExpectation {
         NodeExpectation {
             tree: self.id,
             level: self.level,
@@ -380,9 +381,6 @@ impl<D: BlockDevice> Forest<D> {
     /// everything below it, each child gaining one reference. Costs one
     /// node and one count change per pointer, whatever the tree's size.
     /// Both trees' `last_snapshot` becomes this transaction.
-    // Called by the snapshot step of docs/SNAPSHOTS.md (j) 8; until then
-    // by the model tests only.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn copy_root(&mut self, src: &mut TreeRoot, new_id: u64) -> Result<TreeRoot> {
         assert!(
             (self.tree_kind)(src.id) == TreeKind::Shareable

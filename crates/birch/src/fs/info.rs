@@ -10,7 +10,9 @@ use super::space_info::SpaceInfo;
 use super::spare_pages::SparePages;
 use super::types::{BackupRootUsed, FsStats, MountOptions, ReplayOutcome};
 use crate::btree::{Forest, TreeRoot};
+use crate::error::Error;
 use crate::format::Superblock;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Fs-wide state, behind the state lock (inside `FsState`).
@@ -42,6 +44,26 @@ pub(crate) struct FsInfo<D> {
     /// mounted (`Rescue::UseBackupRoot`).
     pub(super) backup_root_used: Option<BackupRootUsed>,
     pub(super) options: MountOptions,
+    /// Snapshots asked for in the running transaction, made by its seal in
+    /// this order (docs/SNAPSHOTS.md (c)).
+    pub(super) pending_snapshots: Vec<PendingSnapshot>,
+    /// Snapshots a seal could not make (their destination changed since
+    /// they were asked for), by id, until the caller collects the reason.
+    pub(super) refused_snapshots: BTreeMap<u64, Error>,
+}
+
+/// A snapshot waiting for the seal of the running transaction: its id is
+/// reserved, its destination was valid when it was asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingSnapshot {
+    pub id: u64,
+    /// The subvolume copied.
+    pub source: u64,
+    /// The subvolume and directory (its inode number there) of the link.
+    pub dest_root: u64,
+    pub dest_dir: u64,
+    pub name: Vec<u8>,
+    pub readonly: bool,
 }
 
 /// The fs-wide trees a commit records: the root tree's root goes in the

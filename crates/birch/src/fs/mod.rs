@@ -1073,6 +1073,31 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         Ok(id)
     }
 
+    /// Snapshots subvolume `source` as `name` in directory `dest_dir` (an
+    /// external inode number), read-only if asked, and returns the new
+    /// subvolume's id once the commit that made it is durable: every
+    /// snapshot commits, as btrfs's does (docs/SNAPSHOTS.md (c)). The
+    /// snapshot is the source as that commit's seal found it, with every
+    /// write that completed before this call.
+    pub fn create_snapshot(
+        &self,
+        source: u64,
+        dest_dir: u64,
+        name: &[u8],
+        readonly: bool,
+    ) -> Result<u64> {
+        let _request = self.request();
+        let id = self.change_with(
+            |s| s.snapshot_need(source),
+            |s| s.queue_snapshot(source, dest_dir, name, readonly),
+        )?;
+        self.commit()?;
+        match self.lock().info.refused_snapshots.remove(&id) {
+            Some(refused) => Err(refused),
+            None => Ok(id),
+        }
+    }
+
     /// The live subvolumes, tree 5 first.
     pub fn list_subvolumes(&self) -> Result<Vec<SubvolInfo>> {
         let _request = self.request();

@@ -197,6 +197,8 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         replay: None,
         backup_root_used: rescue,
         options,
+        pending_snapshots: Vec::new(),
+        refused_snapshots: Default::default(),
     };
     let state = FsState::new(info, Root::new(top.tree, top.item, next_ino));
     Ok(state)

@@ -2,15 +2,19 @@
 //! (its root item, ROOT_REF / ROOT_BACKREF pair, the link in its parent
 //! directory and an empty root directory in a new tree, all in one
 //! transaction), lookup and listing across a link, external inode numbers
-//! (`InoSpace`), the list of subvolumes and the default subvolume.
+//! (`InoSpace`), the list of subvolumes and the default subvolume; and
+//! snapshots, queued by a request and made by the commit's seal (step 8).
 
 use super::decode::decode_item;
+use super::info::PendingSnapshot;
 use super::log_state::FallbackReason;
 use super::root::{Root, RootCtx, SubvolRecord};
+use super::space_info::Need;
 use super::state::FsState;
 use super::{Attr, DirListEntry, InoSpace};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
+use crate::format::node::NodeBody;
 use crate::format::{
     decode_dir_items, encode_dir_items, encode_inode_refs, item_type, name_hash, tree_id, DirEntry,
     FileType, InodeItem, InodeRefEntry, Key, RootRef, SubvolRootItem, Timespec,
@@ -118,19 +122,7 @@ impl<D: BlockDevice> FsState<D> {
     ) -> Result<u64> {
         let (parent_id, dir) = InoSpace::split(parent);
         let id = self.next_subvolume_id()?;
-        {
-            let mut ctx = self.writable(parent_id)?;
-            super::namespace::validate_name(name)?;
-            if matches!(name, b"." | b"..") {
-                return Err(Error::Exists);
-            }
-            ctx.require_dir(dir)?;
-            if ctx.find_entry(dir, name)?.is_some() {
-                return Err(Error::Exists);
-            }
-            ctx.ensure_space(0)?;
-            ctx.require_dir_indexes(dir, 1)?;
-        }
+        self.check_new_link(parent_id, dir, name)?;
         let now = Timespec::now();
         let transid = self.info.forest.transid();
         let top_item = self.fresh_root_item(tree_id::FS, now);
@@ -172,6 +164,44 @@ impl<D: BlockDevice> FsState<D> {
         // A log of this transaction would copy the link with its
         // directory: fsyncs commit until the next commit.
         self.info.log.force_commit = Some(FallbackReason::Subvolume);
+        self.insert_root_refs(parent_id, id, dir, index, name)?;
+        Ok(id)
+    }
+
+    /// Whether a link `name` may be added to directory `dir` of subvolume
+    /// `parent_id`: a writable subvolume, a directory, a valid name not
+    /// taken (nor by a snapshot waiting for the seal), space and a dir
+    /// index for it.
+    fn check_new_link(&mut self, parent_id: u64, dir: u64, name: &[u8]) -> Result<()> {
+        let mut ctx = self.writable(parent_id)?;
+        super::namespace::validate_name(name)?;
+        if matches!(name, b"." | b"..") {
+            return Err(Error::Exists);
+        }
+        ctx.require_dir(dir)?;
+        if ctx.find_entry(dir, name)?.is_some()
+            || ctx
+                .fs
+                .pending_snapshots
+                .iter()
+                .any(|p| p.dest_root == parent_id && p.dest_dir == dir && p.name == name)
+        {
+            return Err(Error::Exists);
+        }
+        ctx.ensure_space(0)?;
+        ctx.require_dir_indexes(dir, 1)
+    }
+
+    /// The ROOT_REF / ROOT_BACKREF pair linking subvolume `child` as entry
+    /// `index` (`name`) of directory `dir` of subvolume `parent`.
+    fn insert_root_refs(
+        &mut self,
+        parent: u64,
+        child: u64,
+        dir: u64,
+        index: u64,
+        name: &[u8],
+    ) -> Result<()> {
         let rr = RootRef {
             dirid: dir,
             index,
@@ -181,30 +211,49 @@ impl<D: BlockDevice> FsState<D> {
         let roots = &mut self.info.roots;
         self.info
             .forest
-            .insert(&mut roots.root, Key::root_ref(parent_id, id), rr.clone())?;
+            .insert(&mut roots.root, Key::root_ref(parent, child), rr.clone())?;
         self.info
             .forest
-            .insert(&mut roots.root, Key::root_backref(id, parent_id), rr)?;
+            .insert(&mut roots.root, Key::root_backref(child, parent), rr)?;
+        Ok(())
+    }
+
+    /// Asks for a snapshot of subvolume `source` as `name` in directory
+    /// `dest_dir` (an external number), read-only if asked: checks it now
+    /// and queues it for the running transaction's seal, which makes it
+    /// ([`make_pending_snapshots`](Self::make_pending_snapshots);
+    /// docs/SNAPSHOTS.md (c)). Returns the id it gets, reserved now so
+    /// that two pending snapshots get different ones.
+    pub(super) fn queue_snapshot(
+        &mut self,
+        source: u64,
+        dest_dir: u64,
+        name: &[u8],
+        readonly: bool,
+    ) -> Result<u64> {
+        // A dead subvolume (refs 0, waiting for the cleaner) has no link:
+        // it cannot be named as a source.
+        if self.ctx(source)?.root.item.is_some_and(|i| i.refs == 0) {
+            return Err(Error::NotFound);
+        }
+        let (dest_root, dir) = InoSpace::split(dest_dir);
+        self.check_new_link(dest_root, dir, name)?;
+        let id = self.next_subvolume_id()?;
+        self.info.pending_snapshots.push(PendingSnapshot {
+            id,
+            source,
+            dest_root,
+            dest_dir: dir,
+            name: name.to_vec(),
+            readonly,
+        });
         Ok(id)
     }
 
     /// The long root item of a subvolume made (or, for tree 5, first
     /// given the long form) in this transaction at `now`.
     fn fresh_root_item(&self, id: u64, now: Timespec) -> SubvolRootItem {
-        let transid = self.info.forest.transid();
-        let mut uuid = self.info.superblock.fsid;
-        for (b, x) in uuid.iter_mut().zip(id.to_le_bytes()) {
-            *b ^= x;
-        }
-        SubvolRootItem {
-            refs: 1,
-            uuid,
-            ctransid: transid,
-            otransid: transid,
-            ctime: now,
-            otime: now,
-            ..Default::default()
-        }
+        new_root_item(self.info.superblock.fsid, id, self.info.forest.transid(), now)
     }
 
     /// Sets or clears subvolume `id`'s `SUBVOL_RDONLY` flag (`birch
@@ -244,9 +293,116 @@ impl<D: BlockDevice> FsState<D> {
         Ok(())
     }
 
-    /// The highest subvolume id with a root item or created in this
-    /// transaction (its item is written by the seal), + 1 (256 for the
-    /// first). Every root-tree key with an objectid in the subvolume range
+    /// What a snapshot of `source` may add to the running transaction:
+    /// its root items, link and ROOT_REF pair, and one count change per
+    /// pointer (or item, for a leaf) of the source's root node.
+    pub(super) fn snapshot_need(&mut self, source: u64) -> Result<Need> {
+        let ctx = self.ctx(source)?;
+        let tree = ctx.root.tree;
+        let pointers = match ctx.fs.forest.node(tree.bytenr, tree.expectation())?.body {
+            NodeBody::Internal(ref ptrs) => ptrs.len(),
+            NodeBody::Leaf(ref items) => items.len(),
+        };
+        Ok(Need::items(8 + pointers as u64))
+    }
+
+    /// Makes the snapshots queued in the running transaction, in queue
+    /// order: the seal's step between the delayed-item flush and the
+    /// log's drop (docs/SNAPSHOTS.md (c)). The caller flushes the delayed
+    /// items again afterwards (the links' DIR_INDEX items, the destination
+    /// directories' inode items).
+    pub(super) fn make_pending_snapshots(&mut self) -> Result<()> {
+        for pending in std::mem::take(&mut self.info.pending_snapshots) {
+            self.make_snapshot(&pending)?;
+        }
+        Ok(())
+    }
+
+    /// One pending snapshot: the source's tree made whole (its delayed
+    /// items flushed), its root copied (`Forest::copy_root`: one node,
+    /// every child one reference more, both trees' `last_snapshot` = T),
+    /// the new root item, then the link and its ROOT_REF pair. The link
+    /// goes in after the copy, so a snapshot placed inside its source does
+    /// not contain itself. A destination that changed since the snapshot
+    /// was asked for (directory removed, name taken) refuses it: the
+    /// reason waits in `refused_snapshots` for the caller.
+    fn make_snapshot(&mut self, pending: &PendingSnapshot) -> Result<()> {
+        {
+            let mut dest = self.ctx(pending.dest_root)?;
+            let refusal = match dest.require_dir(pending.dest_dir) {
+                Err(e @ (Error::Io(_) | Error::Corrupt(_))) => return Err(e),
+                Err(e) => Some(e),
+                Ok(()) => dest
+                    .find_entry(pending.dest_dir, &pending.name)?
+                    .map(|_| Error::Exists),
+            };
+            if let Some(e) = refusal {
+                self.info.refused_snapshots.insert(pending.id, e);
+                return Ok(());
+            }
+        }
+        // A no-op unless an earlier snapshot of this seal linked into it.
+        self.ctx(pending.source)?.flush_delayed_items()?;
+        let now = Timespec::now();
+        let transid = self.info.forest.transid();
+        let fsid = self.info.superblock.fsid;
+        let source = self
+            .subvols
+            .get_mut(pending.source)
+            .ok_or(Error::NotFound)?;
+        // Tree 5 of an image without subvolumes gets its long item (and
+        // uuid) now, as for the first subvolume created.
+        let source_uuid = source
+            .item
+            .get_or_insert_with(|| new_root_item(fsid, pending.source, transid, now))
+            .uuid;
+        let next_ino = source.next_ino;
+        let tree = self.info.forest.copy_root(&mut source.tree, pending.id)?;
+        let item = SubvolRootItem {
+            flags: if pending.readonly { SUBVOL_RDONLY } else { 0 },
+            parent_uuid: source_uuid,
+            ..new_root_item(fsid, pending.id, transid, now)
+        };
+        self.subvols
+            .others
+            .insert(pending.id, Root::new(tree, Some(item), next_ino));
+        // The subvolumes linked inside the source are not part of the
+        // snapshot: their links in the copy would have no ROOT_REF pair
+        // (a fault, S5). btrfs shows an empty directory in their place;
+        // birch removes the copied link. The source's ROOT_REFs list them,
+        // so this costs one change per nested subvolume.
+        let nested = self.info.forest.collect_range(
+            &self.info.roots.root,
+            Key::root_ref(pending.source, 0),
+            Key::root_ref(pending.source, u64::MAX),
+        )?;
+        let mut snapshot = self.ctx(pending.id)?;
+        for (key, data) in &nested {
+            let link = decode_item(key, RootRef::decode(data))?;
+            snapshot.remove_copied_link(&link)?;
+        }
+        // The source's open unlinked files are copied as orphans, which
+        // nothing in the snapshot holds open: they go now (their data
+        // stays for the source), rather than at the snapshot's first
+        // read-write load, which a read-only snapshot never has.
+        snapshot.remove_orphans()?;
+        let index = self.ctx(pending.dest_root)?.add_subvolume_link(
+            pending.dest_dir,
+            &pending.name,
+            pending.id,
+        )?;
+        self.insert_root_refs(
+            pending.dest_root,
+            pending.id,
+            pending.dest_dir,
+            index,
+            &pending.name,
+        )
+    }
+
+    /// The highest subvolume id with a root item, created or reserved by
+    /// a snapshot in this transaction (the seal writes their items), + 1
+    /// (256 for the first). Every root-tree key with an objectid in the subvolume range
     /// belongs to a subvolume that has a root item.
     fn next_subvolume_id(&mut self) -> Result<u64> {
         let last = self.info.forest.last_at_or_before(
@@ -256,7 +412,9 @@ impl<D: BlockDevice> FsState<D> {
         let highest = last
             .map(|(k, _)| k.objectid)
             .filter(|&id| id >= tree_id::FIRST_SUBVOL)
-            .max(self.subvols.others.keys().next_back().copied());
+            .max(self.subvols.others.keys().next_back().copied())
+            .max(self.info.pending_snapshots.iter().map(|p| p.id).max())
+            .max(self.info.refused_snapshots.keys().next_back().copied());
         let next = highest.map_or(tree_id::FIRST_SUBVOL, |id| id + 1);
         if next > tree_id::LAST_SUBVOL {
             return Err(Error::NoSpace);
@@ -346,6 +504,25 @@ impl<D: BlockDevice> FsState<D> {
     }
 }
 
+/// A new subvolume's root item (the seal fills in its root node and
+/// `last_snapshot`): linked, created and changed in `transid`, and a uuid
+/// unique among the image's root items (the fsid with the id mixed in).
+fn new_root_item(fsid: [u8; 16], id: u64, transid: u64, now: Timespec) -> SubvolRootItem {
+    let mut uuid = fsid;
+    for (b, x) in uuid.iter_mut().zip(id.to_le_bytes()) {
+        *b ^= x;
+    }
+    SubvolRootItem {
+        refs: 1,
+        uuid,
+        ctransid: transid,
+        otransid: transid,
+        ctime: now,
+        otime: now,
+        ..Default::default()
+    }
+}
+
 impl<D: BlockDevice> RootCtx<'_, D> {
     /// `attr` of an inode of this root, with its external number.
     pub(super) fn external(&self, mut attr: Attr) -> Attr {
@@ -388,6 +565,60 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(index)
     }
 
+    /// Removes the link `link` names from this snapshot's copy of its
+    /// source's tree (`FsState::make_snapshot`): its DIR_ITEM entry, its
+    /// DIR_INDEX and its share of the directory's size and nlink.
+    fn remove_copied_link(&mut self, link: &RootRef) -> Result<()> {
+        let tree = self.root.tree.id;
+        let missing = |what: &str| {
+            Error::corrupt(Corruption::general(format!(
+                "subvolume link {:?} of directory {} in tree {tree}: no {what}",
+                String::from_utf8_lossy(&link.name),
+                link.dirid,
+            )))
+        };
+        let dir_key = Key::new(link.dirid, item_type::DIR_ITEM, name_hash(&link.name));
+        let data = self
+            .fs
+            .forest
+            .get(&self.root.tree, &dir_key)?
+            .ok_or_else(|| missing("DIR_ITEM"))?;
+        let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
+        let before = entries.len();
+        entries.retain(|e| !(e.subvolume && e.name == link.name));
+        if entries.len() == before {
+            return Err(missing("DIR_ITEM entry"));
+        }
+        if entries.is_empty() {
+            self.fs.forest.delete(&mut self.root.tree, &dir_key)?;
+        } else {
+            self.fs
+                .forest
+                .put(&mut self.root.tree, dir_key, encode_dir_items(&entries))?;
+        }
+        let index_key = Key::new(link.dirid, item_type::DIR_INDEX, link.index);
+        if self
+            .fs
+            .forest
+            .delete(&mut self.root.tree, &index_key)?
+            .is_none()
+        {
+            return Err(missing("DIR_INDEX"));
+        }
+        let name_len = link.name.len() as u64;
+        let mut counts_ok = true;
+        self.update_inode(link.dirid, |d| {
+            match (d.size.checked_sub(name_len), d.nlink.checked_sub(1)) {
+                (Some(size), Some(nlink)) => (d.size, d.nlink) = (size, nlink),
+                _ => counts_ok = false,
+            }
+        })?;
+        if !counts_ok {
+            return Err(missing("size or nlink left for the link"));
+        }
+        Ok(())
+    }
+
     /// The subvolume links in directory `dir`: (name, subvolume id).
     fn subvolume_links(&mut self, dir: u64) -> Result<Vec<(Vec<u8>, u64)>> {
         let mut links = Vec::new();
@@ -403,5 +634,91 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
         }
         Ok(links)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::check::check_device;
+    use crate::device::MemoryDevice;
+    use crate::error::Error;
+    use crate::format::{item_type, tree_id, FileType, Key, ORPHAN_OBJECTID};
+    use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions};
+    use std::sync::Arc;
+
+    /// A snapshot's destination can change between the request and the
+    /// seal (btrfs holds the directory's lock across the commit; birch
+    /// does not): the seal refuses it, with the reason the caller gets,
+    /// and makes the rest. Threads make that race; this takes its steps
+    /// in order.
+    #[test]
+    fn a_destination_changed_before_the_seal_refuses_the_snapshot() {
+        let dev = Arc::new(MemoryDevice::new(16 << 20));
+        mkfs(dev.as_ref(), &MkfsOptions::default()).unwrap();
+        let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).unwrap();
+        let root = fs.root_ino();
+        let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+        let queue = |dir, name: &[u8]| {
+            fs.lock()
+                .queue_snapshot(tree_id::FS, dir, name, false)
+                .unwrap()
+        };
+        let taken = queue(root, b"s");
+        let gone = queue(d, b"t");
+        let made = queue(root, b"u");
+        fs.create(root, b"s", 0o644, 0, 0).unwrap();
+        fs.rmdir(root, b"d").unwrap();
+        fs.commit().unwrap();
+        {
+            let mut state = fs.lock();
+            let refused = &mut state.info.refused_snapshots;
+            assert!(matches!(refused.remove(&taken), Some(Error::Exists)));
+            assert!(matches!(refused.remove(&gone), Some(Error::NotFound)));
+            assert!(refused.is_empty());
+        }
+        let ids: Vec<u64> = fs.list_subvolumes().unwrap().iter().map(|i| i.id).collect();
+        assert_eq!(ids, vec![tree_id::FS, made]);
+        assert_eq!(fs.lookup(root, b"s").unwrap().file_type, FileType::Regular);
+        fs.close().unwrap();
+        let report = check_device(dev.as_ref());
+        assert!(report.is_clean(), "{report}");
+    }
+
+    /// A file open and unlinked in the source is an orphan there; the
+    /// snapshot does not keep it (nothing holds it open in the snapshot),
+    /// and once the source's holder closes it, nothing is left of it.
+    #[test]
+    fn a_snapshot_leaves_out_the_open_unlinked_files_of_its_source() {
+        let dev = Arc::new(MemoryDevice::new(16 << 20));
+        mkfs(dev.as_ref(), &MkfsOptions::default()).unwrap();
+        let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).unwrap();
+        let root = fs.root_ino();
+        let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, &[7; 20_000]).unwrap();
+        fs.sync().unwrap();
+        fs.open_inode(f).unwrap();
+        fs.unlink(root, b"f").unwrap();
+        let id = fs
+            .create_snapshot(tree_id::FS, root, b"snap", true)
+            .unwrap();
+        let orphans_in = |id: u64| {
+            let mut state = fs.lock();
+            let ctx = state.ctx(id).unwrap();
+            ctx.fs
+                .forest
+                .collect_range(
+                    &ctx.root.tree,
+                    Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, 0),
+                    Key::new(ORPHAN_OBJECTID, item_type::ORPHAN_ITEM, u64::MAX),
+                )
+                .unwrap()
+                .len()
+        };
+        assert_eq!((orphans_in(tree_id::FS), orphans_in(id)), (1, 0));
+        assert_eq!(fs.read_file(f, 0, 10).unwrap(), [7; 10]);
+        fs.release(f).unwrap();
+        fs.close().unwrap();
+        let report = check_device(dev.as_ref());
+        assert!(report.is_clean(), "{report}");
     }
 }

@@ -367,6 +367,12 @@ impl<D: BlockDevice> FsState<D> {
     ) -> Result<Option<commit::PreparedCommit>> {
         self.top().writeback_all()?;
         self.for_each_root(|mut root| root.flush_delayed_items())?;
+        if !self.info.pending_snapshots.is_empty() {
+            // Before the log's drop, so the links' entries are changes of
+            // this transaction, which the drop retires unlogged.
+            self.make_pending_snapshots()?;
+            self.for_each_root(|mut root| root.flush_delayed_items())?;
+        }
         *retired = Some(self.drop_log()?);
         // A superblock that points at a log (one replay applied or threw
         // away) is superseded even when nothing else changed, and so is
