@@ -365,7 +365,7 @@ impl<D: BlockDevice> FsState<D> {
         purpose: Purpose,
         retired: &mut Option<RetiredRecords>,
     ) -> Result<Option<commit::PreparedCommit>> {
-        self.top().writeback_all()?;
+        self.writeback_all()?;
         self.for_each_root(|mut root| root.flush_delayed_items())?;
         *retired = Some(self.drop_log()?);
         // A superblock that points at a log (one replay applied or threw
