@@ -15,8 +15,8 @@ use birch::format::{
     item_type, tree_id, FileType, Key, SubvolRootItem, ROOT_DIR_INO, SUBVOL_RDONLY,
 };
 use birch::fs::{
-    read_superblock, FallocateMode, Filesystem, InoSpace, MetadataCopies, MountOptions,
-    RenameFlags, SetAttr, XattrSetMode,
+    read_superblock, AtimeUpdates, FallocateMode, Filesystem, InoSpace, MetadataCopies,
+    MountOptions, RenameFlags, SetAttr, XattrSetMode,
 };
 use common::{
     crash_points, crash_view, memory_fs, memory_fs_with, mount, recorder, view, Enumeration,
@@ -209,7 +209,11 @@ fn read_only_subvolume_refuses_changes_to_its_files() {
     fs.write_file(outside, 0, &[6u8; 8192]).unwrap();
     fs.close().unwrap();
     let dev = Arc::new(make_read_only(&dev, id));
-    let fs = mount(dev.clone());
+    let options = MountOptions {
+        atime: AtimeUpdates::Always,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
     let before = view(&fs);
     let attr = fs.getattr(f).unwrap();
     let erofs = |what: &str, r: birch::error::Result<()>| {
