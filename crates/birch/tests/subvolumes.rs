@@ -16,7 +16,7 @@ use birch::format::{
 };
 use birch::fs::{
     read_superblock, AtimeUpdates, FallocateMode, Filesystem, InoSpace, MetadataCopies,
-    MountOptions, RenameFlags, SetAttr, XattrSetMode,
+    MountOptions, RenameFlags, SeekWhence, SetAttr, XattrSetMode,
 };
 use common::{
     crash_points, crash_view, memory_fs, memory_fs_with, mount, recorder, view, Enumeration,
@@ -381,6 +381,11 @@ fn file_life_in_subvolume_survives_power_cut() {
     let data: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
     assert_eq!(fs.write_file(f.ino, 0, &data).unwrap(), data.len());
     assert_eq!(fs.read_file(f.ino, 0, data.len()).unwrap(), data);
+    assert!(fs.flush_range(f.ino, 0, 8192).unwrap() > 0, "pages written");
+    assert_eq!(fs.seek(f.ino, 100, SeekWhence::Data).unwrap(), 100);
+    fs.set_flags(f.ino, 0).unwrap();
+    assert_eq!(fs.get_flags(f.ino).unwrap(), 0);
+    fs.deny_open(f.ino, libc::O_WRONLY).unwrap();
     let t = fs.truncate(f.ino, 30_000).unwrap();
     assert_eq!((t.ino, t.size), (f.ino, 30_000));
     let chmod = SetAttr {
@@ -404,6 +409,15 @@ fn file_life_in_subvolume_survives_power_cut() {
     fs.rename(a, b"f", d, b"g", RenameFlags::default()).unwrap();
     assert_eq!(fs.lookup(d, b"g").unwrap().ino, f.ino);
     fs.unlink(d, b"h").unwrap();
+    let x = fs.mkdir(a, b"x", 0o755, 0, 0).unwrap().ino;
+    let y = fs.create(a, b"y", 0o644, 0, 0).unwrap().ino;
+    let exchange = RenameFlags {
+        exchange: true,
+        ..Default::default()
+    };
+    fs.rename(a, b"x", a, b"y", exchange).unwrap();
+    assert_eq!(fs.lookup(a, b"x").unwrap().ino, y);
+    assert_eq!(fs.lookup(a, b"y").unwrap().ino, x);
     fs.mkdir(a, b"gone", 0o755, 0, 0).unwrap();
     fs.rmdir(a, b"gone").unwrap();
     let p = fs.create(a, b"p", 0o644, 0, 0).unwrap().ino;
