@@ -1,17 +1,26 @@
 //! Subvolumes through the library (docs/SNAPSHOTS.md, step 6 of (j)):
 //! create, list, lookup and readdir across a link, external inode
-//! numbers, EXDEV across subvolumes, read-only subvolumes, and a power
-//! cut during a create.
+//! numbers, EXDEV across subvolumes, read-only subvolumes, `..` of a
+//! subvolume's root, every call routed to the subvolume its inode is in
+//! (a file's whole life, writeback of its dirty pages, orphans), and power
+//! cuts.
 
 mod common;
 
 use birch::check::check_device;
-use birch::check::fixture::sample;
+use birch::check::fixture::{sample, Fixture, FixtureNode};
 use birch::device::MemoryDevice;
 use birch::error::Error;
-use birch::format::{tree_id, FileType, ROOT_DIR_INO, SUBVOL_RDONLY};
-use birch::fs::{Filesystem, InoSpace, MountOptions, RenameFlags};
-use common::{crash_points, crash_view, memory_fs, mount, recorder, Enumeration};
+use birch::format::{
+    item_type, tree_id, FileType, Key, SubvolRootItem, ROOT_DIR_INO, SUBVOL_RDONLY,
+};
+use birch::fs::{
+    read_superblock, AtimeUpdates, FallocateMode, Filesystem, InoSpace, MetadataCopies,
+    MountOptions, RenameFlags, SeekWhence, SetAttr, XattrSetMode,
+};
+use common::{
+    crash_points, crash_view, memory_fs, memory_fs_with, mount, recorder, view, Enumeration,
+};
 use std::sync::Arc;
 
 fn assert_clean(dev: &MemoryDevice, when: &str) {
@@ -135,6 +144,33 @@ fn rename_across_subvolumes_is_exdev() {
     assert_eq!(fs.lookup(a, b"g").unwrap().ino, g);
 }
 
+/// Sets `SUBVOL_RDONLY` in subvolume `id`'s root item on a closed
+/// image whose root tree is one leaf (single metadata copies): the
+/// library has no call that makes a subvolume read-only yet.
+fn make_read_only(dev: &MemoryDevice, id: u64) -> MemoryDevice {
+    let superblock = read_superblock(dev).unwrap();
+    assert_eq!(superblock.root_tree_level, 0, "a one-leaf root tree");
+    let mut image = Fixture {
+        image: dev.snapshot(),
+        nodes: vec![FixtureNode {
+            tree: tree_id::ROOT,
+            bytenr: superblock.root_tree_bytenr,
+            level: 0,
+        }],
+        superblock,
+    };
+    image.modify_item(
+        tree_id::ROOT,
+        Key::new(id, item_type::ROOT_ITEM, 0),
+        |data| {
+            let mut item = SubvolRootItem::decode(data).unwrap();
+            item.flags |= SUBVOL_RDONLY;
+            *data = item.encode();
+        },
+    );
+    image.device()
+}
+
 #[test]
 fn read_only_subvolume_refuses_every_change() {
     let mut b = sample();
@@ -151,6 +187,95 @@ fn read_only_subvolume_refuses_every_change() {
     erofs(fs.create_subvolume(sv_root, b"n", 0, 0).map(|_| ()));
     // The top level stays writable.
     fs.create(root, b"ok", 0o644, 0, 0).unwrap();
+}
+
+/// A read-only subvolume holding a file, a directory, a symlink and an
+/// xattr: every call that would change one of them fails with EROFS,
+/// reads work and change nothing, and the image stays as it was.
+#[test]
+fn read_only_subvolume_refuses_changes_to_its_files() {
+    let dev = memory_fs_with(32 << 20, 0x6d, MetadataCopies::Single);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    let f = fs.create(sv, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &[5u8; 9000]).unwrap();
+    fs.setxattr(f, b"user.x", b"v", XattrSetMode::Create)
+        .unwrap();
+    let d = fs.mkdir(sv, b"d", 0o755, 0, 0).unwrap().ino;
+    let l = fs.symlink(sv, b"l", b"f", 0, 0).unwrap().ino;
+    let outside = fs.create(root, b"outside", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(outside, 0, &[6u8; 8192]).unwrap();
+    fs.close().unwrap();
+    let dev = Arc::new(make_read_only(&dev, id));
+    let options = MountOptions {
+        atime: AtimeUpdates::Always,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
+    let before = view(&fs);
+    let attr = fs.getattr(f).unwrap();
+    let erofs = |what: &str, r: birch::error::Result<()>| {
+        assert!(matches!(r, Err(Error::ReadOnly)), "{what}: {r:?}")
+    };
+    erofs("write", fs.write_file(f, 0, b"x").map(|_| ()));
+    erofs("empty write", fs.write_file(f, 0, b"").map(|_| ()));
+    erofs("truncate", fs.truncate(f, 0).map(|_| ()));
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    erofs("chmod", fs.setattr(f, &chmod).map(|_| ()));
+    erofs(
+        "fallocate",
+        fs.fallocate(f, 0, 65_536, FallocateMode::Allocate),
+    );
+    erofs("punch", fs.fallocate(f, 0, 4096, FallocateMode::PunchHole));
+    erofs(
+        "setxattr",
+        fs.setxattr(f, b"user.y", b"w", XattrSetMode::Create),
+    );
+    erofs("removexattr", fs.removexattr(f, b"user.x"));
+    erofs("set_flags", fs.set_flags(f, 0));
+    erofs("create", fs.create(d, b"n", 0o644, 0, 0).map(|_| ()));
+    erofs("mkdir", fs.mkdir(sv, b"n", 0o755, 0, 0).map(|_| ()));
+    erofs("symlink", fs.symlink(d, b"n", b"t", 0, 0).map(|_| ()));
+    erofs("link", fs.link(f, d, b"n").map(|_| ()));
+    erofs("unlink", fs.unlink(sv, b"f"));
+    erofs("unlink symlink", fs.unlink(sv, b"l"));
+    erofs("rmdir", fs.rmdir(sv, b"d"));
+    erofs(
+        "rename",
+        fs.rename(sv, b"f", d, b"f", RenameFlags::default()),
+    );
+    erofs("tmpfile", fs.tmpfile(d, 0o644, 0, 0).map(|_| ()));
+    erofs("subvolume", fs.create_subvolume(d, b"n", 0, 0).map(|_| ()));
+    erofs(
+        "reflink into",
+        fs.copy_file_range(outside, 0, f, 0, 8192).map(|_| ()),
+    );
+    erofs("write open", fs.deny_open(f, libc::O_WRONLY));
+    erofs(
+        "truncating open",
+        fs.deny_open(f, libc::O_RDONLY | libc::O_TRUNC),
+    );
+    // Reads work, and leave even the atime alone.
+    fs.deny_open(f, libc::O_RDONLY).unwrap();
+    assert_eq!(fs.read_file(f, 0, 100).unwrap(), [5u8; 100]);
+    assert_eq!(fs.readlink(l).unwrap(), b"f");
+    assert_eq!(fs.getxattr(f, b"user.x").unwrap(), b"v");
+    fs.dir_accessed(d).unwrap();
+    assert_eq!(fs.getattr(f).unwrap(), attr);
+    // Copying out of it is a read.
+    let copy = fs.create(root, b"copy", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(fs.copy_file_range(f, 0, copy, 0, 9000).unwrap(), 9000);
+    assert_eq!(fs.read_file(copy, 0, 9000).unwrap(), [5u8; 9000]);
+    let mut expected = before.clone();
+    expected.insert("/copy".into(), vec![5u8; 9000]);
+    assert_eq!(view(&fs), expected);
+    drop(fs);
+    assert_clean(dev.as_ref(), "after the refused changes");
 }
 
 #[test]
@@ -273,4 +398,228 @@ fn set_subvolume_readonly_commits_and_refuses_changes() {
     assert!(fs.list_subvolumes().unwrap()[0].readonly);
     fs.set_subvolume_readonly(tree_id::FS, false).unwrap();
     fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap();
+}
+
+/// A power cut: the image the device holds now, the mount left running.
+fn power_cut(dev: &MemoryDevice) -> Arc<MemoryDevice> {
+    let cut = Arc::new(MemoryDevice::from_bytes(dev.snapshot()));
+    assert_clean(cut.as_ref(), "after the power cut");
+    cut
+}
+
+/// Every call on a file of a subvolume acts in that subvolume's tree: a
+/// file's whole life inside subvolume `a`, committed, then changes that a
+/// power cut loses. The remounted image shows the committed state and
+/// `birch check` is clean.
+#[test]
+fn file_life_in_subvolume_survives_power_cut() {
+    let dev = memory_fs(64 << 20, 0x67);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let id = fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    let f = fs.create(a, b"f", 0o644, 0, 0).unwrap();
+    assert_eq!(InoSpace::split(f.ino).0, id);
+    let data: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(fs.write_file(f.ino, 0, &data).unwrap(), data.len());
+    assert_eq!(fs.read_file(f.ino, 0, data.len()).unwrap(), data);
+    assert!(fs.flush_range(f.ino, 0, 8192).unwrap() > 0, "pages written");
+    assert_eq!(fs.seek(f.ino, 100, SeekWhence::Data).unwrap(), 100);
+    fs.set_flags(f.ino, 0).unwrap();
+    assert_eq!(fs.get_flags(f.ino).unwrap(), 0);
+    fs.deny_open(f.ino, libc::O_WRONLY).unwrap();
+    let t = fs.truncate(f.ino, 30_000).unwrap();
+    assert_eq!((t.ino, t.size), (f.ino, 30_000));
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    assert_eq!(fs.setattr(f.ino, &chmod).unwrap().perm, 0o600);
+    fs.setxattr(f.ino, b"user.a", b"1", XattrSetMode::Create)
+        .unwrap();
+    fs.setxattr(f.ino, b"user.b", b"2", XattrSetMode::Create)
+        .unwrap();
+    fs.removexattr(f.ino, b"user.b").unwrap();
+    assert_eq!(fs.getxattr(f.ino, b"user.a").unwrap(), b"1");
+    assert_eq!(fs.listxattr(f.ino).unwrap(), vec![b"user.a".to_vec()]);
+    let l = fs.symlink(a, b"l", b"f", 0, 0).unwrap();
+    assert_eq!(InoSpace::split(l.ino).0, id);
+    assert_eq!(fs.readlink(l.ino).unwrap(), b"f");
+    let d = fs.mkdir(a, b"d", 0o755, 0, 0).unwrap().ino;
+    let h = fs.link(f.ino, d, b"h").unwrap();
+    assert_eq!((h.ino, h.nlink), (f.ino, 2));
+    fs.rename(a, b"f", d, b"g", RenameFlags::default()).unwrap();
+    assert_eq!(fs.lookup(d, b"g").unwrap().ino, f.ino);
+    fs.unlink(d, b"h").unwrap();
+    let x = fs.mkdir(a, b"x", 0o755, 0, 0).unwrap().ino;
+    let y = fs.create(a, b"y", 0o644, 0, 0).unwrap().ino;
+    let exchange = RenameFlags {
+        exchange: true,
+        ..Default::default()
+    };
+    fs.rename(a, b"x", a, b"y", exchange).unwrap();
+    assert_eq!(fs.lookup(a, b"x").unwrap().ino, y);
+    assert_eq!(fs.lookup(a, b"y").unwrap().ino, x);
+    fs.mkdir(a, b"gone", 0o755, 0, 0).unwrap();
+    fs.rmdir(a, b"gone").unwrap();
+    let p = fs.create(a, b"p", 0o644, 0, 0).unwrap().ino;
+    fs.fallocate(p, 0, 16_384, FallocateMode::Allocate).unwrap();
+    assert_eq!(fs.getattr(p).unwrap().size, 16_384);
+    let r = fs.create(a, b"r", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(fs.copy_file_range(f.ino, 0, r, 0, 30_000).unwrap(), 30_000);
+    assert_eq!(fs.read_file(r, 0, 30_000).unwrap(), data[..30_000]);
+    let tmp = fs.tmpfile(a, 0o644, 0, 0).unwrap();
+    assert_eq!(InoSpace::split(tmp.ino).0, id);
+    fs.write_file(tmp.ino, 0, b"named later").unwrap();
+    fs.link(tmp.ino, a, b"t").unwrap();
+    fs.release(tmp.ino).unwrap();
+    fs.sync().unwrap();
+    let committed = view(&fs);
+    // Changes after the commit: the power cut loses them.
+    fs.write_file(f.ino, 0, b"lost").unwrap();
+    fs.unlink(a, b"r").unwrap();
+    fs.create(a, b"new", 0o644, 0, 0).unwrap();
+    let cut = power_cut(&dev);
+    drop(fs);
+    let fs = mount(cut.clone());
+    let after = view(&fs);
+    assert_eq!(after, committed);
+    assert_eq!(after["/a/d/g"], data[..30_000]);
+    assert_eq!(after["/a/r"], data[..30_000]);
+    assert_eq!(after["/a/t"], b"named later");
+    assert_eq!(after["/a/l"], b"-> f");
+    let g = fs.lookup(d, b"g").unwrap();
+    assert_eq!((g.ino, g.nlink, g.perm), (f.ino, 1, 0o600));
+    assert_eq!(fs.listxattr(f.ino).unwrap(), vec![b"user.a".to_vec()]);
+    drop(fs);
+    assert_clean(cut.as_ref(), "after the remount");
+}
+
+/// Dirty pages of a subvolume file reach the disk at a commit: written,
+/// committed by `sync`, and read back after a power cut.
+#[test]
+fn commit_writes_back_dirty_pages_of_subvolume_file() {
+    let dev = memory_fs(32 << 20, 0x68);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    // The same inode number (257) in tree 5 and in `a`, both dirty: the
+    // dirty-inode queue must keep them apart.
+    let top = fs.create(root, b"top", 0o644, 0, 0).unwrap().ino;
+    let f = fs.create(a, b"f", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(InoSpace::split(f).1, top);
+    fs.write_file(top, 0, &[1u8; 20_000]).unwrap();
+    fs.write_file(f, 0, &[2u8; 12_288]).unwrap();
+    assert!(fs.space_usage().dirty_data > 0);
+    fs.sync().unwrap();
+    assert_eq!(fs.space_usage().dirty_data, 0, "every dirty page written");
+    let cut = power_cut(&dev);
+    drop(fs);
+    let fs = mount(cut);
+    assert_eq!(fs.read_file(f, 0, 1 << 20).unwrap(), [2u8; 12_288]);
+    assert_eq!(fs.read_file(top, 0, 1 << 20).unwrap(), [1u8; 20_000]);
+}
+
+/// A writer over the dirty limit writes back the oldest pages itself
+/// (no flusher): pages of a subvolume file go out through the same queue.
+#[test]
+fn throttled_writer_writes_back_subvolume_pages() {
+    let dev = memory_fs(64 << 20, 0x69);
+    let options = MountOptions {
+        dirty_limit_bytes: 256 << 10,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    let f = fs.create(a, b"f", 0o644, 0, 0).unwrap().ino;
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 239) as u8).collect();
+    for piece in data.chunks(64 << 10).enumerate() {
+        let (i, chunk) = piece;
+        fs.write_file(f, (i * (64 << 10)) as u64, chunk).unwrap();
+    }
+    assert!(
+        fs.space_stats().throttle_pages > 0,
+        "the writer was throttled"
+    );
+    assert!(fs.space_usage().dirty_data <= 256 << 10);
+    assert_eq!(fs.read_file(f, 0, data.len()).unwrap(), data);
+    fs.sync().unwrap();
+    drop(fs);
+    assert_clean(dev.as_ref(), "after the throttled writes");
+    let fs = mount(dev);
+    assert_eq!(fs.read_file(f, 0, data.len()).unwrap(), data);
+}
+
+/// Crash case: `subvolume create a; write a/f; fsync a/f; <cut>` shows
+/// a/f's data: the fsync's commit writes its dirty pages back.
+#[test]
+fn fsync_of_subvolume_file_makes_its_data_durable() {
+    let rec = recorder(32 << 20, 0x6a);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    let f = fs.create(a, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &[7u8; 10_000]).unwrap();
+    fs.fsync(f, false).unwrap();
+    let synced = rec.flush_count();
+    drop(fs);
+    for point in crash_points(&rec, synced, &Enumeration::thorough(0x6a)) {
+        let view = crash_view(&rec, &point);
+        assert_eq!(
+            view.get("/a/f").map(Vec::as_slice),
+            Some(&[7u8; 10_000][..]),
+            "{point:?}"
+        );
+    }
+}
+
+/// An open file unlinked in a subvolume is an orphan in that subvolume's
+/// tree: after a power cut the next mount frees it.
+#[test]
+fn orphan_in_subvolume_is_freed_at_next_mount() {
+    let dev = memory_fs(32 << 20, 0x6b);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    let f = fs.create(a, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &[3u8; 50_000]).unwrap();
+    fs.open_inode(f).unwrap();
+    fs.unlink(a, b"f").unwrap();
+    assert_eq!(fs.read_file(f, 0, 10).unwrap(), [3u8; 10], "still open");
+    fs.sync().unwrap();
+    let cut = power_cut(&dev);
+    drop(fs);
+    let fs = mount(cut.clone());
+    assert!(
+        matches!(fs.getattr(f), Err(Error::NotFound)),
+        "the orphan was freed at mount"
+    );
+    drop(fs);
+    assert_clean(cut.as_ref(), "after the orphan's removal");
+}
+
+/// `..` of a subvolume's root directory is the directory holding its
+/// link, as in btrfs, not the root itself.
+#[test]
+fn dotdot_of_subvolume_root_is_the_link_directory() {
+    let dev = memory_fs(32 << 20, 0x6c);
+    let fs = mount(dev);
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap();
+    fs.create_subvolume(d.ino, b"a", 0, 0).unwrap();
+    let a = fs.lookup(d.ino, b"a").unwrap().ino;
+    assert_eq!(fs.lookup(a, b"..").unwrap(), fs.getattr(d.ino).unwrap());
+    assert_eq!(fs.parent_of_dir(a).unwrap(), d.ino);
+    let inner = fs.mkdir(a, b"inner", 0o755, 0, 0).unwrap().ino;
+    assert_eq!(fs.lookup(inner, b"..").unwrap().ino, a);
+    assert_eq!(fs.parent_of_dir(inner).unwrap(), a);
+    fs.create_subvolume(a, b"b", 0, 0).unwrap();
+    let b = fs.lookup(a, b"b").unwrap().ino;
+    assert_eq!(fs.lookup(b, b"..").unwrap().ino, a);
+    assert_eq!(fs.parent_of_dir(root).unwrap(), root);
 }

@@ -17,6 +17,7 @@ use super::decode::decode_item;
 use super::root::RootCtx;
 use super::space_info::Need;
 use super::state::FsState;
+use super::types::InoSpace;
 use super::{FallocateMode, SeekWhence};
 use crate::alloc::{ReaderTicket, TransactionSpace};
 use crate::device::BlockDevice;
@@ -162,7 +163,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let right = pages.contains_key(&(index + 1));
         pages.insert(index, page);
         self.fs.dirty_page_bytes += PAGE;
-        self.fs.space.page_added(ino, left, right);
+        let queued = self.queued(ino);
+        self.fs.space.page_added(queued, left, right);
         self.debug_check_runs(ino);
         Ok(())
     }
@@ -177,7 +179,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let right = pages.contains_key(&(index + 1));
         let now_clean = pages.is_empty();
         self.fs.dirty_page_bytes -= PAGE;
-        self.fs.space.page_removed(ino, left, right, now_clean);
+        let queued = self.queued(ino);
+        self.fs.space.page_removed(queued, left, right, now_clean);
         Ok(Some(page))
     }
 
@@ -213,7 +216,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         {
             self.take_dirty_pages(ino, ..)?;
         }
-        debug_assert!(!self.fs.space.has_dirty(ino));
+        debug_assert!(!self.fs.space.has_dirty(self.queued(ino)));
         Ok(())
     }
 
@@ -230,7 +233,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                     }
                     prev = Some(k);
                 }
-                assert_eq!(self.fs.space.runs_of(ino), runs, "run count of inode {ino}");
+                assert_eq!(
+                    self.fs.space.runs_of(self.queued(ino)),
+                    runs,
+                    "run count of inode {ino}"
+                );
             }
         }
         #[cfg(not(debug_assertions))]
@@ -287,7 +294,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// An access to `ino` (a read, a directory listing): updates its atime
     /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says.
     pub(crate) fn touch_atime(&mut self, ino: u64) -> Result<()> {
-        if self.fs.failed.is_some() || self.fs.options.read_only {
+        // A read-only subvolume's tree must not change, atimes included
+        // (btrfs leaves them too).
+        if self.fs.failed.is_some() || self.fs.options.read_only || self.root.is_readonly() {
             return Ok(());
         }
         let now = Timespec::now();
@@ -532,15 +541,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(())
     }
 
-    /// Writes every dirty page of every file to new extents (commit).
-    pub(crate) fn writeback_all(&mut self) -> Result<()> {
-        for ino in self.fs.space.dirty_inodes() {
-            let pages = self.take_dirty_pages(ino, ..)?;
-            let n = self.writeback_pages(ino, pages)?;
-            self.fs.space.stats.commit_pages += n;
-        }
-        debug_assert_eq!(self.fs.dirty_page_bytes, 0);
-        Ok(())
+    /// The name of this root's inode `ino` in the dirty-inode queue
+    /// (`SpaceInfo`), which spans every root: its external number.
+    fn queued(&self, ino: u64) -> u64 {
+        InoSpace::join(self.root.tree.id, ino)
     }
 
     /// Writes back one inode's dirty pages (fsync).
@@ -979,8 +983,22 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 }
 
-/// Writeback over the dirty-inode queue, which spans roots.
+/// Writeback over the dirty-inode queue, which spans roots: it names
+/// inodes by their external numbers (`RootCtx::queued`).
 impl<D: BlockDevice> FsState<D> {
+    /// Writes every dirty page of every file of every root to new extents
+    /// (commit).
+    pub(crate) fn writeback_all(&mut self) -> Result<()> {
+        for queued in self.info.space.dirty_inodes() {
+            let (mut root, ino) = self.resolve(queued)?;
+            let pages = root.take_dirty_pages(ino, ..)?;
+            let n = root.writeback_pages(ino, pages)?;
+            root.fs.space.stats.commit_pages += n;
+        }
+        debug_assert_eq!(self.info.dirty_page_bytes, 0);
+        Ok(())
+    }
+
     /// Page-bounded writeback (reclaim, the flusher, throttled writers):
     /// about `budget` pages, oldest dirty inode first, as many inodes as it
     /// takes — never "all pages of N inodes". Within an inode it goes on
@@ -989,13 +1007,13 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn writeback_oldest(&mut self, budget: u64) -> Result<u64> {
         let mut written = 0;
         while written < budget {
-            let Some(ino) = self.info.space.oldest_dirty_inode() else {
+            let Some(queued) = self.info.space.oldest_dirty_inode() else {
                 break;
             };
             let want = (budget - written) as usize;
-            let cursor = self.info.space.cursor(ino);
+            let cursor = self.info.space.cursor(queued);
+            let (mut root, ino) = self.resolve(queued)?;
             let keys: Vec<u64> = {
-                let mut root = self.top();
                 let pages = &root.inode(ino)?.pages;
                 pages
                     .range(cursor..)
@@ -1006,16 +1024,16 @@ impl<D: BlockDevice> FsState<D> {
             };
             let mut pages = BTreeMap::new();
             for &k in &keys {
-                if let Some(page) = self.top().take_dirty_page(ino, k)? {
+                if let Some(page) = root.take_dirty_page(ino, k)? {
                     pages.insert(k, page);
                 }
             }
-            self.top().debug_check_runs(ino);
+            root.debug_check_runs(ino);
             if let Some(&last) = keys.last() {
-                self.info.space.set_cursor(ino, last + 1);
+                root.fs.space.set_cursor(queued, last + 1);
             }
             written += pages.len() as u64;
-            self.top().writeback_pages(ino, pages)?;
+            root.writeback_pages(ino, pages)?;
         }
         Ok(written)
     }

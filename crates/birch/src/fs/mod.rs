@@ -242,7 +242,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             // Under the same hold of the state lock that allows changes:
             // a change that slipped in between could create an O_TMPFILE
             // inode (an orphan by design) that this would free while held.
-            if let Err(e) = state.top().remove_orphans() {
+            if let Err(e) = remove_orphans_of_every_subvolume(&mut state) {
                 if matches!(e, Error::Io(_) | Error::Corrupt(_)) {
                     state.info.failed = Some(e.to_string());
                 }
@@ -417,8 +417,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     && changes.size.is_none()
                     && !matches!(changes.atime, Some(SetTime::At(_)))
                     && !matches!(changes.mtime, Some(SetTime::At(_)));
-                s.writable(TOP)?.deny_if_flagged(ino, only_now)?;
-                s.writable(TOP)?.setattr(ino, changes)
+                let (mut root, ino) = s.resolve_writable(ino)?;
+                root.deny_if_flagged(ino, only_now)?;
+                root.setattr(ino, changes).map(|a| root.external(a))
             },
         )
     }
@@ -496,15 +497,20 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(7)),
             |s| {
-                s.writable(TOP)?.deny_if_flagged(parent, true)?;
-                s.writable(TOP)?.symlink(parent, name, target, uid, gid)
+                let (mut root, dir) = s.resolve_writable(parent)?;
+                root.deny_if_flagged(dir, true)?;
+                root.symlink(dir, name, target, uid, gid)
+                    .map(|a| root.external(a))
             },
         )
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let _request = self.request();
-        self.read(|s| s.top().readlink(ino))
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.readlink(ino)
+        })
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
@@ -513,9 +519,11 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |_| Ok(Need::items(5)),
             |s| {
                 InoSpace::same_subvolume(ino, new_parent)?;
-                s.writable(TOP)?.deny_if_flagged(ino, false)?;
-                s.writable(TOP)?.deny_if_flagged(new_parent, true)?;
-                s.writable(TOP)?.link(ino, new_parent, new_name)
+                let (_, dir) = InoSpace::split(new_parent);
+                let (mut root, ino) = s.resolve_writable(ino)?;
+                root.deny_if_flagged(ino, false)?;
+                root.deny_if_flagged(dir, true)?;
+                root.link(ino, dir, new_name).map(|a| root.external(a))
             },
         )
     }
@@ -525,8 +533,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.writable(TOP)?.deny_remove(parent, name)?;
-                s.writable(TOP)?.unlink(parent, name)
+                let (mut root, dir) = s.resolve_writable(parent)?;
+                root.deny_remove(dir, name)?;
+                root.unlink(dir, name)
             },
         )
     }
@@ -536,8 +545,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
-                s.writable(TOP)?.deny_remove(parent, name)?;
-                s.writable(TOP)?.rmdir(parent, name)
+                let (mut root, dir) = s.resolve_writable(parent)?;
+                root.deny_remove(dir, name)?;
+                root.rmdir(dir, name)
             },
         )
     }
@@ -555,6 +565,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |_| Ok(Need::items(10)),
             |s| {
                 InoSpace::same_subvolume(parent, new_parent)?;
+                let (_, new_dir) = InoSpace::split(new_parent);
+                let (mut root, dir) = s.resolve_writable(parent)?;
                 // The source leaves its directory, a replaced target
                 // leaves the other; an exchange does both. A malformed
                 // name or a missing source is left to `rename`, which
@@ -562,18 +574,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 // a long target, both before a flag).
                 let well_formed = namespace::validate_name(name).is_ok()
                     && namespace::validate_name(new_name).is_ok();
-                if well_formed && s.writable(TOP)?.find_entry(parent, name)?.is_some() {
-                    s.writable(TOP)?.deny_remove(parent, name)?;
-                    if flags.exchange
-                        || s.writable(TOP)?.find_entry(new_parent, new_name)?.is_some()
-                    {
-                        s.writable(TOP)?.deny_remove(new_parent, new_name)?;
+                if well_formed && root.find_entry(dir, name)?.is_some() {
+                    root.deny_remove(dir, name)?;
+                    if flags.exchange || root.find_entry(new_dir, new_name)?.is_some() {
+                        root.deny_remove(new_dir, new_name)?;
                     } else {
-                        s.writable(TOP)?.deny_if_flagged(new_parent, true)?;
+                        root.deny_if_flagged(new_dir, true)?;
                     }
                 }
-                s.writable(TOP)?
-                    .rename(parent, name, new_parent, new_name, flags)
+                root.rename(dir, name, new_dir, new_name, flags)
             },
         )
     }
@@ -592,9 +601,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn dir_index_end(&self, ino: u64) -> Result<u64> {
         let _request = self.request();
         self.read(|s| {
-            let (mut ctx, ino) = s.resolve(ino)?;
-            ctx.require_dir(ino)?;
-            ctx.peek_dir_index(ino)
+            let (mut root, ino) = s.resolve(ino)?;
+            root.require_dir(ino)?;
+            root.peek_dir_index(ino)
         })
     }
 
@@ -603,20 +612,16 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn dir_accessed(&self, ino: u64) -> Result<()> {
         let _request = self.request();
         self.read(|s| {
-            let (mut ctx, ino) = s.resolve(ino)?;
-            ctx.touch_atime(ino)
+            let (mut root, ino) = s.resolve(ino)?;
+            root.touch_atime(ino)
         })
     }
 
-    /// The parent of a directory (a subvolume's root directory is its
-    /// own parent).
+    /// The parent of a directory: for a subvolume's root directory, the
+    /// directory holding its link (the top-level root is its own parent).
     pub fn parent_of_dir(&self, ino: u64) -> Result<u64> {
         let _request = self.request();
-        self.read(|s| {
-            let (mut ctx, ino) = s.resolve(ino)?;
-            let parent = ctx.dir_parent(ino)?;
-            Ok(InoSpace::join(ctx.root.tree.id, parent))
-        })
+        self.read(|s| s.parent_across(ino))
     }
 
     // ----- open files -----
@@ -626,8 +631,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn open_inode(&self, ino: u64) -> Result<()> {
         let _request = self.request();
         self.read(|s| {
-            let (mut ctx, ino) = s.resolve(ino)?;
-            ctx.open_inode(ino)
+            let (mut root, ino) = s.resolve(ino)?;
+            root.open_inode(ino)
         })
     }
 
@@ -636,7 +641,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| {
             let r = s
                 .resolve(ino)
-                .and_then(|(mut ctx, ino)| ctx.release_inode(ino));
+                .and_then(|(mut root, ino)| root.release_inode(ino));
             s.fail_on_device_error(&r);
             self.shared.space_changed(s);
             r
@@ -652,7 +657,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             for _ in 0..count {
                 r = s
                     .resolve(ino)
-                    .and_then(|(mut ctx, ino)| ctx.release_inode(ino));
+                    .and_then(|(mut root, ino)| root.release_inode(ino));
                 if r.is_err() {
                     break;
                 }
@@ -667,7 +672,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn read_file(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
         let _request = self.request();
-        let plan = self.read(|s| s.top().plan_read(ino, offset, size))?;
+        let plan = self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.plan_read(ino, offset, size)
+        })?;
         let read = plan.execute(self.shared.store.device());
         if matches!(read, Err(Error::BadData(_))) {
             self.lock().info.stats.data_csum_errors += 1;
@@ -681,9 +689,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (ENOSPC only when nothing could be accepted).
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let _request = self.request();
-        self.read(|s| s.top().check_write(ino, offset, data.len() as u64))?;
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.check_write(ino, offset, data.len() as u64)
+        })?;
         if data.is_empty() {
-            return self.change(|s| s.writable(TOP)?.write_file(ino, offset, data));
+            return self.change(|s| {
+                let (mut root, ino) = s.resolve_writable(ino)?;
+                root.write_file(ino, offset, data)
+            });
         }
         let mut done = 0usize;
         let mut chunk_limit = space_info::WRITE_CHUNK;
@@ -692,10 +706,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
             let chunk = &data[done..done + piece];
             match self.change_reserving(
-                |s| s.writable(TOP)?.write_need(ino, at, chunk.len() as u64),
                 |s| {
-                    s.writable(TOP)?.deny_write(ino, at)?;
-                    s.writable(TOP)?.write_file(ino, at, chunk)
+                    let (mut root, ino) = s.resolve_writable(ino)?;
+                    root.write_need(ino, at, chunk.len() as u64)
+                },
+                |s| {
+                    let (mut root, ino) = s.resolve_writable(ino)?;
+                    root.deny_write(ino, at)?;
+                    root.write_file(ino, at, chunk)
                 },
             ) {
                 Ok(n) => done += n,
@@ -724,21 +742,28 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`. Returns the pages written.
     pub fn flush_range(&self, ino: u64, offset: u64, len: u64) -> Result<u64> {
         let _request = self.request();
-        self.change(|s| s.top().writeback_range(ino, offset, len))
+        self.change(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.writeback_range(ino, offset, len)
+        })
     }
 
     /// Preallocates (reads as zeros until written) or punches a hole.
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
         let _request = self.request();
         self.change_with(
-            |s| s.writable(TOP)?.fallocate_need(ino, offset, len, mode),
+            |s| {
+                let (mut root, ino) = s.resolve_writable(ino)?;
+                root.fallocate_need(ino, offset, len, mode)
+            },
             |s| {
                 let grows_only = matches!(
                     mode,
                     FallocateMode::Allocate | FallocateMode::AllocateKeepSize
                 );
-                s.writable(TOP)?.deny_if_flagged(ino, grows_only)?;
-                s.writable(TOP)?.fallocate(ino, offset, len, mode)
+                let (mut root, ino) = s.resolve_writable(ino)?;
+                root.deny_if_flagged(ino, grows_only)?;
+                root.fallocate(ino, offset, len, mode)
             },
         )
     }
@@ -747,7 +772,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// holds data (or is a hole; the end of file counts as a hole).
     pub fn seek(&self, ino: u64, offset: u64, whence: SeekWhence) -> Result<u64> {
         let _request = self.request();
-        self.read(|s| s.top().seek(ino, offset, whence))
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.seek(ino, offset, whence)
+        })
     }
 
     pub fn truncate(&self, ino: u64, size: u64) -> Result<Attr> {
@@ -763,9 +791,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// `copy_file_range`: copies up to `len` bytes (fewer at the source's
     /// EOF) and returns how many. Where both offsets lie at the same place
-    /// within a block, whole blocks are shared with the source (a reflink:
-    /// the destination's extents point at the source's data, copy on
-    /// write); otherwise, and at partial blocks, bytes are copied.
+    /// within a block and both files are in one subvolume, whole blocks
+    /// are shared with the source (a reflink: the destination's extents
+    /// point at the source's data, copy on write); otherwise, and at
+    /// partial blocks, bytes are copied. Across subvolumes the extent
+    /// counts would allow sharing (they count file extent items of every
+    /// tree), but a reflink first settles the source's inline and dirty
+    /// data into its own tree, a change a read-only source (a snapshot,
+    /// the usual source) must not get: bytes are copied instead.
     pub fn copy_file_range(
         &self,
         src: u64,
@@ -775,20 +808,39 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         len: u64,
     ) -> Result<u64> {
         let _request = self.request();
+        let one_subvolume = InoSpace::same_subvolume(src, dst).is_ok();
         let len = self.read(|s| {
-            s.top().deny_if_flagged(dst, false)?;
-            s.top().check_copy(src, src_offset, dst, dst_offset, len)
+            if one_subvolume {
+                let (mut root, src) = s.resolve(src)?;
+                let (_, dst) = InoSpace::split(dst);
+                root.deny_if_flagged(dst, false)?;
+                return root.check_copy(src, src_offset, dst, dst_offset, len);
+            }
+            let (mut from, src) = s.resolve(src)?;
+            from.require_regular(src)?;
+            let len = len.min(from.inode(src)?.item.size.saturating_sub(src_offset));
+            let (mut to, dst) = s.resolve(dst)?;
+            to.require_regular(dst)?;
+            to.deny_if_flagged(dst, false)?;
+            if len > 0 {
+                to.check_write(dst, dst_offset, len)?;
+            }
+            Ok(len)
         })?;
         if len == 0 {
             return Ok(0);
         }
-        if src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
+        if one_subvolume && src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
             return self.change_with(
-                |s| s.writable(TOP)?.clone_need(src, src_offset, len),
                 |s| {
-                    s.writable(TOP)?.deny_if_flagged(dst, false)?;
-                    s.writable(TOP)?
-                        .clone_range(src, src_offset, dst, dst_offset, len)
+                    let (mut root, src) = s.resolve_writable(src)?;
+                    root.clone_need(src, src_offset, len)
+                },
+                |s| {
+                    let (mut root, src) = s.resolve_writable(src)?;
+                    let (_, dst) = InoSpace::split(dst);
+                    root.deny_if_flagged(dst, false)?;
+                    root.clone_range(src, src_offset, dst, dst_offset, len)
                 },
             );
         }
@@ -814,7 +866,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// ([`inode_flags`]).
     pub fn get_flags(&self, ino: u64) -> Result<u32> {
         let _request = self.request();
-        self.read(|s| s.top().get_flags(ino))
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.get_flags(ino)
+        })
     }
 
     /// Whether an open(2) of `ino` with `flags` (O_ACCMODE, O_APPEND,
@@ -825,7 +880,14 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// anyway.
     pub fn deny_open(&self, ino: u64, flags: i32) -> Result<()> {
         let _request = self.request();
-        self.read(|s| s.top().deny_open(ino, flags))
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+            if writes && root.root.is_readonly() {
+                return Err(Error::ReadOnly);
+            }
+            root.deny_open(ino, flags)
+        })
     }
 
     /// FS_IOC_SETFLAGS: only [`inode_flags::SUPPORTED`] may be set
@@ -834,7 +896,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(1)),
-            |s| s.writable(TOP)?.set_flags(ino, flags),
+            |s| {
+                let (mut root, ino) = s.resolve_writable(ino)?;
+                root.set_flags(ino, flags)
+            },
         )
     }
 
@@ -848,8 +913,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(4)),
             |s| {
-                let ino = s.writable(TOP)?.tmpfile(dir, mode, uid, gid)?;
-                s.writable(TOP)?.getattr(ino)
+                let (mut root, dir) = s.resolve_writable(dir)?;
+                let ino = root.tmpfile(dir, mode, uid, gid)?;
+                root.getattr(ino).map(|a| root.external(a))
             },
         )
     }
@@ -859,8 +925,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let _request = self.request();
         self.read(|s| {
-            let (mut ctx, ino) = s.resolve(ino)?;
-            ctx.getxattr(ino, name)
+            let (mut root, ino) = s.resolve(ino)?;
+            root.getxattr(ino, name)
         })
     }
 
@@ -869,8 +935,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(3)),
             |s| {
-                s.writable(TOP)?.deny_if_flagged(ino, false)?;
-                s.writable(TOP)?.setxattr(ino, name, value, mode)
+                let (mut root, ino) = s.resolve_writable(ino)?;
+                root.deny_if_flagged(ino, false)?;
+                root.setxattr(ino, name, value, mode)
             },
         )
     }
@@ -878,8 +945,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
         let _request = self.request();
         self.read(|s| {
-            let (mut ctx, ino) = s.resolve(ino)?;
-            ctx.listxattr(ino)
+            let (mut root, ino) = s.resolve(ino)?;
+            root.listxattr(ino)
         })
     }
 
@@ -888,8 +955,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(2)),
             |s| {
-                s.writable(TOP)?.deny_if_flagged(ino, false)?;
-                s.writable(TOP)?.removexattr(ino, name)
+                let (mut root, ino) = s.resolve_writable(ino)?;
+                root.deny_if_flagged(ino, false)?;
+                root.removexattr(ino, name)
             },
         )
     }
@@ -1001,7 +1069,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let target = {
             let mut state = self.lock();
             state.info.spare_pages.release();
-            state.subvols.top.inodes.shrink_to_fit();
+            for root in state.subvols.iter_mut() {
+                root.inodes.shrink_to_fit();
+            }
             state.info.memory_releases += 1;
             state.info.idle_cache_nodes
         };
@@ -1157,7 +1227,16 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.stop_flusher();
         let read_only = self.lock().info.options.read_only;
         if !read_only && self.lock().info.failed.is_none() {
-            self.change(|s| s.top().remove_orphans())?;
+            // Only a loaded root can have gained orphans since the mount
+            // removed every subvolume's.
+            self.change(|s| {
+                s.for_each_root(|mut root| {
+                    if !root.root.is_readonly() {
+                        root.remove_orphans()?;
+                    }
+                    Ok(())
+                })
+            })?;
         }
         self.commit()
     }
@@ -1193,6 +1272,22 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             let _ = flusher.join();
         }
     }
+}
+
+/// Finishes the inodes a crash or an unclean stop left as orphans, in
+/// every live subvolume (an open unlinked file's orphan item is in its own
+/// subvolume's tree): loads each subvolume's root, one root-item read
+/// each. A read-only subvolume never gains orphans; a deleted one's go
+/// with its tree.
+fn remove_orphans_of_every_subvolume<D: BlockDevice>(state: &mut FsState<D>) -> Result<()> {
+    let ids: Vec<u64> = state.list_subvolumes()?.iter().map(|i| i.id).collect();
+    for id in ids {
+        let mut root = state.ctx(id)?;
+        if !root.root.is_readonly() {
+            root.remove_orphans()?;
+        }
+    }
+    Ok(())
 }
 
 impl<D: BlockDevice + 'static> Drop for Filesystem<D> {

@@ -64,6 +64,10 @@ impl<D: BlockDevice> FsState<D> {
         let (mut ctx, dir) = self.resolve(parent)?;
         let id = ctx.root.tree.id;
         let entry = match name {
+            b".." if dir == ROOT_DIR_INO && id != tree_id::FS => {
+                let parent = self.parent_across(parent)?;
+                return self.getattr_across(parent);
+            }
             b"." | b".." => None,
             _ => ctx.find_entry(dir, name)?,
         };
@@ -79,6 +83,29 @@ impl<D: BlockDevice> FsState<D> {
         };
         attr.ino = InoSpace::join(id, attr.ino);
         Ok(attr)
+    }
+
+    /// The parent of directory `ext` (external numbers). A subvolume's
+    /// root directory's is the directory holding its link (from its
+    /// ROOT_BACKREF), as `..` in btrfs; the top level's root is its own.
+    pub(super) fn parent_across(&mut self, ext: u64) -> Result<u64> {
+        let (mut ctx, dir) = self.resolve(ext)?;
+        let id = ctx.root.tree.id;
+        if dir != ROOT_DIR_INO || id == tree_id::FS {
+            return Ok(InoSpace::join(id, ctx.dir_parent(dir)?));
+        }
+        let backrefs = self.info.forest.collect_range(
+            &self.info.roots.root,
+            Key::new(id, item_type::ROOT_BACKREF, 0),
+            Key::new(id, item_type::ROOT_BACKREF, u64::MAX),
+        )?;
+        // A subvolume without a link (deleted, waiting for the cleaner)
+        // has no parent to show: its root stands for itself.
+        let Some((key, data)) = backrefs.first() else {
+            return Ok(ext);
+        };
+        let rr = decode_item(key, RootRef::decode(data))?;
+        Ok(InoSpace::join(key.offset, rr.dirid))
     }
 
     pub(super) fn getattr_across(&mut self, ext: u64) -> Result<Attr> {

@@ -365,7 +365,7 @@ impl<D: BlockDevice> FsState<D> {
         purpose: Purpose,
         retired: &mut Option<RetiredRecords>,
     ) -> Result<Option<commit::PreparedCommit>> {
-        self.top().writeback_all()?;
+        self.writeback_all()?;
         self.for_each_root(|mut root| root.flush_delayed_items())?;
         if !self.info.pending_snapshots.is_empty() {
             // Before the log's drop, so the links' entries are changes of
