@@ -198,7 +198,8 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         backup_root_used: rescue,
         options,
     };
-    let state = FsState::new(info, Root::new(top.tree, top.item, next_ino));
+    let mut state = FsState::new(info, Root::new(top.tree, top.item, next_ino));
+    state.queue_orphan_roots()?;
     Ok(state)
 }
 
