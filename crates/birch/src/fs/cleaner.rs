@@ -69,12 +69,16 @@ impl<D: BlockDevice> FsState<D> {
         if rr.dirid != dir || rr.name != name {
             return Err(corrupt(&format!("{ref_key} names another link")));
         }
-        // Loads the subvolume's root item before anything changes.
-        let item = self
-            .ctx(id)?
+        // Loads the subvolume's root item before anything changes, and
+        // puts what its delayed items hold (a link removed from it, dir
+        // indexes, inode items) into its tree: the dead tree is then what
+        // `birch check` reads, whole, until the cleaner releases it.
+        let mut child = self.ctx(id)?;
+        let item = child
             .root
             .item
             .ok_or_else(|| corrupt("a subvolume with a short root item"))?;
+        child.flush_delayed_items()?;
         self.writable(parent_id)?
             .remove_subvolume_link(dir, name, id, rr.index)?;
         let roots = &mut self.info.roots;
