@@ -307,3 +307,71 @@ fn fsync_of_dir_whose_subvolume_was_deleted_commits() {
         assert!(view.contains_key("/x"), "{point:?}: {view:?}");
     }
 }
+
+/// A full filesystem with a deleted subvolume not yet dropped: a write
+/// that needs the subvolume's space gets it, because space reclaim runs
+/// the cleaner before it answers ENOSPC (docs/SNAPSHOTS.md (d), "Space").
+#[test]
+fn reclaim_drops_deleted_subvolumes_before_enospc() {
+    let dev = memory_fs(32 << 20, 0x77);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 40, 100);
+    fs.sync().unwrap();
+    // Fill what is left with data in tree 5, until a write is refused.
+    let chunk = vec![0x5au8; 64 * 1024];
+    let f = fs.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+    let g = fs.create(root, b"more", 0o644, 0, 0).unwrap().ino;
+    let mut size = 0u64;
+    loop {
+        match fs.write_file(f, size, &chunk) {
+            Ok(n) if n == chunk.len() => size += n as u64,
+            Ok(_) | Err(Error::NoSpace) => break,
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    fs.sync().unwrap();
+    assert!(
+        matches!(fs.write_file(g, 0, &chunk), Err(Error::NoSpace)),
+        "full"
+    );
+    fs.delete_subvolume(root, b"sv").unwrap();
+    // The subvolume's ~1 MiB of nodes are enough for the next writes.
+    for i in 0..8u64 {
+        fs.write_file(g, i * chunk.len() as u64, &chunk)
+            .unwrap_or_else(|e| panic!("write {i} after the delete: {e}"));
+    }
+    fs.sync().unwrap();
+    assert!(fs.deleted_subvolumes().is_empty(), "dropped by reclaim");
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after reclaim");
+}
+
+/// The background worker runs the cleaner: a deleted subvolume is dropped
+/// without any call, a bounded transaction at a time.
+#[test]
+fn background_worker_drops_deleted_subvolumes() {
+    let dev = memory_fs(32 << 20, 0x78);
+    let options = MountOptions {
+        commit_interval: Some(std::time::Duration::from_millis(20)),
+        ..small_steps()
+    };
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 20, 60);
+    fs.delete_subvolume(root, b"sv").unwrap();
+    let commits = fs.stats().commits;
+    // Waits for the worker (a liveness bound, not a timing assertion).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !fs.deleted_subvolumes().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the worker never dropped it");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(fs.stats().commits > commits + 3, "in several transactions");
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the worker's drop");
+}
