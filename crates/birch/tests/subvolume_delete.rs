@@ -37,8 +37,14 @@ fn fill<D: BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, dirs: usize, fil
             .unwrap()
             .ino;
         for f in 0..files {
-            fs.create(sub, format!("file-with-a-longer-name-{f}").as_bytes(), 0o644, 0, 0)
-                .unwrap();
+            fs.create(
+                sub,
+                format!("file-with-a-longer-name-{f}").as_bytes(),
+                0o644,
+                0,
+                0,
+            )
+            .unwrap();
         }
     }
 }
@@ -140,7 +146,10 @@ fn delete_frees_the_space() {
     let sv = fs.lookup(root, b"sv").unwrap().ino;
     fill(&fs, sv, 20, 60);
     let full = settled_free_blocks(&fs);
-    assert!(before - full > 40, "the subvolume uses space ({before} -> {full})");
+    assert!(
+        before - full > 40,
+        "the subvolume uses space ({before} -> {full})"
+    );
     fs.delete_subvolume(root, b"sv").unwrap();
     fs.sync().unwrap();
     let rounds = clean_all(&fs);
@@ -207,7 +216,10 @@ fn crash_mid_deletion_resumes() {
     fs.commit().unwrap();
     let deleted = rec.flush_count();
     for _ in 0..3 {
-        assert!(fs.run_cleaner().unwrap(), "the drop takes more than three commits");
+        assert!(
+            fs.run_cleaner().unwrap(),
+            "the drop takes more than three commits"
+        );
     }
     fs.shut_down();
     drop(fs);
@@ -230,7 +242,12 @@ fn crash_mid_deletion_resumes() {
         });
         let image = MemoryDevice::from_bytes(rec.crash_image(point));
         let report = check_device(&image);
-        if report.summary.deleted_subvolumes.iter().any(|&(_, p)| p > Key::MIN) {
+        if report
+            .summary
+            .deleted_subvolumes
+            .iter()
+            .any(|&(_, p)| p > Key::MIN)
+        {
             resumed_mid_drop += 1;
         }
     }
@@ -277,7 +294,10 @@ fn delete_then_crash_before_commit_keeps_subvolume() {
             }
             saw[kept as usize] = true;
         }
-        assert!(saw[1], "sv kept in some state (commit_after {commit_after})");
+        assert!(
+            saw[1],
+            "sv kept in some state (commit_after {commit_after})"
+        );
         assert_eq!(saw[0], commit_after, "sv gone only after a commit");
     }
 }
@@ -368,7 +388,10 @@ fn background_worker_drops_deleted_subvolumes() {
     // Waits for the worker (a liveness bound, not a timing assertion).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while !fs.deleted_subvolumes().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the worker never dropped it");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never dropped it"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert!(fs.stats().commits > commits + 3, "in several transactions");

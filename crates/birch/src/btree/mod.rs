@@ -584,7 +584,8 @@ impl<D: BlockDevice> Forest<D> {
             };
             if self.count_if_shared(root, p.blockptr, expect, false)? > 1 {
                 // Shared: the other trees keep the subtree, unread.
-                self.alloc.add_node_ref(p.blockptr, root.id, child_level, -1);
+                self.alloc
+                    .add_node_ref(p.blockptr, root.id, child_level, -1);
             } else {
                 let child = self.node(p.blockptr, expect)?;
                 if child.is_leaf() {

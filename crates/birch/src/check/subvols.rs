@@ -138,7 +138,9 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         c.report.summary.deleted_subvolumes = recs
             .root_items
             .iter()
-            .filter_map(|(&id, (long, _))| long.filter(|r| r.refs == 0).map(|r| (id, r.drop_progress)))
+            .filter_map(|(&id, (long, _))| {
+                long.filter(|r| r.refs == 0).map(|r| (id, r.drop_progress))
+            })
             .collect();
         check_root_items(c, &sb, &recs);
         check_ids_in_range(c, &recs);

@@ -150,7 +150,9 @@ impl<D: BlockDevice> FsState<D> {
         for (key, _) in orphans {
             let id = key.offset;
             let corrupt = |why: &str| {
-                Error::corrupt(Corruption::general(format!("orphan-root item {key}: {why}")))
+                Error::corrupt(Corruption::general(format!(
+                    "orphan-root item {key}: {why}"
+                )))
             };
             if id == tree_id::FS || !tree_id::is_subvolume(id) {
                 return Err(corrupt("names no subvolume id"));

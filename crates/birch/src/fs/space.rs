@@ -417,6 +417,14 @@ impl<D: BlockDevice + 'static> Shared<D> {
         self.reclaim_locked();
     }
 
+    /// Serves the queued tickets by escalating: page-bounded writeback, a
+    /// commit, a second commit while space is held for the first, the
+    /// cleaner while deleted subvolumes remain, and only then ENOSPC.
+    ///
+    /// Long because the escalation is one loop over the front ticket
+    /// whose state (the commits made for it, fruitless writeback rounds)
+    /// every step reads and resets; split into steps, that state and the
+    /// lock guard would travel through every call.
     fn reclaim_locked(&self) {
         // Writeback requests in a row that gave nothing back (the oldest
         // pages belonged to long runs); each doubles the next request.

@@ -3,10 +3,10 @@
 
 use super::info::FsInfo;
 use super::root::{next_free_ino, Root, RootCtx, SubvolRecord};
+use crate::btree::TreeRoot;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::tree_id;
-use crate::btree::TreeRoot;
 use crate::format::{item_type, Key, SubvolRootItem};
 use std::collections::BTreeMap;
 
