@@ -82,6 +82,13 @@ fn delete_refuses_what_btrfs_refuses() {
     assert_eq!(errno(fs.delete_subvolume(root, b"a")), libc::ENOTEMPTY);
     assert_eq!(errno(fs.delete_subvolume(root, b"plain")), libc::EINVAL);
     assert_eq!(errno(fs.delete_subvolume(root, b"none")), libc::ENOENT);
+    let plain = fs.lookup(root, b"plain").unwrap().ino;
+    fs.create_subvolume(plain, b"held", 0, 0).unwrap();
+    fs.set_flags(plain, birch::fs::inode_flags::IMMUTABLE)
+        .unwrap();
+    assert_eq!(errno(fs.delete_subvolume(plain, b"held")), libc::EPERM);
+    fs.set_flags(plain, 0).unwrap();
+    fs.delete_subvolume(plain, b"held").unwrap();
     let b = fs.lookup(root, b"b").unwrap().ino;
     let b_id = birch::fs::InoSpace::split(b).0;
     fs.set_default_subvolume(b_id).unwrap();
@@ -100,7 +107,7 @@ fn delete_refuses_what_btrfs_refuses() {
         matches!(fs.getattr(b), Err(Error::NotFound)),
         "a deleted subvolume's inodes are gone"
     );
-    assert_eq!(fs.deleted_subvolumes().len(), 2);
+    assert_eq!(fs.deleted_subvolumes().len(), 3);
     // Inner first, then the outer one.
     fs.delete_subvolume(a_root, b"inner").unwrap();
     fs.delete_subvolume(root, b"a").unwrap();

@@ -27,14 +27,18 @@ const DROP_NODES_PER_HOLD: usize = 64;
 impl<D: BlockDevice> FsState<D> {
     /// Deletes the subvolume linked as `name` in directory `parent` (an
     /// external number) and returns its id. Refused with EPERM for the
-    /// default subvolume, ENOTEMPTY while it holds links to other
-    /// subvolumes (as btrfs), EROFS in a read-only parent, EINVAL when
-    /// `name` is no subvolume link. Durable at the next commit.
+    /// default subvolume or an append-only or immutable parent directory,
+    /// ENOTEMPTY while it holds links to other subvolumes (as btrfs),
+    /// EROFS in a read-only parent, EINVAL when `name` is no subvolume
+    /// link. Durable at the next commit.
     pub(super) fn delete_subvolume(&mut self, parent: u64, name: &[u8]) -> Result<u64> {
         let (parent_id, dir) = InoSpace::split(parent);
         let entry = {
             let mut ctx = self.writable(parent_id)?;
             ctx.require_dir(dir)?;
+            // As for any name's removal: not from an append-only or
+            // immutable directory.
+            ctx.deny_if_flagged(dir, false)?;
             ctx.find_entry(dir, name)?.ok_or(Error::NotFound)?
         };
         if !entry.subvolume {
