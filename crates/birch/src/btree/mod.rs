@@ -123,6 +123,23 @@ pub struct DataRef {
     pub owner: u64,
 }
 
+/// What one [`Forest::drop_tree_step`] left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropStep {
+    /// The budget ran out: every pointer whose subtree ends at or before
+    /// this key is released; the rest, and the root node, are not.
+    Paused(Key),
+    /// Every node is released, the root node freed.
+    Done,
+}
+
+/// A bounded drop's position and budget.
+struct DropWalk {
+    progress: Key,
+    visits: usize,
+    budget: usize,
+}
+
 pub struct Forest<D> {
     store: Arc<NodeStore<D>>,
     dirty: HashMap<u64, Arc<Node>>,
@@ -496,6 +513,91 @@ impl<D: BlockDevice> Forest<D> {
             self.free_block(bytenr, expect.tree, expect.level);
         }
         Ok(())
+    }
+
+    /// One bounded step of dropping the dead shareable tree `root`
+    /// (docs/SNAPSHOTS.md (d), btrfs's `btrfs_drop_snapshot` with counts):
+    /// visits at most `budget` nodes depth first in key order, starting
+    /// right of `progress`. A pointer whose subtree's upper bound (the next
+    /// pointer's key, or the parent's bound) is `<= progress` was released
+    /// by an earlier step and is skipped; every other pointer is released
+    /// now: a shared child loses one reference and is not descended, an
+    /// exclusive leaf drops its data references and is freed, an exclusive
+    /// internal node is freed once its last child is released. The tree
+    /// must not change between steps (a dead root never does), and the
+    /// returned progress must be committed with the frees it stands for.
+    pub fn drop_tree_step(
+        &mut self,
+        root: &TreeRoot,
+        progress: Key,
+        budget: usize,
+    ) -> Result<DropStep> {
+        let mut walk = DropWalk {
+            progress,
+            visits: 0,
+            budget,
+        };
+        let node = self.node(root.bytenr, root.expectation())?;
+        if node.is_leaf() {
+            self.add_child_refs(root.id, &node, -1);
+        } else if !self.drop_children(root, &node, None, &mut walk)? {
+            return Ok(DropStep::Paused(walk.progress));
+        }
+        self.free_block(root.bytenr, root.id, root.level);
+        Ok(DropStep::Done)
+    }
+
+    /// Releases the pointers of internal node `node` (of dead tree `root`,
+    /// upper bound `upper`, None: the end of the key space) right of the
+    /// walk's progress; false when the budget ran out first.
+    fn drop_children(
+        &mut self,
+        root: &TreeRoot,
+        node: &Node,
+        upper: Option<Key>,
+        walk: &mut DropWalk,
+    ) -> Result<bool> {
+        let ptrs = node.key_ptrs();
+        let child_level = node.level.checked_sub(1).ok_or_else(|| {
+            Error::corrupt(Corruption::at_block(
+                Some(root.id),
+                node.bytenr,
+                None,
+                "internal node at level 0".to_string(),
+            ))
+        })?;
+        for (i, p) in ptrs.iter().enumerate() {
+            let child_upper = ptrs.get(i + 1).map(|n| n.key).or(upper);
+            if child_upper.is_some_and(|u| u <= walk.progress) {
+                continue;
+            }
+            if walk.visits >= walk.budget {
+                return Ok(false);
+            }
+            walk.visits += 1;
+            let expect = NodeExpectation {
+                tree: root.id,
+                level: child_level,
+                generation: p.generation,
+            };
+            if self.count_if_shared(root, p.blockptr, expect, false)? > 1 {
+                // Shared: the other trees keep the subtree, unread.
+                self.alloc
+                    .add_node_ref(p.blockptr, root.id, child_level, -1);
+            } else {
+                let child = self.node(p.blockptr, expect)?;
+                if child.is_leaf() {
+                    self.add_child_refs(root.id, &child, -1);
+                } else if !self.drop_children(root, &child, child_upper, walk)? {
+                    return Ok(false);
+                }
+                self.free_block(p.blockptr, root.id, child_level);
+            }
+            if let Some(u) = child_upper {
+                walk.progress = u;
+            }
+        }
+        Ok(true)
     }
 
     /// Every node of a tree (for replay to reserve a log's blocks).

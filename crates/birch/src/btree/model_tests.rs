@@ -4,7 +4,7 @@
 //! so committed nodes are evicted and re-read (decoded and validated) from
 //! the device. Failures print `seed=N`; `BIRCH_SEED=N` replays one.
 
-use super::{Change, DataRef, Forest, NodeExpectation, NodeStore, TreeKind, TreeRoot};
+use super::{Change, DataRef, DropStep, Forest, NodeExpectation, NodeStore, TreeKind, TreeRoot};
 use crate::alloc::{Allocator, ExtentItemChange, FreeSpace, TransactionSpace};
 use crate::device::{BlockDevice, MemoryDevice};
 use crate::format::node::MAX_ITEM_DATA;
@@ -706,6 +706,111 @@ fn shared_trees_match_their_model_and_counts() {
 /// extents only 256 held become free.
 #[test]
 fn dropping_a_copy_frees_exactly_the_blocks_only_it_held() {
+    drop_copy_and_compare(|s, snap| {
+        s.forest.drop_tree(snap).unwrap();
+        s.commit("dropped");
+    });
+}
+
+/// The same drop in bounded steps, each committed with its progress, as
+/// the cleaner does (docs/SNAPSHOTS.md (d)): the same blocks become free.
+#[test]
+fn dropping_a_copy_in_steps_frees_exactly_the_blocks_only_it_held() {
+    drop_copy_and_compare(|s, snap| {
+        let steps = drop_in_steps(s, snap, 5, |_| {});
+        assert!(steps > 10, "several steps ({steps})");
+    });
+}
+
+/// Drops `snap` `budget` nodes at a time, committing after each step (the
+/// progress passed on as the root item carries it) and running `between`
+/// after each; returns the number of steps.
+fn drop_in_steps(
+    s: &mut Shared,
+    snap: &TreeRoot,
+    budget: usize,
+    mut between: impl FnMut(&mut Shared),
+) -> usize {
+    let mut progress = Key::MIN;
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        let step = s.forest.drop_tree_step(snap, progress, budget).unwrap();
+        s.commit("drop step");
+        match step {
+            DropStep::Done => return steps,
+            DropStep::Paused(p) => {
+                assert!(p > progress, "a step makes progress");
+                progress = p;
+            }
+        }
+        between(s);
+    }
+}
+
+/// A snapshot is dropped in steps while its source keeps changing (the
+/// Forest-level `delete_snapshot_after_source_changed` of docs/SNAPSHOTS.md
+/// (i)): the source CoWs nodes it shares with the dead copy between the
+/// steps, so the drop meets counts that went from 2 to 1 under it. At the
+/// end the counts recomputed from the source alone match the extent tree
+/// exactly (no leak, nothing freed twice) and the source is intact.
+#[test]
+fn delete_snapshot_after_source_changed() {
+    let mut s = Shared::new();
+    let (mut fs, mut model) = s.trees.pop().unwrap();
+    for i in 0..3000u64 {
+        let bytenr = s.new_data_extent();
+        let mut value = data_ref_value(bytenr);
+        value.resize(4000, 0);
+        s.data_ref_change(&value, 1);
+        let key = Key::new(i, DATA_REF_TYPE, 0);
+        s.forest.put(&mut fs, key, value.clone()).unwrap();
+        model.insert(key, value);
+    }
+    assert!(fs.level >= 2, "deep enough to share internal nodes");
+    s.trees.push((fs, model));
+    s.commit("filled");
+    let (fs, _) = &mut s.trees[0];
+    let snap = s.forest.copy_root(fs, 256).unwrap();
+    s.commit("snapshot");
+    // The source rewrites a quarter of its items before the drop starts
+    // (the rest stays shared) ...
+    for i in (0..750u64).step_by(2) {
+        rewrite_source_item(&mut s, i);
+    }
+    s.commit("source changed");
+    // ... and keeps changing between the drop's steps, from the far end
+    // inwards, so that it copies nodes the drop has not reached yet.
+    let mut next = 2999u64;
+    let steps = drop_in_steps(&mut s, &snap, 7, |s| {
+        for _ in 0..4 {
+            rewrite_source_item(s, next);
+            next = next.checked_sub(37).unwrap_or(2998);
+        }
+    });
+    assert!(steps > 10, "several steps ({steps})");
+    s.forget_released_data();
+    s.verify("dropped", true);
+}
+
+/// Replaces item `i` of tree 5 with a reference to a new data extent.
+fn rewrite_source_item(s: &mut Shared, i: u64) {
+    let bytenr = s.new_data_extent();
+    let mut value = data_ref_value(bytenr);
+    value.resize(4000, 0);
+    s.data_ref_change(&value, 1);
+    let key = Key::new(i, DATA_REF_TYPE, 0);
+    let (fs, model) = &mut s.trees[0];
+    s.forest.put(fs, key, value.clone()).unwrap();
+    if let Some(old) = model.insert(key, value) {
+        s.data_ref_change(&old, -1);
+    }
+}
+
+/// Fills tree 5, snapshots it, changes both, drops the copy with `drop`
+/// (which commits), and checks that exactly the blocks and data extents
+/// only the copy held became free.
+fn drop_copy_and_compare(drop: impl FnOnce(&mut Shared, &TreeRoot)) {
     let mut s = Shared::new();
     let (mut fs, mut model) = s.trees.pop().unwrap();
     for i in 0..10_000u64 {
@@ -762,8 +867,7 @@ fn dropping_a_copy_frees_exactly_the_blocks_only_it_held() {
     );
     let free_before = s.forest.alloc().free_bytes();
     let extent_nodes_before = s.forest.tree_blocks(&s.extent).unwrap().len() as u64;
-    s.forest.drop_tree(&snap).unwrap();
-    s.commit("dropped");
+    drop(&mut s, &snap);
     s.forget_released_data();
     s.verify("dropped", true);
     let node = NODE_SIZE as u64;

@@ -202,6 +202,11 @@ pub struct Summary {
     pub file_extent_items: u64,
     /// Nodes of log trees (outside the extent tree).
     pub log_nodes: u64,
+    /// Deleted subvolumes whose drop has not finished (refs 0, an
+    /// orphan-root item), with how far it got (`Key::MIN`: not started).
+    /// An interrupted deletion is reported here, not as a fault: the next
+    /// read-write mount resumes it.
+    pub deleted_subvolumes: Vec<(u64, crate::format::Key)>,
 }
 
 /// The result of [`check_device`].
@@ -297,6 +302,12 @@ impl CheckReport {
                     t.root, t.level, t.nodes, t.leaves, t.items
                 )?;
             }
+        }
+        for (id, progress) in &s.deleted_subvolumes {
+            writeln!(
+                f,
+                "deleted subvolume {id}: being dropped, released up to {progress}"
+            )?;
         }
         if s.superblock_copy.is_some() {
             writeln!(

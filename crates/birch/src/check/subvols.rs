@@ -135,6 +135,13 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     }
     let recs = std::mem::take(&mut c.subvols);
     if sb.subvolumes {
+        c.report.summary.deleted_subvolumes = recs
+            .root_items
+            .iter()
+            .filter_map(|(&id, (long, _))| {
+                long.filter(|r| r.refs == 0).map(|r| (id, r.drop_progress))
+            })
+            .collect();
         check_root_items(c, &sb, &recs);
         check_ids_in_range(c, &recs);
         check_orphan_roots(c, &recs);

@@ -32,6 +32,10 @@ struct Target {
     kind: Option<TreeKind>,
     /// For a log tree: the subvolume it logs.
     subvolume: Option<u64>,
+    /// For a dead subvolume being dropped: its `drop_progress`. A pointer
+    /// whose subtree's upper bound is at or below it was released by the
+    /// cleaner (docs/SNAPSHOTS.md (d)), and is not followed or counted.
+    dropped_to: Option<Key>,
 }
 
 struct Frame {
@@ -68,6 +72,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
         generation: Some(sb.generation),
         kind: Some(TreeKind::Root),
         subvolume: None,
+        dropped_to: None,
     });
 
     walk_named_trees(c, &sb);
@@ -133,6 +138,12 @@ fn walk_named_trees(c: &mut Checker<'_>, sb: &Superblock) {
                 ),
             );
         }
+        let dropped_to = match c.subvols.root_items.get(&id) {
+            Some((Some(r), _)) if r.refs == 0 && r.drop_progress != Key::MIN => {
+                Some(r.drop_progress)
+            }
+            _ => None,
+        };
         c.walk(Target {
             tree: id,
             bytenr: item.bytenr,
@@ -140,6 +151,7 @@ fn walk_named_trees(c: &mut Checker<'_>, sb: &Superblock) {
             generation: Some(item.generation),
             kind,
             subvolume: None,
+            dropped_to,
         });
     }
 }
@@ -183,6 +195,7 @@ fn walk_log_trees(c: &mut Checker<'_>, sb: &Superblock) {
         generation: None,
         kind: Some(TreeKind::LogRoot),
         subvolume: None,
+        dropped_to: None,
     });
     let logs: Vec<(u64, RootItem, Loc)> = c
         .log_roots
@@ -206,6 +219,7 @@ fn walk_log_trees(c: &mut Checker<'_>, sb: &Superblock) {
             generation: Some(item.generation),
             kind: Some(TreeKind::Log),
             subvolume: Some(sub),
+            dropped_to: None,
         });
     }
 }
@@ -288,12 +302,18 @@ impl Checker<'_> {
                     // decrease, so the walk is at most MAX_LEVEL deep.
                     let child_level = node.level.saturating_sub(1);
                     for (i, p) in ptrs.iter().enumerate().rev() {
+                        let high = ptrs.get(i + 1).map(|n| n.key).or(f.high);
+                        if let (Some(high), Some(done)) = (high, t.dropped_to) {
+                            if high <= done {
+                                continue;
+                            }
+                        }
                         stack.push(Frame {
                             bytenr: p.blockptr,
                             level: child_level,
                             generation: Some(p.generation),
                             low: Some(p.key),
-                            high: ptrs.get(i + 1).map(|n| n.key).or(f.high),
+                            high,
                             parent: Some((f.bytenr, i)),
                         });
                     }

@@ -70,11 +70,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     pub(crate) fn deny_remove(&mut self, dir: u64, name: &[u8]) -> Result<()> {
         self.deny_if_flagged(dir, false)?;
         if let Some(entry) = self.find_entry(dir, name)? {
-            // Deleting a subvolume is step 9 of docs/SNAPSHOTS.md; moving
-            // its link is not built either.
+            // A link is removed by rmdir or `subvolume delete`
+            // (cleaner.rs), which run before this; moving it is not built.
             if entry.subvolume {
                 return Err(Error::NotSupported(
-                    "removing or renaming a subvolume link (not built yet)",
+                    "renaming or unlinking a subvolume link (rmdir or subvolume delete removes it)",
                 ));
             }
             self.deny_if_flagged(entry.ino, false)?;

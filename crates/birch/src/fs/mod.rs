@@ -10,6 +10,7 @@
 //! log sync in log_sync.rs.
 
 mod attr_flags;
+mod cleaner;
 mod commit;
 mod csum;
 mod decode;
@@ -545,6 +546,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::urgent_items(6)),
             |s| {
+                if s.is_subvolume_link(parent, name) {
+                    return s.rmdir_subvolume(parent, name);
+                }
                 let (mut root, dir) = s.resolve_writable(parent)?;
                 root.deny_remove(dir, name)?;
                 root.rmdir(dir, name)
@@ -1166,6 +1170,36 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             Some(refused) => Err(refused),
             None => Ok(id),
         }
+    }
+
+    /// Deletes the subvolume linked as `name` in directory `parent`
+    /// (docs/SNAPSHOTS.md (d)) and returns its id: the name is gone at
+    /// once, durably at the next commit (`delete -c` commits after); the
+    /// cleaner frees its tree in the background. EPERM for the default
+    /// subvolume, ENOTEMPTY while it holds other subvolumes' links, EINVAL
+    /// for a name that is no subvolume. Permissions are the caller's to
+    /// check (as for every call of this API).
+    pub fn delete_subvolume(&self, parent: u64, name: &[u8]) -> Result<u64> {
+        let _request = self.request();
+        // It frees space in the end: it may use the global reserve.
+        self.change_with(
+            |_| Ok(Need::urgent_items(8)),
+            |s| s.delete_subvolume(parent, name),
+        )
+    }
+
+    /// Runs the cleaner for one transaction (a bounded part of the drop of
+    /// deleted subvolumes, then a commit), as the background worker does;
+    /// returns whether deleted subvolumes remain to be dropped.
+    pub fn run_cleaner(&self) -> Result<bool> {
+        self.shared.check_not_poisoned()?;
+        self.shared.clean_one_transaction()
+    }
+
+    /// The deleted subvolumes whose trees the cleaner has not finished
+    /// dropping, by id.
+    pub fn deleted_subvolumes(&self) -> Vec<u64> {
+        self.lock().dead_subvolumes()
     }
 
     /// The live subvolumes, tree 5 first.

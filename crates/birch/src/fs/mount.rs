@@ -200,7 +200,8 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         pending_snapshots: Vec::new(),
         refused_snapshots: Default::default(),
     };
-    let state = FsState::new(info, Root::new(top.tree, top.item, next_ino));
+    let mut state = FsState::new(info, Root::new(top.tree, top.item, next_ino));
+    state.queue_orphan_roots()?;
     Ok(state)
 }
 

@@ -417,6 +417,14 @@ impl<D: BlockDevice + 'static> Shared<D> {
         self.reclaim_locked();
     }
 
+    /// Serves the queued tickets by escalating: page-bounded writeback, a
+    /// commit, a second commit while space is held for the first, the
+    /// cleaner while deleted subvolumes remain, and only then ENOSPC.
+    ///
+    /// Long because the escalation is one loop over the front ticket
+    /// whose state (the commits made for it, fruitless writeback rounds)
+    /// every step reads and resets; split into steps, that state and the
+    /// lock guard would travel through every call.
     fn reclaim_locked(&self) {
         // Writeback requests in a row that gave nothing back (the oldest
         // pages belonged to long runs); each doubles the next request.
@@ -476,9 +484,17 @@ impl<D: BlockDevice + 'static> Shared<D> {
             let head_id = state.info.space.front_ticket().unwrap_or(0);
             // Found full before, and not enough freed since for a commit
             // to cover this ticket: ENOSPC without another commit.
-            if committed_for.is_none_or(|(id, _)| id != head_id)
-                && state.commit_cannot_cover(shortfall)
-            {
+            let cannot_cover = committed_for.is_none_or(|(id, _)| id != head_id)
+                && state.commit_cannot_cover(shortfall);
+            if cannot_cover && !state.subvols.dead.is_empty() {
+                drop(state);
+                if !self.clean_for_space() {
+                    return;
+                }
+                committed_for = None;
+                continue;
+            }
+            if cannot_cover {
                 state.info.space.stats.enospc_without_commit += 1;
                 state.info.space.serve_front(Err(Refusal::NoSpace));
                 self.space_cv.notify_all();
@@ -510,9 +526,33 @@ impl<D: BlockDevice + 'static> Shared<D> {
             if commits < 2 && state.info.forest.alloc().held_bytes() > 0 {
                 continue;
             }
+            // 4. Deleted subvolumes give their space back as the cleaner
+            //    drops them (docs/SNAPSHOTS.md (d)): before any ENOSPC.
+            if !state.subvols.dead.is_empty() {
+                drop(state);
+                if !self.clean_for_space() {
+                    return;
+                }
+                committed_for = None;
+                continue;
+            }
             state.info.space.full_at = Some(state.commit_could_return());
             state.info.space.serve_front(Err(Refusal::NoSpace));
             self.space_cv.notify_all();
+        }
+    }
+
+    /// Runs one transaction of the cleaner for a reclaim; on failure the
+    /// tickets fail with the error and false is returned.
+    fn clean_for_space(&self) -> bool {
+        match self.clean_one_transaction() {
+            Ok(_) => true,
+            Err(e) => {
+                let mut state = self.lock_state();
+                state.info.space.fail_all(Refusal::Io(e.to_string()));
+                self.space_cv.notify_all();
+                false
+            }
         }
     }
 

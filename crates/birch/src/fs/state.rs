@@ -3,10 +3,11 @@
 
 use super::info::FsInfo;
 use super::root::{next_free_ino, Root, RootCtx, SubvolRecord};
+use crate::btree::TreeRoot;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::tree_id;
-use crate::format::{item_type, Key};
+use crate::format::{item_type, Key, SubvolRootItem};
 use std::collections::BTreeMap;
 
 /// Everything the running transaction knows, behind the state lock.
@@ -25,6 +26,18 @@ pub(crate) struct FsState<D> {
 pub(crate) struct Subvols {
     pub(super) top: Root,
     pub(super) others: BTreeMap<u64, Root>,
+    /// Deleted subvolumes the cleaner has yet to drop, front first
+    /// (docs/SNAPSHOTS.md (d)); never in `others`.
+    pub(super) dead: BTreeMap<u64, DeadRoot>,
+}
+
+/// A deleted subvolume (refs 0, an orphan-root item): its tree, which no
+/// longer changes but for the cleaner's drop, and its root item, whose
+/// `drop_progress` says how far the drop got. The seal writes the item
+/// like a live root's until the cleaner deletes it.
+pub(crate) struct DeadRoot {
+    pub(super) tree: TreeRoot,
+    pub(super) item: SubvolRootItem,
 }
 
 impl Subvols {
@@ -48,7 +61,13 @@ impl Subvols {
 
     /// The loaded roots' fs trees and root items, which the seal records.
     pub(super) fn records(&self) -> Vec<SubvolRecord> {
-        self.iter().map(Root::record).collect()
+        self.iter()
+            .map(Root::record)
+            .chain(self.dead.values().map(|d| SubvolRecord {
+                tree: d.tree,
+                item: Some(d.item),
+            }))
+            .collect()
     }
 }
 
@@ -59,6 +78,7 @@ impl<D> FsState<D> {
             subvols: Subvols {
                 top,
                 others: BTreeMap::new(),
+                dead: BTreeMap::new(),
             },
         }
     }
@@ -71,7 +91,9 @@ impl<D> FsState<D> {
     {
         // The id comes from a request's inode number: the extent and
         // checksum trees have root items too, and must never load as one.
-        if !tree_id::is_subvolume(id) {
+        // A deleted subvolume's tree is the cleaner's alone: nothing may
+        // read or change it (its numbers are stale).
+        if !tree_id::is_subvolume(id) || self.subvols.dead.contains_key(&id) {
             return Err(Error::NotFound);
         }
         if self.subvols.get_mut(id).is_none() {
@@ -80,6 +102,9 @@ impl<D> FsState<D> {
                 return Err(Error::NotFound);
             };
             let record = SubvolRecord::decode(id, &data, self.info.superblock.subvolumes)?;
+            if record.item.is_some_and(|i| i.refs == 0) {
+                return Err(Error::NotFound);
+            }
             let next_ino = next_free_ino(&self.info.forest, &record.tree)?;
             self.subvols
                 .others

@@ -304,8 +304,9 @@ pub(super) fn shut_down_error() -> Error {
     Error::Io(std::io::Error::other("the filesystem was shut down"))
 }
 
-/// Commits every `commit_interval` while there are changes, and flushes
-/// delayed items early when too many accumulate.
+/// Commits every `commit_interval` while there are changes, flushes
+/// delayed items early when too many accumulate, and runs the cleaner
+/// (cleaner.rs) while deleted subvolumes remain.
 pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>) {
     let interval = shared
         .state
@@ -317,12 +318,20 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
         .expect("worker runs only with an interval");
     let tick = interval.min(std::time::Duration::from_millis(500));
     let mut last_commit = Instant::now();
+    // Deleted subvolumes remain to be dropped: the next round starts at
+    // once (each round is one bounded transaction of the cleaner's).
+    let mut cleaning = false;
     loop {
         {
             let stop = shared.worker_stop.lock().expect("worker lock poisoned");
+            let wait = if cleaning {
+                std::time::Duration::ZERO
+            } else {
+                tick
+            };
             let (stop, _) = shared
                 .worker_wake
-                .wait_timeout(stop, tick)
+                .wait_timeout(stop, wait)
                 .expect("worker lock poisoned");
             if *stop {
                 break;
@@ -345,6 +354,13 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
             }
             last_commit = Instant::now();
         }
+        cleaning = match shared.clean_one_transaction() {
+            Ok(more) => more,
+            Err(e) => {
+                eprintln!("birch: dropping a deleted subvolume failed: {e}");
+                false
+            }
+        };
     }
 }
 

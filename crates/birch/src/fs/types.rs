@@ -175,6 +175,11 @@ pub struct MountOptions {
     pub atime: AtimeUpdates,
     /// What to do when the newest commit's trees cannot be read.
     pub rescue: Rescue,
+    /// Nodes of a deleted subvolume the cleaner releases per transaction
+    /// before it commits (docs/SNAPSHOTS.md (d),
+    /// `DROP_NODES_PER_TRANSACTION`): bounds each commit's delayed refs.
+    /// Tests lower it to see a drop span several commits.
+    pub cleaner_nodes_per_transaction: usize,
 }
 
 /// What a mount may do when the newest commit's trees cannot be read
@@ -254,6 +259,7 @@ impl Default for MountOptions {
             read_only: false,
             atime: AtimeUpdates::Relative,
             rescue: Rescue::Off,
+            cleaner_nodes_per_transaction: 4096,
         }
     }
 }

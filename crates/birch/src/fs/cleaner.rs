@@ -1,0 +1,296 @@
+//! Subvolume deletion and the cleaner (docs/SNAPSHOTS.md (d), step 9 of
+//! (j)). Deleting a subvolume removes its link and ROOT_REF pair at once,
+//! in the running transaction, and turns its root dead (refs 0, an
+//! orphan-root item, `drop_progress` zero); the cleaner then drops the
+//! dead tree a bounded number of nodes per state-lock hold and per
+//! transaction, its progress in the root item, so that a crash resumes
+//! the drop at the next mount (every orphan root is queued then).
+
+use super::decode::decode_item;
+use super::log_state::FallbackReason;
+use super::root::{RootCtx, SubvolRecord};
+use super::state::{DeadRoot, FsState};
+use super::transaction::Shared;
+use super::types::InoSpace;
+use crate::btree::DropStep;
+use crate::device::BlockDevice;
+use crate::error::{Corruption, Error, Result};
+use crate::format::{
+    decode_dir_items, encode_dir_items, item_type, name_hash, tree_id, Key, RootRef, Timespec,
+    ROOT_DIR_INO,
+};
+
+/// Nodes the cleaner releases per hold of the state lock: what a request
+/// may wait for behind it.
+const DROP_NODES_PER_HOLD: usize = 64;
+
+impl<D: BlockDevice> FsState<D> {
+    /// Deletes the subvolume linked as `name` in directory `parent` (an
+    /// external number) and returns its id. Refused with EPERM for the
+    /// default subvolume or an append-only or immutable parent directory,
+    /// ENOTEMPTY while it holds links to other subvolumes (as btrfs),
+    /// EROFS in a read-only parent, EINVAL when `name` is no subvolume
+    /// link. Durable at the next commit.
+    pub(super) fn delete_subvolume(&mut self, parent: u64, name: &[u8]) -> Result<u64> {
+        let (parent_id, dir) = InoSpace::split(parent);
+        let entry = {
+            let mut ctx = self.writable(parent_id)?;
+            ctx.require_dir(dir)?;
+            // As for any name's removal: not from an append-only or
+            // immutable directory.
+            ctx.deny_if_flagged(dir, false)?;
+            ctx.find_entry(dir, name)?.ok_or(Error::NotFound)?
+        };
+        if !entry.subvolume {
+            return Err(Error::InvalidArgument("not a subvolume"));
+        }
+        let id = entry.ino;
+        if self.default_subvolume()? == id {
+            return Err(Error::NotPermitted);
+        }
+        let root_tree = &self.info.roots.root;
+        let children = self.info.forest.collect_range(
+            root_tree,
+            Key::root_ref(id, 0),
+            Key::root_ref(id, u64::MAX),
+        )?;
+        if !children.is_empty() {
+            return Err(Error::NotEmpty);
+        }
+        let ref_key = Key::root_ref(parent_id, id);
+        let corrupt = |why: &str| {
+            Error::corrupt(Corruption::general(format!(
+                "subvolume link \"{}\" in {parent_id}:{dir}: {why}",
+                String::from_utf8_lossy(name)
+            )))
+        };
+        let data = self
+            .info
+            .forest
+            .get(root_tree, &ref_key)?
+            .ok_or_else(|| corrupt(&format!("no {ref_key}")))?;
+        let rr = decode_item(&ref_key, RootRef::decode(&data))?;
+        if rr.dirid != dir || rr.name != name {
+            return Err(corrupt(&format!("{ref_key} names another link")));
+        }
+        // Loads the subvolume's root item before anything changes, and
+        // puts what its delayed items hold (a link removed from it, dir
+        // indexes, inode items) into its tree: the dead tree is then what
+        // `birch check` reads, whole, until the cleaner releases it.
+        let mut child = self.ctx(id)?;
+        let item = child
+            .root
+            .item
+            .ok_or_else(|| corrupt("a subvolume with a short root item"))?;
+        child.flush_delayed_items()?;
+        self.writable(parent_id)?
+            .remove_subvolume_link(dir, name, id, rr.index)?;
+        let roots = &mut self.info.roots;
+        for key in [ref_key, Key::root_backref(id, parent_id)] {
+            self.info
+                .forest
+                .delete(&mut roots.root, &key)?
+                .ok_or_else(|| corrupt(&format!("no {key}")))?;
+        }
+        self.info
+            .forest
+            .insert(&mut roots.root, Key::orphan_root(id), Vec::new())?;
+        // Its inodes, delayed items and cached state go: nothing can reach
+        // them now, and the dead tree must not change under the cleaner.
+        let root = self.subvols.others.remove(&id).ok_or(Error::NotFound)?;
+        let mut item = item;
+        item.refs = 0;
+        item.drop_progress = Key::MIN;
+        self.subvols.dead.insert(
+            id,
+            DeadRoot {
+                tree: root.tree,
+                item,
+            },
+        );
+        // A log of this transaction would copy the parent directory
+        // without the link while the ROOT_REF pair stayed: fsyncs commit
+        // until the next commit (seed 000's snapshot-destroy rule).
+        self.info.log.force_commit = Some(FallbackReason::Subvolume);
+        Ok(id)
+    }
+
+    /// Whether `name` in directory `parent` (external) is a subvolume link.
+    pub(super) fn is_subvolume_link(&mut self, parent: u64, name: &[u8]) -> bool {
+        matches!(
+            self.resolve(parent).and_then(|(mut ctx, dir)| ctx.find_entry(dir, name)),
+            Ok(Some(e)) if e.subvolume
+        )
+    }
+
+    /// `rmdir` of a subvolume link: deletes the subvolume when its root
+    /// directory is empty (ENOTEMPTY otherwise), as btrfs does since 4.18.
+    pub(super) fn rmdir_subvolume(&mut self, parent: u64, name: &[u8]) -> Result<()> {
+        let (parent_id, dir) = InoSpace::split(parent);
+        let id = self
+            .ctx(parent_id)?
+            .find_entry(dir, name)?
+            .ok_or(Error::NotFound)?
+            .ino;
+        if !self.ctx(id)?.is_dir_empty(ROOT_DIR_INO)? {
+            return Err(Error::NotEmpty);
+        }
+        self.delete_subvolume(parent, name).map(drop)
+    }
+
+    /// Queues every subvolume with an orphan-root item for the cleaner
+    /// (at mount): a deletion committed before a crash or unmount resumes
+    /// at its recorded progress.
+    pub(super) fn queue_orphan_roots(&mut self) -> Result<()> {
+        if !self.info.superblock.subvolumes {
+            return Ok(());
+        }
+        let root_tree = self.info.roots.root;
+        let orphans = self.info.forest.collect_range(
+            &root_tree,
+            Key::orphan_root(0),
+            Key::orphan_root(u64::MAX),
+        )?;
+        for (key, _) in orphans {
+            let id = key.offset;
+            let corrupt = |why: &str| {
+                Error::corrupt(Corruption::general(format!(
+                    "orphan-root item {key}: {why}"
+                )))
+            };
+            if id == tree_id::FS || !tree_id::is_subvolume(id) {
+                return Err(corrupt("names no subvolume id"));
+            }
+            let item_key = Key::new(id, item_type::ROOT_ITEM, 0);
+            let data = self
+                .info
+                .forest
+                .get(&root_tree, &item_key)?
+                .ok_or_else(|| corrupt("its subvolume has no root item"))?;
+            let record = SubvolRecord::decode(id, &data, true)?;
+            let item = record
+                .item
+                .filter(|i| i.refs == 0)
+                .ok_or_else(|| corrupt("its subvolume is live"))?;
+            self.subvols.dead.insert(
+                id,
+                DeadRoot {
+                    tree: record.tree,
+                    item,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The deleted subvolumes the cleaner has not finished dropping.
+    pub(super) fn dead_subvolumes(&self) -> Vec<u64> {
+        self.subvols.dead.keys().copied().collect()
+    }
+
+    /// Releases up to `budget` nodes of the front dead root: its progress
+    /// moves in its root item, or, when its last node is freed, its root
+    /// item and orphan-root item are deleted (in this transaction, with
+    /// the frees). Returns the root worked on; None when none is left.
+    fn clean_step(&mut self, budget: usize) -> Result<Option<u64>> {
+        let Some((&id, dead)) = self.subvols.dead.iter_mut().next() else {
+            return Ok(None);
+        };
+        let step = self
+            .info
+            .forest
+            .drop_tree_step(&dead.tree, dead.item.drop_progress, budget)?;
+        match step {
+            DropStep::Paused(progress) => dead.item.drop_progress = progress,
+            DropStep::Done => {
+                self.subvols.dead.remove(&id);
+                let roots = &mut self.info.roots;
+                for key in [Key::new(id, item_type::ROOT_ITEM, 0), Key::orphan_root(id)] {
+                    // A subvolume created and deleted in this transaction
+                    // has no root item in the tree yet.
+                    self.info.forest.delete(&mut roots.root, &key)?;
+                }
+            }
+        }
+        Ok(Some(id))
+    }
+}
+
+impl<D: BlockDevice> Shared<D> {
+    /// Runs the cleaner for one transaction: steps of at most
+    /// `DROP_NODES_PER_HOLD` nodes, each in its own hold of the state lock
+    /// (requests and commits wait for one step at most), until
+    /// `cleaner_nodes_per_transaction` are spent or no dead root is left;
+    /// then commits, which makes the frees and the progress durable
+    /// together. Returns whether dead roots remain. Does nothing on a
+    /// read-only or failed filesystem.
+    pub(super) fn clean_one_transaction(&self) -> Result<bool> {
+        let mut left = self
+            .lock_state()
+            .info
+            .options
+            .cleaner_nodes_per_transaction
+            .max(1);
+        let mut worked = false;
+        while left > 0 {
+            let budget = left.min(DROP_NODES_PER_HOLD);
+            {
+                let mut state = self.lock_state();
+                if state.info.failed.is_some() || state.info.options.read_only {
+                    return Ok(false);
+                }
+                let step = state.clean_step(budget);
+                state.fail_on_device_error(&step);
+                if step?.is_none() {
+                    break;
+                }
+                self.space_changed(&mut state);
+            }
+            worked = true;
+            left -= budget;
+            std::thread::yield_now();
+        }
+        if worked {
+            self.commit()?;
+        }
+        Ok(!self.lock_state().subvols.dead.is_empty())
+    }
+}
+
+impl<D: BlockDevice> RootCtx<'_, D> {
+    /// Removes the link entry of subvolume `child` (dir index `index`)
+    /// from directory `dir`: the DIR_ITEM now, the DIR_INDEX delayed, the
+    /// directory's size and link count. Not logged (a log never holds a
+    /// link; the caller forces fsyncs to commit).
+    fn remove_subvolume_link(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        child: u64,
+        index: u64,
+    ) -> Result<()> {
+        let dir_key = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
+        let data = self
+            .fs
+            .forest
+            .get(&self.root.tree, &dir_key)?
+            .ok_or(Error::NotFound)?;
+        let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
+        entries.retain(|e| e.name != name);
+        if entries.is_empty() {
+            self.fs.forest.delete(&mut self.root.tree, &dir_key)?;
+        } else {
+            self.fs
+                .forest
+                .put(&mut self.root.tree, dir_key, encode_dir_items(&entries))?;
+        }
+        self.root.delayed.delete_index(dir, index, child, name);
+        let now = Timespec::now();
+        self.update_inode(dir, |p| {
+            p.size = p.size.saturating_sub(name.len() as u64);
+            p.nlink = p.nlink.saturating_sub(1);
+            p.mtime = now;
+            p.ctime = now;
+        })
+    }
+}

@@ -1,0 +1,407 @@
+//! Subvolume deletion and the cleaner through the library
+//! (docs/SNAPSHOTS.md (d), step 9 of (j)): what `delete` refuses, the
+//! space a finished drop gives back, `birch check` on a drop in progress,
+//! and the crash cases of (i) for deletion. The drop of nodes shared with
+//! a snapshot is tested at the Forest level (`btree/model_tests.rs`
+//! `delete_snapshot_after_source_changed`): no snapshot can be made
+//! through the library yet.
+
+mod common;
+
+use birch::check::check_device;
+use birch::check::fixture::sample;
+use birch::device::{BlockDevice, MemoryDevice};
+use birch::error::Error;
+use birch::format::{tree_id, Key, ROOT_DIR_INO, SUBVOL_RDONLY};
+use birch::fs::{Filesystem, MountOptions};
+use common::{crash_mount, crash_points, memory_fs, mount, recorder, Enumeration};
+use std::sync::Arc;
+
+/// Nodes the cleaner releases per transaction in these tests: small, so
+/// that a drop spans several commits.
+const NODES_PER_TRANSACTION: usize = 8;
+
+fn small_steps() -> MountOptions {
+    MountOptions {
+        cleaner_nodes_per_transaction: NODES_PER_TRANSACTION,
+        ..MountOptions::deterministic()
+    }
+}
+
+/// Fills directory `dir` with `dirs` directories of `files` empty files
+/// each: a subvolume tree of many leaves under one or two levels.
+fn fill<D: BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, dirs: usize, files: usize) {
+    for d in 0..dirs {
+        let sub = fs
+            .mkdir(dir, format!("dir{d}").as_bytes(), 0o755, 0, 0)
+            .unwrap()
+            .ino;
+        for f in 0..files {
+            fs.create(
+                sub,
+                format!("file-with-a-longer-name-{f}").as_bytes(),
+                0o644,
+                0,
+                0,
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// Runs the cleaner until no deleted subvolume is left; returns how many
+/// transactions it took.
+fn clean_all<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> usize {
+    let mut rounds = 1;
+    while fs.run_cleaner().unwrap() {
+        rounds += 1;
+    }
+    assert!(fs.deleted_subvolumes().is_empty());
+    rounds
+}
+
+/// Free blocks once the space freed by the last commits is back: freed
+/// space is held until the commit after the one that freed it is durable.
+fn settled_free_blocks<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> u64 {
+    fs.sync().unwrap();
+    fs.sync().unwrap();
+    fs.statfs().unwrap().blocks_free
+}
+
+#[test]
+fn delete_refuses_what_btrfs_refuses() {
+    let dev = memory_fs(32 << 20, 0x71);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a_root = fs.lookup(root, b"a").unwrap().ino;
+    fs.create_subvolume(a_root, b"inner", 0, 0).unwrap();
+    fs.create_subvolume(root, b"b", 0, 0).unwrap();
+    fs.mkdir(root, b"plain", 0o755, 0, 0).unwrap();
+    let errno = |r: birch::error::Result<u64>| r.unwrap_err().errno();
+    assert_eq!(errno(fs.delete_subvolume(root, b"a")), libc::ENOTEMPTY);
+    assert_eq!(errno(fs.delete_subvolume(root, b"plain")), libc::EINVAL);
+    assert_eq!(errno(fs.delete_subvolume(root, b"none")), libc::ENOENT);
+    let plain = fs.lookup(root, b"plain").unwrap().ino;
+    fs.create_subvolume(plain, b"held", 0, 0).unwrap();
+    fs.set_flags(plain, birch::fs::inode_flags::IMMUTABLE)
+        .unwrap();
+    assert_eq!(errno(fs.delete_subvolume(plain, b"held")), libc::EPERM);
+    fs.set_flags(plain, 0).unwrap();
+    fs.delete_subvolume(plain, b"held").unwrap();
+    let b = fs.lookup(root, b"b").unwrap().ino;
+    let b_id = birch::fs::InoSpace::split(b).0;
+    fs.set_default_subvolume(b_id).unwrap();
+    assert_eq!(errno(fs.delete_subvolume(root, b"b")), libc::EPERM);
+    fs.set_default_subvolume(tree_id::FS).unwrap();
+    // rmdir deletes an empty subvolume (btrfs since 4.18), refuses a full
+    // one (which `delete` takes).
+    fs.create_subvolume(root, b"c", 0, 0).unwrap();
+    let c = fs.lookup(root, b"c").unwrap().ino;
+    fs.mkdir(c, b"x", 0o755, 0, 0).unwrap();
+    assert_eq!(fs.rmdir(root, b"c").unwrap_err().errno(), libc::ENOTEMPTY);
+    fs.delete_subvolume(root, b"c").unwrap();
+    fs.rmdir(root, b"b").unwrap();
+    assert_eq!(fs.lookup(root, b"b").unwrap_err().errno(), libc::ENOENT);
+    assert!(
+        matches!(fs.getattr(b), Err(Error::NotFound)),
+        "a deleted subvolume's inodes are gone"
+    );
+    assert_eq!(fs.deleted_subvolumes().len(), 3);
+    // Inner first, then the outer one.
+    fs.delete_subvolume(a_root, b"inner").unwrap();
+    fs.delete_subvolume(root, b"a").unwrap();
+    let listed: Vec<u64> = fs.list_subvolumes().unwrap().iter().map(|i| i.id).collect();
+    assert_eq!(listed, vec![tree_id::FS]);
+    fs.sync().unwrap();
+    common::assert_clean(dev.as_ref(), "deleted, not dropped");
+    clean_all(&fs);
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "dropped");
+    let fs = mount(dev);
+    assert!(fs.deleted_subvolumes().is_empty());
+    assert_eq!(fs.readdir(fs.root_ino(), 0, 100).unwrap().len(), 1);
+}
+
+/// A subvolume in a read-only subvolume cannot be deleted (EROFS).
+#[test]
+fn delete_in_read_only_parent_is_erofs() {
+    let mut b = sample();
+    b.enable_subvolumes();
+    let sv = b.subvolume(tree_id::FS, ROOT_DIR_INO, b"sv");
+    b.subvolume(sv, ROOT_DIR_INO, b"inner");
+    b.subvol_item_mut(sv).flags = SUBVOL_RDONLY;
+    let dev = Arc::new(b.build().device());
+    let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+    let sv_root = fs.lookup(fs.root_ino(), b"sv").unwrap().ino;
+    assert!(matches!(
+        fs.delete_subvolume(sv_root, b"inner"),
+        Err(Error::ReadOnly)
+    ));
+}
+
+/// Deleting a subvolume and letting the cleaner finish gives back every
+/// block it used: the free space is what it was before it was created,
+/// but for the few nodes the root and extent trees kept from growing.
+#[test]
+fn delete_frees_the_space() {
+    let dev = memory_fs(64 << 20, 0x72);
+    let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let before = settled_free_blocks(&fs);
+    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 20, 60);
+    let full = settled_free_blocks(&fs);
+    assert!(
+        before - full > 40,
+        "the subvolume uses space ({before} -> {full})"
+    );
+    fs.delete_subvolume(root, b"sv").unwrap();
+    fs.sync().unwrap();
+    let rounds = clean_all(&fs);
+    assert!(rounds > 3, "the drop spans several commits ({rounds})");
+    let after = settled_free_blocks(&fs);
+    assert!(
+        after + 8 >= before && after <= before,
+        "free blocks back: {before} before create, {full} full, {after} after the drop"
+    );
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the drop");
+}
+
+/// `birch check` on an image whose drop was interrupted: clean (the
+/// released part of the dead tree is not walked, its counts agree), and
+/// the summary names the deleted subvolume and its progress.
+#[test]
+fn check_reports_interrupted_deletion() {
+    let dev = memory_fs(32 << 20, 0x73);
+    let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 20, 60);
+    fs.delete_subvolume(root, b"sv").unwrap();
+    fs.sync().unwrap();
+    let report = check_device(dev.as_ref());
+    assert!(report.is_clean(), "deleted, not started:\n{report}");
+    assert_eq!(report.summary.deleted_subvolumes, vec![(id, Key::MIN)]);
+    assert!(fs.run_cleaner().unwrap());
+    assert!(fs.run_cleaner().unwrap());
+    fs.shut_down();
+    let report = check_device(dev.as_ref());
+    assert!(report.is_clean(), "interrupted:\n{report}");
+    let [(got, progress)] = report.summary.deleted_subvolumes[..] else {
+        panic!("one deleted subvolume: {report}");
+    };
+    assert_eq!(got, id);
+    assert!(progress > Key::MIN, "progress recorded: {report}");
+    assert!(
+        report
+            .to_string()
+            .contains(&format!("deleted subvolume {id}: being dropped")),
+        "{report}"
+    );
+}
+
+/// Crash case: `subvolume create sv; <fill sv>; sync; delete -c sv; <cut
+/// at every flush point of the cleaner's first three commits>` → the
+/// image is check-clean (a dead root with progress, not a fault), `sv` is
+/// gone, the mount resumes the drop, which finishes check-clean with the
+/// space of `sv` back.
+#[test]
+fn crash_mid_deletion_resumes() {
+    let rec = recorder(64 << 20, 0x74);
+    let fs = Filesystem::open(rec.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let before = settled_free_blocks(&fs);
+    let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 20, 60);
+    fs.sync().unwrap();
+    fs.delete_subvolume(root, b"sv").unwrap();
+    fs.commit().unwrap();
+    let deleted = rec.flush_count();
+    for _ in 0..3 {
+        assert!(
+            fs.run_cleaner().unwrap(),
+            "the drop takes more than three commits"
+        );
+    }
+    fs.shut_down();
+    drop(fs);
+    let points = crash_points(&rec, deleted, &Enumeration::budgeted(40, 0x74));
+    let mut resumed_mid_drop = 0;
+    for point in &points {
+        crash_mount(&rec, point, |fs| {
+            assert_eq!(
+                fs.lookup(fs.root_ino(), b"sv").unwrap_err().errno(),
+                libc::ENOENT,
+                "{point:?}"
+            );
+            assert_eq!(fs.deleted_subvolumes(), vec![id], "{point:?}");
+            clean_all(fs);
+            let after = settled_free_blocks(fs);
+            assert!(
+                after + 8 >= before && after <= before,
+                "{point:?}: free blocks {after}, {before} before the create"
+            );
+        });
+        let image = MemoryDevice::from_bytes(rec.crash_image(point));
+        let report = check_device(&image);
+        if report
+            .summary
+            .deleted_subvolumes
+            .iter()
+            .any(|&(_, p)| p > Key::MIN)
+        {
+            resumed_mid_drop += 1;
+        }
+    }
+    assert!(
+        resumed_mid_drop > 0,
+        "some of the {} states are mid-drop",
+        points.len()
+    );
+}
+
+/// Crash case: `subvolume create sv; <write into sv>; sync; delete sv;
+/// <cut before the next commit>` → `sv` is there with its content
+/// (nothing of that transaction was durable); with `delete -c`, `sv` is
+/// gone at every state after the commit's superblock.
+#[test]
+fn delete_then_crash_before_commit_keeps_subvolume() {
+    for commit_after in [false, true] {
+        let rec = recorder(32 << 20, 0x75);
+        let fs = mount(rec.clone());
+        let root = fs.root_ino();
+        fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+        let sv = fs.lookup(root, b"sv").unwrap().ino;
+        fs.mkdir(sv, b"d", 0o755, 0, 0).unwrap();
+        fs.sync().unwrap();
+        let synced = rec.flush_count();
+        fs.delete_subvolume(root, b"sv").unwrap();
+        if commit_after {
+            fs.commit().unwrap();
+        }
+        let committed = rec.flush_count();
+        fs.shut_down();
+        drop(fs);
+        let mut saw = [false; 2];
+        for point in crash_points(&rec, synced, &Enumeration::thorough(0x75)) {
+            let view = common::crash_view(&rec, &point);
+            let kept = view.contains_key("/sv");
+            if kept {
+                assert!(view.contains_key("/sv/d"), "{point:?}: {view:?}");
+            }
+            if !commit_after || point.flushes_completed < committed {
+                assert!(kept || commit_after, "{point:?}: {view:?}");
+            } else {
+                assert!(!kept, "{point:?}: after the commit: {view:?}");
+            }
+            saw[kept as usize] = true;
+        }
+        assert!(
+            saw[1],
+            "sv kept in some state (commit_after {commit_after})"
+        );
+        assert_eq!(saw[0], commit_after, "sv gone only after a commit");
+    }
+}
+
+/// An fsync of the directory that lost a subvolume link commits (a log
+/// cannot carry the root-tree items, seed 000): after `touch x; fsync .;
+/// delete sv; fsync .; <cut>`, `sv` is gone and `x` is there.
+#[test]
+fn fsync_of_dir_whose_subvolume_was_deleted_commits() {
+    let rec = recorder(32 << 20, 0x76);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    fs.sync().unwrap();
+    fs.create(root, b"x", 0o644, 0, 0).unwrap();
+    fs.fsync(root, false).unwrap();
+    fs.delete_subvolume(root, b"sv").unwrap();
+    let commits = fs.stats().commits;
+    fs.fsync(root, false).unwrap();
+    assert_eq!(fs.stats().commits, commits + 1, "the fsync committed");
+    let synced = rec.flush_count();
+    fs.shut_down();
+    drop(fs);
+    for point in crash_points(&rec, synced, &Enumeration::thorough(0x76)) {
+        let view = common::crash_view(&rec, &point);
+        assert!(!view.contains_key("/sv"), "{point:?}: {view:?}");
+        assert!(view.contains_key("/x"), "{point:?}: {view:?}");
+    }
+}
+
+/// A full filesystem with a deleted subvolume not yet dropped: a write
+/// that needs the subvolume's space gets it, because space reclaim runs
+/// the cleaner before it answers ENOSPC (docs/SNAPSHOTS.md (d), "Space").
+#[test]
+fn reclaim_drops_deleted_subvolumes_before_enospc() {
+    let dev = memory_fs(32 << 20, 0x77);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 40, 100);
+    fs.sync().unwrap();
+    // Fill what is left with data in tree 5, until a write is refused.
+    let chunk = vec![0x5au8; 64 * 1024];
+    let f = fs.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+    let g = fs.create(root, b"more", 0o644, 0, 0).unwrap().ino;
+    let mut size = 0u64;
+    loop {
+        match fs.write_file(f, size, &chunk) {
+            Ok(n) if n == chunk.len() => size += n as u64,
+            Ok(_) | Err(Error::NoSpace) => break,
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    fs.sync().unwrap();
+    assert!(
+        matches!(fs.write_file(g, 0, &chunk), Err(Error::NoSpace)),
+        "full"
+    );
+    fs.delete_subvolume(root, b"sv").unwrap();
+    // The subvolume's ~1 MiB of nodes are enough for the next writes.
+    for i in 0..8u64 {
+        fs.write_file(g, i * chunk.len() as u64, &chunk)
+            .unwrap_or_else(|e| panic!("write {i} after the delete: {e}"));
+    }
+    fs.sync().unwrap();
+    assert!(fs.deleted_subvolumes().is_empty(), "dropped by reclaim");
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after reclaim");
+}
+
+/// The background worker runs the cleaner: a deleted subvolume is dropped
+/// without any call, a bounded transaction at a time.
+#[test]
+fn background_worker_drops_deleted_subvolumes() {
+    let dev = memory_fs(32 << 20, 0x78);
+    let options = MountOptions {
+        commit_interval: Some(std::time::Duration::from_millis(20)),
+        ..small_steps()
+    };
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 20, 60);
+    fs.delete_subvolume(root, b"sv").unwrap();
+    let commits = fs.stats().commits;
+    // Waits for the worker (a liveness bound, not a timing assertion).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !fs.deleted_subvolumes().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never dropped it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(fs.stats().commits > commits + 3, "in several transactions");
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the worker's drop");
+}
