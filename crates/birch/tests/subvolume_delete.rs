@@ -1,10 +1,9 @@
 //! Subvolume deletion and the cleaner through the library
 //! (docs/SNAPSHOTS.md (d), step 9 of (j)): what `delete` refuses, the
 //! space a finished drop gives back, `birch check` on a drop in progress,
-//! and the crash cases of (i) for deletion. The drop of nodes shared with
-//! a snapshot is tested at the Forest level (`btree/model_tests.rs`
-//! `delete_snapshot_after_source_changed`): no snapshot can be made
-//! through the library yet.
+//! and the crash cases of (i) for deletion, snapshots and their sources
+//! deleted among them (the Forest-level drop of shared nodes is
+//! `btree/model_tests.rs` `delete_snapshot_after_source_changed`).
 
 mod common;
 
@@ -404,4 +403,120 @@ fn background_worker_drops_deleted_subvolumes() {
     assert!(fs.stats().commits > commits + 3, "in several transactions");
     fs.close().unwrap();
     common::assert_clean(dev.as_ref(), "after the worker's drop");
+}
+
+/// Files with `count` blocks of data each in directory `dir`; their pages
+/// stay dirty until the next commit.
+fn write_files<D: BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, files: usize, fill: u8) {
+    for f in 0..files {
+        let ino = fs
+            .create(dir, format!("data{f}").as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        fs.write_file(ino, 0, &vec![fill ^ f as u8; 3 * 4096])
+            .unwrap();
+    }
+}
+
+/// Contents of file `data{f}` in directory `dir`.
+fn read_data<D: BlockDevice + 'static>(fs: &Filesystem<D>, dir: u64, f: usize) -> Vec<u8> {
+    let ino = fs.lookup(dir, format!("data{f}").as_bytes()).unwrap().ino;
+    fs.read_file(ino, 0, 3 * 4096).unwrap()
+}
+
+/// A subvolume deleted while its files have dirty pages: the pages go
+/// with it (their reservations too), the next commit succeeds without
+/// writing them, and the drop gives every block back.
+#[test]
+fn delete_with_dirty_pages_discards_them() {
+    let dev = memory_fs(64 << 20, 0x74);
+    let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let before = settled_free_blocks(&fs);
+    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    write_files(&fs, sv, 40, 0x5a);
+    fs.delete_subvolume(root, b"sv").unwrap();
+    fs.sync().unwrap();
+    clean_all(&fs);
+    let after = settled_free_blocks(&fs);
+    assert!(
+        after + 8 >= before && after <= before,
+        "free blocks back: {before} before, {after} after the drop"
+    );
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the drop");
+}
+
+/// A snapshot deleted after its source changed: the drop releases only
+/// what the snapshot alone held (shared nodes lose one reference, data
+/// extents still in the source stay), the source reads as before, and
+/// the space the snapshot pinned comes back.
+#[test]
+fn delete_snapshot_after_source_changed() {
+    let dev = memory_fs(64 << 20, 0x75);
+    let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let id = fs.create_subvolume(root, b"src", 0, 0).unwrap();
+    let src = fs.lookup(root, b"src").unwrap().ino;
+    fill(&fs, src, 6, 40);
+    write_files(&fs, src, 30, 0x11);
+    fs.sync().unwrap();
+    let before = settled_free_blocks(&fs);
+    fs.create_snapshot(id, root, b"snap", true).unwrap();
+    // The source changes: half its files rewritten, a third removed.
+    for f in 0..15 {
+        let ino = fs.lookup(src, format!("data{f}").as_bytes()).unwrap().ino;
+        fs.write_file(ino, 0, &vec![0xee; 3 * 4096]).unwrap();
+    }
+    for f in 20..30 {
+        fs.unlink(src, format!("data{f}").as_bytes()).unwrap();
+    }
+    let snap = fs.lookup(root, b"snap").unwrap().ino;
+    assert_eq!(read_data(&fs, snap, 25), vec![0x11 ^ 25; 3 * 4096]);
+    fs.sync().unwrap();
+    common::assert_clean(dev.as_ref(), "snapshot and changed source");
+    fs.delete_subvolume(root, b"snap").unwrap();
+    fs.sync().unwrap();
+    clean_all(&fs);
+    for f in 0..20 {
+        let want = if f < 15 { 0xee } else { 0x11 ^ f as u8 };
+        assert_eq!(read_data(&fs, src, f), vec![want; 3 * 4096], "data{f}");
+    }
+    let after = settled_free_blocks(&fs);
+    // The source dropped 10 files and rewrote 15 since `before`: 25 files
+    // of 3 blocks the snapshot held are free again, the 15 rewrites are
+    // new blocks.
+    assert!(
+        after + 8 >= before + 10 * 3 && after <= before + 10 * 3 + 8,
+        "free blocks: {before} before the snapshot, {after} after its drop"
+    );
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the snapshot's drop");
+}
+
+/// The source of a snapshot deleted: the snapshot keeps every name and
+/// byte (the drop only decrements what it shares).
+#[test]
+fn delete_source_keeps_its_snapshot() {
+    let dev = memory_fs(64 << 20, 0x76);
+    let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let id = fs.create_subvolume(root, b"src", 0, 0).unwrap();
+    let src = fs.lookup(root, b"src").unwrap().ino;
+    fill(&fs, src, 6, 40);
+    write_files(&fs, src, 30, 0x22);
+    fs.create_snapshot(id, root, b"snap", false).unwrap();
+    fs.delete_subvolume(root, b"src").unwrap();
+    fs.sync().unwrap();
+    clean_all(&fs);
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the source's drop");
+    let fs = mount(dev.clone());
+    let snap = fs.lookup(fs.root_ino(), b"snap").unwrap().ino;
+    for f in 0..30 {
+        assert_eq!(read_data(&fs, snap, f), vec![0x22 ^ f as u8; 3 * 4096]);
+    }
+    let dir5 = fs.lookup(snap, b"dir5").unwrap().ino;
+    assert!(fs.lookup(dir5, b"file-with-a-longer-name-39").is_ok());
 }

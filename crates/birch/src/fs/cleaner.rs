@@ -83,6 +83,15 @@ impl<D: BlockDevice> FsState<D> {
             .item
             .ok_or_else(|| corrupt("a subvolume with a short root item"))?;
         child.flush_delayed_items()?;
+        // Its dirty pages would be written into a tree being dropped, and
+        // the queue would name a root that no longer resolves: they go
+        // now, with their reservations (as an unlinked inode's do).
+        for queued in child.fs.space.dirty_inodes() {
+            let (root_id, ino) = InoSpace::split(queued);
+            if root_id == id {
+                child.discard_dirty_pages(ino)?;
+            }
+        }
         self.writable(parent_id)?
             .remove_subvolume_link(dir, name, id, rr.index)?;
         let roots = &mut self.info.roots;

@@ -280,7 +280,12 @@ impl<D: BlockDevice> FsState<D> {
     /// The long root item of a subvolume made (or, for tree 5, first
     /// given the long form) in this transaction at `now`.
     fn fresh_root_item(&self, id: u64, now: Timespec) -> SubvolRootItem {
-        new_root_item(self.info.superblock.fsid, id, self.info.forest.transid(), now)
+        new_root_item(
+            self.info.superblock.fsid,
+            id,
+            self.info.forest.transid(),
+            now,
+        )
     }
 
     /// Sets or clears subvolume `id`'s `SUBVOL_RDONLY` flag (`birch
