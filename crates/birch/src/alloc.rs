@@ -19,7 +19,7 @@
 use crate::error::{Corruption, Error, Result};
 use crate::format::{item_type, ExtentItem, Key, MetadataProfile, NODE_SIZE, SECTOR_SIZE};
 use crate::lock_order::{LockRank, RankedMutex};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Under DUP, when node pairs are short: the most a data extent breaks
@@ -464,6 +464,11 @@ pub struct Allocator {
     /// kept from the free map while a read planned in an older epoch is in
     /// flight (see [`ReaderEpochs`]).
     unread_wait: Vec<(u64, u64, u64)>,
+    /// Tree nodes freed (by [`Self::free_node`]) whose blocks are not back
+    /// in the free map yet: pinned, held or waiting for readers. A pointer
+    /// read from disk that reaches one is a second pointer to a node
+    /// counted once; freeing it again would free its block twice.
+    released_nodes: HashSet<u64>,
     /// Durable commits since mount: the reader epoch.
     epoch: u64,
     readers: Arc<ReaderEpochs>,
@@ -497,6 +502,7 @@ impl Allocator {
             log_pinned: Vec::new(),
             held: Vec::new(),
             unread_wait: Vec::new(),
+            released_nodes: HashSet::new(),
             epoch: 0,
             readers: Arc::new(ReaderEpochs {
                 active: RankedMutex::new(LockRank::Epochs, BTreeMap::new()),
@@ -598,14 +604,14 @@ impl Allocator {
     /// error naming the block, with nothing changed, so the transaction
     /// aborts cleanly.
     pub fn free_node(&mut self, bytenr: u64, owner: u64, level: u8) -> Result<()> {
+        if self.released_nodes.contains(&bytenr) {
+            return Err(node_corrupt(
+                owner,
+                bytenr,
+                "node freed twice: more pointers reach it than its reference count",
+            ));
+        }
         if let Some(entry) = self.delayed_refs.get(&bytenr) {
-            if entry.freed {
-                return Err(node_corrupt(
-                    owner,
-                    bytenr,
-                    "node freed twice: more pointers reach it than its reference count",
-                ));
-            }
             if entry.created && entry.ref_delta != 1 {
                 return Err(node_corrupt(
                     owner,
@@ -649,6 +655,7 @@ impl Allocator {
         self.metadata_bytes = self.metadata_bytes.saturating_sub(footprint);
         let ranges: Vec<_> = self.node_ranges(bytenr).collect();
         self.pinned.extend(ranges);
+        self.released_nodes.insert(bytenr);
         Ok(())
     }
 
@@ -659,19 +666,19 @@ impl Allocator {
     /// pointer to a node already freed, or to a data extent, is a
     /// corruption error (pointers read from disk disagree with the counts).
     pub fn add_node_ref(&mut self, bytenr: u64, owner: u64, level: u8, delta: i64) -> Result<()> {
-        if let Some(entry) = self.delayed_refs.get(&bytenr) {
-            if entry.freed || !matches!(entry.kind, ExtentKind::Metadata { .. }) {
-                let what = if entry.freed {
-                    "a node freed in this transaction"
-                } else {
-                    "a data extent"
-                };
-                return Err(node_corrupt(
-                    owner,
-                    bytenr,
-                    format!("a tree pointer reaches {what}: its reference count cannot change"),
-                ));
+        let what = match self.delayed_refs.get(&bytenr) {
+            _ if self.released_nodes.contains(&bytenr) => Some("a node already freed"),
+            Some(entry) if !matches!(entry.kind, ExtentKind::Metadata { .. }) => {
+                Some("a data extent")
             }
+            _ => None,
+        };
+        if let Some(what) = what {
+            return Err(node_corrupt(
+                owner,
+                bytenr,
+                format!("a tree pointer reaches {what}: its reference count cannot change"),
+            ));
         }
         self.node_ref_entry(bytenr, owner, level).ref_delta += delta;
         Ok(())
@@ -750,6 +757,7 @@ impl Allocator {
             .partition(|&(epoch, _, _)| epoch <= oldest);
         self.unread_wait = waiting;
         for (_, start, len) in ready {
+            self.released_nodes.remove(&start);
             self.free.add(start, len);
         }
     }
@@ -1061,6 +1069,7 @@ impl TransactionSpace for Allocator {
 
     fn unpin(&mut self, ranges: Vec<(u64, u64)>) {
         for (start, len) in ranges {
+            self.released_nodes.remove(&start);
             self.free.add(start, len);
         }
     }
@@ -1162,6 +1171,15 @@ mod tests {
             "freed in this transaction",
         );
         assert_eq!(a.bytes_used(), used, "nothing changed");
+        // In a later transaction, while the block is pinned or held.
+        a.take_delayed_refs();
+        let pinned = a.take_pinned();
+        corrupt_at(a.free_node(on_disk, 5, 0), on_disk, "freed twice");
+        a.commit_durable(pinned);
+        corrupt_at(a.free_node(on_disk, 5, 0), on_disk, "freed twice");
+        corrupt_at(a.add_node_ref(on_disk, 5, 0, -1), on_disk, "already freed");
+        a.commit_durable(Vec::new());
+        assert!(a.free_space().is_free(on_disk, NODE_SIZE as u64));
         // A node whose block the extent tree says is free.
         corrupt_at(
             a.free_node(1 << 20, 5, 0),

@@ -965,3 +965,106 @@ fn generation_and_inode_size_at_2_pow_64() {
         assert_no_panic(apply(base, &m), &m);
     }
 }
+
+// ----- pointers that disagree with reference counts (docs/SNAPSHOTS.md (b)) -----
+
+/// The writes that make pointer `to` of internal node `bytenr` a second
+/// pointer to the child pointer `from` names (block and generation), so
+/// that two parent slots reach one node counted once.
+fn duplicate_pointer(base: &Base, bytenr: u64, from: usize, to: usize) -> Vec<Mutation> {
+    let node = &base.nodes.iter().find(|(b, _)| *b == bytenr).expect("node").1;
+    let source = node.key_ptrs()[from];
+    let field = |name: &str, at: usize, value: u64| Mutation {
+        node: Some(bytenr),
+        both_copies: true,
+        what: format!(
+            "{} slot {to} ptr.{name} = slot {from}'s",
+            birch::format::tree_name(node.owner)
+        ),
+        at: BODY + to * KEY_PTR + KEY_SIZE + at,
+        width: 8,
+        value,
+    };
+    vec![
+        field("blockptr", 0, source.blockptr),
+        field("generation", 8, source.generation),
+    ]
+}
+
+/// `ms` applied one after the other.
+fn apply_all(base: &Base, ms: &[Mutation]) -> Vec<u8> {
+    let mut img = base.bytes.clone();
+    for m in ms {
+        let next = Base {
+            bytes: img,
+            mirror_offset: base.mirror_offset,
+            nodes: Vec::new(),
+        };
+        img = apply(&next, m);
+    }
+    img
+}
+
+/// The mutations of one fuzz case, printed on one line.
+fn describe(ms: &[Mutation]) -> String {
+    ms.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; ")
+}
+
+/// The fs tree's root holds two pointers to its first leaf, whose count
+/// is 1. The first change copies the leaf and frees it; the next change
+/// reaching it through the other slot copies it again and frees it a
+/// second time: `free_node` asserted "freed twice" and the daemon
+/// panicked. Now the change fails with a corruption error naming the leaf,
+/// and nothing panics.
+#[test]
+fn duplicate_child_pointer_cow_is_an_error_not_a_panic() {
+    let base = base();
+    let (root, node) = base
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.owner == tree_id::FS && n.level > 0)
+        .max_by_key(|(_, n)| n.level)
+        .expect("the fs tree has an internal node");
+    let last = node.key_ptrs().len() - 1;
+    assert!(last >= 1, "the fs tree root has two children");
+    let shared_leaf = node.key_ptrs()[0].blockptr;
+    let ms = duplicate_pointer(base, *root, 0, last);
+    let img = apply_all(base, &ms);
+    eprintln!("DBG {}", check_device(&MemoryDevice::from_bytes(img.clone())));
+    record_panic_locations();
+    IN_CASE.with(|c| c.set(true));
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // Log replay at open already changes the fs tree: the error may
+        // come from the open, or from the writes after it.
+        let fs = Filesystem::open(MemoryDevice::from_bytes(img), MountOptions::deterministic())?;
+        let root = fs.root_ino();
+        for i in 0..64 {
+            // Each create changes the root directory (first leaf) and adds
+            // an inode past the last one (last slot).
+            fs.create(root, format!("dup-{i}").as_bytes(), 0o644, 0, 0)?;
+        }
+        fs.commit()
+    }));
+    IN_CASE.with(|c| c.set(false));
+    let result = match outcome {
+        Ok(result) => result,
+        Err(p) => panic!(
+            "{}: a panic, not an error: {:?} at {}",
+            describe(&ms),
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())),
+            PANIC_AT.with(|p| p.borrow().clone())
+        ),
+    };
+    match result {
+        Err(birch::error::Error::Corrupt(c)) => {
+            assert_eq!(c.block, Some(shared_leaf), "{}: {c}", describe(&ms));
+            assert!(c.reason.contains("freed twice"), "{}: {c}", describe(&ms));
+        }
+        other => panic!(
+            "{}: expected a corruption error, got {other:?}",
+            describe(&ms)
+        ),
+    }
+}
