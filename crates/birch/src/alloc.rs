@@ -1165,11 +1165,7 @@ mod tests {
         a.free_node(on_disk, 5, 0).unwrap();
         let used = a.bytes_used();
         corrupt_at(a.free_node(on_disk, 5, 0), on_disk, "freed twice");
-        corrupt_at(
-            a.add_node_ref(on_disk, 5, 0, 1),
-            on_disk,
-            "freed in this transaction",
-        );
+        corrupt_at(a.add_node_ref(on_disk, 5, 0, 1), on_disk, "already freed");
         assert_eq!(a.bytes_used(), used, "nothing changed");
         // In a later transaction, while the block is pinned or held.
         a.take_delayed_refs();

@@ -972,7 +972,12 @@ fn generation_and_inode_size_at_2_pow_64() {
 /// pointer to the child pointer `from` names (block and generation), so
 /// that two parent slots reach one node counted once.
 fn duplicate_pointer(base: &Base, bytenr: u64, from: usize, to: usize) -> Vec<Mutation> {
-    let node = &base.nodes.iter().find(|(b, _)| *b == bytenr).expect("node").1;
+    let node = &base
+        .nodes
+        .iter()
+        .find(|(b, _)| *b == bytenr)
+        .expect("node")
+        .1;
     let source = node.key_ptrs()[from];
     let field = |name: &str, at: usize, value: u64| Mutation {
         node: Some(bytenr),
@@ -1007,42 +1012,68 @@ fn apply_all(base: &Base, ms: &[Mutation]) -> Vec<u8> {
 
 /// The mutations of one fuzz case, printed on one line.
 fn describe(ms: &[Mutation]) -> String {
-    ms.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; ")
+    ms.iter()
+        .map(|m| m.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
-/// The fs tree's root holds two pointers to its first leaf, whose count
-/// is 1. The first change copies the leaf and frees it; the next change
-/// reaching it through the other slot copies it again and frees it a
-/// second time: `free_node` asserted "freed twice" and the daemon
-/// panicked. Now the change fails with a corruption error naming the leaf,
-/// and nothing panics.
+/// A committed image without a log (so that the open replays nothing):
+/// a root directory of 150 files, an fs tree of two levels.
+fn committed_base() -> Base {
+    let dev = std::sync::Arc::new(MemoryDevice::new(IMAGE_BYTES));
+    Filesystem::mkfs(dev.as_ref(), &Default::default()).expect("mkfs");
+    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).expect("open");
+    for i in 0..150 {
+        fs.create(
+            fs.root_ino(),
+            format!("file-{i:03}").as_bytes(),
+            0o644,
+            0,
+            0,
+        )
+        .unwrap();
+    }
+    fs.close().expect("close");
+    let bytes = dev.snapshot();
+    let sb = read_superblock(&MemoryDevice::from_bytes(bytes.clone())).expect("superblock");
+    assert_eq!(sb.log_root_bytenr, 0, "no log");
+    Base {
+        mirror_offset: sb.metadata_profile.mirror_offset(),
+        nodes: live_nodes(&bytes, &sb),
+        bytes,
+    }
+}
+
+/// Every slot of the fs tree's root points at its first leaf, whose count
+/// is 1. A create changes the root directory's inode (first slot), its
+/// last DIR_INDEX and a new inode past the last one (later slots): the
+/// first change copies the leaf and frees it, the next one through
+/// another slot copies and frees it a second time. `free_node` asserted
+/// "freed twice" and the daemon panicked; now the change fails with a
+/// corruption error naming the leaf, and nothing panics.
 #[test]
 fn duplicate_child_pointer_cow_is_an_error_not_a_panic() {
-    let base = base();
+    let base = committed_base();
     let (root, node) = base
         .nodes
         .iter()
-        .filter(|(_, n)| n.owner == tree_id::FS && n.level > 0)
-        .max_by_key(|(_, n)| n.level)
-        .expect("the fs tree has an internal node");
+        .find(|(_, n)| n.owner == tree_id::FS && n.level == 1)
+        .expect("the fs tree has two levels");
     let last = node.key_ptrs().len() - 1;
     assert!(last >= 1, "the fs tree root has two children");
     let shared_leaf = node.key_ptrs()[0].blockptr;
-    let ms = duplicate_pointer(base, *root, 0, last);
-    let img = apply_all(base, &ms);
-    eprintln!("DBG {}", check_device(&MemoryDevice::from_bytes(img.clone())));
+    let ms: Vec<Mutation> = (1..=last)
+        .flat_map(|slot| duplicate_pointer(&base, *root, 0, slot))
+        .collect();
+    let img = apply_all(&base, &ms);
     record_panic_locations();
     IN_CASE.with(|c| c.set(true));
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // Log replay at open already changes the fs tree: the error may
-        // come from the open, or from the writes after it.
-        let fs = Filesystem::open(MemoryDevice::from_bytes(img), MountOptions::deterministic())?;
+        let fs = Filesystem::open(MemoryDevice::from_bytes(img), MountOptions::deterministic())
+            .expect("the image mounts: nothing reads the second pointer yet");
         let root = fs.root_ino();
-        for i in 0..64 {
-            // Each create changes the root directory (first leaf) and adds
-            // an inode past the last one (last slot).
-            fs.create(root, format!("dup-{i}").as_bytes(), 0o644, 0, 0)?;
-        }
+        fs.create(root, b"new", 0o644, 0, 0)?;
         fs.commit()
     }));
     IN_CASE.with(|c| c.set(false));
