@@ -2,7 +2,9 @@
 //! (files, a directory, xattrs, hard links, a symlink, inline and regular
 //! extents, data checksums, and an fsync log not yet committed, so that
 //! every open replays it), then, per case, one field of one node header,
-//! item header, item body or superblock set to an edge value, with every
+//! item header, item body or superblock set to an edge value (or, one
+//! case in eight, a second pointer to a child another slot names and/or a
+//! node's METADATA_ITEM refs changed: pointers and counts that disagree), with every
 //! checksum recomputed (the node's, its DUP mirror's, the superblock
 //! copies') so the mutation gets past the checksum gate. Each case then
 //! runs `birch check`'s library entry, an open with log replay, a full walk
@@ -371,6 +373,66 @@ fn item_body_fields(
     vec![("body", rng.gen_range(0..=len - width), width)]
 }
 
+/// One case's mutations: mostly one field ([`random_mutation`]); one case
+/// in eight makes pointers and reference counts disagree
+/// ([`count_mutations`]).
+fn random_case(rng: &mut ChaCha8Rng, base: &Base) -> Vec<Mutation> {
+    if rng.gen_bool(0.125) {
+        count_mutations(rng, base)
+    } else {
+        vec![random_mutation(rng, base)]
+    }
+}
+
+/// Pointers that disagree with the counts (docs/SNAPSHOTS.md (b)): a
+/// second pointer in an internal node to a child another slot names (two
+/// parent slots, one reference), and/or a tree node's METADATA_ITEM refs
+/// set to an edge value. Each is several fields, all valid on their own.
+fn count_mutations(rng: &mut ChaCha8Rng, base: &Base) -> Vec<Mutation> {
+    let mut ms = Vec::new();
+    let internal: Vec<(u64, usize)> = base
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.level > 0 && n.key_ptrs().len() >= 2)
+        .map(|(b, n)| (*b, n.key_ptrs().len()))
+        .collect();
+    let dup = !internal.is_empty() && rng.gen_bool(0.75);
+    if dup {
+        let (bytenr, n) = internal[rng.gen_range(0..internal.len())];
+        let from = rng.gen_range(0..n);
+        let to = (from + rng.gen_range(1..n)) % n;
+        ms.extend(duplicate_pointer(base, bytenr, from, to));
+    }
+    let metadata_items: Vec<(u64, usize)> = base
+        .nodes
+        .iter()
+        .flat_map(|(b, n)| match &n.body {
+            NodeBody::Leaf(items) => items
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| i.key.item_type == item_type::METADATA_ITEM)
+                .map(|(slot, _)| (*b, slot))
+                .collect(),
+            NodeBody::Internal(_) => Vec::new(),
+        })
+        .collect();
+    if !metadata_items.is_empty() && (!dup || rng.gen_bool(0.5)) {
+        let (bytenr, slot) = metadata_items[rng.gen_range(0..metadata_items.len())];
+        let at = item_body_at(base, bytenr, slot);
+        let block = &base.bytes[bytenr as usize..bytenr as usize + NODE_SIZE];
+        let old = read_field(block, at, 8);
+        ms.push(Mutation {
+            node: Some(bytenr),
+            both_copies: true,
+            what: format!("extent slot {slot} METADATA_ITEM refs"),
+            at,
+            width: 8,
+            value: [0, 2, 3, u64::MAX, old.wrapping_add(1)][rng.gen_range(0..5)],
+        });
+    }
+    ms
+}
+
 /// Picks one field of one node (or of the superblock) and a new value.
 fn random_mutation(rng: &mut ChaCha8Rng, base: &Base) -> Mutation {
     let both_copies = !rng.gen_bool(0.1);
@@ -623,11 +685,12 @@ fn mutated_images_never_panic() {
         if !more {
             break;
         }
-        let m = random_mutation(&mut case_rng(seed, case), base);
+        let ms = random_case(&mut case_rng(seed, case), base);
         IN_CASE.with(|c| c.set(true));
-        let outcome = run_case(apply(base, &m));
+        let outcome = run_case(apply_all(base, &ms));
         IN_CASE.with(|c| c.set(false));
         if let Some((phase, msg)) = outcome {
+            let m = describe(&ms);
             failures.push(format!(
                 "case {case} ({m}): panic in {phase}: {msg}\n  replay: BIRCH_FUZZ_SEED={seed} BIRCH_FUZZ_CASE={case} cargo test -p birch --test image_fuzz mutated_images_never_panic"
             ));
