@@ -1136,12 +1136,16 @@ fn duplicate_child_pointer_cow_is_an_error_not_a_panic() {
         let fs = Filesystem::open(MemoryDevice::from_bytes(img), MountOptions::deterministic())
             .expect("the image mounts: nothing reads the second pointer yet");
         let root = fs.root_ino();
-        fs.create(root, b"new", 0o644, 0, 0)?;
-        fs.commit()
+        let result = fs
+            .create(root, b"new", 0o644, 0, 0)
+            .and_then(|_| fs.commit());
+        // The transaction is abandoned: the filesystem refuses changes.
+        let after = fs.create(root, b"after", 0o644, 0, 0).map(|_| ());
+        (result, fs.failure(), after)
     }));
     IN_CASE.with(|c| c.set(false));
-    let result = match outcome {
-        Ok(result) => result,
+    let (result, failure, after) = match outcome {
+        Ok(outcome) => outcome,
         Err(p) => panic!(
             "{}: a panic, not an error: {:?} at {}",
             describe(&ms),
@@ -1161,4 +1165,6 @@ fn duplicate_child_pointer_cow_is_an_error_not_a_panic() {
             describe(&ms)
         ),
     }
+    assert!(failure.is_some(), "the failed change marks the filesystem");
+    assert!(after.is_err(), "no change after it: {after:?}");
 }
