@@ -16,10 +16,10 @@
 //!   durable, and then stays held until the next commit is durable too, so
 //!   the previous commit (the newest backup root) stays intact.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::{item_type, ExtentItem, Key, MetadataProfile, NODE_SIZE, SECTOR_SIZE};
 use crate::lock_order::{LockRank, RankedMutex};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Under DUP, when node pairs are short: the most a data extent breaks
@@ -162,6 +162,17 @@ impl DelayedRef {
     }
 }
 
+/// A corruption error about the node at `bytenr` of tree `tree`: what the
+/// pointers read from disk say disagrees with the reference counts.
+fn node_corrupt(tree: u64, bytenr: u64, reason: impl Into<String>) -> Error {
+    Error::corrupt(Corruption::at_block(
+        Some(tree),
+        bytenr,
+        None,
+        reason.into(),
+    ))
+}
+
 /// Free space as a map of `start -> length`, kept coalesced.
 #[derive(Debug, Default, Clone)]
 pub struct FreeSpace {
@@ -244,6 +255,17 @@ impl FreeSpace {
             .range(..=start)
             .next_back()
             .is_some_and(|(&s, &l)| s + l >= end)
+    }
+
+    /// Whether no byte of `[start, start+len)` is free.
+    pub fn is_in_use(&self, start: u64, len: u64) -> bool {
+        let Some(end) = start.checked_add(len) else {
+            return false;
+        };
+        let before = self.ranges.range(..=start).next_back();
+        let after = self.ranges.range(start..).next();
+        before.is_none_or(|(&s, &l)| s.saturating_add(l) <= start)
+            && after.is_none_or(|(&s, _)| s >= end)
     }
 
     /// First free run of at least `len` bytes at or after `hint`, wrapping
@@ -442,6 +464,11 @@ pub struct Allocator {
     /// kept from the free map while a read planned in an older epoch is in
     /// flight (see [`ReaderEpochs`]).
     unread_wait: Vec<(u64, u64, u64)>,
+    /// Tree nodes freed (by [`Self::free_node`]) whose blocks are not back
+    /// in the free map yet: pinned, held or waiting for readers. A pointer
+    /// read from disk that reaches one is a second pointer to a node
+    /// counted once; freeing it again would free its block twice.
+    released_nodes: HashSet<u64>,
     /// Durable commits since mount: the reader epoch.
     epoch: u64,
     readers: Arc<ReaderEpochs>,
@@ -475,6 +502,7 @@ impl Allocator {
             log_pinned: Vec::new(),
             held: Vec::new(),
             unread_wait: Vec::new(),
+            released_nodes: HashSet::new(),
             epoch: 0,
             readers: Arc::new(ReaderEpochs {
                 active: RankedMutex::new(LockRank::Epochs, BTreeMap::new()),
@@ -540,10 +568,16 @@ impl Allocator {
                 freed: false,
             },
         );
-        assert!(
-            prev.is_none(),
-            "node {start} allocated while it has a pending extent change"
-        );
+        if let Some(prev) = prev {
+            // A pointer read from disk named this free block (its count
+            // changed this transaction) before it was allocated.
+            self.delayed_refs.insert(start, prev);
+            return Err(node_corrupt(
+                owner,
+                start,
+                "a free block is referenced by a tree (its count changed in this transaction before it was allocated)",
+            ));
+        }
         Ok(start)
     }
 
@@ -562,38 +596,125 @@ impl Allocator {
     /// Frees a tree node: the forest found its reference count reaching 0
     /// (for a node of a tree nothing shares, its one pointer went away).
     /// Its space is pinned until this transaction's commit is durable.
-    pub fn free_node(&mut self, bytenr: u64, owner: u64, level: u8) {
+    ///
+    /// A node freed twice, a node made in this transaction freed while it
+    /// has references left, or one whose block is already free means that
+    /// more pointers reach it than its count says (a hostile or damaged
+    /// image: two parents pointing at an unshared node): a corruption
+    /// error naming the block, with nothing changed, so the transaction
+    /// aborts cleanly.
+    pub fn free_node(&mut self, bytenr: u64, owner: u64, level: u8) -> Result<()> {
+        if self.released_nodes.contains(&bytenr) {
+            return Err(node_corrupt(
+                owner,
+                bytenr,
+                "node freed twice: more pointers reach it than its reference count",
+            ));
+        }
+        if let Some(entry) = self.delayed_refs.get(&bytenr) {
+            if entry.created && entry.ref_delta != 1 {
+                return Err(node_corrupt(
+                    owner,
+                    bytenr,
+                    format!(
+                        "node made in this transaction freed with {} references left",
+                        entry.ref_delta - 1
+                    ),
+                ));
+            }
+        }
+        if self
+            .node_ranges(bytenr)
+            .any(|(start, len)| !self.free.is_in_use(start, len))
+        {
+            return Err(node_corrupt(
+                owner,
+                bytenr,
+                "node freed while its block is free in the extent tree",
+            ));
+        }
+        let footprint = self.profile.node_footprint();
+        let Some(bytes_used) = self.bytes_used.checked_sub(footprint) else {
+            return Err(node_corrupt(
+                owner,
+                bytenr,
+                format!(
+                    "node freed while bytes_used is {} (less than one node)",
+                    self.bytes_used
+                ),
+            ));
+        };
         let entry = self.node_ref_entry(bytenr, owner, level);
-        assert!(!entry.freed, "node {bytenr} freed twice");
         entry.ref_delta -= 1;
         entry.freed = true;
         if entry.created {
             // Never in the extent tree: nothing for the commit to do.
-            assert_eq!(
-                entry.ref_delta, 0,
-                "node {bytenr} allocated in this transaction freed with references left"
-            );
             self.delayed_refs.remove(&bytenr);
         }
-        self.bytes_used -= self.profile.node_footprint();
-        self.metadata_bytes = self
-            .metadata_bytes
-            .saturating_sub(self.profile.node_footprint());
+        self.bytes_used = bytes_used;
+        self.metadata_bytes = self.metadata_bytes.saturating_sub(footprint);
         let ranges: Vec<_> = self.node_ranges(bytenr).collect();
         self.pinned.extend(ranges);
+        self.released_nodes.insert(bytenr);
+        Ok(())
     }
 
     /// Records `delta` more pointers to the node at `bytenr` (a copy of a
     /// shared parent, or a parent's copy made by a snapshot, points at it
     /// too; or one of its sharers let go of it). The forest frees a node
-    /// with [`Self::free_node`] instead when its count reaches 0.
-    pub fn add_node_ref(&mut self, bytenr: u64, owner: u64, level: u8, delta: i64) {
-        let entry = self.node_ref_entry(bytenr, owner, level);
-        assert!(
-            !entry.freed && matches!(entry.kind, ExtentKind::Metadata { .. }),
-            "reference change of freed or non-node extent {bytenr}"
-        );
-        entry.ref_delta += delta;
+    /// with [`Self::free_node`] instead when its count reaches 0. A
+    /// pointer to a node already freed, or to a data extent, is a
+    /// corruption error (pointers read from disk disagree with the counts).
+    pub fn add_node_ref(&mut self, bytenr: u64, owner: u64, level: u8, delta: i64) -> Result<()> {
+        let what = match self.delayed_refs.get(&bytenr) {
+            _ if self.released_nodes.contains(&bytenr) => Some("a node already freed"),
+            Some(entry) if !matches!(entry.kind, ExtentKind::Metadata { .. }) => {
+                Some("a data extent")
+            }
+            _ => None,
+        };
+        if let Some(what) = what {
+            return Err(node_corrupt(
+                owner,
+                bytenr,
+                format!("a tree pointer reaches {what}: its reference count cannot change"),
+            ));
+        }
+        self.node_ref_entry(bytenr, owner, level).ref_delta += delta;
+        Ok(())
+    }
+
+    /// [`TransactionSpace::add_data_ref`] for the data references of a
+    /// leaf read from disk (a shared leaf copied or dropped): a reference
+    /// to a node, or with another length than the pending change of the
+    /// extent has, is a corruption error, not an assertion.
+    pub fn add_leaf_data_ref(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        owner: u64,
+        delta: i64,
+    ) -> Result<()> {
+        if let Some(entry) = self.delayed_refs.get(&bytenr) {
+            if entry.num_bytes != num_bytes || !matches!(entry.kind, ExtentKind::Data { .. }) {
+                return Err(Error::corrupt(Corruption::at_block(
+                    None,
+                    bytenr,
+                    None,
+                    format!(
+                        "file extent references {num_bytes} bytes at {bytenr}, but this transaction counts it as an extent of {} bytes{}",
+                        entry.num_bytes,
+                        if matches!(entry.kind, ExtentKind::Data { .. }) {
+                            ""
+                        } else {
+                            " (a tree node)"
+                        }
+                    ),
+                )));
+            }
+        }
+        self.add_data_ref(bytenr, num_bytes, owner, delta);
+        Ok(())
     }
 
     /// The pending change of the count of the extent at `bytenr`: whether
@@ -636,6 +757,7 @@ impl Allocator {
             .partition(|&(epoch, _, _)| epoch <= oldest);
         self.unread_wait = waiting;
         for (_, start, len) in ready {
+            self.released_nodes.remove(&start);
             self.free.add(start, len);
         }
     }
@@ -862,10 +984,17 @@ impl TransactionSpace for Allocator {
                 freed: false,
             },
         );
-        assert!(
-            prev.is_none(),
-            "data extent {start} allocated while it has a pending extent change"
-        );
+        if let Some(prev) = prev {
+            // A file extent read from disk named this free range before
+            // it was allocated.
+            self.delayed_refs.insert(start, prev);
+            return Err(Error::corrupt(Corruption::at_block(
+                None,
+                start,
+                None,
+                "a free data range is referenced (its count changed in this transaction before it was allocated)",
+            )));
+        }
         Ok((start, len))
     }
 
@@ -940,6 +1069,7 @@ impl TransactionSpace for Allocator {
 
     fn unpin(&mut self, ranges: Vec<(u64, u64)>) {
         for (start, len) in ranges {
+            self.released_nodes.remove(&start);
             self.free.add(start, len);
         }
     }
@@ -1017,6 +1147,58 @@ mod tests {
         f.add(8192, 4096);
     }
 
+    /// Counts that disagree with the pointers of a hostile image are
+    /// corruption errors naming the block, and change nothing.
+    #[test]
+    fn count_mismatches_are_corruption_errors() {
+        let mut free = FreeSpace::default();
+        free.add(1 << 20, 1 << 20);
+        let mut a = Allocator::new(free, 1 << 20, 2 << 20, MetadataProfile::Single);
+        let on_disk = (1 << 20) - NODE_SIZE as u64;
+        let corrupt_at = |r: Result<()>, block: u64, why: &str| match r {
+            Err(Error::Corrupt(c)) => {
+                assert_eq!(c.block, Some(block), "{c}");
+                assert!(c.reason.contains(why), "{c}");
+            }
+            other => panic!("expected a corruption error, got {other:?}"),
+        };
+        a.free_node(on_disk, 5, 0).unwrap();
+        let used = a.bytes_used();
+        corrupt_at(a.free_node(on_disk, 5, 0), on_disk, "freed twice");
+        corrupt_at(a.add_node_ref(on_disk, 5, 0, 1), on_disk, "already freed");
+        assert_eq!(a.bytes_used(), used, "nothing changed");
+        // In a later transaction, while the block is pinned or held.
+        a.take_delayed_refs();
+        let pinned = a.take_pinned();
+        corrupt_at(a.free_node(on_disk, 5, 0), on_disk, "freed twice");
+        a.commit_durable(pinned);
+        corrupt_at(a.free_node(on_disk, 5, 0), on_disk, "freed twice");
+        corrupt_at(a.add_node_ref(on_disk, 5, 0, -1), on_disk, "already freed");
+        a.commit_durable(Vec::new());
+        assert!(a.free_space().is_free(on_disk, NODE_SIZE as u64));
+        // A node whose block the extent tree says is free.
+        corrupt_at(
+            a.free_node(1 << 20, 5, 0),
+            1 << 20,
+            "free in the extent tree",
+        );
+        // A pointer to a free block, then the block allocated.
+        a.add_node_ref(1 << 20, 5, 0, 1).unwrap();
+        match a.alloc_node(5, 0) {
+            Err(Error::Corrupt(c)) => assert_eq!(c.block, Some(1 << 20), "{c}"),
+            other => panic!("expected a corruption error, got {other:?}"),
+        }
+        // A node made in this transaction, with a second pointer to it.
+        let mut free = FreeSpace::default();
+        free.add(1 << 20, 1 << 20);
+        let mut a = Allocator::new(free, 0, 2 << 20, MetadataProfile::Single);
+        let n = a.alloc_node(5, 0).unwrap();
+        a.add_node_ref(n, 5, 0, 1).unwrap();
+        corrupt_at(a.free_node(n, 5, 0), n, "references left");
+        a.add_node_ref(n, 5, 0, -1).unwrap();
+        a.free_node(n, 5, 0).unwrap();
+    }
+
     #[test]
     fn freed_nodes_stay_unusable_until_the_next_commit_is_durable() {
         let mut free = FreeSpace::default();
@@ -1024,7 +1206,7 @@ mod tests {
         let mut a = Allocator::new(free, 0, 2 << 20, MetadataProfile::Single);
         let n = a.alloc_node(5, 0).unwrap();
         a.take_delayed_refs();
-        a.free_node(n, 5, 0);
+        a.free_node(n, 5, 0).unwrap();
         let pinned = a.take_pinned();
         assert_eq!(pinned, vec![(n, NODE_SIZE as u64)]);
         assert_eq!(a.free_bytes(), (1 << 20) - NODE_SIZE as u64);
@@ -1127,7 +1309,7 @@ mod tests {
         let n2 = a.alloc_node(5, 0).unwrap();
         assert!(n2 + (NODE_SIZE as u64) <= first + offset);
         a.take_delayed_refs();
-        a.free_node(n, 5, 0);
+        a.free_node(n, 5, 0).unwrap();
         assert_eq!(
             a.take_pinned(),
             vec![(n, NODE_SIZE as u64), (n + offset, NODE_SIZE as u64)]

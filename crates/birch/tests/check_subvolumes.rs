@@ -194,7 +194,16 @@ fn check_finds_subvol_link_dangling() {
     );
     let report = check(&b.build());
     assert_finds(&report, FaultId::SubvolLinkDangling);
-    assert_only(&report, &[FaultId::SubvolLinkDangling]);
+    // The entry is a name of 256's root directory that its size and
+    // nlink do not count (S7).
+    assert_only(
+        &report,
+        &[
+            FaultId::SubvolLinkDangling,
+            FaultId::DirSize,
+            FaultId::DirNlink,
+        ],
+    );
 }
 
 #[test]
@@ -520,4 +529,221 @@ fn read_only_top_level_subvolume_refuses_changes() {
     erofs(fs.mkdir(root, b"dir", 0o755, 0, 0).map(|_| ()));
     erofs(fs.rename(root, b"d", root, b"e", Default::default()));
     assert!(fs.lookup(root, b"d").is_ok(), "reads still work");
+}
+
+// ----- each subvolume tree's own namespace (S7), S2 and S3 -----
+
+/// `with_subvolumes()` with a file `f` in subvolume 256. Returns the
+/// builder and the file's inode number in tree 256.
+fn with_subvolume_file() -> (FsBuilder, u64) {
+    let mut b = with_subvolumes();
+    let f = b.subvol_create(256, b"f");
+    (b, f)
+}
+
+/// The report has a fault `id` located in tree `tree`.
+fn assert_finds_in(report: &CheckReport, id: FaultId, tree: u64) {
+    assert!(
+        report.faults_with(id).any(|f| f.tree == Some(tree)),
+        "no [{id}] fault in tree {tree}:\n{report}"
+    );
+}
+
+/// An inode of subvolume `sv`'s tree rewritten by `f`.
+fn modify_subvol_inode(b: &mut FsBuilder, sv: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) {
+    let key = Key::new(ino, item_type::INODE_ITEM, 0);
+    let items = b.subvol_items_mut(sv);
+    let mut inode = InodeItem::decode(&items[&key]).unwrap();
+    f(&mut inode);
+    items.insert(key, inode.encode());
+}
+
+#[test]
+fn clean_subvolume_namespace_passes() {
+    let (b, _) = with_subvolume_file();
+    let report = check(&b.build());
+    assert_clean(&report);
+    // Every live tree's inodes are counted: tree 5's 6, the root
+    // directories of 256, 257 and 258, and the file; not the dead 259's.
+    assert_eq!(report.summary.inodes, 6 + 3 + 1, "{report}");
+}
+
+#[test]
+fn check_finds_namespace_faults_in_a_subvolume() {
+    let (mut b, f) = with_subvolume_file();
+    // The file's DIR_INDEX: the newest in the root directory (after the
+    // link of 258).
+    let index_key = *b
+        .subvol_items_mut(256)
+        .keys()
+        .rev()
+        .find(|k| k.item_type == item_type::DIR_INDEX && k.objectid == ROOT_DIR_INO)
+        .unwrap();
+    b.subvol_items_mut(256).remove(&index_key);
+    let report = check(&b.build());
+    assert_finds_in(&report, FaultId::DirIndexMissing, 256);
+    // The fault names the subvolume, not tree 5.
+    assert!(report.to_string().contains("tree=subvol(256)"), "{report}");
+    assert_only(&report, &[FaultId::DirIndexMissing]);
+    // An unnamed inode of a subvolume: unreachable, nlink wrong.
+    let (mut b, _) = with_subvolume_file();
+    b.subvol_items_mut(256)
+        .remove(&Key::new(f, item_type::INODE_REF, ROOT_DIR_INO));
+    let report = check(&b.build());
+    assert_finds_in(&report, FaultId::DirItemWithoutRef, 256);
+    assert_finds_in(&report, FaultId::InodeUnreachable, 256);
+    assert_finds_in(&report, FaultId::Nlink, 256);
+}
+
+#[test]
+fn check_finds_nlink_and_orphan_faults_in_a_subvolume() {
+    let (mut b, f) = with_subvolume_file();
+    modify_subvol_inode(&mut b, 256, f, |i| i.nlink = 2);
+    let report = check(&b.build());
+    assert_finds_in(&report, FaultId::Nlink, 256);
+    assert_only(&report, &[FaultId::Nlink]);
+    // An unlinked inode without its orphan item.
+    let mut b = with_subvolumes();
+    let g = b.subvol_create(258, b"g");
+    let items = b.subvol_items_mut(258);
+    items.retain(|k, _| k.objectid == g || k.objectid == ROOT_DIR_INO);
+    items.retain(|k, _| !(k.objectid == ROOT_DIR_INO && k.item_type != item_type::INODE_REF));
+    items.remove(&Key::new(g, item_type::INODE_REF, ROOT_DIR_INO));
+    modify_subvol_inode(&mut b, 258, g, |i| i.nlink = 0);
+    let report = check(&b.build());
+    assert_finds_in(&report, FaultId::UnlinkedWithoutOrphan, 258);
+}
+
+#[test]
+fn check_finds_root_dir_fault_in_a_subvolume() {
+    let mut b = with_subvolumes();
+    b.subvol_items_mut(258)
+        .remove(&Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO));
+    let report = check(&b.build());
+    assert_finds_in(&report, FaultId::RootDirWithoutRef, 258);
+    assert_only(&report, &[FaultId::RootDirWithoutRef]);
+}
+
+/// A dead root is being taken apart by the cleaner: its namespace is not
+/// checked (its nodes and file extents still are, for the extent tree).
+#[test]
+fn dead_subvolume_namespace_is_not_checked() {
+    let mut b = with_subvolumes();
+    b.subvol_items_mut(259)
+        .remove(&Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO));
+    assert_clean(&check(&b.build()));
+}
+
+#[test]
+fn check_finds_file_extent_faults_in_a_subvolume() {
+    let (mut b, f) = with_subvolume_file();
+    modify_subvol_inode(&mut b, 256, f, |i| i.nbytes = 4096);
+    let report = check(&b.build());
+    assert_finds_in(&report, FaultId::Nbytes, 256);
+    assert_only(&report, &[FaultId::Nbytes]);
+}
+
+#[test]
+fn check_finds_xattr_and_acl_faults_in_a_subvolume() {
+    let (mut b, f) = with_subvolume_file();
+    let x = birch::format::Xattr {
+        name: b"system.posix_acl_access".to_vec(),
+        value: vec![1, 2, 3],
+    };
+    b.subvol_items_mut(256).insert(
+        Key::new(f, item_type::XATTR_ITEM, birch::format::name_hash(&x.name)),
+        birch::format::encode_xattrs(&[x]),
+    );
+    let report = check(&b.build());
+    assert_finds_in(&report, FaultId::AclMalformed, 256);
+    assert_only(&report, &[FaultId::AclMalformed]);
+}
+
+#[test]
+fn check_finds_ino_out_of_range() {
+    let (mut b, f) = with_subvolume_file();
+    let items = b.subvol_items_mut(256);
+    let inode = items[&Key::new(f, item_type::INODE_ITEM, 0)].clone();
+    let big = birch::format::MAX_SUBVOL_INO;
+    items.insert(Key::new(big, item_type::INODE_ITEM, 0), inode);
+    let report = check(&b.build());
+    assert_finds_in(&report, FaultId::InoOutOfRange, 256);
+}
+
+/// S2 over subvolumes: a data extent shared by a file of tree 5 and one
+/// of subvolume 256 has refs 2; counting only tree 5's is a fault.
+#[test]
+fn check_finds_data_extent_refs_shared_by_a_subvolume() {
+    let (mut b, f) = with_subvolume_file();
+    let g = b.create(ROOT_DIR_INO, b"shared");
+    let bytenr = b.write_extent(g, 0, 4096);
+    let extent = birch::format::FileExtent::Regular {
+        disk_bytenr: bytenr,
+        disk_num_bytes: 4096,
+        offset: 0,
+        num_bytes: 4096,
+    };
+    b.subvol_items_mut(256)
+        .insert(Key::new(f, item_type::EXTENT_DATA, 0), extent.encode());
+    modify_subvol_inode(&mut b, 256, f, |i| {
+        i.size = 4096;
+        i.nbytes = 4096;
+    });
+    let mut fx = b.build();
+    assert_clean(&check(&fx));
+    fx.modify_item(
+        tree_id::EXTENT,
+        Key::new(bytenr, item_type::EXTENT_ITEM, 4096),
+        |d| {
+            let mut item = birch::format::ExtentItem::decode(d).unwrap();
+            item.refs = 1;
+            *d = item.encode();
+        },
+    );
+    let report = check(&fx);
+    assert_finds(&report, FaultId::DataExtentRefs);
+    assert_only(&report, &[FaultId::DataExtentRefs]);
+}
+
+/// S3: tree 5 shares its children with a snapshot; they are not newer
+/// than tree 5's last snapshot, else its CoW would change them in place.
+#[test]
+fn check_finds_shared_node_after_last_snapshot() {
+    let mut b = sample();
+    b.leaf_items_max = 4;
+    b.enable_subvolumes();
+    let mut fx = b.build();
+    fx.snapshot_fs_tree(256);
+    assert_clean(&check(&fx));
+    let root_key = Key::new(tree_id::FS, item_type::ROOT_ITEM, 0);
+    fx.modify_item(tree_id::ROOT, root_key, |d| {
+        let mut item = birch::format::SubvolRootItem::decode(d).unwrap();
+        item.last_snapshot -= 1;
+        *d = item.encode();
+    });
+    let report = check(&fx);
+    assert_finds_in(&report, FaultId::SharedNodeAfterLastSnapshot, tree_id::FS);
+    assert_only(&report, &[FaultId::SharedNodeAfterLastSnapshot]);
+}
+
+/// Subvolumes the engine makes, with names and files in them, check
+/// clean, every tree's inodes counted.
+#[test]
+fn engine_subvolumes_check_clean() {
+    let dev = std::sync::Arc::new(birch::device::MemoryDevice::new(32 << 20));
+    Filesystem::mkfs(dev.as_ref(), &Default::default()).unwrap();
+    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).unwrap();
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    let d = fs.mkdir(a, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.create(d, b"f", 0o644, 0, 0).unwrap();
+    fs.create(a, b"g", 0o644, 0, 0).unwrap();
+    fs.create_subvolume(d, b"nested", 0, 0).unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    let report = check_device(dev.as_ref());
+    assert_clean(&report);
+    // Tree 5's root; a's root, d, f, g; nested's root.
+    assert_eq!(report.summary.inodes, 1 + 4 + 1, "{report}");
 }

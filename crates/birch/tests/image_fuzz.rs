@@ -2,7 +2,9 @@
 //! (files, a directory, xattrs, hard links, a symlink, inline and regular
 //! extents, data checksums, and an fsync log not yet committed, so that
 //! every open replays it), then, per case, one field of one node header,
-//! item header, item body or superblock set to an edge value, with every
+//! item header, item body or superblock set to an edge value (or, one
+//! case in eight, a second pointer to a child another slot names and/or a
+//! node's METADATA_ITEM refs changed: pointers and counts that disagree), with every
 //! checksum recomputed (the node's, its DUP mirror's, the superblock
 //! copies') so the mutation gets past the checksum gate. Each case then
 //! runs `birch check`'s library entry, an open with log replay, a full walk
@@ -371,6 +373,66 @@ fn item_body_fields(
     vec![("body", rng.gen_range(0..=len - width), width)]
 }
 
+/// One case's mutations: mostly one field ([`random_mutation`]); one case
+/// in eight makes pointers and reference counts disagree
+/// ([`count_mutations`]).
+fn random_case(rng: &mut ChaCha8Rng, base: &Base) -> Vec<Mutation> {
+    if rng.gen_bool(0.125) {
+        count_mutations(rng, base)
+    } else {
+        vec![random_mutation(rng, base)]
+    }
+}
+
+/// Pointers that disagree with the counts (docs/SNAPSHOTS.md (b)): a
+/// second pointer in an internal node to a child another slot names (two
+/// parent slots, one reference), and/or a tree node's METADATA_ITEM refs
+/// set to an edge value. Each is several fields, all valid on their own.
+fn count_mutations(rng: &mut ChaCha8Rng, base: &Base) -> Vec<Mutation> {
+    let mut ms = Vec::new();
+    let internal: Vec<(u64, usize)> = base
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.level > 0 && n.key_ptrs().len() >= 2)
+        .map(|(b, n)| (*b, n.key_ptrs().len()))
+        .collect();
+    let dup = !internal.is_empty() && rng.gen_bool(0.75);
+    if dup {
+        let (bytenr, n) = internal[rng.gen_range(0..internal.len())];
+        let from = rng.gen_range(0..n);
+        let to = (from + rng.gen_range(1..n)) % n;
+        ms.extend(duplicate_pointer(base, bytenr, from, to));
+    }
+    let metadata_items: Vec<(u64, usize)> = base
+        .nodes
+        .iter()
+        .flat_map(|(b, n)| match &n.body {
+            NodeBody::Leaf(items) => items
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| i.key.item_type == item_type::METADATA_ITEM)
+                .map(|(slot, _)| (*b, slot))
+                .collect(),
+            NodeBody::Internal(_) => Vec::new(),
+        })
+        .collect();
+    if !metadata_items.is_empty() && (!dup || rng.gen_bool(0.5)) {
+        let (bytenr, slot) = metadata_items[rng.gen_range(0..metadata_items.len())];
+        let at = item_body_at(base, bytenr, slot);
+        let block = &base.bytes[bytenr as usize..bytenr as usize + NODE_SIZE];
+        let old = read_field(block, at, 8);
+        ms.push(Mutation {
+            node: Some(bytenr),
+            both_copies: true,
+            what: format!("extent slot {slot} METADATA_ITEM refs"),
+            at,
+            width: 8,
+            value: [0, 2, 3, u64::MAX, old.wrapping_add(1)][rng.gen_range(0..5)],
+        });
+    }
+    ms
+}
+
 /// Picks one field of one node (or of the superblock) and a new value.
 fn random_mutation(rng: &mut ChaCha8Rng, base: &Base) -> Mutation {
     let both_copies = !rng.gen_bool(0.1);
@@ -623,11 +685,12 @@ fn mutated_images_never_panic() {
         if !more {
             break;
         }
-        let m = random_mutation(&mut case_rng(seed, case), base);
+        let ms = random_case(&mut case_rng(seed, case), base);
         IN_CASE.with(|c| c.set(true));
-        let outcome = run_case(apply(base, &m));
+        let outcome = run_case(apply_all(base, &ms));
         IN_CASE.with(|c| c.set(false));
         if let Some((phase, msg)) = outcome {
+            let m = describe(&ms);
             failures.push(format!(
                 "case {case} ({m}): panic in {phase}: {msg}\n  replay: BIRCH_FUZZ_SEED={seed} BIRCH_FUZZ_CASE={case} cargo test -p birch --test image_fuzz mutated_images_never_panic"
             ));
@@ -964,4 +1027,144 @@ fn generation_and_inode_size_at_2_pow_64() {
     for m in [generation, size] {
         assert_no_panic(apply(base, &m), &m);
     }
+}
+
+// ----- pointers that disagree with reference counts (docs/SNAPSHOTS.md (b)) -----
+
+/// The writes that make pointer `to` of internal node `bytenr` a second
+/// pointer to the child pointer `from` names (block and generation), so
+/// that two parent slots reach one node counted once.
+fn duplicate_pointer(base: &Base, bytenr: u64, from: usize, to: usize) -> Vec<Mutation> {
+    let node = &base
+        .nodes
+        .iter()
+        .find(|(b, _)| *b == bytenr)
+        .expect("node")
+        .1;
+    let source = node.key_ptrs()[from];
+    let field = |name: &str, at: usize, value: u64| Mutation {
+        node: Some(bytenr),
+        both_copies: true,
+        what: format!(
+            "{} slot {to} ptr.{name} = slot {from}'s",
+            birch::format::tree_name(node.owner)
+        ),
+        at: BODY + to * KEY_PTR + KEY_SIZE + at,
+        width: 8,
+        value,
+    };
+    vec![
+        field("blockptr", 0, source.blockptr),
+        field("generation", 8, source.generation),
+    ]
+}
+
+/// `ms` applied one after the other.
+fn apply_all(base: &Base, ms: &[Mutation]) -> Vec<u8> {
+    let mut img = base.bytes.clone();
+    for m in ms {
+        let next = Base {
+            bytes: img,
+            mirror_offset: base.mirror_offset,
+            nodes: Vec::new(),
+        };
+        img = apply(&next, m);
+    }
+    img
+}
+
+/// The mutations of one fuzz case, printed on one line.
+fn describe(ms: &[Mutation]) -> String {
+    ms.iter()
+        .map(|m| m.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A committed image without a log (so that the open replays nothing):
+/// a root directory of 150 files, an fs tree of two levels.
+fn committed_base() -> Base {
+    let dev = std::sync::Arc::new(MemoryDevice::new(IMAGE_BYTES));
+    Filesystem::mkfs(dev.as_ref(), &Default::default()).expect("mkfs");
+    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).expect("open");
+    for i in 0..150 {
+        fs.create(
+            fs.root_ino(),
+            format!("file-{i:03}").as_bytes(),
+            0o644,
+            0,
+            0,
+        )
+        .unwrap();
+    }
+    fs.close().expect("close");
+    let bytes = dev.snapshot();
+    let sb = read_superblock(&MemoryDevice::from_bytes(bytes.clone())).expect("superblock");
+    assert_eq!(sb.log_root_bytenr, 0, "no log");
+    Base {
+        mirror_offset: sb.metadata_profile.mirror_offset(),
+        nodes: live_nodes(&bytes, &sb),
+        bytes,
+    }
+}
+
+/// Every slot of the fs tree's root points at its first leaf, whose count
+/// is 1. A create changes the root directory's inode (first slot), its
+/// last DIR_INDEX and a new inode past the last one (later slots): the
+/// first change copies the leaf and frees it, the next one through
+/// another slot copies and frees it a second time. `free_node` asserted
+/// "freed twice" and the daemon panicked; now the change fails with a
+/// corruption error naming the leaf, and nothing panics.
+#[test]
+fn duplicate_child_pointer_cow_is_an_error_not_a_panic() {
+    let base = committed_base();
+    let (root, node) = base
+        .nodes
+        .iter()
+        .find(|(_, n)| n.owner == tree_id::FS && n.level == 1)
+        .expect("the fs tree has two levels");
+    let last = node.key_ptrs().len() - 1;
+    assert!(last >= 1, "the fs tree root has two children");
+    let shared_leaf = node.key_ptrs()[0].blockptr;
+    let ms: Vec<Mutation> = (1..=last)
+        .flat_map(|slot| duplicate_pointer(&base, *root, 0, slot))
+        .collect();
+    let img = apply_all(&base, &ms);
+    record_panic_locations();
+    IN_CASE.with(|c| c.set(true));
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let fs = Filesystem::open(MemoryDevice::from_bytes(img), MountOptions::deterministic())
+            .expect("the image mounts: nothing reads the second pointer yet");
+        let root = fs.root_ino();
+        let result = fs
+            .create(root, b"new", 0o644, 0, 0)
+            .and_then(|_| fs.commit());
+        // The transaction is abandoned: the filesystem refuses changes.
+        let after = fs.create(root, b"after", 0o644, 0, 0).map(|_| ());
+        (result, fs.failure(), after)
+    }));
+    IN_CASE.with(|c| c.set(false));
+    let (result, failure, after) = match outcome {
+        Ok(outcome) => outcome,
+        Err(p) => panic!(
+            "{}: a panic, not an error: {:?} at {}",
+            describe(&ms),
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())),
+            PANIC_AT.with(|p| p.borrow().clone())
+        ),
+    };
+    match result {
+        Err(birch::error::Error::Corrupt(c)) => {
+            assert_eq!(c.block, Some(shared_leaf), "{}: {c}", describe(&ms));
+            assert!(c.reason.contains("freed twice"), "{}: {c}", describe(&ms));
+        }
+        other => panic!(
+            "{}: expected a corruption error, got {other:?}",
+            describe(&ms)
+        ),
+    }
+    assert!(failure.is_some(), "the failed change marks the filesystem");
+    assert!(after.is_err(), "no change after it: {after:?}");
 }

@@ -345,7 +345,7 @@ impl<D: BlockDevice> Forest<D> {
         }
         let old = self.node(bytenr, expect)?;
         let new_bytenr = self.allocate_block(root.id, expect.level)?;
-        self.release_copied(root.id, &old, refs);
+        self.release_copied(root.id, &old, refs)?;
         // Once the cache has forgotten the old block, a node nothing else
         // holds (no commit or log sync writing it) is taken over as it is:
         // a copy costs one allocation per leaf item, on every first change
@@ -364,33 +364,35 @@ impl<D: BlockDevice> Forest<D> {
     /// children change parent, their counts stay. A shared one stays for
     /// its other sharers with one reference fewer, and each of its
     /// children gains the copy as a parent (btrfs's `update_ref_for_cow`).
-    fn release_copied(&mut self, tree: u64, old: &Node, refs: u64) {
+    fn release_copied(&mut self, tree: u64, old: &Node, refs: u64) -> Result<()> {
         if refs > 1 {
             self.alloc
-                .add_node_ref(old.bytenr, old.owner, old.level, -1);
-            self.add_child_refs(tree, old, 1);
+                .add_node_ref(old.bytenr, old.owner, old.level, -1)?;
+            self.add_child_refs(tree, old, 1)
         } else {
-            self.free_block(old.bytenr, tree, old.level);
+            self.free_block(old.bytenr, tree, old.level)
         }
     }
 
     /// Adds `delta` to the count of everything `node` points at: its
     /// children, or for a leaf the data extents its items reference.
-    fn add_child_refs(&mut self, tree: u64, node: &Node, delta: i64) {
+    fn add_child_refs(&mut self, tree: u64, node: &Node, delta: i64) -> Result<()> {
+        let child_level = node.level.saturating_sub(1);
         match &node.body {
             NodeBody::Internal(ptrs) => {
                 for p in ptrs {
                     self.alloc
-                        .add_node_ref(p.blockptr, tree, node.level - 1, delta);
+                        .add_node_ref(p.blockptr, tree, child_level, delta)?;
                 }
             }
             NodeBody::Leaf(items) => {
                 for r in items.iter().filter_map(self.leaf_refs) {
                     self.alloc
-                        .add_data_ref(r.bytenr, r.num_bytes, r.owner, delta);
+                        .add_leaf_data_ref(r.bytenr, r.num_bytes, r.owner, delta)?;
                 }
             }
         }
+        Ok(())
     }
 
     /// A snapshot of `src` as tree `new_id` (btrfs's `btrfs_copy_root`): a
@@ -407,7 +409,7 @@ impl<D: BlockDevice> Forest<D> {
         );
         let node = self.node(src.bytenr, src.expectation())?;
         let bytenr = self.new_node(new_id, src.level, node.body.clone())?;
-        self.add_child_refs(new_id, &node, 1);
+        self.add_child_refs(new_id, &node, 1)?;
         src.last_snapshot = self.transid;
         Ok(TreeRoot {
             id: new_id,
@@ -431,17 +433,23 @@ impl<D: BlockDevice> Forest<D> {
         }
     }
 
-    fn free_block(&mut self, bytenr: u64, tree: u64, level: u8) {
-        self.dirty.remove(&bytenr);
-        self.store.forget(bytenr);
+    /// Frees the node at `bytenr`. A node the counts say is already free
+    /// (two pointers on disk reach a node counted once) is a corruption
+    /// error, before anything changes.
+    fn free_block(&mut self, bytenr: u64, tree: u64, level: u8) -> Result<()> {
         match (self.tree_kind)(tree) {
-            TreeKind::Committed | TreeKind::Shareable => self.alloc.free_node(bytenr, tree, level),
+            TreeKind::Committed | TreeKind::Shareable => {
+                self.alloc.free_node(bytenr, tree, level)?;
+            }
             TreeKind::Logged => {
                 // Never written by a log sync: nothing durable can point at it.
                 let written = !self.log_dirty.remove(&bytenr);
                 self.alloc.free_log_node(bytenr, written);
             }
         }
+        self.dirty.remove(&bytenr);
+        self.store.forget(bytenr);
+        Ok(())
     }
 
     fn new_node(&mut self, tree: u64, level: u8, body: NodeBody) -> Result<u64> {
@@ -484,11 +492,12 @@ impl<D: BlockDevice> Forest<D> {
                 let refs = self.count_if_shared(root, bytenr, expect, is_root)?;
                 let node = self.node(bytenr, expect)?;
                 if refs > 1 {
-                    self.alloc.add_node_ref(bytenr, node.owner, node.level, -1);
+                    self.alloc
+                        .add_node_ref(bytenr, node.owner, node.level, -1)?;
                     continue;
                 }
                 if node.is_leaf() {
-                    self.add_child_refs(root.id, &node, -1);
+                    self.add_child_refs(root.id, &node, -1)?;
                 }
             }
             // A leaf is freed by its address: reading it (from the device,
@@ -510,7 +519,7 @@ impl<D: BlockDevice> Forest<D> {
                     }
                 }
             }
-            self.free_block(bytenr, expect.tree, expect.level);
+            self.free_block(bytenr, expect.tree, expect.level)?;
         }
         Ok(())
     }
@@ -539,11 +548,11 @@ impl<D: BlockDevice> Forest<D> {
         };
         let node = self.node(root.bytenr, root.expectation())?;
         if node.is_leaf() {
-            self.add_child_refs(root.id, &node, -1);
+            self.add_child_refs(root.id, &node, -1)?;
         } else if !self.drop_children(root, &node, None, &mut walk)? {
             return Ok(DropStep::Paused(walk.progress));
         }
-        self.free_block(root.bytenr, root.id, root.level);
+        self.free_block(root.bytenr, root.id, root.level)?;
         Ok(DropStep::Done)
     }
 
@@ -583,15 +592,15 @@ impl<D: BlockDevice> Forest<D> {
             if self.count_if_shared(root, p.blockptr, expect, false)? > 1 {
                 // Shared: the other trees keep the subtree, unread.
                 self.alloc
-                    .add_node_ref(p.blockptr, root.id, child_level, -1);
+                    .add_node_ref(p.blockptr, root.id, child_level, -1)?;
             } else {
                 let child = self.node(p.blockptr, expect)?;
                 if child.is_leaf() {
-                    self.add_child_refs(root.id, &child, -1);
+                    self.add_child_refs(root.id, &child, -1)?;
                 } else if !self.drop_children(root, &child, child_upper, walk)? {
                     return Ok(false);
                 }
-                self.free_block(p.blockptr, root.id, child_level);
+                self.free_block(p.blockptr, root.id, child_level)?;
             }
             if let Some(u) = child_upper {
                 walk.progress = u;
@@ -1023,7 +1032,7 @@ impl<D: BlockDevice> Forest<D> {
             } else {
                 self.node(p.blockptr, child_expect)?
             };
-            self.free_block(node.bytenr, root.id, node.level);
+            self.free_block(node.bytenr, root.id, node.level)?;
             *root = TreeRoot {
                 bytenr: child.bytenr,
                 level: child.level,
@@ -1033,7 +1042,7 @@ impl<D: BlockDevice> Forest<D> {
             node = child;
         }
         if !node.is_leaf() && node.nritems() == 0 {
-            self.free_block(node.bytenr, root.id, node.level);
+            self.free_block(node.bytenr, root.id, node.level)?;
             *root = TreeRoot {
                 last_snapshot: root.last_snapshot,
                 ..self.create_tree(root.id)?
@@ -1054,7 +1063,7 @@ impl<D: BlockDevice> Forest<D> {
         let (level, nritems, used) = (node.level, node.nritems(), node.used_bytes());
         drop(node);
         if nritems == 0 {
-            self.free_block(bytenr, root.id, level);
+            self.free_block(bytenr, root.id, level)?;
             let ptrs = self.node_mut(parent.bytenr).key_ptrs_mut();
             ptrs.remove(parent.slot);
             if parent.slot == 0 && !ptrs.is_empty() {
@@ -1092,7 +1101,7 @@ impl<D: BlockDevice> Forest<D> {
             let body =
                 std::mem::replace(&mut self.node_mut(bytenr).body, NodeBody::Leaf(Vec::new()));
             append_body(self.node_mut(left_bytenr), body);
-            self.free_block(bytenr, root.id, level);
+            self.free_block(bytenr, root.id, level)?;
             let transid = self.transid;
             let pptrs = self.node_mut(parent.bytenr).key_ptrs_mut();
             pptrs[parent.slot - 1].blockptr = left_bytenr;
@@ -1107,7 +1116,7 @@ impl<D: BlockDevice> Forest<D> {
             let refs =
                 self.count_if_shared(root, right_ptr.blockptr, sibling_expect(&right_ptr), false)?;
             append_body(self.node_mut(bytenr), right.body.clone());
-            self.release_copied(root.id, &right, refs);
+            self.release_copied(root.id, &right, refs)?;
             drop(right);
             self.node_mut(parent.bytenr)
                 .key_ptrs_mut()

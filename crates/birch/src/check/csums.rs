@@ -148,14 +148,13 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     if !c.tree_readable(tree_id::FS) {
         return PassStatus::Ran;
     }
-    let mut referenced: Vec<u64> =
-        c.fs.file_extents
-            .iter()
-            .filter_map(|f| match f.kind {
-                FileExtentKind::Regular(d) => Some(d.disk_bytenr),
-                _ => None,
-            })
-            .collect();
+    let mut referenced: Vec<u64> = c
+        .all_file_extents()
+        .filter_map(|f| match f.kind {
+            FileExtentKind::Regular(d) => Some(d.disk_bytenr),
+            _ => None,
+        })
+        .collect();
     referenced.sort_unstable();
     referenced.dedup();
     for bytenr in referenced {

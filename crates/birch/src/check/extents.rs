@@ -20,6 +20,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     extents.sort_by_key(|e| (e.bytenr, e.len));
     check_extent_shapes(c, &sb, &extents);
     check_metadata_refs(c, &extents);
+    check_shared_generations(c);
     if c.tree_readable(tree_id::FS) {
         check_data_refs(c, &extents);
     }
@@ -222,6 +223,46 @@ fn check_metadata_refs(c: &mut Checker<'_>, extents: &[ExtentRec]) {
     }
 }
 
+/// S3: a node more than one pointer reaches is not newer than the last
+/// snapshot of any subvolume reaching it directly (the tree whose walk
+/// read it, or one whose pointer found it read already). Else a CoW in
+/// that subvolume would take the node for its own (generation newer than
+/// the last snapshot) and change it in place under the other tree.
+fn check_shared_generations(c: &mut Checker<'_>) {
+    let mut reached: Vec<(u64, u64)> = c.shared_reached.iter().copied().collect();
+    reached.extend(
+        c.shared_reached
+            .iter()
+            .filter_map(|&(bytenr, _)| c.nodes.get(&bytenr).map(|n| (bytenr, n.tree))),
+    );
+    reached.sort_unstable();
+    reached.dedup();
+    for (bytenr, tree) in reached {
+        let Some(node) = c.nodes.get(&bytenr).copied() else {
+            continue;
+        };
+        let pointers = c.node_refs.get(&bytenr).copied().unwrap_or(0);
+        let last_snapshot = match c.subvols.root_items.get(&tree) {
+            Some((Some(item), _)) => item.last_snapshot,
+            // A short root item is its own fault (root-item-short).
+            _ => continue,
+        };
+        if pointers > 1 && node.generation > last_snapshot {
+            c.fault_block(
+                FaultId::SharedNodeAfterLastSnapshot,
+                Some(tree),
+                bytenr,
+                None,
+                format!(
+                    "node {bytenr} has {pointers} pointers but generation {} is newer than the last snapshot ({last_snapshot}) of {}, which reaches it: a CoW there would change it in place",
+                    node.generation,
+                    tree_name(tree)
+                ),
+            );
+        }
+    }
+}
+
 /// A data extent's refs equal the file extent items pointing into it;
 /// every file extent has its extent item, of the same length.
 fn check_data_refs(c: &mut Checker<'_>, extents: &[ExtentRec]) {
@@ -233,7 +274,7 @@ fn check_data_refs(c: &mut Checker<'_>, extents: &[ExtentRec]) {
     }
     let mut counted: HashMap<usize, (u64, Vec<u64>)> = HashMap::new();
     let mut bad: Vec<(Loc, FaultId, String)> = Vec::new();
-    for fe in c.fs.file_extents.iter().chain(&c.subvols.file_extents) {
+    for fe in c.all_file_extents() {
         let d = match fe.kind {
             FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d,
             FileExtentKind::Inline { .. } => continue,

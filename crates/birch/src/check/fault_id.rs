@@ -153,6 +153,8 @@ fault_ids! {
         ItemLevelTooHigh = "item-level-too-high",
         /// An fs item objectid below the first inode number.
         ObjectidReserved = "objectid-reserved",
+        /// An fs-tree objectid at or above 2^40, where external inode numbers put the subvolume id (S7).
+        InoOutOfRange = "ino-out-of-range",
         /// Something other than an orphan item under the orphan objectid.
         OrphanObjectidMisuse = "orphan-objectid-misuse",
         /// An orphan item under another objectid.
@@ -183,6 +185,8 @@ fault_ids! {
         MetadataOwner = "metadata-owner",
         /// A metadata item's refs differ from the pointers to its node from distinct parent nodes and root items (S1).
         MetadataRefs = "metadata-refs",
+        /// A shared node (more than one pointer) newer than the last snapshot of a subvolume reaching it (S3).
+        SharedNodeAfterLastSnapshot = "shared-node-after-last-snapshot",
         /// A metadata item for a node of a tree the extent tree does not track.
         MetadataUntrackedTree = "metadata-untracked-tree",
         /// A metadata item no tree reaches.

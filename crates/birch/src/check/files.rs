@@ -1,7 +1,9 @@
 //! Pass `file-extents`: each inode's EXTENT_DATA items.
 
-use super::{Checker, FaultId, FileExtentKind, FileExtentRec, InodeRec, Loc, PassStatus};
-use crate::format::{tree_id, FileType, MAX_INLINE_DATA, SECTOR_SIZE, SYMLINK_MAX};
+use super::{
+    Checker, FaultId, FileExtentKind, FileExtentRec, FsRecords, InodeRec, Loc, PassStatus,
+};
+use crate::format::{FileType, MAX_INLINE_DATA, SECTOR_SIZE, SYMLINK_MAX};
 use crate::print::file_type_name;
 use std::collections::HashMap;
 
@@ -10,13 +12,11 @@ type Found = Vec<(Loc, FaultId, String)>;
 
 /// Pass `file-extents`: each inode's extents, by the rules of its type.
 pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
-    if c.sb.is_none() {
-        return PassStatus::Skipped("no valid superblock".into());
-    }
-    if !c.tree_readable(tree_id::FS) {
-        return PassStatus::Skipped("the fs tree could not be read".into());
-    }
-    let fs = std::mem::take(&mut c.fs);
+    super::namespace::for_each_fs_tree(c, check_tree)
+}
+
+/// One subvolume tree's inodes and their extents.
+fn check_tree(c: &mut Checker<'_>, fs: &FsRecords) {
     let mut by_ino: HashMap<u64, Vec<&FileExtentRec>> = HashMap::new();
     for fe in &fs.file_extents {
         by_ino.entry(fe.ino).or_default().push(fe);
@@ -40,8 +40,6 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     for (loc, id, reason) in faults {
         c.fault_at(id, &loc, reason);
     }
-    c.fs = fs;
-    PassStatus::Ran
 }
 
 /// nbytes is the sum of the extents' lengths.

@@ -14,8 +14,8 @@ use crate::format::{
     encode_xattrs, item_type, name_hash, tree_id, BackupRoot, DirEntry, ExtentItem, FileExtent,
     FileType, InodeItem, InodeRefEntry, Key, KeyPtr, LeafItem, Node, NodeBody, RootItem, RootRef,
     SubvolRootItem, Superblock, Timespec, Xattr, BACKUP_ROOT_COUNT, DEFAULT_SUBVOL_NAME,
-    FIRST_ALLOCATABLE_BYTE, FIRST_DIR_INDEX, FIRST_FREE_INO, NODE_SIZE, ORPHAN_OBJECTID,
-    ROOT_DIR_INO, SECTOR_SIZE, SUPERBLOCK_OFFSETS,
+    FIRST_ALLOCATABLE_BYTE, FIRST_DIR_INDEX, FIRST_FREE_INO, MAX_SUBVOL_INO, NODE_SIZE,
+    ORPHAN_OBJECTID, ROOT_DIR_INO, SECTOR_SIZE, SUPERBLOCK_OFFSETS,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -445,6 +445,53 @@ impl FsBuilder {
         let id = self.new_subvolume(1);
         self.link_subvolume(parent, dir, name, id);
         id
+    }
+
+    /// A regular file `name` (nlink 1, empty) in the root directory of
+    /// subvolume `id` (other than 5): its INODE_ITEM, INODE_REF, DIR_ITEM
+    /// and DIR_INDEX, and the directory's size. Inode numbers count from
+    /// 257 in each subvolume tree. Returns the inode number.
+    pub fn subvol_create(&mut self, id: u64, name: &[u8]) -> u64 {
+        let inode = self.inode_item(libc::S_IFREG | 0o644, 1);
+        let s = self.subvols.get_mut(&id).expect("no such subvolume");
+        let ino = s
+            .items
+            .keys()
+            .map(|k| k.objectid)
+            .filter(|&o| o < MAX_SUBVOL_INO)
+            .max()
+            .map_or(ROOT_DIR_INO + 1, |o| (o + 1).max(ROOT_DIR_INO + 1));
+        let index = s.next_index;
+        s.next_index += 1;
+        let entry = DirEntry {
+            ino,
+            file_type: FileType::Regular,
+            name: name.to_vec(),
+            subvolume: false,
+        };
+        let dkey = Key::new(ROOT_DIR_INO, item_type::DIR_ITEM, name_hash(name));
+        let mut entries = s
+            .items
+            .get(&dkey)
+            .map(|d| decode_dir_items(d).expect("fixture dir item"))
+            .unwrap_or_default();
+        entries.push(entry.clone());
+        s.items.insert(dkey, encode_dir_items(&entries));
+        s.items.insert(
+            Key::new(ROOT_DIR_INO, item_type::DIR_INDEX, index),
+            entry.encode(),
+        );
+        s.items.insert(
+            Key::new(ino, item_type::INODE_REF, ROOT_DIR_INO),
+            encode_inode_refs(&[InodeRefEntry {
+                index,
+                name: name.to_vec(),
+            }]),
+        );
+        s.items
+            .insert(Key::new(ino, item_type::INODE_ITEM, 0), inode.encode());
+        s.root_dir.size += name.len() as u64;
+        ino
     }
 
     /// A dead subvolume: refs 0, an orphan-root item, no link (deleted,
@@ -928,6 +975,16 @@ impl Fixture {
             root_item.encode(),
         );
         self.insert_item(tree_id::ROOT, Key::orphan_root(id), Vec::new());
+        // The source's nodes are shared now: its CoW must copy them (S3).
+        self.modify_item(
+            tree_id::ROOT,
+            Key::new(tree_id::FS, item_type::ROOT_ITEM, 0),
+            |d| {
+                let mut item = SubvolRootItem::decode(d).expect("fixture subvolume root item");
+                item.last_snapshot = generation;
+                *d = item.encode();
+            },
+        );
         let metadata =
             |level: u8, bytenr: u64| Key::new(bytenr, item_type::METADATA_ITEM, u64::from(level));
         let item = ExtentItem {

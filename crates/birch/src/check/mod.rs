@@ -514,9 +514,13 @@ pub(crate) struct FileExtentRec {
     pub loc: Loc,
 }
 
-/// The fs tree's items, decoded into what the semantic passes need.
+/// One subvolume tree's items, decoded into what the semantic passes
+/// need.
 #[derive(Debug, Default)]
 pub(crate) struct FsRecords {
+    /// The subvolume tree they are from (5 or 256..): faults about an item
+    /// that is missing name it.
+    pub tree: u64,
     pub inodes: BTreeMap<u64, InodeRec>,
     pub refs: Vec<RefRec>,
     /// (dir, name) -> entry
@@ -555,7 +559,9 @@ pub(crate) struct Checker<'a> {
     /// checksum is not the node.
     log_manifest: HashMap<u64, u32>,
     extents: Vec<ExtentRec>,
-    fs: FsRecords,
+    /// Every subvolume tree's records, by tree id (dead ones included:
+    /// their file extents still reference data extents).
+    fs: BTreeMap<u64, FsRecords>,
     csums: csums::CsumRecords,
     subvols: subvols::SubvolRecords,
 }
@@ -602,7 +608,7 @@ impl<'a> Checker<'a> {
             log_roots: BTreeMap::new(),
             log_manifest: HashMap::new(),
             extents: Vec::new(),
-            fs: FsRecords::default(),
+            fs: BTreeMap::new(),
             csums: csums::CsumRecords::default(),
             subvols: subvols::SubvolRecords::default(),
         }
@@ -705,6 +711,33 @@ impl<'a> Checker<'a> {
 
     fn tree_readable(&self, tree: u64) -> bool {
         self.readable.get(&tree).copied().unwrap_or(false)
+    }
+
+    /// The records of subvolume tree `tree`, created empty on first use.
+    fn fs_records(&mut self, tree: u64) -> &mut FsRecords {
+        self.fs.entry(tree).or_insert_with(|| FsRecords {
+            tree,
+            ..FsRecords::default()
+        })
+    }
+
+    /// The subvolume trees whose namespace, link counts and file extents
+    /// are checked (docs/SNAPSHOTS.md S7): every live one whose root node
+    /// could be read, 5 first. A dead root (refs 0, waiting for the
+    /// cleaner) is not: its namespace is being taken apart, and only its
+    /// nodes and file extents still count for the extent tree.
+    fn namespace_trees(&self) -> Vec<u64> {
+        self.roots
+            .keys()
+            .copied()
+            .filter(|&id| tree_id::is_subvolume(id))
+            .filter(|&id| self.subvols.is_live(id) && self.tree_readable(id))
+            .collect()
+    }
+
+    /// The file extents of every subvolume tree, dead ones included.
+    fn all_file_extents(&self) -> impl Iterator<Item = &FileExtentRec> + '_ {
+        self.fs.values().flat_map(|fs| &fs.file_extents)
     }
 
     fn is_log_tree(tree: u64) -> bool {

@@ -2,18 +2,41 @@
 
 use super::subvols::{link_names, LinkRec};
 use super::{Checker, FaultId, FsRecords, Loc, PassStatus, RefRec};
-use crate::format::{item_type, name_hash, tree_id, FileType, Key, ORPHAN_OBJECTID, ROOT_DIR_INO};
+use crate::format::{item_type, name_hash, FileType, Key, ORPHAN_OBJECTID, ROOT_DIR_INO};
 use crate::print::{file_type_name, name};
 use std::collections::{HashMap, HashSet, VecDeque};
 
-fn fs_ready(c: &Checker<'_>) -> Option<PassStatus> {
+/// The subvolume trees to check, or why the pass is skipped.
+fn fs_trees(c: &Checker<'_>) -> Result<Vec<u64>, PassStatus> {
     if c.sb.is_none() {
-        return Some(PassStatus::Skipped("no valid superblock".into()));
+        return Err(PassStatus::Skipped("no valid superblock".into()));
     }
-    if !c.tree_readable(tree_id::FS) {
-        return Some(PassStatus::Skipped("the fs tree could not be read".into()));
+    let trees = c.namespace_trees();
+    if trees.is_empty() {
+        return Err(PassStatus::Skipped("the fs tree could not be read".into()));
     }
-    None
+    Ok(trees)
+}
+
+/// Runs `check` on the records of each live, readable subvolume tree
+/// (S7): each tree is a namespace of its own.
+pub(super) fn for_each_fs_tree(
+    c: &mut Checker<'_>,
+    check: impl Fn(&mut Checker<'_>, &FsRecords),
+) -> PassStatus {
+    let trees = match fs_trees(c) {
+        Ok(trees) => trees,
+        Err(skip) => return skip,
+    };
+    for tree in trees {
+        let fs = c.fs.remove(&tree).unwrap_or_else(|| FsRecords {
+            tree,
+            ..FsRecords::default()
+        });
+        check(c, &fs);
+        c.fs.insert(tree, fs);
+    }
+    PassStatus::Ran
 }
 
 /// Is this ref the root directory's name for itself?
@@ -34,26 +57,22 @@ type NamesByRef<'a> = HashMap<(u64, u64, &'a [u8]), u64>;
 
 /// Pass `namespace`: one function per invariant, in this order.
 pub(super) fn run_namespace(c: &mut Checker<'_>) -> PassStatus {
-    if let Some(skip) = fs_ready(c) {
-        return skip;
-    }
-    let fs = std::mem::take(&mut c.fs);
-    count_names(c, &fs);
-    check_root_dir(c, &fs);
-    let by_name = check_refs_have_entries(c, &fs);
-    check_entries_have_refs(c, &fs, &by_name);
-    check_dir_sizes(c, &fs);
-    check_reachable(c, &fs);
-    check_items_have_inodes(c, &fs);
-    c.fs = fs;
-    PassStatus::Ran
+    for_each_fs_tree(c, |c, fs| {
+        count_names(c, fs);
+        check_root_dir(c, fs);
+        let by_name = check_refs_have_entries(c, fs);
+        check_entries_have_refs(c, fs, &by_name);
+        check_dir_sizes(c, fs);
+        check_reachable(c, fs);
+        check_items_have_inodes(c, fs);
+    })
 }
 
 /// The summary's inode and name counts.
 fn count_names(c: &mut Checker<'_>, fs: &FsRecords) {
     {
         let s = &mut c.report.summary;
-        s.inodes = fs.inodes.len() as u64;
+        s.inodes += fs.inodes.len() as u64;
         for r in fs.inodes.values() {
             match FileType::from_mode(r.item.mode) {
                 Some(FileType::Directory) => s.directories += 1,
@@ -62,7 +81,7 @@ fn count_names(c: &mut Checker<'_>, fs: &FsRecords) {
                 _ => s.special_files += 1,
             }
         }
-        s.names = fs
+        s.names += fs
             .refs
             .iter()
             .filter(|r| !is_root_self_ref(r.ino, r.parent))
@@ -77,7 +96,7 @@ fn check_root_dir(c: &mut Checker<'_>, fs: &FsRecords) {
     match fs.inodes.get(&ROOT_DIR_INO) {
         None => c.fault_key(
             FaultId::RootDirMissing,
-            tree_id::FS,
+            fs.tree,
             Key::new(ROOT_DIR_INO, item_type::INODE_ITEM, 0),
             "the root directory inode is missing",
         ),
@@ -103,7 +122,7 @@ fn check_root_dir(c: &mut Checker<'_>, fs: &FsRecords) {
         if root_refs.is_empty() {
             c.fault_key(
                 FaultId::RootDirWithoutRef,
-                tree_id::FS,
+                fs.tree,
                 Key::new(ROOT_DIR_INO, item_type::INODE_REF, ROOT_DIR_INO),
                 "the root directory has no INODE_REF (index 0 name \"..\")",
             );
@@ -211,7 +230,7 @@ fn check_dir_item_for_ref(c: &mut Checker<'_>, fs: &FsRecords, r: &RefRec) {
     match fs.dir_items.get(&(r.parent, r.name.clone())) {
         None => c.fault_key(
             FaultId::DirItemMissing,
-            tree_id::FS,
+            fs.tree,
             item_key,
             format!(
                 "missing DIR_ITEM for \"{}\" -> inode {} ({where_ref})",
@@ -259,7 +278,7 @@ fn check_dir_index_for_ref(c: &mut Checker<'_>, fs: &FsRecords, r: &RefRec) {
     match fs.dir_index.get(&(r.parent, r.index)) {
         None => c.fault_key(
             FaultId::DirIndexMissing,
-            tree_id::FS,
+            fs.tree,
             index_key,
             format!(
                 "missing DIR_INDEX for \"{}\" -> inode {} ({where_ref})",
@@ -367,7 +386,7 @@ fn check_dir_sizes_with(c: &mut Checker<'_>, fs: &FsRecords, links: &[LinkRec]) 
         names.insert((*parent, &d.name));
     }
     // A subvolume link is a name of its directory like any other.
-    names.extend(link_names(links, tree_id::FS));
+    names.extend(link_names(links, fs.tree));
     let mut dir_bytes: HashMap<u64, u64> = HashMap::new();
     for (parent, n) in names {
         *dir_bytes.entry(parent).or_default() += n.len() as u64;
@@ -454,10 +473,11 @@ fn check_items_have_inodes(c: &mut Checker<'_>, fs: &FsRecords) {
 }
 
 pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
-    if let Some(skip) = fs_ready(c) {
-        return skip;
-    }
-    let fs = std::mem::take(&mut c.fs);
+    for_each_fs_tree(c, check_nlink)
+}
+
+/// Link counts of one subvolume tree's inodes.
+fn check_nlink(c: &mut Checker<'_>, fs: &FsRecords) {
     let mut names: HashMap<u64, u64> = HashMap::new();
     let mut subdirs: HashMap<u64, u64> = HashMap::new();
     for r in fs
@@ -476,7 +496,7 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
         }
     }
     // A subvolume link counts as a subdirectory of its directory.
-    for (dir, _) in link_names(&c.subvols.links, tree_id::FS) {
+    for (dir, _) in link_names(&c.subvols.links, fs.tree) {
         *subdirs.entry(dir).or_default() += 1;
     }
     let orphaned: HashSet<u64> = fs.orphans.iter().map(|&(ino, _)| ino).collect();
@@ -517,6 +537,4 @@ pub(super) fn run_nlink(c: &mut Checker<'_>) -> PassStatus {
             );
         }
     }
-    c.fs = fs;
-    PassStatus::Ran
 }

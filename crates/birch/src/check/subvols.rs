@@ -4,12 +4,11 @@
 //! walked). The walk collects the records ([`SubvolRecords`]); this pass
 //! only compares them.
 //!
-//! Each subvolume tree other than 5 is walked for structure and item
-//! validity, its file extents count for the data extents' references and
-//! its links are compared here; its namespace (S7) is checked by the step
-//! that lets the engine create subvolumes.
+//! Each subvolume tree's links are compared here; its namespace, link
+//! counts and file extents (S7) are checked by the `namespace`, `nlink`
+//! and `file-extents` passes, one tree at a time.
 
-use super::{Checker, FaultId, FileExtentRec, Loc, PassStatus};
+use super::{Checker, FaultId, Loc, PassStatus};
 use crate::format::{
     item_type, tree_id, tree_name, DirEntry, FileType, Key, RootRef, SubvolRootItem, Superblock,
     DEFAULT_SUBVOL_NAME,
@@ -47,9 +46,6 @@ pub(crate) struct SubvolRecords {
     /// The default-subvolume item's entries, and where.
     pub default: Option<(Vec<DirEntry>, Loc)>,
     pub links: Vec<LinkRec>,
-    /// File extents of subvolume trees other than 5 (their data extents'
-    /// references).
-    pub file_extents: Vec<FileExtentRec>,
 }
 
 impl SubvolRecords {

@@ -15,7 +15,7 @@ use crate::format::{
     extref_hash, item_type, name_hash, tree_id, Acl, DirEntry, ExtentItem, FileExtent,
     InodeExtrefEntry, Item, ItemType, Key, LeafItem, LogRootRef, MetadataProfile, Node, NodeBody,
     RootItem, Superblock, TreeKind, Xattr, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, FIRST_DIR_INDEX,
-    NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
+    MAX_SUBVOL_INO, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::fs::log_choice::choose_log;
 use crate::print::name;
@@ -609,18 +609,25 @@ impl Checker<'_> {
             }
             return true;
         }
-        // Subvolume trees but 5 get their namespace passes with the engine
-        // that makes them (docs/SNAPSHOTS.md (j), step 6).
-        if kind == TreeKind::Fs
-            && loc.tree == tree_id::FS
-            && !self.fs.objectids.contains_key(&objectid)
-        {
-            self.fs.objectids.insert(objectid, *loc);
+        if kind == TreeKind::Fs {
+            let objectids = &mut self.fs_records(loc.tree).objectids;
+            if objectids.contains_key(&objectid) {
+                return true;
+            }
+            objectids.insert(objectid, *loc);
             if objectid < ROOT_DIR_INO {
                 self.fault_at(
                     FaultId::ObjectidReserved,
                     loc,
                     format!("objectid {objectid} is below the first inode number {ROOT_DIR_INO}"),
+                );
+            } else if objectid >= MAX_SUBVOL_INO {
+                // Inode numbers above it cannot be told apart from another
+                // subvolume's once the id takes the high bits (S7).
+                self.fault_at(
+                    FaultId::InoOutOfRange,
+                    loc,
+                    format!("objectid {objectid} is not below the inode number limit {MAX_SUBVOL_INO} (2^40)"),
                 );
             }
         }
@@ -690,13 +697,13 @@ impl Checker<'_> {
 
     /// Keeps what the later passes need of a decoded item, and checks the
     /// rules that need its payload. A log tree's items are only checked:
-    /// the semantic passes look at the committed fs tree (tree 5; of the
-    /// other subvolume trees only links and file extents are kept).
+    /// the semantic passes look at the committed subvolume trees, each
+    /// kept apart ([`Checker::fs_records`]).
     /// Long because it is the one match over every item kind, each arm
     /// short.
     fn record_item(&mut self, kind: TreeKind, loc: &Loc, item: Item) {
         let key = loc.key;
-        let fs = kind == TreeKind::Fs && loc.tree == tree_id::FS;
+        let fs = kind == TreeKind::Fs;
         match item {
             Item::Inode(inode) => {
                 if key.offset != 0 {
@@ -710,18 +717,20 @@ impl Checker<'_> {
                         item: inode,
                         loc: *loc,
                     };
-                    self.fs.inodes.insert(key.objectid, rec);
+                    self.fs_records(loc.tree).inodes.insert(key.objectid, rec);
                 }
             }
             Item::InodeRefs(entries) => {
                 if fs {
-                    self.fs.refs.extend(entries.into_iter().map(|e| RefRec {
-                        ino: key.objectid,
-                        parent: key.offset,
-                        index: e.index,
-                        name: e.name,
-                        loc: *loc,
-                    }));
+                    self.fs_records(loc.tree)
+                        .refs
+                        .extend(entries.into_iter().map(|e| RefRec {
+                            ino: key.objectid,
+                            parent: key.offset,
+                            index: e.index,
+                            name: e.name,
+                            loc: *loc,
+                        }));
                 }
             }
             Item::InodeExtrefs(entries) => self.record_extrefs(loc, entries, fs),
@@ -742,7 +751,9 @@ impl Checker<'_> {
                         name: e.name,
                         loc: *loc,
                     };
-                    self.fs.dir_index.insert((key.objectid, key.offset), rec);
+                    self.fs_records(loc.tree)
+                        .dir_index
+                        .insert((key.objectid, key.offset), rec);
                 }
             }
             Item::Xattrs(xattrs) => self.record_xattrs(loc, xattrs, fs),
@@ -756,7 +767,7 @@ impl Checker<'_> {
             }
             Item::Orphan => {
                 if fs {
-                    self.fs.orphans.push((key.offset, *loc));
+                    self.fs_records(loc.tree).orphans.push((key.offset, *loc));
                     self.report.summary.orphans += 1;
                 }
             }
@@ -832,11 +843,7 @@ impl Checker<'_> {
             kind,
             loc: *loc,
         };
-        if loc.tree == tree_id::FS {
-            self.fs.file_extents.push(rec);
-        } else {
-            self.subvols.file_extents.push(rec);
-        }
+        self.fs_records(loc.tree).file_extents.push(rec);
     }
 
     /// A DIR_INDEX key's index lies where listings can reach it.
@@ -896,7 +903,7 @@ impl Checker<'_> {
                     ),
                 );
             } else if fs {
-                self.fs.refs.push(RefRec {
+                self.fs_records(loc.tree).refs.push(RefRec {
                     ino: key.objectid,
                     parent: e.parent,
                     index: e.index,
@@ -938,7 +945,7 @@ impl Checker<'_> {
                 continue;
             }
             let dkey = (key.objectid, e.name.clone());
-            if self.fs.dir_items.contains_key(&dkey) {
+            if self.fs_records(loc.tree).dir_items.contains_key(&dkey) {
                 self.fault_at(
                     FaultId::DirItemTwice,
                     loc,
@@ -946,7 +953,7 @@ impl Checker<'_> {
                 );
                 continue;
             }
-            self.fs.dir_items.insert(
+            self.fs_records(loc.tree).dir_items.insert(
                 dkey,
                 EntryRec {
                     ino: e.ino,
@@ -1015,8 +1022,8 @@ pub(super) fn run_items(c: &mut Checker<'_>) -> PassStatus {
     };
     let g = sb.generation;
     let inodes =
-        c.fs.inodes
-            .values()
+        c.fs.values()
+            .flat_map(|fs| fs.inodes.values())
             .filter(|r| r.item.generation > g || r.item.transid > g)
             .map(|r| {
                 let reason = format!(
