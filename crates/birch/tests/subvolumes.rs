@@ -336,9 +336,8 @@ fn power_cut_during_subvolume_create() {
     );
 }
 
-/// Crash case: `subvolume create a; write a/f; fsync a/f; <cut>` shows
-/// `a/f`. Until each subvolume has its own log (step 7) the fsync commits
-/// (a counted fallback).
+/// Crash case: `subvolume create a; mkdir a/d; fsync a/d; <cut>` shows
+/// `a/d`: the fsync logs into `a`'s own log (no fallback).
 #[test]
 fn fsync_in_subvolume_survives_power_cut() {
     let rec = recorder(32 << 20, 0x66);
@@ -347,9 +346,11 @@ fn fsync_in_subvolume_survives_power_cut() {
     fs.create_subvolume(root, b"a", 0, 0).unwrap();
     let a = fs.lookup(root, b"a").unwrap().ino;
     let d = fs.mkdir(a, b"d", 0o755, 0, 0).unwrap().ino;
-    let before = fs.log_stats().fallback_subvolume;
+    let before = fs.log_stats();
     fs.fsync(d, false).unwrap();
-    assert_eq!(fs.log_stats().fallback_subvolume, before + 1);
+    let after = fs.log_stats();
+    assert_eq!(after.fallback_subvolume, before.fallback_subvolume);
+    assert_eq!(after.logged_fsyncs, before.logged_fsyncs + 1);
     let synced = rec.flush_count();
     drop(fs);
     for point in crash_points(&rec, synced, &Enumeration::thorough(0x66)) {

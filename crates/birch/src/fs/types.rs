@@ -458,6 +458,18 @@ pub struct ReplayReport {
     pub newest_log_incomplete: bool,
 }
 
+impl ReplayReport {
+    /// Adds the counts of one subvolume's replay.
+    pub(crate) fn add(&mut self, other: &ReplayReport) {
+        self.inodes += other.inodes;
+        self.names_added += other.names_added;
+        self.names_removed += other.names_removed;
+        self.extents += other.extents;
+        self.inodes_deleted += other.inodes_deleted;
+        self.names_without_parent += other.names_without_parent;
+    }
+}
+
 /// What a mount did with the log it found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayOutcome {
