@@ -100,7 +100,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if let Some(log) = self.own_log() {
             return Ok(*log);
         }
-        if self.own_log().is_none() {
+        if self.fs.log.trees.is_none() {
             let root = self.fs.forest.create_tree(tree_id::LOG_ROOT)?;
             self.fs.log.trees = Some(LogTrees {
                 logs: BTreeMap::new(),
