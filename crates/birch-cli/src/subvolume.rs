@@ -12,10 +12,10 @@ use birch::format::Timespec;
 use birch::fs::{Filesystem, MountOptions};
 use birch_fuse::subvol::{
     self, SnapArgs, SubvolEntry, BIRCH_IOC_GET_DEFAULT_SUBVOL, BIRCH_IOC_SNAP_CREATE,
-    BIRCH_IOC_SUBVOL_LIST, BIRCH_IOC_SUBVOL_SYNC, BIRCH_SUBVOL_LIST_MAX, BTRFS_INO_LOOKUP_ARGS_SIZE,
-    BTRFS_IOC_DEFAULT_SUBVOL, BTRFS_IOC_INO_LOOKUP, BTRFS_IOC_SNAP_DESTROY,
-    BTRFS_IOC_SUBVOL_CREATE, BTRFS_IOC_SUBVOL_GETFLAGS, BTRFS_IOC_SUBVOL_SETFLAGS,
-    BTRFS_SUBVOL_RDONLY, BTRFS_VOL_ARGS_SIZE,
+    BIRCH_IOC_SUBVOL_LIST, BIRCH_IOC_SUBVOL_SYNC, BIRCH_SUBVOL_LIST_MAX,
+    BTRFS_INO_LOOKUP_ARGS_SIZE, BTRFS_IOC_DEFAULT_SUBVOL, BTRFS_IOC_INO_LOOKUP,
+    BTRFS_IOC_SNAP_DESTROY, BTRFS_IOC_SUBVOL_CREATE, BTRFS_IOC_SUBVOL_GETFLAGS,
+    BTRFS_IOC_SUBVOL_SETFLAGS, BTRFS_SUBVOL_RDONLY, BTRFS_VOL_ARGS_SIZE,
 };
 use birch_fuse::BIRCH_IOC_SYNC;
 use clap::{Args, Subcommand};
@@ -150,7 +150,8 @@ pub fn subvolume(command: &SubvolumeCommand) -> Result<u8, Failure> {
         } => delete(paths, *commit_after, *commit_each),
         SubvolumeCommand::Sync { path } => {
             let dir = open_dir(path)?;
-            ioctl(&dir, path, BIRCH_IOC_SUBVOL_SYNC, &mut [0u8; 0]).map_err(|e| failure(path, e, ""))?;
+            ioctl(&dir, path, BIRCH_IOC_SUBVOL_SYNC, &mut [0u8; 0])
+                .map_err(|e| failure(path, e, ""))?;
             Ok(0)
         }
         SubvolumeCommand::List(args) => list(args),
@@ -262,9 +263,9 @@ fn snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<u8, Failure> {
     }
     let id = subvolume_id(&src_dir, source)?;
     let (parent, name) = if dest.is_dir() {
-        let canonical = source.canonicalize().map_err(|e| {
-            Failure::new(format!("cannot access {}: {e}", source.display()))
-        })?;
+        let canonical = source
+            .canonicalize()
+            .map_err(|e| Failure::new(format!("cannot access {}: {e}", source.display())))?;
         let name = canonical
             .file_name()
             .map(|n| n.as_bytes().to_vec())
@@ -286,7 +287,9 @@ fn snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<u8, Failure> {
     };
     let target = format!("{}/{}", parent.display(), String::from_utf8_lossy(&name));
     if std::fs::symlink_metadata(parent.join(std::ffi::OsStr::from_bytes(&name))).is_ok() {
-        return Err(Failure::new(format!("target path already exists: {target}")));
+        return Err(Failure::new(format!(
+            "target path already exists: {target}"
+        )));
     }
     let dest_dir = open_dir(&parent)?;
     let device = |f: &File, p: &Path| {
@@ -311,7 +314,13 @@ fn snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<u8, Failure> {
         source.display()
     )
     .map_err(output)?;
-    ioctl(&dest_dir, &parent, BIRCH_IOC_SNAP_CREATE, args.as_mut_slice()).map_err(|e| {
+    ioctl(
+        &dest_dir,
+        &parent,
+        BIRCH_IOC_SNAP_CREATE,
+        args.as_mut_slice(),
+    )
+    .map_err(|e| {
         failure(
             Path::new(&target),
             e,
@@ -390,20 +399,24 @@ fn delete_one(path: &Path, commit_each: bool) -> Result<(File, PathBuf), Failure
         return Err(Failure::new(format!("name too long: {shown}")));
     }
     args[8..8 + name.len()].copy_from_slice(name);
-    ioctl(&parent_dir, &parent, BTRFS_IOC_SNAP_DESTROY, args.as_mut_slice()).map_err(|e| {
-        match e.raw_os_error() {
-            Some(libc::ENOTEMPTY) => Failure::new(format!(
-                "cannot delete '{shown}': it holds other subvolumes (delete them first)"
-            )),
-            Some(libc::EPERM) if id == default => Failure::new(format!(
-                "cannot delete '{shown}': it is the default subvolume"
-            )),
-            _ => failure(
-                Path::new(&shown),
-                e,
-                "deleting a subvolume needs root or the mount's owner",
-            ),
-        }
+    ioctl(
+        &parent_dir,
+        &parent,
+        BTRFS_IOC_SNAP_DESTROY,
+        args.as_mut_slice(),
+    )
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOTEMPTY) => Failure::new(format!(
+            "cannot delete '{shown}': it holds other subvolumes (delete them first)"
+        )),
+        Some(libc::EPERM) if id == default => Failure::new(format!(
+            "cannot delete '{shown}': it is the default subvolume"
+        )),
+        _ => failure(
+            Path::new(&shown),
+            e,
+            "deleting a subvolume needs root or the mount's owner",
+        ),
     })?;
     if commit_each {
         commit(&parent_dir, &parent)?;
