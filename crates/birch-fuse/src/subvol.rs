@@ -469,7 +469,8 @@ mod tests {
             let bytes = SnapArgs::encode(5, false, name).unwrap();
             assert_eq!(SnapArgs::decode(&bytes), Err(libc::EINVAL));
         }
-        let no_nul = vec![b'x'; BIRCH_SNAP_ARGS_SIZE];
+        let mut no_nul = vec![b'x'; BIRCH_SNAP_ARGS_SIZE];
+        no_nul[..16].fill(0);
         assert_eq!(SnapArgs::decode(&no_nul), Err(libc::EINVAL));
         assert!(SnapArgs::encode(5, false, &[b'x'; BIRCH_SNAP_ARGS_SIZE - 16]).is_none());
     }
