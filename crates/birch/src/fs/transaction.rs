@@ -405,6 +405,7 @@ impl<D: BlockDevice> FsState<D> {
         {
             return Ok(None);
         }
+        self.stamp_changed_subvolumes();
         let subvols = self.subvols.records();
         // Tree 5's root item in the long form (the first subvolume made
         // it so) and INCOMPAT_SUBVOLUMES go to disk in the same commit.
@@ -428,6 +429,23 @@ impl<D: BlockDevice> FsState<D> {
         // commit covers every one up to the current.
         self.info.log.filling += 1;
         Ok(Some(prepared))
+    }
+
+    /// Sets `ctransid` = T in the root item of every subvolume whose tree
+    /// changed in transaction T, as btrfs does on every change of a
+    /// subvolume (send/receive compares it). A tree changed in T has its
+    /// root node copied in T, so its generation is T; S8 (otransid <=
+    /// ctransid <= generation) holds since generation is T too. Runs once
+    /// the seal has flushed every delayed item into the trees.
+    fn stamp_changed_subvolumes(&mut self) {
+        let transid = self.info.forest.transid();
+        for root in self.subvols.iter_mut() {
+            if root.tree.generation == transid {
+                if let Some(item) = root.item.as_mut() {
+                    item.ctransid = transid;
+                }
+            }
+        }
     }
 
     fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
