@@ -670,3 +670,43 @@ fn ctransid_moves_with_changes_of_the_subvolume() {
     assert_eq!(item(&fs, a).0, a_after);
     assert_eq!(item(&fs, tree_id::FS).0, top);
 }
+
+/// The background worker's delayed-item limit counts the items pending
+/// in every loaded root and flushes them all, not only tree 5's: items
+/// created in a subvolume are flushed before any commit (the interval is
+/// an hour here, so no commit runs). The wait is bounded only so that a
+/// failure ends; the worker checks twice a second.
+#[test]
+fn worker_flushes_delayed_items_of_every_subvolume() {
+    let dev = memory_fs(32 << 20, 0x3d);
+    let fs = Filesystem::open(
+        dev,
+        MountOptions {
+            commit_interval: Some(std::time::Duration::from_secs(3600)),
+            background_flusher: false,
+            delayed_items_limit: 8,
+            ..MountOptions::default()
+        },
+    )
+    .unwrap();
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a_dir = fs.lookup(root, b"a").unwrap().ino;
+    let before = fs.stats();
+    for n in 0..40 {
+        fs.create(a_dir, format!("f{n}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while fs.stats().delayed_item_flushes == before.delayed_item_flushes
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let after = fs.stats();
+    assert_eq!(after.commits, before.commits, "no commit ran");
+    assert!(
+        after.delayed_item_flushes > before.delayed_item_flushes,
+        "the worker never flushed the subvolume's 40 delayed items"
+    );
+}

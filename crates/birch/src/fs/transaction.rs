@@ -337,14 +337,18 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
                 break;
             }
         }
+        // The limit is on the items pending in every loaded root, and
+        // every root flushes: a subvolume's items would otherwise wait
+        // for the commit, however many there are.
         let flush_delayed = {
             let state = shared.lock_state();
             state.info.failed.is_none()
-                && state.subvols.top.delayed.len() > state.info.options.delayed_items_limit
+                && state.delayed_items() > state.info.options.delayed_items_limit as u64
         };
         if flush_delayed {
             let mut state = shared.lock_state();
-            if let Err(e) = state.top().flush_delayed_items() {
+            let flushed = state.for_each_root(|mut root| root.flush_delayed_items());
+            if let Err(e) = flushed {
                 state.info.failed = Some(e.to_string());
             }
         }
