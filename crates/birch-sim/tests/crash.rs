@@ -20,17 +20,10 @@ fn long_mode() -> bool {
 
 #[test]
 fn every_crash_state_mounts_checks_clean_and_matches_the_model() {
-    // Seeds whose snapshot commit of a multi-leaf tree 5 writes a broken
-    // snapshot tree (open engine bug, tests/engine_bugs.rs
-    // `crash_seed_16_snapshot_commit_keeps_the_snapshot_whole`): skipped
-    // until it is fixed; `BIRCH_SEED` still runs them.
-    const OPEN_SNAPSHOT_BUG_SEEDS: &[u64] = &[16, 20, 35, 44, 50, 52, 53, 58, 59];
     let seeds: Vec<u64> = match seed_override() {
         Some(s) => vec![s],
         None if long_mode() => (0..300).collect(),
-        None => (0..60)
-            .filter(|s| !OPEN_SNAPSHOT_BUG_SEEDS.contains(s))
-            .collect(),
+        None => (0..60).collect(),
     };
     let mut total = CrashStats::default();
     for seed in seeds {

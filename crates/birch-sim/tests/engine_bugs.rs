@@ -482,9 +482,10 @@ fn fsynced_dir_rename_survives_replacing_the_dir() {
 /// deletes, cleaner runs and remounts): after the final close `birch
 /// check` finds a live subvolume tree (refs 1) whose root node is an empty
 /// level-1 node: `root-dir-missing` and `root-dir-without-ref` in
-/// subvol(259). Not reduced yet; `BIRCH_FULL_LOG=1` lists every op.
+/// subvol(259). The tree was whole: `birch check` did not read a
+/// subvolume's namespace through the leaves it shared with a snapshot
+/// (fixed in check/walk.rs `record_shared_subtree`).
 #[test]
-#[ignore = "open engine bug: a live subvolume tree loses its root directory"]
 fn subvolume_seed_3037_keeps_every_root_directory() {
     let mut run = birch_sim::runner::ModelRun::new(3037, 400);
     run.cfg.subvolume_weight = 6;
@@ -500,9 +501,9 @@ fn subvolume_seed_3037_keeps_every_root_directory() {
 /// commit's first superblock copy (flush 7, keeping write 0 of 2): in
 /// subvol(256) the root directory 256 and /p (257) are missing, and the
 /// leaf at block 1458176 holds /p's other entries with no parent. The
-/// snapshot's first leaf is not the one tree 5 had at the seal.
+/// snapshot was whole: check read only the leaves the snapshot did not
+/// share (fixed in check/walk.rs `record_shared_subtree`).
 #[test]
-#[ignore = "open engine bug: a snapshot's commit writes a tree without its first leaf"]
 fn crash_seed_16_snapshot_commit_keeps_the_snapshot_whole() {
     birch_sim::crash::run_seed(&birch_sim::crash::CrashConfig::ci(16))
         .unwrap_or_else(|e| panic!("{e}"));

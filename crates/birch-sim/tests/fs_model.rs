@@ -75,10 +75,7 @@ fn long_random_sequences_match_the_model() {
 #[test]
 fn subvolume_sequences_match_the_model() {
     let start = Instant::now();
-    // Seed 3037 leaves a live subvolume tree without its root directory
-    // (tests/engine_bugs.rs `subvolume_seed_3037_keeps_every_root_directory`):
-    // the range stops before it until that is fixed.
-    let runs: Vec<ModelStats> = seeds(3000..3037)
+    let runs: Vec<ModelStats> = seeds(3000..3040)
         .into_iter()
         .map(|seed| {
             let mut run = ModelRun::new(seed, 400);
