@@ -11,16 +11,19 @@ use birch::device::FileDevice;
 use birch::format::Timespec;
 use birch::fs::{Filesystem, MountOptions};
 use birch_fuse::subvol::{
-    self, SubvolEntry, BIRCH_IOC_GET_DEFAULT_SUBVOL, BIRCH_IOC_SUBVOL_LIST, BIRCH_SUBVOL_LIST_MAX,
+    self, SnapArgs, SubvolEntry, BIRCH_IOC_GET_DEFAULT_SUBVOL, BIRCH_IOC_SNAP_CREATE,
+    BIRCH_IOC_SUBVOL_LIST, BIRCH_IOC_SUBVOL_SYNC, BIRCH_SUBVOL_LIST_MAX,
     BTRFS_INO_LOOKUP_ARGS_SIZE, BTRFS_IOC_DEFAULT_SUBVOL, BTRFS_IOC_INO_LOOKUP,
-    BTRFS_IOC_SUBVOL_CREATE, BTRFS_IOC_SUBVOL_GETFLAGS, BTRFS_IOC_SUBVOL_SETFLAGS,
-    BTRFS_SUBVOL_RDONLY, BTRFS_VOL_ARGS_SIZE,
+    BTRFS_IOC_SNAP_DESTROY, BTRFS_IOC_SUBVOL_CREATE, BTRFS_IOC_SUBVOL_GETFLAGS,
+    BTRFS_IOC_SUBVOL_SETFLAGS, BTRFS_SUBVOL_RDONLY, BTRFS_VOL_ARGS_SIZE,
 };
+use birch_fuse::BIRCH_IOC_SYNC;
 use clap::{Args, Subcommand};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
@@ -31,6 +34,37 @@ pub enum SubvolumeCommand {
         #[arg(short = 'p')]
         parents: bool,
         #[arg(value_name = "PATH")]
+        path: PathBuf,
+    },
+    /// Snapshot subvolume SOURCE as DEST/NAME, or into DEST as SOURCE's name
+    ///
+    /// The snapshot commits before the command returns. It is a directory
+    /// of the same mount: `find -xdev`, `du -x`, `tar --one-file-system`
+    /// and `rsync -x` descend into it (on btrfs they stop there); exclude
+    /// snapshots by path.
+    Snapshot {
+        /// Make the snapshot read-only
+        #[arg(short = 'r')]
+        readonly: bool,
+        #[arg(value_name = "SOURCE")]
+        source: PathBuf,
+        #[arg(value_name = "DEST|DEST/NAME")]
+        dest: PathBuf,
+    },
+    /// Delete the subvolumes at PATH...; the cleaner frees their space in the background
+    Delete {
+        /// Commit once, after the last deletion
+        #[arg(short = 'c', long = "commit-after")]
+        commit_after: bool,
+        /// Commit after each deletion
+        #[arg(short = 'C', long = "commit-each", conflicts_with = "commit_after")]
+        commit_each: bool,
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Wait until the cleaner has freed every deleted subvolume (it runs now)
+    Sync {
+        #[arg(value_name = "MOUNTPOINT")]
         path: PathBuf,
     },
     /// List the subvolumes of a mounted filesystem or an unmounted image
@@ -104,6 +138,22 @@ pub enum PropertyCommand {
 pub fn subvolume(command: &SubvolumeCommand) -> Result<u8, Failure> {
     match command {
         SubvolumeCommand::Create { parents, path } => create(path, *parents),
+        SubvolumeCommand::Snapshot {
+            readonly,
+            source,
+            dest,
+        } => snapshot(source, dest, *readonly),
+        SubvolumeCommand::Delete {
+            commit_after,
+            commit_each,
+            paths,
+        } => delete(paths, *commit_after, *commit_each),
+        SubvolumeCommand::Sync { path } => {
+            let dir = open_dir(path)?;
+            ioctl(&dir, path, BIRCH_IOC_SUBVOL_SYNC, &mut [0u8; 0])
+                .map_err(|e| failure(path, e, ""))?;
+            Ok(0)
+        }
         SubvolumeCommand::List(args) => list(args),
         SubvolumeCommand::Show { path } => show_subvolume(path),
         SubvolumeCommand::GetDefault { path } => get_default(path),
@@ -197,6 +247,203 @@ fn create(path: &Path, parents: bool) -> Result<u8, Failure> {
     )
     .map_err(output)?;
     Ok(0)
+}
+
+/// `snapshot [-r] SOURCE DEST|DEST/NAME`, btrfs-progs' rules: an existing
+/// directory DEST receives the snapshot under SOURCE's name; otherwise
+/// DEST's parent must exist and DEST's last component names it. The
+/// source travels as its subvolume id (BIRCH_IOC_SNAP_CREATE).
+fn snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<u8, Failure> {
+    let src_dir = open_dir(source)?;
+    if !is_subvolume_root(&src_dir, source)? {
+        return Err(Failure::new(format!(
+            "not a subvolume: {}",
+            source.display()
+        )));
+    }
+    let id = subvolume_id(&src_dir, source)?;
+    let (parent, name) = if dest.is_dir() {
+        let canonical = source
+            .canonicalize()
+            .map_err(|e| Failure::new(format!("cannot access {}: {e}", source.display())))?;
+        let name = canonical
+            .file_name()
+            .map(|n| n.as_bytes().to_vec())
+            .ok_or_else(|| {
+                Failure::new(format!(
+                    "{}: has no name to give the snapshot: name it, as DEST/NAME",
+                    source.display()
+                ))
+            })?;
+        (dest.to_path_buf(), name)
+    } else if std::fs::symlink_metadata(dest).is_ok() {
+        return Err(Failure::new(format!(
+            "'{}' exists and it is not a directory",
+            dest.display()
+        )));
+    } else {
+        let (parent, name) = split_path(dest)?;
+        (parent, name.to_vec())
+    };
+    let target = format!("{}/{}", parent.display(), String::from_utf8_lossy(&name));
+    if std::fs::symlink_metadata(parent.join(std::ffi::OsStr::from_bytes(&name))).is_ok() {
+        return Err(Failure::new(format!(
+            "target path already exists: {target}"
+        )));
+    }
+    let dest_dir = open_dir(&parent)?;
+    let device = |f: &File, p: &Path| {
+        f.metadata()
+            .map(|m| m.dev())
+            .map_err(|e| Failure::new(format!("cannot access {}: {e}", p.display())))
+    };
+    // The id means a subvolume of the mount the ioctl goes to.
+    if device(&src_dir, source)? != device(&dest_dir, &parent)? {
+        return Err(Failure::new(format!(
+            "cannot snapshot '{}' into '{}': not on the same mount",
+            source.display(),
+            parent.display()
+        )));
+    }
+    let mut args = SnapArgs::encode(id, readonly, &name)
+        .ok_or_else(|| Failure::new(format!("name too long: {target}")))?;
+    writeln!(
+        io::stdout(),
+        "Create a {}snapshot of '{}' in '{target}'",
+        if readonly { "readonly " } else { "" },
+        source.display()
+    )
+    .map_err(output)?;
+    ioctl(
+        &dest_dir,
+        &parent,
+        BIRCH_IOC_SNAP_CREATE,
+        args.as_mut_slice(),
+    )
+    .map_err(|e| {
+        failure(
+            Path::new(&target),
+            e,
+            "a snapshot needs write permission on the destination directory, \
+             and to own the source subvolume (or root)",
+        )
+    })?;
+    Ok(0)
+}
+
+/// `delete [-c|-C] PATH...`: each PATH must be a subvolume's root
+/// directory (not the default subvolume, holding no other subvolume);
+/// the name goes at once, durably at the next commit, which -c (after the
+/// last) or -C (after each) makes with BIRCH_IOC_SYNC.
+fn delete(paths: &[PathBuf], commit_after: bool, commit_each: bool) -> Result<u8, Failure> {
+    let mut status = 0;
+    let mut to_commit: Vec<(u64, File, PathBuf)> = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let commit_now = commit_each || (commit_after && i + 1 == paths.len());
+        match delete_one(path, commit_now) {
+            Ok(parent) => {
+                let dev = parent.0.metadata().map(|m| m.dev()).unwrap_or_default();
+                if commit_after && !to_commit.iter().any(|(d, ..)| *d == dev) {
+                    to_commit.push((dev, parent.0, parent.1));
+                }
+            }
+            Err(e) => {
+                writeln!(io::stderr(), "birch subvolume: {}", e.message).map_err(output)?;
+                status = 1;
+            }
+        }
+    }
+    for (_, dir, path) in to_commit {
+        commit(&dir, &path)?;
+    }
+    Ok(status)
+}
+
+/// Deletes one subvolume; returns its parent directory (opened) for -c.
+fn delete_one(path: &Path, commit_each: bool) -> Result<(File, PathBuf), Failure> {
+    let (parent, name) = split_path(path)?;
+    let shown = format!("{}/{}", parent.display(), String::from_utf8_lossy(name));
+    let (id, default, dev) = {
+        let dir = open_dir(path)?;
+        if !is_subvolume_root(&dir, path)? {
+            return Err(Failure::new(format!("not a subvolume: {}", path.display())));
+        }
+        let mut default = 0u64;
+        ioctl(&dir, path, BIRCH_IOC_GET_DEFAULT_SUBVOL, &mut default)
+            .map_err(|e| failure(path, e, ""))?;
+        let dev = dir.metadata().map(|m| m.dev()).ok();
+        (subvolume_id(&dir, path)?, default, dev)
+        // The subvolume's descriptor closes here: nothing of it stays
+        // open through the deletion.
+    };
+    if id == default {
+        return Err(Failure::new(format!(
+            "cannot delete '{shown}': it is the default subvolume \
+             (make another one the default first: set-default)"
+        )));
+    }
+    let parent_dir = open_dir(&parent)?;
+    if parent_dir.metadata().map(|m| m.dev()).ok() != dev {
+        return Err(Failure::new(format!(
+            "cannot delete '{shown}': it is the root of its mount"
+        )));
+    }
+    writeln!(
+        io::stdout(),
+        "Delete subvolume {id} ({}): '{shown}'",
+        if commit_each { "commit" } else { "no-commit" }
+    )
+    .map_err(output)?;
+    let mut args = vec![0u8; BTRFS_VOL_ARGS_SIZE];
+    if name.len() >= BTRFS_VOL_ARGS_SIZE - 8 {
+        return Err(Failure::new(format!("name too long: {shown}")));
+    }
+    args[8..8 + name.len()].copy_from_slice(name);
+    ioctl(
+        &parent_dir,
+        &parent,
+        BTRFS_IOC_SNAP_DESTROY,
+        args.as_mut_slice(),
+    )
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOTEMPTY) => Failure::new(format!(
+            "cannot delete '{shown}': it holds other subvolumes (delete them first)"
+        )),
+        Some(libc::EPERM) if id == default => Failure::new(format!(
+            "cannot delete '{shown}': it is the default subvolume"
+        )),
+        _ => failure(
+            Path::new(&shown),
+            e,
+            "deleting a subvolume needs root or the mount's owner",
+        ),
+    })?;
+    if commit_each {
+        commit(&parent_dir, &parent)?;
+    }
+    Ok((parent_dir, parent))
+}
+
+/// BIRCH_IOC_SYNC on `dir`: commits its filesystem.
+fn commit(dir: &File, path: &Path) -> Result<(), Failure> {
+    // SAFETY: an ioctl without argument data on an fd we own.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), BIRCH_IOC_SYNC as libc::c_ulong) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(failure(path, io::Error::last_os_error(), ""))
+    }
+}
+
+/// Whether `dir` is a subvolume's root directory: GETFLAGS answers EINVAL
+/// anywhere else.
+fn is_subvolume_root(dir: &File, path: &Path) -> Result<bool, Failure> {
+    let mut flags = 0u64;
+    match ioctl(dir, path, BTRFS_IOC_SUBVOL_GETFLAGS, &mut flags) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(failure(path, e, "")),
+    }
 }
 
 /// PATH's parent directory ("." for a bare name) and last component.

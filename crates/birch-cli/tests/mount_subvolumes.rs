@@ -366,3 +366,359 @@ fn subvolume_unprivileged_caller_refused() {
     let out = as_nobody(&["subvolume", "get-default", s(&mnt)]);
     assert_eq!(text(&out.stdout), "ID 5 (FS_TREE)\n");
 }
+
+/// `len` bytes that differ for each `seed`.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+/// The names in `dir`, sorted (what `ls` shows).
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[track_caller]
+fn assert_erofs<T: std::fmt::Debug>(r: std::io::Result<T>) {
+    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+}
+
+/// Free blocks of the filesystem at `p` (statvfs `f_bfree`, in `f_frsize`
+/// units).
+fn free_blocks(p: &Path) -> u64 {
+    let c = std::ffi::CString::new(s(p)).unwrap();
+    // SAFETY: statvfs fills the zeroed struct it is given.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bfree
+}
+
+/// Snapshots of the top level and of a subvolume holding files with data
+/// (docs/SNAPSHOTS.md (c), (g)): each reads back identical to its source;
+/// later changes on either side do not reach the other; `-r` makes one
+/// that refuses every change with EROFS; what is wrong is named.
+#[test]
+fn subvolume_snapshot_copies_data_and_keeps_it_apart() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("subvol-snapshot");
+    let mnt = fx.mnt.clone();
+    let top_file = pattern(300_000, 1);
+    fs::write(fx.path("top"), &top_file).unwrap();
+    fs::create_dir(fx.path("d")).unwrap();
+    fs::write(fx.path("d/small"), b"inline").unwrap();
+    let sv = fx.path("sv");
+    ok(&["subvolume", "create", s(&sv)]);
+    let (big, small) = (pattern(1 << 20, 2), pattern(5000, 3));
+    fs::write(sv.join("big"), &big).unwrap();
+    fs::write(sv.join("small"), &small).unwrap();
+    fs::create_dir(sv.join("dir")).unwrap();
+
+    // The top level, into itself: the nested subvolume is left out.
+    assert_eq!(
+        ok(&["subvolume", "snapshot", s(&mnt), s(&fx.path("top-snap"))]),
+        format!(
+            "Create a snapshot of '{}' in '{}/top-snap'\n",
+            mnt.display(),
+            mnt.display()
+        )
+    );
+    assert_eq!(names(&fx.path("top-snap")), ["d", "top"]);
+    assert!(fs::read(fx.path("top-snap/top")).unwrap() == top_file);
+    assert_eq!(fs::read(fx.path("top-snap/d/small")).unwrap(), b"inline");
+    let meta = fs::metadata(fx.path("top-snap")).unwrap();
+    assert_eq!(meta.ino(), 257 << INO_BITS | 256, "a subvolume's root");
+
+    // A subvolume, into an existing directory: under the source's name.
+    fs::create_dir(fx.path("snaps")).unwrap();
+    assert_eq!(
+        ok(&["subvolume", "snapshot", s(&sv), s(&fx.path("snaps"))]),
+        format!(
+            "Create a snapshot of '{}' in '{}/snaps/sv'\n",
+            sv.display(),
+            mnt.display()
+        )
+    );
+    let snap = fx.path("snaps/sv");
+    assert_eq!(names(&snap), ["big", "dir", "small"]);
+    assert!(fs::read(snap.join("big")).unwrap() == big);
+    assert!(fs::read(snap.join("small")).unwrap() == small);
+
+    // Changes on either side stay there.
+    fs::write(sv.join("big"), pattern(1 << 20, 4)).unwrap();
+    fs::remove_file(sv.join("small")).unwrap();
+    fs::write(snap.join("only-in-snap"), b"x").unwrap();
+    assert!(fs::read(snap.join("big")).unwrap() == big);
+    assert!(fs::read(snap.join("small")).unwrap() == small);
+    assert!(!sv.join("only-in-snap").exists());
+    fs::write(fx.path("top"), b"changed").unwrap();
+    assert!(fs::read(fx.path("top-snap/top")).unwrap() == top_file);
+
+    // Read-only: every change refused, reads as the source.
+    let ro = fx.path("ro");
+    assert_eq!(
+        ok(&["subvolume", "snapshot", "-r", s(&snap), s(&ro)]),
+        format!(
+            "Create a readonly snapshot of '{}' in '{}/ro'\n",
+            snap.display(),
+            mnt.display()
+        )
+    );
+    assert!(fs::read(ro.join("big")).unwrap() == big);
+    assert_eq!(ok(&["property", "get", s(&ro), "ro"]), "ro=true\n");
+    // The open itself succeeds in the no-open mode (the kernel sends no
+    // OPEN); the write is refused.
+    assert_erofs(
+        fs::OpenOptions::new()
+            .write(true)
+            .open(ro.join("big"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"x")),
+    );
+    assert_erofs(fs::File::create(ro.join("big")));
+    assert_erofs(fs::File::create(ro.join("new")));
+    assert_erofs(fs::create_dir(ro.join("dir/new")));
+    assert_erofs(fs::remove_file(ro.join("small")));
+    let err = fails(&["subvolume", "snapshot", s(&sv), s(&ro.join("in-ro"))]);
+    assert!(err.contains("read-only"), "{err}");
+    // A snapshot of the read-only one is writable.
+    ok(&["subvolume", "snapshot", s(&ro), s(&fx.path("rw"))]);
+    fs::write(fx.path("rw/new"), b"ok").unwrap();
+
+    // The list knows them as snapshots (a parent uuid).
+    let snapshots = ok(&["subvolume", "list", "-s", s(&mnt)]);
+    let paths: Vec<&str> = snapshots
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap())
+        .collect();
+    assert_eq!(paths, ["top-snap", "snaps/sv", "ro", "rw"], "{snapshots}");
+
+    // What is wrong, named.
+    let err = fails(&["subvolume", "snapshot", s(&fx.path("d")), s(&fx.path("x"))]);
+    assert!(
+        err.contains(&format!("not a subvolume: {}", fx.path("d").display())),
+        "{err}"
+    );
+    let err = fails(&["subvolume", "snapshot", s(&sv), s(&fx.path("snaps"))]);
+    assert!(err.contains("target path already exists"), "{err}");
+    let err = fails(&["subvolume", "snapshot", s(&sv), s(&fx.path("top"))]);
+    assert!(err.contains("exists and it is not a directory"), "{err}");
+    let err = fails(&["subvolume", "snapshot", s(&sv), s(&fx.path("missing/x"))]);
+    assert!(err.contains("cannot access"), "{err}");
+
+    // Durable: a snapshot commits before the command returns.
+    fx.unmount();
+    fx.assert_clean();
+    fx.mount();
+    assert!(fs::read(fx.path("snaps/sv/big")).unwrap() == big);
+    assert!(fs::read(fx.path("top-snap/top")).unwrap() == top_file);
+    assert_erofs(fs::File::create(ro.join("new")));
+}
+
+/// `subvolume delete` (docs/SNAPSHOTS.md (d)): the name vanishes at once
+/// from what the kernel shows (its cached dentry is invalidated); after a
+/// remount it stays gone, the deleted tree is reported by check as a
+/// deletion in progress, and once the cleaner is done (`subvolume sync`)
+/// the snapshot's own blocks are free again.
+#[test]
+fn subvolume_delete_removes_the_name_and_frees_the_space() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("subvol-delete");
+    let mnt = fx.mnt.clone();
+    let sv = fx.path("sv");
+    ok(&["subvolume", "create", s(&sv)]);
+    let data = pattern(4 << 20, 5);
+    fs::write(sv.join("f"), &data).unwrap();
+    fx.sync();
+    ok(&["subvolume", "snapshot", s(&sv), s(&fx.path("s"))]);
+    // The snapshot's own 8 MiB: its copy of f rewritten, and a new file.
+    fs::write(fx.path("s/f"), pattern(4 << 20, 6)).unwrap();
+    fs::write(fx.path("s/g"), pattern(4 << 20, 7)).unwrap();
+    fx.sync();
+    let before = free_blocks(&mnt);
+    // The kernel has the name and its inode cached.
+    assert_eq!(names(&mnt), ["s", "sv"]);
+    assert!(fx.path("s/f").is_file());
+
+    let s_path = fx.path("s");
+    assert_eq!(
+        ok(&["subvolume", "delete", s(&s_path)]),
+        format!("Delete subvolume 257 (no-commit): '{}/s'\n", mnt.display())
+    );
+    assert_eq!(names(&mnt), ["sv"]);
+    assert_eq!(
+        fs::symlink_metadata(&s_path).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+    assert!(
+        fs::read(sv.join("f")).unwrap() == data,
+        "the source is intact"
+    );
+    fx.sync();
+
+    // Gone after a remount; the drop is a deletion in progress, not a fault
+    // (commit=0: no background worker ran the cleaner).
+    fx.unmount();
+    let report = fx.check().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        report.contains("deleted subvolume 257: being dropped"),
+        "{report}"
+    );
+    fx.mount();
+    assert_eq!(names(&mnt), ["sv"]);
+    ok(&["subvolume", "sync", s(&mnt)]);
+    // What the cleaner freed is pinned until two commits are durable.
+    fx.sync();
+    fx.sync();
+    let after = free_blocks(&mnt);
+    let freed = after.saturating_sub(before) * 4096;
+    assert!(
+        freed >= 8 << 20,
+        "{freed} bytes freed by the deletion of 8 MiB ({before} -> {after} free blocks)"
+    );
+    assert!(fs::read(sv.join("f")).unwrap() == data);
+    let listed = ok(&["subvolume", "list", s(&mnt)]);
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+}
+
+/// What delete refuses, as btrfs: a subvolume holding other subvolumes
+/// (ENOTEMPTY), the default subvolume (EPERM), one in a read-only parent
+/// (EROFS), a directory that is no subvolume; -C commits each, and one
+/// refused path does not stop the others.
+#[test]
+fn subvolume_delete_refuses_what_btrfs_refuses() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("subvol-delete-refused");
+    let mnt = fx.mnt.clone();
+    let a = fx.path("a");
+    ok(&["subvolume", "create", s(&a)]);
+    ok(&["subvolume", "create", s(&a.join("inner"))]);
+    let err = fails(&["subvolume", "delete", s(&a)]);
+    assert!(
+        err.contains(&format!(
+            "cannot delete '{}': it holds other subvolumes",
+            a.display()
+        )),
+        "{err}"
+    );
+    ok(&["subvolume", "set-default", s(&a.join("inner"))]);
+    let err = fails(&["subvolume", "delete", s(&a.join("inner"))]);
+    assert!(err.contains("it is the default subvolume"), "{err}");
+    ok(&["subvolume", "set-default", "0", s(&mnt)]);
+    ok(&["property", "set", s(&a), "ro", "true"]);
+    let err = fails(&["subvolume", "delete", s(&a.join("inner"))]);
+    assert!(err.contains("read-only"), "{err}");
+    ok(&["property", "set", s(&a), "ro", "false"]);
+    fs::create_dir(fx.path("plain")).unwrap();
+    let err = fails(&["subvolume", "delete", s(&fx.path("plain"))]);
+    assert!(
+        err.contains(&format!("not a subvolume: {}", fx.path("plain").display())),
+        "{err}"
+    );
+    assert!(fails(&["subvolume", "delete", s(&fx.path("nope"))]).contains("cannot access"));
+    assert!(fx.path("a/inner").is_dir() && fx.path("plain").is_dir());
+
+    // -C: each deletion committed; the refused middle path is reported
+    // and the last is still deleted.
+    ok(&["subvolume", "create", s(&fx.path("b"))]);
+    let out = birch(&[
+        "subvolume",
+        "delete",
+        "-C",
+        s(&a.join("inner")),
+        s(&fx.path("plain")),
+        s(&fx.path("b")),
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stdout),
+        format!(
+            "Delete subvolume 257 (commit): '{}/inner'\n\
+             Delete subvolume 258 (commit): '{}/b'\n",
+            a.display(),
+            mnt.display()
+        )
+    );
+    assert!(text(&out.stderr).contains("not a subvolume"));
+    assert_eq!(names(&mnt), ["a", "plain"]);
+    ok(&["subvolume", "delete", "-c", s(&a)]);
+    assert_eq!(names(&mnt), ["plain"]);
+    // Committed: a power cut now keeps them deleted.
+    fx.power_cut();
+    fx.mount();
+    assert_eq!(names(&mnt), ["plain"]);
+    ok(&["subvolume", "sync", s(&mnt)]);
+}
+
+/// Who may snapshot and delete (docs/SNAPSHOTS.md (g), as btrfs): a
+/// snapshot needs write and search permission on the destination and
+/// ownership of the source subvolume (root may always); delete needs root
+/// or the mount's owner (btrfs without `user_subvol_rm_allowed`).
+#[test]
+fn subvolume_snapshot_and_delete_unprivileged_refused() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = fixture("subvol-snap-perm");
+    let mnt = fx.mnt.clone();
+    fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    let roots = fx.path("roots");
+    ok(&["subvolume", "create", s(&roots)]);
+    let open = fx.path("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let refused = |args: &[&str], message: &str| {
+        let out = as_nobody(args);
+        assert!(!out.status.success(), "{args:?} succeeded as nobody");
+        let err = text(&out.stderr);
+        assert!(err.contains(message), "{args:?}: {err}");
+    };
+    // Root's subvolumes, even into a directory anyone may write.
+    refused(
+        &["subvolume", "snapshot", s(&roots), s(&open.join("x"))],
+        "permission denied",
+    );
+    refused(
+        &["subvolume", "snapshot", s(&mnt), s(&open.join("y"))],
+        "permission denied",
+    );
+    // Its own subvolume: into a writable directory, not into root's.
+    let out = as_nobody(&["subvolume", "create", s(&open.join("mine"))]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = as_nobody(&[
+        "subvolume",
+        "snapshot",
+        s(&open.join("mine")),
+        s(&open.join("mine-snap")),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let meta = fs::metadata(open.join("mine-snap")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (NOBODY, NOBODY));
+    refused(
+        &[
+            "subvolume",
+            "snapshot",
+            s(&open.join("mine")),
+            s(&fx.path("z")),
+        ],
+        "permission denied",
+    );
+    // Delete: root only, even of its own subvolume.
+    refused(
+        &["subvolume", "delete", s(&open.join("mine-snap"))],
+        "permission denied",
+    );
+    assert!(open.join("mine-snap").is_dir());
+    ok(&["subvolume", "delete", s(&open.join("mine-snap"))]);
+    assert_eq!(names(&open), ["mine"]);
+}

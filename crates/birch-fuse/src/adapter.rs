@@ -358,6 +358,7 @@ enum IoctlAccess {
     Administrator,
     /// The handler checks the caller against the inode, as btrfs does:
     /// subvolume create needs write and search permission on the
+    /// directory, a snapshot that and ownership of the source's root
     /// directory, setting the read-only flag ownership of the subvolume's
     /// root directory, a directory's path from INO_LOOKUP CAP_SYS_ADMIN.
     CheckedByBirch,
@@ -365,11 +366,13 @@ enum IoctlAccess {
 
 fn ioctl_access(cmd: u32) -> IoctlAccess {
     match cmd {
-        XFS_IOC_GOINGDOWN | BIRCH_IOC_SCRUB | subvol::BTRFS_IOC_DEFAULT_SUBVOL => {
-            IoctlAccess::Administrator
-        }
+        XFS_IOC_GOINGDOWN
+        | BIRCH_IOC_SCRUB
+        | subvol::BTRFS_IOC_DEFAULT_SUBVOL
+        | subvol::BTRFS_IOC_SNAP_DESTROY => IoctlAccess::Administrator,
         FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR => IoctlAccess::CheckedByKernel,
         subvol::BTRFS_IOC_SUBVOL_CREATE
+        | subvol::BIRCH_IOC_SNAP_CREATE
         | subvol::BTRFS_IOC_SUBVOL_SETFLAGS
         | subvol::BTRFS_IOC_INO_LOOKUP => IoctlAccess::CheckedByBirch,
         _ => IoctlAccess::Anyone,
@@ -725,6 +728,38 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         }
     }
 
+    /// Makes the kernel drop its dentry of `name` in directory `dir`
+    /// (FUSE_NOTIFY_INVAL_ENTRY) after a subvolume ioctl added or removed
+    /// that name behind its back. The kernel takes `dir`'s inode lock to
+    /// do it. The ioctl's caller does not hold it (vfs_ioctl takes no
+    /// inode lock), but another caller may, in a request on `dir` (a
+    /// mkdir, a lookup) waiting for a daemon thread: with every thread
+    /// here waiting on the lock, nothing would answer it. So the
+    /// notification goes from a thread of its own, and the reply waits
+    /// for it at most a second: normally the name is gone from the
+    /// kernel's cache before the caller's next `ls`.
+    fn forget_cached_entry(&self, dir: u64, name: &[u8]) {
+        let Some(notifier) = self.notifier.get().cloned() else {
+            return;
+        };
+        let parent = self.ids.to_fuse(dir);
+        let name = name.to_vec();
+        let fsname = self.options.fsname.clone();
+        let (done, sent) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            match notifier.inval_entry(parent, OsStr::from_bytes(&name)) {
+                // ENOENT: the kernel holds nothing of the name.
+                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => eprintln!(
+                    "birch: {fsname}: \"{}\" in directory {dir}: cannot invalidate the kernel's cached entry: {e}",
+                    String::from_utf8_lossy(&name)
+                ),
+                _ => {}
+            }
+            let _ = done.send(());
+        });
+        let _ = sent.recv_timeout(Duration::from_secs(1));
+    }
+
     /// A write removes `security.capability`, as the kernel's
     /// file_remove_privs() does for any writer, privileged or not
     /// (cap_inode_killpriv): a file changed by someone else must not keep
@@ -780,10 +815,50 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                     .map_err(errno)?;
                 // The kernel may hold "no such name" for it, and the
                 // parent's old size, nlink and times.
-                if let Some(notifier) = self.notifier.get() {
-                    let _ = notifier.inval_entry(self.ids.to_fuse(ino), OsStr::from_bytes(name));
-                }
+                self.forget_cached_entry(ino, name);
                 self.forget_cached_attributes(ino);
+                Ok(Vec::new())
+            })(),
+            subvol::BIRCH_IOC_SNAP_CREATE => (|| {
+                let args = subvol::SnapArgs::decode(in_data).map_err(Errno::from_i32)?;
+                // An id past the subvolume range would alias another
+                // subvolume's root in the external number.
+                if !tree_id::is_subvolume(args.source) {
+                    return Err(Errno::ENOENT);
+                }
+                self.follow_remount();
+                let dest = self.fs.getattr(ino).map_err(errno)?;
+                if !may_write_and_search(req, &dest) {
+                    return Err(Errno::EACCES);
+                }
+                // btrfs: inode_owner_or_capable on the source's root
+                // directory (its caller holds an fd of it; here the id
+                // stands for the fd, so ownership is all that is checked).
+                let source_root = InoSpace::join(args.source, ROOT_DIR_INO);
+                let owner = self.fs.getattr(source_root).map_err(errno)?.uid;
+                if req.uid() != owner && !may_administer(req.uid(), self.owner) {
+                    return Err(Errno::EPERM);
+                }
+                self.fs
+                    .create_snapshot(args.source, ino, args.name, args.readonly)
+                    .map_err(errno)?;
+                self.forget_cached_entry(ino, args.name);
+                self.forget_cached_attributes(ino);
+                Ok(Vec::new())
+            })(),
+            subvol::BTRFS_IOC_SNAP_DESTROY => (|| {
+                let name = vol_args_name(in_data)?;
+                self.follow_remount();
+                self.fs.delete_subvolume(ino, name).map_err(errno)?;
+                // The kernel's dentry would keep showing the name (and
+                // its cached inodes answer stat) until it expires.
+                self.forget_cached_entry(ino, name);
+                self.forget_cached_attributes(ino);
+                Ok(Vec::new())
+            })(),
+            subvol::BIRCH_IOC_SUBVOL_SYNC => (|| {
+                self.follow_remount();
+                while self.fs.run_cleaner().map_err(errno)? {}
                 Ok(Vec::new())
             })(),
             subvol::BTRFS_IOC_SUBVOL_GETFLAGS => (|| {
@@ -1883,6 +1958,7 @@ mod tests {
             XFS_IOC_GOINGDOWN,
             BIRCH_IOC_SCRUB,
             subvol::BTRFS_IOC_DEFAULT_SUBVOL,
+            subvol::BTRFS_IOC_SNAP_DESTROY,
         ] {
             assert_eq!(ioctl_access(cmd), IoctlAccess::Administrator);
         }
@@ -1893,6 +1969,7 @@ mod tests {
             FS_IOC_FSGETXATTR,
             subvol::BIRCH_IOC_SUBVOL_LIST,
             subvol::BIRCH_IOC_GET_DEFAULT_SUBVOL,
+            subvol::BIRCH_IOC_SUBVOL_SYNC,
             subvol::BTRFS_IOC_SUBVOL_GETFLAGS,
         ] {
             assert_eq!(ioctl_access(cmd), IoctlAccess::Anyone);

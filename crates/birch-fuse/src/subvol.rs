@@ -27,6 +27,9 @@ pub const BTRFS_INO_LOOKUP_ARGS_SIZE: usize = 4096;
 /// `_IOW(0x94, 14, struct btrfs_ioctl_vol_args)`, on the parent directory:
 /// create subvolume `name` in it.
 pub const BTRFS_IOC_SUBVOL_CREATE: u32 = ioc(IOC_WRITE, BTRFS_IOCTL_MAGIC, 14, BTRFS_VOL_ARGS_SIZE);
+/// `_IOW(0x94, 15, struct btrfs_ioctl_vol_args)`, on the parent directory:
+/// delete the subvolume linked as `name` in it (docs/SNAPSHOTS.md (d)).
+pub const BTRFS_IOC_SNAP_DESTROY: u32 = ioc(IOC_WRITE, BTRFS_IOCTL_MAGIC, 15, BTRFS_VOL_ARGS_SIZE);
 /// `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)`: the id of the
 /// subvolume of the fd (`treeid` 0 asks for it) and the path of directory
 /// `objectid` in tree `treeid`, from its root, ending in '/' ("" for 256).
@@ -55,6 +58,72 @@ pub const BIRCH_IOC_SUBVOL_LIST: u32 = ioc(IOC_READ | IOC_WRITE, b'b', 4, BIRCH_
 /// `_IOR('b', 5, __u64)`: the default subvolume's id (btrfs-progs reads
 /// it with a tree search).
 pub const BIRCH_IOC_GET_DEFAULT_SUBVOL: u32 = ioc(IOC_READ, b'b', 5, 8);
+
+/// [`BIRCH_IOC_SNAP_CREATE`]'s argument: `__u64 source` (the source
+/// subvolume's id), `__u64 flags` ([`BTRFS_SUBVOL_RDONLY`] the only one),
+/// `char name[4080]` (NUL-terminated). btrfs's `BTRFS_IOC_SNAP_CREATE_V2`
+/// carries the source as a file descriptor, which means nothing in the
+/// daemon's process: a FUSE ioctl moves bytes, not descriptors.
+pub const BIRCH_SNAP_ARGS_SIZE: usize = 4096;
+/// `_IOW('b', 6, struct birch_snap_args)`, on the destination directory:
+/// snapshot subvolume `source` as `name` in it.
+pub const BIRCH_IOC_SNAP_CREATE: u32 = ioc(IOC_WRITE, b'b', 6, BIRCH_SNAP_ARGS_SIZE);
+
+/// `_IO('b', 7)`: returns once the cleaner has dropped every deleted
+/// subvolume (`birch subvolume sync`; btrfs-progs polls with a tree
+/// search). The cleaner runs in the caller's request, a bounded
+/// transaction at a time, also on a mount without a background worker
+/// (`commit=0`).
+pub const BIRCH_IOC_SUBVOL_SYNC: u32 = ioc(0, b'b', 7, 0);
+
+/// A decoded [`BIRCH_IOC_SNAP_CREATE`] argument.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SnapArgs<'a> {
+    pub source: u64,
+    pub readonly: bool,
+    pub name: &'a [u8],
+}
+
+impl<'a> SnapArgs<'a> {
+    /// The argument's bytes, or None when `name` does not fit with its
+    /// NUL.
+    pub fn encode(source: u64, readonly: bool, name: &[u8]) -> Option<Vec<u8>> {
+        let mut out = vec![0u8; BIRCH_SNAP_ARGS_SIZE];
+        if name.len() >= BIRCH_SNAP_ARGS_SIZE - 16 {
+            return None;
+        }
+        out[..8].copy_from_slice(&source.to_ne_bytes());
+        out[8..16].copy_from_slice(&btrfs_flags(readonly).to_ne_bytes());
+        out[16..16 + name.len()].copy_from_slice(name);
+        Some(out)
+    }
+
+    /// EINVAL for a short argument, a name without its NUL, empty or with
+    /// a '/'; EOPNOTSUPP for a flag other than read-only (btrfs's answers).
+    pub fn decode(bytes: &'a [u8]) -> Result<Self, i32> {
+        let word = |at: usize| {
+            bytes
+                .get(at..at + 8)
+                .map(|b| u64::from_ne_bytes(b.try_into().expect("eight bytes")))
+                .ok_or(libc::EINVAL)
+        };
+        let (source, flags) = (word(0)?, word(8)?);
+        if flags & !BTRFS_SUBVOL_RDONLY != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let field = bytes.get(16..BIRCH_SNAP_ARGS_SIZE).ok_or(libc::EINVAL)?;
+        let len = field.iter().position(|&b| b == 0).ok_or(libc::EINVAL)?;
+        let name = &field[..len];
+        if name.is_empty() || name.contains(&b'/') {
+            return Err(libc::EINVAL);
+        }
+        Ok(SnapArgs {
+            source,
+            readonly: flags & BTRFS_SUBVOL_RDONLY != 0,
+            name,
+        })
+    }
+}
 
 /// One subvolume as `birch subvolume list` and `show` print it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,6 +449,30 @@ mod tests {
         assert_eq!(BTRFS_IOC_DEFAULT_SUBVOL, 0x4008_9413);
         assert_eq!(BTRFS_IOC_SUBVOL_GETFLAGS, 0x8008_9419);
         assert_eq!(BTRFS_IOC_SUBVOL_SETFLAGS, 0x4008_941a);
+        assert_eq!(BTRFS_IOC_SNAP_DESTROY, 0x5000_940f);
+    }
+
+    #[test]
+    fn snapshot_arguments_round_trip_and_refuse_bad_input() {
+        let bytes = SnapArgs::encode(257, true, b"snap").unwrap();
+        let expected = SnapArgs {
+            source: 257,
+            readonly: true,
+            name: b"snap",
+        };
+        assert_eq!(SnapArgs::decode(&bytes), Ok(expected));
+        assert_eq!(SnapArgs::decode(&bytes[..100]), Err(libc::EINVAL));
+        let mut flags = bytes.clone();
+        flags[8] |= 1;
+        assert_eq!(SnapArgs::decode(&flags), Err(libc::EOPNOTSUPP));
+        for name in [&b""[..], b"a/b"] {
+            let bytes = SnapArgs::encode(5, false, name).unwrap();
+            assert_eq!(SnapArgs::decode(&bytes), Err(libc::EINVAL));
+        }
+        let mut no_nul = vec![b'x'; BIRCH_SNAP_ARGS_SIZE];
+        no_nul[..16].fill(0);
+        assert_eq!(SnapArgs::decode(&no_nul), Err(libc::EINVAL));
+        assert!(SnapArgs::encode(5, false, &[b'x'; BIRCH_SNAP_ARGS_SIZE - 16]).is_none());
     }
 
     #[test]

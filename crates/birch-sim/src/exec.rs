@@ -55,6 +55,7 @@ pub fn errno_name(e: Errno) -> String {
         libc::EIO => "EIO",
         libc::EROFS => "EROFS",
         libc::EXDEV => "EXDEV",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
         _ => return format!("errno {e}"),
     };
     name.to_string()
@@ -113,6 +114,22 @@ pub trait Backend {
     /// Close and reopen; open handles are dropped without a release (their
     /// unlinked inodes become orphans the reopen cleans up).
     fn remount(&mut self) -> Step<()>;
+    /// Subvolume ops (docs/SNAPSHOTS.md): a backend without subvolumes
+    /// (the host kernel's tmpfs) stops the run if a workload asks.
+    fn create_subvolume(&mut self, path: &Path) -> Step<Outcome> {
+        Err(format!("no subvolumes here: subvolume create {path:?}"))
+    }
+    fn snapshot(&mut self, source: &Path, dest: &Path, readonly: bool) -> Step<Outcome> {
+        Err(format!(
+            "no subvolumes here: snapshot {source:?} {dest:?} (read-only {readonly})"
+        ))
+    }
+    fn delete_subvolume(&mut self, path: &Path) -> Step<Outcome> {
+        Err(format!("no subvolumes here: subvolume delete {path:?}"))
+    }
+    fn cleaner(&mut self) -> Step<Outcome> {
+        Err("no subvolumes here: cleaner".into())
+    }
 }
 
 /// A backend and its open handle slots.
@@ -257,6 +274,14 @@ impl<B: Backend> Executor<B> {
                 self.backend.fsync(&ino, false)
             }
             Op::Sync => b.sync(),
+            Op::CreateSubvolume { path } => b.create_subvolume(path),
+            Op::Snapshot {
+                source,
+                dest,
+                readonly,
+            } => b.snapshot(source, dest, *readonly),
+            Op::DeleteSubvolume { path } => b.delete_subvolume(path),
+            Op::Cleaner => b.cleaner(),
             Op::Remount => {
                 b.remount()?;
                 self.handles.iter_mut().for_each(|h| *h = None);
@@ -264,6 +289,23 @@ impl<B: Backend> Executor<B> {
             }
         }
     }
+}
+
+/// ENOENT for an inode of a deleted subvolume (an open handle into it),
+/// then EROFS in a read-only subvolume when the op changes it: the
+/// engine resolves an inode's subvolume before anything else.
+macro_rules! live {
+    ($model:ident, $ino:expr) => {
+        if $model.is_dead(*$ino) {
+            return Ok(Err(libc::ENOENT));
+        }
+    };
+    ($model:ident, $ino:expr, change) => {
+        live!($model, $ino);
+        if let Err(e) = $model.check_writable(*$ino) {
+            return Ok(Err(e));
+        }
+    };
 }
 
 /// The reference model as a backend: it walks paths itself, and its
@@ -302,19 +344,24 @@ impl Backend for Model {
         Ok(Model::rename(self, from, to, flags).map(|_| Ret::Unit))
     }
     fn write(&mut self, ino: &MIno, offset: u64, data: &[u8]) -> Step<Outcome> {
+        live!(self, ino);
         Ok(Model::write(self, *ino, offset, data).map(Ret::Len))
     }
     fn truncate(&mut self, ino: &MIno, size: u64) -> Step<Outcome> {
+        live!(self, ino, change);
         Ok(Model::truncate(self, *ino, size).map(|_| Ret::Unit))
     }
     fn read(&mut self, ino: &MIno, offset: u64, len: usize) -> Step<Outcome> {
+        live!(self, ino);
         Ok(Model::read(self, *ino, offset, len).map(Ret::Data))
     }
     fn chmod(&mut self, ino: &MIno, perm: u32) -> Step<Outcome> {
+        live!(self, ino, change);
         Model::chmod(self, *ino, perm);
         Ok(Ok(Ret::Attr(self.getattr(*ino))))
     }
     fn chown(&mut self, ino: &MIno, uid: Option<u32>, gid: Option<u32>) -> Step<Outcome> {
+        live!(self, ino, change);
         Model::chown(self, *ino, uid, gid);
         Ok(Ok(Ret::Attr(self.getattr(*ino))))
     }
@@ -325,24 +372,31 @@ impl Backend for Model {
         value: &[u8],
         mode: XattrMode,
     ) -> Step<Outcome> {
+        live!(self, ino, change);
         Ok(Model::setxattr(self, *ino, name, value, mode).map(|_| Ret::Unit))
     }
     fn removexattr(&mut self, ino: &MIno, name: &[u8]) -> Step<Outcome> {
+        live!(self, ino, change);
         Ok(Model::removexattr(self, *ino, name).map(|_| Ret::Unit))
     }
     fn getxattr(&mut self, ino: &MIno, name: &[u8]) -> Step<Outcome> {
+        live!(self, ino);
         Ok(Model::getxattr(self, *ino, name).map(Ret::Data))
     }
     fn listxattr(&mut self, ino: &MIno) -> Step<Outcome> {
+        live!(self, ino);
         Ok(Ok(Ret::Names(Model::listxattr(self, *ino))))
     }
     fn stat(&mut self, ino: &MIno) -> Step<Outcome> {
+        live!(self, ino);
         Ok(Ok(Ret::Attr(self.getattr(*ino))))
     }
     fn readdir(&mut self, ino: &MIno) -> Step<Outcome> {
+        live!(self, ino);
         Ok(Model::readdir(self, *ino).map(Ret::Dir))
     }
     fn readlink(&mut self, ino: &MIno) -> Step<Outcome> {
+        live!(self, ino);
         Ok(Model::readlink(self, *ino).map(Ret::Data))
     }
     fn open(&mut self, ino: &MIno) -> Step<Result<MIno, Errno>> {
@@ -350,10 +404,13 @@ impl Backend for Model {
         Ok(Ok(*ino))
     }
     fn release(&mut self, handle: &MIno) -> Step<()> {
-        Model::release(self, *handle);
+        if !self.is_dead(*handle) {
+            Model::release(self, *handle);
+        }
         Ok(())
     }
-    fn fsync(&mut self, _: &MIno, _: bool) -> Step<Outcome> {
+    fn fsync(&mut self, ino: &MIno, _: bool) -> Step<Outcome> {
+        live!(self, ino);
         Ok(Ok(Ret::Unit))
     }
     fn sync(&mut self) -> Step<Outcome> {
@@ -362,5 +419,17 @@ impl Backend for Model {
     fn remount(&mut self) -> Step<()> {
         self.release_all();
         Ok(())
+    }
+    fn create_subvolume(&mut self, path: &Path) -> Step<Outcome> {
+        Ok(Model::create_subvolume(self, path).map(|_| Ret::Unit))
+    }
+    fn snapshot(&mut self, source: &Path, dest: &Path, readonly: bool) -> Step<Outcome> {
+        Ok(Model::snapshot(self, source, dest, readonly).map(|_| Ret::Unit))
+    }
+    fn delete_subvolume(&mut self, path: &Path) -> Step<Outcome> {
+        Ok(Model::delete_subvolume(self, path).map(|_| Ret::Unit))
+    }
+    fn cleaner(&mut self) -> Step<Outcome> {
+        Ok(Ok(Ret::Unit))
     }
 }

@@ -79,11 +79,12 @@ impl<D: BlockDevice + 'static> Engine<D> {
         self.fs.as_ref().expect("filesystem is open")
     }
 
-    /// An engine error as the errno a system call returns; EIO and EROFS
-    /// are failures of the run, never an expected result.
+    /// An engine error as the errno a system call returns; EIO is a
+    /// failure of the run, never an expected result. (EROFS is expected
+    /// in a read-only snapshot; the model says where.)
     fn errno(&self, e: birch::Error) -> Step<Errno> {
         match e.errno() {
-            libc::EIO | libc::EROFS => Err(format!("engine failed: {e}")),
+            libc::EIO => Err(format!("engine failed: {e}")),
             n => Ok(n),
         }
     }
@@ -287,10 +288,13 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
             .map_err(|e| format!("open_inode({ino}): {e}"))?;
         Ok(Ok(*ino))
     }
+    /// A handle into a deleted subvolume is stale: its release finds
+    /// nothing (ENOENT), which is no failure.
     fn release(&mut self, handle: &u64) -> Step<()> {
-        self.fs()
-            .release(*handle)
-            .map_err(|e| format!("release({handle}): {e}"))
+        match self.fs().release(*handle) {
+            Err(e) if e.errno() == libc::ENOENT => Ok(()),
+            r => r.map_err(|e| format!("release({handle}): {e}")),
+        }
     }
     fn fsync(&mut self, ino: &u64, datasync: bool) -> Step<Outcome> {
         self.result(self.fs().fsync(*ino, datasync), |_| Ret::Unit)
@@ -312,7 +316,45 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
         );
         Ok(())
     }
+    fn create_subvolume(&mut self, path: &Path) -> Step<Outcome> {
+        let (dir, name) = parent!(self, path);
+        self.result(self.fs().create_subvolume(dir, name, 0, 0), |_| Ret::Unit)
+    }
+    /// The source is named by its root directory's path, as the CLI
+    /// `stat`s it: the subvolume of an external number whose inode part
+    /// is the root directory (256); EINVAL for anything else.
+    fn snapshot(&mut self, source: &Path, dest: &Path, readonly: bool) -> Step<Outcome> {
+        let ino = match self.walk(source)? {
+            Ok(i) => i,
+            Err(e) => return Ok(Err(e)),
+        };
+        let (id, inner) = (ino >> SUBVOL_SHIFT, ino & ((1 << SUBVOL_SHIFT) - 1));
+        let id = if id == 0 { TOP_LEVEL } else { id };
+        if inner != self.fs().root_ino() {
+            return Ok(Err(libc::EINVAL));
+        }
+        let (dir, name) = parent!(self, dest);
+        self.result(self.fs().create_snapshot(id, dir, name, readonly), |_| {
+            Ret::Unit
+        })
+    }
+    fn delete_subvolume(&mut self, path: &Path) -> Step<Outcome> {
+        if path.is_empty() {
+            return Ok(Err(libc::EBUSY));
+        }
+        let (dir, name) = parent!(self, path);
+        self.result(self.fs().delete_subvolume(dir, name), |_| Ret::Unit)
+    }
+    fn cleaner(&mut self) -> Step<Outcome> {
+        self.result(self.fs().run_cleaner(), |_| Ret::Unit)
+    }
 }
+
+/// The external inode number carries the subvolume id above this bit
+/// (docs/SNAPSHOTS.md (a), "Inode numbers"); tree 5's numbers have none.
+const SUBVOL_SHIFT: u32 = 40;
+/// The top-level subvolume's tree id.
+const TOP_LEVEL: u64 = 5;
 
 /// The engine and the model, driven together.
 pub struct Sim<D: BlockDevice + 'static> {

@@ -21,7 +21,7 @@
 //! model, [`crate::extract::engine_view`] from a live `Filesystem`, and
 //! [`diff_views`] names the first path where two differ.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 /// Longest name (bytes).
@@ -47,6 +47,11 @@ pub type MIno = u64;
 
 /// The root directory's model inode number.
 pub const ROOT: MIno = 1;
+
+/// The top-level subvolume's id (the engine's tree 5; the model numbers
+/// the subvolumes it creates from 256 on, in its own order, and never
+/// compares them with the engine's ids).
+pub const TOP_SUBVOL: u64 = 5;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
@@ -221,6 +226,10 @@ pub struct Inode {
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Open handles; an inode with no names lives while this is non-zero.
     pub open: u32,
+    /// The subvolume the inode belongs to. An entry whose inode is in
+    /// another subvolume than its directory is a subvolume link, and that
+    /// inode is the subvolume's root directory.
+    pub subvol: u64,
 }
 
 impl Inode {
@@ -272,11 +281,25 @@ impl AttrView {
     }
 }
 
+/// A subvolume of the model (docs/SNAPSHOTS.md): its root directory and
+/// whether it refuses changes.
+#[derive(Clone, Debug)]
+pub struct Subvol {
+    pub root: MIno,
+    pub readonly: bool,
+}
+
 /// The reference filesystem.
 #[derive(Clone, Debug)]
 pub struct Model {
     inodes: HashMap<MIno, Inode>,
     next: MIno,
+    /// Live subvolumes by model id, the top level (5) included.
+    subvols: BTreeMap<u64, Subvol>,
+    next_subvol: u64,
+    /// Inodes of deleted subvolumes: an open handle on one gets ENOENT,
+    /// as the engine's do (docs/SNAPSHOTS.md, step 9).
+    dead: HashSet<MIno>,
 }
 
 impl Default for Model {
@@ -308,11 +331,220 @@ impl Model {
             },
             xattrs: BTreeMap::new(),
             open: 0,
+            subvol: TOP_SUBVOL,
         };
         Model {
             inodes: HashMap::from([(ROOT, root)]),
             next: ROOT + 1,
+            subvols: BTreeMap::from([(
+                TOP_SUBVOL,
+                Subvol {
+                    root: ROOT,
+                    readonly: false,
+                },
+            )]),
+            next_subvol: 256,
+            dead: HashSet::new(),
         }
+    }
+
+    // ----- subvolumes -----
+
+    /// Whether `ino` belongs to a deleted subvolume (its handles get
+    /// ENOENT).
+    pub fn is_dead(&self, ino: MIno) -> bool {
+        self.dead.contains(&ino)
+    }
+
+    /// EROFS when `ino`'s subvolume is read-only.
+    pub fn check_writable(&self, ino: MIno) -> MResult<()> {
+        let id = self.node(ino).subvol;
+        if self.subvols[&id].readonly {
+            Err(libc::EROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether `ino` is the root directory of a subvolume.
+    pub fn is_subvol_root(&self, ino: MIno) -> bool {
+        self.subvols[&self.node(ino).subvol].root == ino
+    }
+
+    /// Whether entry `name` of `dir` is a subvolume link (a valid name
+    /// that exists and leads into another subvolume).
+    fn is_link(&self, dir: MIno, name: &[u8]) -> bool {
+        name.len() <= NAME_MAX
+            && self
+                .node(dir)
+                .entries()
+                .get(name)
+                .is_some_and(|&c| self.node(c).subvol != self.node(dir).subvol)
+    }
+
+    /// The paths of every subvolume's root directory (the top level's is
+    /// the empty path).
+    pub fn subvolume_paths(&self) -> Vec<Path> {
+        self.paths()
+            .into_iter()
+            .filter(|(_, ino, _)| self.is_subvol_root(*ino))
+            .map(|(p, _, _)| p)
+            .collect()
+    }
+
+    /// `subvolume create`: an empty subvolume linked as `path`, its root
+    /// directory 0755 owned by 0:0 (what `create_subvolume` with uid and
+    /// gid 0 makes). The engine's order: the parent's subvolume writable,
+    /// the name, free.
+    pub fn create_subvolume(&mut self, path: &[Vec<u8>]) -> MResult<MIno> {
+        let (dir, name) = self.parent(path)?;
+        self.check_writable(dir)?;
+        check_name_len(name)?;
+        if self.node(dir).entries().contains_key(name) {
+            return Err(libc::EEXIST);
+        }
+        let id = self.next_subvol;
+        self.next_subvol += 1;
+        let ino = self.new_inode(
+            Kind::Dir,
+            0o755,
+            0,
+            0,
+            Body::Dir {
+                entries: BTreeMap::new(),
+                parent: dir,
+            },
+        );
+        self.node_mut(ino).subvol = id;
+        self.subvols.insert(
+            id,
+            Subvol {
+                root: ino,
+                readonly: false,
+            },
+        );
+        self.insert_entry(dir, name, ino);
+        self.node_mut(dir).nlink += 1;
+        Ok(ino)
+    }
+
+    /// `subvolume snapshot [-r] source dest`: a new subvolume holding a
+    /// copy of `source`'s subvolume as it is now (the model has no
+    /// commits: the snapshot's commit sees every completed change), less
+    /// the links to subvolumes nested in it (the engine leaves them out,
+    /// docs/SNAPSHOTS.md step 8), linked at `dest` after the copy (so a
+    /// snapshot into its own source does not contain itself). EINVAL when
+    /// `source` is no subvolume's root directory.
+    pub fn snapshot(
+        &mut self,
+        source: &[Vec<u8>],
+        dest: &[Vec<u8>],
+        readonly: bool,
+    ) -> MResult<MIno> {
+        let src = self.resolve(source)?;
+        if !self.is_subvol_root(src) {
+            return Err(libc::EINVAL);
+        }
+        let (dir, name) = self.parent(dest)?;
+        self.check_writable(dir)?;
+        check_name_len(name)?;
+        if self.node(dir).entries().contains_key(name) {
+            return Err(libc::EEXIST);
+        }
+        let id = self.next_subvol;
+        self.next_subvol += 1;
+        let src_subvol = self.node(src).subvol;
+        let mut copied: HashMap<MIno, MIno> = HashMap::new();
+        let root = self.copy_inode(src, id, &mut copied);
+        let mut stack = vec![(src, root)];
+        while let Some((from, to)) = stack.pop() {
+            let entries = self.node(from).entries().clone();
+            for (entry, child) in entries {
+                if self.node(child).subvol != src_subvol {
+                    // A nested subvolume's link: left out of the copy.
+                    self.node_mut(to).nlink -= 1;
+                    continue;
+                }
+                let (new, fresh) = match copied.get(&child) {
+                    Some(&n) => (n, false),
+                    None => (self.copy_inode(child, id, &mut copied), true),
+                };
+                self.insert_entry(to, &entry, new);
+                if fresh && self.node(child).kind == Kind::Dir {
+                    self.set_parent(new, to);
+                    stack.push((child, new));
+                }
+            }
+        }
+        self.set_parent(root, dir);
+        self.subvols.insert(id, Subvol { root, readonly });
+        self.insert_entry(dir, name, root);
+        self.node_mut(dir).nlink += 1;
+        Ok(root)
+    }
+
+    /// A copy of inode `from` in subvolume `subvol` (a directory without
+    /// its entries), noted in `copied`.
+    fn copy_inode(&mut self, from: MIno, subvol: u64, copied: &mut HashMap<MIno, MIno>) -> MIno {
+        let mut node = self.node(from).clone();
+        if let Body::Dir { entries, .. } = &mut node.body {
+            entries.clear();
+        }
+        node.open = 0;
+        node.subvol = subvol;
+        let ino = self.next;
+        self.next += 1;
+        self.inodes.insert(ino, node);
+        copied.insert(from, ino);
+        ino
+    }
+
+    /// `subvolume delete path`, in the engine's order: the parent's
+    /// subvolume writable, the name exists, it is a link (EINVAL), the
+    /// subvolume holds no other subvolume's link (ENOTEMPTY). Its inodes
+    /// are gone at once; open handles on them get ENOENT.
+    pub fn delete_subvolume(&mut self, path: &[Vec<u8>]) -> MResult<()> {
+        if path.is_empty() {
+            return Err(libc::EBUSY);
+        }
+        let (dir, name) = self.parent(path)?;
+        self.check_writable(dir)?;
+        let child = self.lookup(dir, name)?;
+        if !self.is_link(dir, name) {
+            return Err(libc::EINVAL);
+        }
+        self.remove_subvolume(dir, name, child)
+    }
+
+    /// Unlinks subvolume root `root` (entry `name` of `dir`) and drops
+    /// every inode of its subvolume.
+    fn remove_subvolume(&mut self, dir: MIno, name: &[u8], root: MIno) -> MResult<()> {
+        let id = self.node(root).subvol;
+        let nested = self
+            .inodes
+            .values()
+            .filter(|n| n.subvol == id)
+            .any(|n| match &n.body {
+                Body::Dir { entries, .. } => entries.values().any(|c| self.node(*c).subvol != id),
+                _ => false,
+            });
+        if nested {
+            return Err(libc::ENOTEMPTY);
+        }
+        self.node_mut(dir).entries_mut().remove(name);
+        self.node_mut(dir).nlink -= 1;
+        let gone: Vec<MIno> = self
+            .inodes
+            .iter()
+            .filter(|(_, n)| n.subvol == id)
+            .map(|(&i, _)| i)
+            .collect();
+        for ino in gone {
+            self.inodes.remove(&ino);
+            self.dead.insert(ino);
+        }
+        self.subvols.remove(&id);
+        Ok(())
     }
 
     pub fn inode(&self, ino: MIno) -> Option<&Inode> {
@@ -438,6 +670,7 @@ impl Model {
                 body,
                 xattrs: BTreeMap::new(),
                 open: 0,
+                subvol: TOP_SUBVOL,
             },
         );
         ino
@@ -448,9 +681,16 @@ impl Model {
         assert!(prev.is_none());
     }
 
+    /// Links a new inode as `name` in `dir`, in `dir`'s subvolume.
+    fn insert_new(&mut self, dir: MIno, name: &[u8], ino: MIno) {
+        self.node_mut(ino).subvol = self.node(dir).subvol;
+        self.insert_entry(dir, name, ino);
+    }
+
     /// Common front of every call that makes a new name.
     fn new_name<'p>(&self, path: &'p [Vec<u8>]) -> MResult<(MIno, &'p [u8])> {
         let (dir, name) = self.parent(path)?;
+        self.check_writable(dir)?;
         check_name_len(name)?;
         if self.node(dir).entries().contains_key(name) {
             return Err(libc::EEXIST);
@@ -475,7 +715,7 @@ impl Model {
             Body::Special
         };
         let ino = self.new_inode(kind, perm, uid, gid, body);
-        self.insert_entry(dir, name, ino);
+        self.insert_new(dir, name, ino);
         Ok(ino)
     }
 
@@ -498,7 +738,7 @@ impl Model {
                 parent: dir,
             },
         );
-        self.insert_entry(dir, name, ino);
+        self.insert_new(dir, name, ino);
         self.node_mut(dir).nlink += 1;
         Ok(ino)
     }
@@ -525,14 +765,21 @@ impl Model {
             gid,
             Body::Symlink(target.to_vec()),
         );
-        self.insert_entry(dir, name, ino);
+        self.insert_new(dir, name, ino);
         Ok(ino)
     }
 
-    /// `link(old, new)` in `do_linkat` order: old walk, new walk, EEXIST,
+    /// `link(old, new)` in `do_linkat` order: old walk, new walk, EXDEV
+    /// across subvolumes, EROFS, EEXIST,
     /// then `vfs_link`'s EPERM for directories and EMLINK.
     pub fn link(&mut self, old: &[Vec<u8>], new: &[Vec<u8>]) -> MResult<MIno> {
         let ino = self.resolve(old)?;
+        // The engine refuses a link across subvolumes first (EXDEV, as
+        // btrfs), then a change in a read-only one.
+        let (dir, _) = self.parent(new)?;
+        if self.node(dir).subvol != self.node(ino).subvol {
+            return Err(libc::EXDEV);
+        }
         let (dir, name) = self.new_name(new)?;
         let node = self.node(ino);
         if node.kind == Kind::Dir {
@@ -562,8 +809,14 @@ impl Model {
         }
     }
 
+    /// `unlink`; a subvolume link is EOPNOTSUPP (birch removes one only
+    /// by rmdir or `subvolume delete`).
     pub fn unlink(&mut self, path: &[Vec<u8>]) -> MResult<()> {
         let (dir, name) = self.parent(path)?;
+        self.check_writable(dir)?;
+        if self.is_link(dir, name) {
+            return Err(libc::EOPNOTSUPP);
+        }
         let ino = self.lookup(dir, name)?;
         if self.node(ino).kind == Kind::Dir {
             return Err(libc::EISDIR);
@@ -578,6 +831,17 @@ impl Model {
             return Err(libc::EBUSY);
         }
         let (dir, name) = self.parent(path)?;
+        if self.is_link(dir, name) {
+            // rmdir of a subvolume link deletes an empty subvolume (btrfs
+            // since 4.18): its root directory's emptiness first.
+            let root = self.lookup(dir, name)?;
+            if !self.node(root).entries().is_empty() {
+                return Err(libc::ENOTEMPTY);
+            }
+            self.check_writable(dir)?;
+            return self.remove_subvolume(dir, name, root);
+        }
+        self.check_writable(dir)?;
         let ino = self.lookup(dir, name)?;
         let node = self.node(ino);
         if node.kind != Kind::Dir {
@@ -602,6 +866,25 @@ impl Model {
         }
         let (old_dir, old_name) = self.parent(old)?;
         let (new_dir, new_name) = self.parent(new)?;
+        // birch's order: EXDEV across subvolumes, EROFS, then a subvolume
+        // link as source or replaced target (EOPNOTSUPP: moving a link is
+        // not built), then the kernel's checks.
+        if self.node(old_dir).subvol != self.node(new_dir).subvol {
+            return Err(libc::EXDEV);
+        }
+        self.check_writable(old_dir)?;
+        let well_formed = !old_name.is_empty()
+            && old_name.len() <= NAME_MAX
+            && !new_name.is_empty()
+            && new_name.len() <= NAME_MAX;
+        if well_formed && self.node(old_dir).entries().contains_key(old_name) {
+            let target_exists = self.node(new_dir).entries().contains_key(new_name);
+            if self.is_link(old_dir, old_name)
+                || ((flags.exchange || target_exists) && self.is_link(new_dir, new_name))
+            {
+                return Err(libc::EOPNOTSUPP);
+            }
+        }
         let source = self.lookup(old_dir, old_name)?;
         check_name_len(new_name)?;
         let target = self.node(new_dir).entries().get(new_name).copied();
@@ -728,16 +1011,19 @@ impl Model {
         }
     }
 
+    /// `write`: the file's kind and the end offset first, then EROFS in a
+    /// read-only subvolume (the engine's order).
     pub fn write(&mut self, ino: MIno, offset: u64, data: &[u8]) -> MResult<usize> {
-        let f = self.regular_mut(ino)?;
+        self.regular_mut(ino)?;
+        match offset.checked_add(data.len() as u64) {
+            Some(end) if end <= MAX_FILE_SIZE || data.is_empty() => {}
+            _ => return Err(libc::EFBIG),
+        }
+        self.check_writable(ino)?;
         if data.is_empty() {
             return Ok(0);
         }
-        match offset.checked_add(data.len() as u64) {
-            Some(end) if end <= MAX_FILE_SIZE => {}
-            _ => return Err(libc::EFBIG),
-        }
-        f.write(offset, data);
+        self.regular_mut(ino)?.write(offset, data);
         Ok(data.len())
     }
 

@@ -97,7 +97,14 @@ impl ModelStats {
 /// Formats a failure with the seed, the op index, the recent ops and the
 /// command that replays it.
 pub fn failure(test: &str, seed: u64, index: usize, log: &[String], msg: &str) -> String {
-    let from = log.len().saturating_sub(40);
+    // The last 40 ops; `BIRCH_FULL_LOG=1` lists them all (to find where a
+    // subvolume in a late op came from).
+    let shown = if std::env::var_os("BIRCH_FULL_LOG").is_some() {
+        log.len()
+    } else {
+        40
+    };
+    let from = log.len().saturating_sub(shown);
     let mut s = format!("seed={seed} op #{index}: {msg}\nlast ops:\n");
     for (i, op) in log.iter().enumerate().skip(from) {
         s.push_str(&format!("  #{i}: {op}\n"));

@@ -138,6 +138,24 @@ pub enum Op {
     Sync,
     /// Close and reopen the filesystem (model tests only).
     Remount,
+    /// `subvolume create path` (commits before it returns).
+    CreateSubvolume {
+        path: Path,
+    },
+    /// `subvolume snapshot [-r] source dest`: `source` is the root
+    /// directory of a subvolume (the empty path: the top level). Commits
+    /// before it returns.
+    Snapshot {
+        source: Path,
+        dest: Path,
+        readonly: bool,
+    },
+    /// `subvolume delete path` (durable at the next commit).
+    DeleteSubvolume {
+        path: Path,
+    },
+    /// One transaction of the cleaner that drops deleted subvolumes.
+    Cleaner,
 }
 
 /// The kind of durability an op asks for.
@@ -178,13 +196,21 @@ impl Op {
             Op::FsyncDir { .. } => "fsync-dir",
             Op::Sync => "sync",
             Op::Remount => "remount",
+            Op::CreateSubvolume { .. } => "subvol-create",
+            Op::Snapshot { .. } => "snapshot",
+            Op::DeleteSubvolume { .. } => "subvol-delete",
+            Op::Cleaner => "cleaner",
         }
     }
 
-    /// Whether (and how) this op is a persistence point.
+    /// Whether (and how) this op is a persistence point. Subvolume create
+    /// and snapshot commit before they return, so they promise what a
+    /// sync does.
     pub fn persistence(&self) -> Option<Persist> {
         match self {
-            Op::Sync | Op::Remount => Some(Persist::Sync),
+            Op::Sync | Op::Remount | Op::CreateSubvolume { .. } | Op::Snapshot { .. } => {
+                Some(Persist::Sync)
+            }
             Op::Fsync { datasync, .. } => Some(Persist::Fsync {
                 datasync: *datasync,
             }),
@@ -281,6 +307,20 @@ impl fmt::Display for Op {
             Op::FsyncDir { target } => write!(f, "fsync-dir {target}"),
             Op::Sync => f.write_str("sync"),
             Op::Remount => f.write_str("remount"),
+            Op::CreateSubvolume { path } => write!(f, "subvolume create {}", show_path(path)),
+            Op::Snapshot {
+                source,
+                dest,
+                readonly,
+            } => write!(
+                f,
+                "subvolume snapshot{} {} {}",
+                if *readonly { " -r" } else { "" },
+                show_path(source),
+                show_path(dest)
+            ),
+            Op::DeleteSubvolume { path } => write!(f, "subvolume delete {}", show_path(path)),
+            Op::Cleaner => f.write_str("cleaner"),
         }
     }
 }
@@ -310,6 +350,10 @@ pub struct WorkloadConfig {
     /// with a persistence point. 0 keeps the op stream of a seed as it was
     /// before shapes existed (the model tests' seeds).
     pub shape_weight: u32,
+    /// Relative weight of subvolume ops (create, snapshot rw and ro of the
+    /// top level or of a subvolume, delete, a cleaner transaction). 0
+    /// keeps the op stream of a seed as it was before they existed.
+    pub subvolume_weight: u32,
     /// Use setuid and sticky bits in modes.
     pub special_perms: bool,
     /// Allow truncates past the largest file size (EFBIG).
@@ -328,6 +372,7 @@ impl Default for WorkloadConfig {
             remount_weight: 1,
             read_weight: 10,
             shape_weight: 0,
+            subvolume_weight: 0,
             special_perms: true,
             huge_truncates: true,
         }
@@ -348,6 +393,7 @@ impl WorkloadConfig {
             remount_weight: 0,
             read_weight: 2,
             shape_weight: 4,
+            subvolume_weight: 4,
             special_perms: true,
             huge_truncates: true,
         }
@@ -536,7 +582,7 @@ impl Generator {
             return op;
         }
         let c = &self.cfg;
-        let weights: [(u32, u8); 27] = [
+        let weights: [(u32, u8); 28] = [
             (10, 0),                            // create
             (6, 1),                             // mkdir
             (1, 2),                             // mkfifo
@@ -564,6 +610,7 @@ impl Generator {
             (c.persist_weight.div_ceil(4), 24), // sync
             (c.remount_weight, 25),             // remount
             (c.shape_weight, 26),               // a shape
+            (c.subvolume_weight, 27),           // a subvolume op
         ];
         let total: u32 = weights.iter().map(|w| w.0).sum();
         let mut pick = self.rng.gen_range(0..total);
@@ -737,10 +784,39 @@ impl Generator {
             }
             24 => Op::Sync,
             25 => Op::Remount,
+            27 => self.subvolume_op(model),
             _ => {
                 self.pending = self.shape(model).into();
                 self.pending.pop_front().expect("a shape has ops")
             }
+        }
+    }
+
+    /// A subvolume op: mostly a create or a snapshot (read-only one time
+    /// in three) of a live subvolume into any directory, sometimes a
+    /// delete (of a subvolume's link mostly, else of a directory: EINVAL)
+    /// or a cleaner transaction. File ops reach into subvolumes and
+    /// snapshots through the model's paths, which cross their links.
+    fn subvolume_op(&mut self, model: &Model) -> Op {
+        let subvolumes = model.subvolume_paths();
+        let links: Vec<&Path> = subvolumes.iter().filter(|p| !p.is_empty()).collect();
+        match self.rng.gen_range(0..20) {
+            0..=6 => Op::CreateSubvolume {
+                path: self.new_path(model),
+            },
+            7..=14 => Op::Snapshot {
+                source: subvolumes[self.rng.gen_range(0..subvolumes.len())].clone(),
+                dest: self.new_path(model),
+                readonly: self.rng.gen_ratio(1, 3),
+            },
+            15..=17 => Op::DeleteSubvolume {
+                path: match links.len() {
+                    0 => self.existing_dir(model),
+                    n if self.rng.gen_ratio(5, 6) => links[self.rng.gen_range(0..n)].clone(),
+                    _ => self.existing_dir(model),
+                },
+            },
+            _ => Op::Cleaner,
         }
     }
 

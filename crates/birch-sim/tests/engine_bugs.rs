@@ -476,3 +476,35 @@ fn fsynced_dir_rename_survives_replacing_the_dir() {
         "B came back: {names:?}"
     );
 }
+
+/// Found by `fs_model` `subvolume_sequences_match_the_model` (seed 3037,
+/// 400 ops of snapshots of the top level, rmdir of empty subvolumes,
+/// deletes, cleaner runs and remounts): after the final close `birch
+/// check` finds a live subvolume tree (refs 1) whose root node is an empty
+/// level-1 node: `root-dir-missing` and `root-dir-without-ref` in
+/// subvol(259). The tree was whole: `birch check` did not read a
+/// subvolume's namespace through the leaves it shared with a snapshot
+/// (fixed in check/walk.rs `record_shared_subtree`).
+#[test]
+fn subvolume_seed_3037_keeps_every_root_directory() {
+    let mut run = birch_sim::runner::ModelRun::new(3037, 400);
+    run.cfg.subvolume_weight = 6;
+    run.mount.cleaner_nodes_per_transaction = 2;
+    run.compare_every = 10;
+    birch_sim::runner::run_model("engine_bugs", &run).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Found by the crash explorer (seed 16 of `tests/crash.rs`, CI size):
+/// the commit of `subvolume snapshot / /d/L…` (op #227, after 100
+/// prepopulated files in /p and a sync) writes a snapshot tree that
+/// `birch check` finds broken in the crash state right after that
+/// commit's first superblock copy (flush 7, keeping write 0 of 2): in
+/// subvol(256) the root directory 256 and /p (257) are missing, and the
+/// leaf at block 1458176 holds /p's other entries with no parent. The
+/// snapshot was whole: check read only the leaves the snapshot did not
+/// share (fixed in check/walk.rs `record_shared_subtree`).
+#[test]
+fn crash_seed_16_snapshot_commit_keeps_the_snapshot_whole() {
+    birch_sim::crash::run_seed(&birch_sim::crash::CrashConfig::ci(16))
+        .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -68,6 +68,26 @@ fn long_random_sequences_match_the_model() {
     report("long sequences", &runs, start);
 }
 
+/// Sequences with subvolume ops mixed in (create, snapshots rw and ro of
+/// the top level and of subvolumes, delete, cleaner runs), with remounts:
+/// file ops reach into subvolumes and snapshots through their links, and
+/// meet EROFS, EXDEV and the links' own rules.
+#[test]
+fn subvolume_sequences_match_the_model() {
+    let start = Instant::now();
+    let runs: Vec<ModelStats> = seeds(3000..3040)
+        .into_iter()
+        .map(|seed| {
+            let mut run = ModelRun::new(seed, 400);
+            run.cfg.subvolume_weight = 6;
+            run.mount.cleaner_nodes_per_transaction = 1 + (seed % 3) as usize;
+            run.compare_every = 10;
+            run_model("fs_model", &run).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    report("subvolume sequences", &runs, start);
+}
+
 /// Write-heavy sequences with big writes: multi-extent files, sparse
 /// writes at large offsets, a small dirty limit so commits land in the
 /// middle of the workload.

@@ -138,8 +138,11 @@ fn skip(model: &Executor<Model>, op: &Op) -> bool {
         | Op::Rmdir { path }
         | Op::Readdir { path }
         | Op::Readlink { path }
-        | Op::Open { path, .. } => vec![path],
+        | Op::Open { path, .. }
+        | Op::CreateSubvolume { path }
+        | Op::DeleteSubvolume { path } => vec![path],
         Op::Link { from, to } | Op::Rename { from, to, .. } => vec![from, to],
+        Op::Snapshot { source, dest, .. } => vec![source, dest],
         Op::Write { target, .. }
         | Op::Truncate { target, .. }
         | Op::Read { target, .. }
@@ -156,7 +159,7 @@ fn skip(model: &Executor<Model>, op: &Op) -> bool {
             Target::Handle(h) if handle(*h).is_none() => return true,
             Target::Handle(_) => vec![],
         },
-        Op::Close { .. } | Op::Sync | Op::Remount => vec![],
+        Op::Close { .. } | Op::Sync | Op::Remount | Op::Cleaner => vec![],
     };
     if paths.iter().any(|p| crosses_symlink(p)) {
         return true;

@@ -756,3 +756,37 @@ fn random_changes_never_reach_another_tree() {
         );
     }
 }
+
+/// A snapshot of a subvolume whose tree has several levels: its root node
+/// is a copy, every leaf is shared with the source. `birch check` reads
+/// each subvolume's namespace through the shared leaves (S7) and counts
+/// each shared leaf's data references once (S2): clean after the
+/// snapshot, and after the source has copied some leaves on write.
+#[test]
+fn snapshot_of_a_multi_level_tree_checks_clean() {
+    let dev = memory_fs(64 << 20, 0x8a);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    for i in 0..150 {
+        let f = fs
+            .create(sv, format!("file-{i:03}").as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        fs.write_file(f, 0, &content(i, b'S')).unwrap();
+    }
+    fs.sync().unwrap();
+    fs.create_snapshot(id, root, b"snap", false).unwrap();
+    assert_clean(dev.as_ref(), "right after the snapshot");
+    for i in (0..150).step_by(7) {
+        let f = lookup(&fs, sv, &format!("file-{i:03}")).unwrap();
+        fs.write_file(f, 0, &content(i, b'T')).unwrap();
+    }
+    fs.unlink(sv, b"file-001").unwrap();
+    fs.sync().unwrap();
+    assert_clean(dev.as_ref(), "after the source changed");
+    let snap = fs.lookup(root, b"snap").unwrap().ino;
+    let f = lookup(&fs, snap, "file-001").unwrap();
+    assert_eq!(fs.read_file(f, 0, 1 << 20).unwrap(), content(1, b'S'));
+}

@@ -715,3 +715,90 @@ fn replay_logs_of_every_subvolume() {
         }
     }
 }
+
+/// A subvolume's `ctransid` is the last transaction that changed its tree
+/// (btrfs updates it on every change; send/receive relies on it): it moves
+/// with a change in the subvolume, stays for a subvolume nothing changed,
+/// and keeps S8 (otransid <= ctransid <= generation).
+#[test]
+fn ctransid_moves_with_changes_of_the_subvolume() {
+    let dev = memory_fs(32 << 20, 0x3c);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let a = fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let b = fs.create_subvolume(root, b"b", 0, 0).unwrap();
+    let item = |fs: &Filesystem<_>, id: u64| {
+        let info = fs
+            .list_subvolumes()
+            .unwrap()
+            .into_iter()
+            .find(|s| s.id == id)
+            .unwrap();
+        let item = info.item.unwrap();
+        assert!(
+            item.otransid <= item.ctransid && item.ctransid <= info.generation,
+            "S8 for {id}: {item:?}, generation {}",
+            info.generation
+        );
+        (item.ctransid, info.generation)
+    };
+    let (a_before, _) = item(&fs, a);
+    let (b_before, _) = item(&fs, b);
+    let a_dir = fs.lookup(root, b"a").unwrap().ino;
+    let f = fs.create(a_dir, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, b"changed").unwrap();
+    fs.sync().unwrap();
+    let (a_after, a_generation) = item(&fs, a);
+    assert!(a_after > a_before, "ctransid of a did not move: {a_after}");
+    assert_eq!(a_after, a_generation);
+    assert_eq!(item(&fs, b).0, b_before, "b did not change");
+    // A change of tree 5 moves its ctransid too, and it survives a remount.
+    fs.mkdir(root, b"d", 0o755, 0, 0).unwrap();
+    fs.sync().unwrap();
+    let (top, top_generation) = item(&fs, tree_id::FS);
+    assert_eq!(top, top_generation);
+    fs.close().unwrap();
+    let fs = mount(dev);
+    assert_eq!(item(&fs, a).0, a_after);
+    assert_eq!(item(&fs, tree_id::FS).0, top);
+}
+
+/// The background worker's delayed-item limit counts the items pending
+/// in every loaded root and flushes them all, not only tree 5's: items
+/// created in a subvolume are flushed before any commit (the interval is
+/// an hour here, so no commit runs). The wait is bounded only so that a
+/// failure ends; the worker checks twice a second.
+#[test]
+fn worker_flushes_delayed_items_of_every_subvolume() {
+    let dev = memory_fs(32 << 20, 0x3d);
+    let fs = Filesystem::open(
+        dev,
+        MountOptions {
+            commit_interval: Some(std::time::Duration::from_secs(3600)),
+            background_flusher: false,
+            delayed_items_limit: 8,
+            ..MountOptions::default()
+        },
+    )
+    .unwrap();
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let a_dir = fs.lookup(root, b"a").unwrap().ino;
+    let before = fs.stats();
+    for n in 0..40 {
+        fs.create(a_dir, format!("f{n}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while fs.stats().delayed_item_flushes == before.delayed_item_flushes
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let after = fs.stats();
+    assert_eq!(after.commits, before.commits, "no commit ran");
+    assert!(
+        after.delayed_item_flushes > before.delayed_item_flushes,
+        "the worker never flushed the subvolume's 40 delayed items"
+    );
+}

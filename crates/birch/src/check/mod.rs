@@ -512,6 +512,9 @@ pub(crate) struct FileExtentRec {
     pub file_offset: u64,
     pub kind: FileExtentKind,
     pub loc: Loc,
+    /// Recorded for a second subvolume through a shared leaf: its tree's
+    /// passes see it, the data-extent count (one per leaf, S2) does not.
+    pub in_shared_copy: bool,
 }
 
 /// One subvolume tree's items, decoded into what the semantic passes
@@ -550,6 +553,10 @@ pub(crate) struct Checker<'a> {
     /// (node, subvolume tree) pairs for the nodes subvolumes share: one
     /// tree may reach a node only once.
     shared_reached: HashSet<(u64, u64)>,
+    /// Set while the items of a shared subtree are recorded again for a
+    /// second subvolume ([`Self::record_shared_subtree`]): its faults and
+    /// counts were taken by the first walk, so none are taken twice.
+    recording_shared_copy: bool,
     /// `(tree id) -> (root item, where)` from the root tree.
     roots: BTreeMap<u64, (crate::format::RootItem, Loc)>,
     /// `(subvolume) -> (root item, where)` from the log root tree.
@@ -604,6 +611,7 @@ impl<'a> Checker<'a> {
             nodes: HashMap::new(),
             node_refs: HashMap::new(),
             shared_reached: HashSet::new(),
+            recording_shared_copy: false,
             roots: BTreeMap::new(),
             log_roots: BTreeMap::new(),
             log_manifest: HashMap::new(),
@@ -616,6 +624,9 @@ impl<'a> Checker<'a> {
 
     /// Records a fault or warning `id` at `place`.
     fn push(&mut self, severity: Severity, id: FaultId, place: Place, reason: String) {
+        if self.recording_shared_copy {
+            return;
+        }
         let fault = Fault {
             id,
             pass: id.pass(),
@@ -735,9 +746,13 @@ impl<'a> Checker<'a> {
             .collect()
     }
 
-    /// The file extents of every subvolume tree, dead ones included.
+    /// The file extents of every subvolume tree, dead ones included, each
+    /// leaf's once (a leaf shared by snapshots holds one reference).
     fn all_file_extents(&self) -> impl Iterator<Item = &FileExtentRec> + '_ {
-        self.fs.values().flat_map(|fs| &fs.file_extents)
+        self.fs
+            .values()
+            .flat_map(|fs| &fs.file_extents)
+            .filter(|fe| !fe.in_shared_copy)
     }
 
     fn is_log_tree(tree: u64) -> bool {

@@ -449,6 +449,63 @@ impl Checker<'_> {
             }
         }
         *self.node_refs.entry(f.bytenr).or_default() += 1;
+        if let Some(kind) = t.kind {
+            self.record_shared_subtree(t, f, kind);
+        }
+    }
+
+    /// Records the items of shared subtree `f`, first walked as part of
+    /// another subvolume, for subvolume `t.tree` too: each subvolume's
+    /// namespace, link counts and file extents are checked on its own
+    /// (S7). The first walk checked these nodes and counted them, so the
+    /// faults and counts of this second reading are dropped
+    /// (`recording_shared_copy`), and its file extents are marked so that
+    /// the data-extent count takes each leaf once (S2).
+    fn record_shared_subtree(&mut self, t: &Target, f: &Frame, kind: TreeKind) {
+        let was = std::mem::replace(&mut self.recording_shared_copy, true);
+        let mut stack = vec![(f.bytenr, f.level, f.generation)];
+        while let Some((bytenr, level, generation)) = stack.pop() {
+            let Some(prev) = self.nodes.get(&bytenr).copied() else {
+                // Not read by the first walk (a fault it reported).
+                continue;
+            };
+            let expect = generation.map(|generation| NodeExpectation {
+                tree: prev.tree,
+                level,
+                generation,
+            });
+            let frame = Frame {
+                bytenr,
+                level,
+                generation,
+                low: None,
+                high: None,
+                parent: None,
+            };
+            let Some(node) = self.read_node(prev.tree, &frame, expect) else {
+                continue;
+            };
+            match &node.body {
+                NodeBody::Leaf(items) => {
+                    for (slot, item) in items.iter().enumerate() {
+                        let loc = Loc {
+                            tree: t.tree,
+                            block: bytenr,
+                            slot: slot as u32,
+                            key: item.key,
+                        };
+                        self.collect_item(kind, &loc, item);
+                    }
+                }
+                NodeBody::Internal(ptrs) => {
+                    let child_level = node.level.saturating_sub(1);
+                    for p in ptrs.iter().rev() {
+                        stack.push((p.blockptr, child_level, Some(p.generation)));
+                    }
+                }
+            }
+        }
+        self.recording_shared_copy = was;
     }
 
     /// Reads the node `f` points at. Under DUP every copy is verified and
@@ -836,12 +893,15 @@ impl Checker<'_> {
                 FileExtentKind::Prealloc(e.disk_ref().expect("prealloc extent has a disk ref"))
             }
         };
-        self.report.summary.file_extent_items += 1;
+        if !self.recording_shared_copy {
+            self.report.summary.file_extent_items += 1;
+        }
         let rec = FileExtentRec {
             ino: loc.key.objectid,
             file_offset: loc.key.offset,
             kind,
             loc: *loc,
+            in_shared_copy: self.recording_shared_copy,
         };
         self.fs_records(loc.tree).file_extents.push(rec);
     }

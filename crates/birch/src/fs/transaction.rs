@@ -337,14 +337,18 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
                 break;
             }
         }
+        // The limit is on the items pending in every loaded root, and
+        // every root flushes: a subvolume's items would otherwise wait
+        // for the commit, however many there are.
         let flush_delayed = {
             let state = shared.lock_state();
             state.info.failed.is_none()
-                && state.subvols.top.delayed.len() > state.info.options.delayed_items_limit
+                && state.delayed_items() > state.info.options.delayed_items_limit as u64
         };
         if flush_delayed {
             let mut state = shared.lock_state();
-            if let Err(e) = state.top().flush_delayed_items() {
+            let flushed = state.for_each_root(|mut root| root.flush_delayed_items());
+            if let Err(e) = flushed {
                 state.info.failed = Some(e.to_string());
             }
         }
@@ -405,6 +409,7 @@ impl<D: BlockDevice> FsState<D> {
         {
             return Ok(None);
         }
+        self.stamp_changed_subvolumes();
         let subvols = self.subvols.records();
         // Tree 5's root item in the long form (the first subvolume made
         // it so) and INCOMPAT_SUBVOLUMES go to disk in the same commit.
@@ -428,6 +433,23 @@ impl<D: BlockDevice> FsState<D> {
         // commit covers every one up to the current.
         self.info.log.filling += 1;
         Ok(Some(prepared))
+    }
+
+    /// Sets `ctransid` = T in the root item of every subvolume whose tree
+    /// changed in transaction T, as btrfs does on every change of a
+    /// subvolume (send/receive compares it). A tree changed in T has its
+    /// root node copied in T, so its generation is T; S8 (otransid <=
+    /// ctransid <= generation) holds since generation is T too. Runs once
+    /// the seal has flushed every delayed item into the trees.
+    fn stamp_changed_subvolumes(&mut self) {
+        let transid = self.info.forest.transid();
+        for root in self.subvols.iter_mut() {
+            if root.tree.generation == transid {
+                if let Some(item) = root.item.as_mut() {
+                    item.ctransid = transid;
+                }
+            }
+        }
     }
 
     fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
