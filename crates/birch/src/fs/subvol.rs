@@ -570,13 +570,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }
         self.fs.forest.put(&mut self.root.tree, dir_key, encoded)?;
         self.root.delayed.insert_index(dir, index, entry);
-        let now = Timespec::now();
-        self.update_inode(dir, |p| {
-            p.size += name.len() as u64;
-            p.nlink += 1;
-            p.mtime = now;
-            p.ctime = now;
-        })?;
+        self.update_link_counts(dir, name, true, Some(Timespec::now()))?;
         Ok(index)
     }
 
@@ -592,24 +586,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 link.dirid,
             )))
         };
-        let dir_key = Key::new(link.dirid, item_type::DIR_ITEM, name_hash(&link.name));
-        let data = self
-            .fs
-            .forest
-            .get(&self.root.tree, &dir_key)?
-            .ok_or_else(|| missing("DIR_ITEM"))?;
-        let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
-        let before = entries.len();
-        entries.retain(|e| !(e.subvolume && e.name == link.name));
-        if entries.len() == before {
-            return Err(missing("DIR_ITEM entry"));
-        }
-        if entries.is_empty() {
-            self.fs.forest.delete(&mut self.root.tree, &dir_key)?;
-        } else {
-            self.fs
-                .forest
-                .put(&mut self.root.tree, dir_key, encode_dir_items(&entries))?;
+        match self.remove_dir_item(link.dirid, &link.name)? {
+            Some(entry) if entry.subvolume => {}
+            _ => return Err(missing("DIR_ITEM entry")),
         }
         let index_key = Key::new(link.dirid, item_type::DIR_INDEX, link.index);
         if self
@@ -620,16 +599,42 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         {
             return Err(missing("DIR_INDEX"));
         }
-        let name_len = link.name.len() as u64;
+        // The copy keeps its directory's times: it is the source as of T.
+        self.update_link_counts(link.dirid, &link.name, false, None)
+    }
+
+    /// A subvolume link's share of directory `dir`'s size and link count,
+    /// added or taken away, and its times set to `now` if given. The counts come
+    /// from disk: one that would overflow or go below zero is corruption.
+    pub(super) fn update_link_counts(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        add: bool,
+        now: Option<Timespec>,
+    ) -> Result<()> {
+        let name_len = name.len() as u64;
         let mut counts_ok = true;
-        self.update_inode(link.dirid, |d| {
-            match (d.size.checked_sub(name_len), d.nlink.checked_sub(1)) {
+        self.update_inode(dir, |d| {
+            let counts = if add {
+                (d.size.checked_add(name_len), d.nlink.checked_add(1))
+            } else {
+                (d.size.checked_sub(name_len), d.nlink.checked_sub(1))
+            };
+            match counts {
                 (Some(size), Some(nlink)) => (d.size, d.nlink) = (size, nlink),
                 _ => counts_ok = false,
             }
+            if let Some(now) = now {
+                (d.mtime, d.ctime) = (now, now);
+            }
         })?;
         if !counts_ok {
-            return Err(missing("size or nlink left for the link"));
+            return Err(Error::corrupt(Corruption::general(format!(
+                "directory {dir} in tree {}: size or link count out of range for the subvolume link {:?}",
+                self.root.tree.id,
+                String::from_utf8_lossy(name)
+            ))));
         }
         Ok(())
     }
