@@ -15,10 +15,7 @@ use super::types::InoSpace;
 use crate::btree::DropStep;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
-use crate::format::{
-    decode_dir_items, encode_dir_items, item_type, name_hash, tree_id, Key, RootRef, Timespec,
-    ROOT_DIR_INO,
-};
+use crate::format::{item_type, tree_id, Key, RootRef, Timespec, ROOT_DIR_INO};
 
 /// Nodes the cleaner releases per hold of the state lock: what a request
 /// may wait for behind it.
@@ -278,28 +275,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         child: u64,
         index: u64,
     ) -> Result<()> {
-        let dir_key = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
-        let data = self
-            .fs
-            .forest
-            .get(&self.root.tree, &dir_key)?
-            .ok_or(Error::NotFound)?;
-        let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
-        entries.retain(|e| e.name != name);
-        if entries.is_empty() {
-            self.fs.forest.delete(&mut self.root.tree, &dir_key)?;
-        } else {
-            self.fs
-                .forest
-                .put(&mut self.root.tree, dir_key, encode_dir_items(&entries))?;
-        }
+        self.remove_dir_item(dir, name)?.ok_or(Error::NotFound)?;
         self.root.delayed.delete_index(dir, index, child, name);
         let now = Timespec::now();
-        self.update_inode(dir, |p| {
-            p.size = p.size.saturating_sub(name.len() as u64);
-            p.nlink = p.nlink.saturating_sub(1);
-            p.mtime = now;
-            p.ctime = now;
-        })
+        self.update_link_counts(dir, name, false, Some(now))
     }
 }

@@ -40,7 +40,7 @@ mod xattr;
 
 pub use commit::read_superblock;
 pub use log_state::{FallbackReason, LogStats};
-pub use subvol::SubvolInfo;
+pub use types::SubvolInfo;
 pub use types::*;
 
 use crate::device::BlockDevice;

@@ -282,6 +282,29 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(names)
     }
 
+    /// Removes `name` from directory `dir`'s DIR_ITEM (names whose hashes
+    /// collide share one item; it goes with its last name) and returns the
+    /// entry removed: None when there was no such name.
+    pub(super) fn remove_dir_item(&mut self, dir: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+        let dir_key = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
+        let Some(data) = self.fs.forest.get(&self.root.tree, &dir_key)? else {
+            return Ok(None);
+        };
+        let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
+        let Some(pos) = entries.iter().position(|e| e.name == name) else {
+            return Ok(None);
+        };
+        let removed = entries.remove(pos);
+        if entries.is_empty() {
+            self.fs.forest.delete(&mut self.root.tree, &dir_key)?;
+        } else {
+            self.fs
+                .forest
+                .put(&mut self.root.tree, dir_key, encode_dir_items(&entries))?;
+        }
+        Ok(Some(removed))
+    }
+
     /// Removes the name `name` of `ino` from `parent`.
     pub(crate) fn remove_name(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
         let ref_key = Key::new(ino, item_type::INODE_REF, parent);
@@ -317,21 +340,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             Some(index) => index,
             None => self.remove_extref(ino, parent, name)?.ok_or_else(missing)?,
         };
-        let dir_key = Key::new(parent, item_type::DIR_ITEM, name_hash(name));
-        let data = self
-            .fs
-            .forest
-            .get(&self.root.tree, &dir_key)?
-            .ok_or_else(missing)?;
-        let mut entries = decode_item(&dir_key, decode_dir_items(&data))?;
-        entries.retain(|e| e.name != name);
-        if entries.is_empty() {
-            self.fs.forest.delete(&mut self.root.tree, &dir_key)?;
-        } else {
-            self.fs
-                .forest
-                .put(&mut self.root.tree, dir_key, encode_dir_items(&entries))?;
-        }
+        self.remove_dir_item(parent, name)?.ok_or_else(missing)?;
         let committed = self.root.delayed.delete_index(parent, index, ino, name);
         let now = Timespec::now();
         self.update_inode(parent, |p| {

@@ -517,3 +517,20 @@ impl InoSpace {
         }
     }
 }
+
+/// One subvolume, as `list` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubvolInfo {
+    pub id: u64,
+    /// The subvolume whose directory holds its link (0 for tree 5).
+    pub parent: u64,
+    /// The directory (in `parent`'s tree) holding the link, and its name.
+    pub dir: u64,
+    pub name: Vec<u8>,
+    pub readonly: bool,
+    /// The generation of its tree's root node (btrfs-progs' `gen`).
+    pub generation: u64,
+    /// The long root item (uuids, transids, times); `None` for tree 5 on
+    /// an image without subvolumes.
+    pub item: Option<crate::format::SubvolRootItem>,
+}
