@@ -100,6 +100,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if let Some(log) = self.own_log() {
             return Ok(*log);
         }
+        // The first log of a transaction is allocated before the log root
+        // tree, so a log sync of one root writes its log's nodes first (the
+        // layout log syncs had before there was a log per root).
+        let log = self.fs.forest.create_tree(tree_id::LOG)?;
         if self.fs.log.trees.is_none() {
             let root = self.fs.forest.create_tree(tree_id::LOG_ROOT)?;
             self.fs.log.trees = Some(LogTrees {
@@ -107,7 +111,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 root,
             });
         }
-        let log = self.fs.forest.create_tree(tree_id::LOG)?;
         let id = self.root.tree.id;
         if let Some(trees) = self.fs.log.trees.as_mut() {
             trees.logs.insert(id, log);
