@@ -894,6 +894,14 @@ impl<D: BlockDevice> FsState<D> {
         self.info.log.trees = Some(trees);
         sealed?;
         let nodes = self.info.forest.seal_log_nodes();
+        if nodes.is_empty() {
+            // Every fsync since the last sync logged items the log already
+            // held as they are (and every log tree's item is unchanged):
+            // the log syncs before this one (done: log syncs are serial)
+            // made all of it durable. Blocks the log released stay pinned
+            // for the next seal.
+            return Ok(None);
+        }
         let released = self.info.forest.alloc_mut().take_log_pinned();
         Ok(Some(SealedLog {
             id,
