@@ -336,9 +336,8 @@ fn power_cut_during_subvolume_create() {
     );
 }
 
-/// Crash case: `subvolume create a; write a/f; fsync a/f; <cut>` shows
-/// `a/f`. Until each subvolume has its own log (step 7) the fsync commits
-/// (a counted fallback).
+/// Crash case: `subvolume create a; mkdir a/d; fsync a/d; <cut>` shows
+/// `a/d`: the fsync logs into `a`'s own log (no fallback).
 #[test]
 fn fsync_in_subvolume_survives_power_cut() {
     let rec = recorder(32 << 20, 0x66);
@@ -347,9 +346,11 @@ fn fsync_in_subvolume_survives_power_cut() {
     fs.create_subvolume(root, b"a", 0, 0).unwrap();
     let a = fs.lookup(root, b"a").unwrap().ino;
     let d = fs.mkdir(a, b"d", 0o755, 0, 0).unwrap().ino;
-    let before = fs.log_stats().fallback_subvolume;
+    let before = fs.log_stats();
     fs.fsync(d, false).unwrap();
-    assert_eq!(fs.log_stats().fallback_subvolume, before + 1);
+    let after = fs.log_stats();
+    assert_eq!(after.fallback_subvolume, before.fallback_subvolume);
+    assert_eq!(after.logged_fsyncs, before.logged_fsyncs + 1);
     let synced = rec.flush_count();
     drop(fs);
     for point in crash_points(&rec, synced, &Enumeration::thorough(0x66)) {
@@ -622,6 +623,97 @@ fn dotdot_of_subvolume_root_is_the_link_directory() {
     let b = fs.lookup(a, b"b").unwrap().ino;
     assert_eq!(fs.lookup(b, b"..").unwrap().ino, a);
     assert_eq!(fs.parent_of_dir(root).unwrap(), root);
+}
+
+/// Crash case: `subvolume create a b; sync; write a/f X; write b/g Y;
+/// write h Z; fsync a/f; <cut>` → `a/f` = X, and neither `b/g` nor `h`:
+/// the fsync logged `a`'s changes into `a`'s log only.
+#[test]
+fn fsync_in_subvolume_logs_only_its_root() {
+    let rec = recorder(32 << 20, 0x6a);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    fs.create_subvolume(root, b"b", 0, 0).unwrap();
+    fs.sync().unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    let b = fs.lookup(root, b"b").unwrap().ino;
+    let f = fs.create(a, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, b"X in a").unwrap();
+    let g = fs.create(b, b"g", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(g, 0, b"Y in b").unwrap();
+    let h = fs.create(root, b"h", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(h, 0, b"Z in 5").unwrap();
+    let before = fs.log_stats();
+    fs.fsync(f, false).unwrap();
+    let after = fs.log_stats();
+    assert_eq!(after.logged_fsyncs, before.logged_fsyncs + 1);
+    assert_eq!(after.fallback_subvolume, before.fallback_subvolume);
+    let synced = rec.flush_count();
+    drop(fs);
+    let points = crash_points(&rec, synced, &Enumeration::thorough(0x6a));
+    let at_fsync: Vec<_> = points
+        .iter()
+        .filter(|p| p.flushes_completed == synced && p.kept_writes.is_empty())
+        .collect();
+    assert!(!at_fsync.is_empty());
+    for point in &points {
+        let view = crash_view(&rec, point);
+        common::require_content(&view, "/a/f", b"X in a")
+            .unwrap_or_else(|e| panic!("{point:?}: {e}: {view:?}"));
+    }
+    for point in at_fsync {
+        let view = crash_view(&rec, point);
+        assert!(!view.contains_key("/b/g"), "{point:?}: {view:?}");
+        assert!(!view.contains_key("/h"), "{point:?}: {view:?}");
+    }
+}
+
+/// Crash case: `subvolume create a b; sync; write a/f; write b/g; write
+/// h; fsync a/f; fsync b/g; fsync h; <cut>` → all three: replay applies
+/// the log of every subvolume (a, b and 5), each into its own tree.
+#[test]
+fn replay_logs_of_every_subvolume() {
+    let rec = recorder(32 << 20, 0x6b);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    fs.create_subvolume(root, b"b", 0, 0).unwrap();
+    fs.sync().unwrap();
+    let a = fs.lookup(root, b"a").unwrap().ino;
+    let b = fs.lookup(root, b"b").unwrap().ino;
+    let start = rec.flush_count();
+    let mut fsynced: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut after_each = Vec::new();
+    for (dir, path, name, data) in [
+        (a, "/a/f", &b"f"[..], vec![1u8; 6000]),
+        (b, "/b/g", &b"g"[..], vec![2u8; 100]),
+        (root, "/h", &b"h"[..], vec![3u8; 5000]),
+    ] {
+        let ino = fs.create(dir, name, 0o644, 0, 0).unwrap().ino;
+        fs.write_file(ino, 0, &data).unwrap();
+        let d = fs.mkdir(dir, b"d", 0o755, 0, 0).unwrap().ino;
+        fs.fsync(ino, false).unwrap();
+        fs.fsync(d, false).unwrap();
+        fsynced.push((path.to_string(), data));
+        after_each.push((rec.flush_count(), fsynced.clone()));
+    }
+    assert_eq!(fs.log_stats().fallback_subvolume, 0);
+    drop(fs);
+    for point in crash_points(&rec, start, &Enumeration::thorough(0x6b)) {
+        let Some((_, durable)) = after_each
+            .iter()
+            .rev()
+            .find(|(flushes, _)| point.flushes_completed >= *flushes)
+        else {
+            continue;
+        };
+        let view = crash_view(&rec, &point);
+        for (path, data) in durable {
+            common::require_content(&view, path, data)
+                .unwrap_or_else(|e| panic!("{point:?}: {e}: {view:?}"));
+        }
+    }
 }
 
 /// A subvolume's `ctransid` is the last transaction that changed its tree

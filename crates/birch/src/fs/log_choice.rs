@@ -98,8 +98,8 @@ fn corrupt_data(reason: String) -> Error {
     })
 }
 
-/// Checks a whole log: every node of the log root tree and of the fs
-/// tree's log tree decodes, checksums and is what its parent (or the
+/// Checks a whole log: every node of the log root tree and of every
+/// subvolume's log tree decodes, checksums and is what its parent (or the
 /// superblock) promises, a node the manifest lists has exactly the listed
 /// checksum (in some copy), and every data block of the log's new extents
 /// matches its logged checksum.
@@ -116,8 +116,7 @@ fn validate_log<D: BlockDevice + ?Sized>(
         level: log.level,
         generation,
     };
-    let fs_log_key = Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS);
-    let mut fs_log = None;
+    let mut subvolume_logs = Vec::new();
     walk(
         dev,
         sb,
@@ -125,22 +124,40 @@ fn validate_log<D: BlockDevice + ?Sized>(
         root_tree,
         listed,
         &mut |block, key, data| {
-            if *key == fs_log_key {
+            if key.objectid == tree_id::LOG && key.item_type == item_type::ROOT_ITEM {
                 let item = RootItem::decode(data).map_err(|e| {
-                    corrupt_at(tree_id::LOG_ROOT, block, format!("log root item: {e}"))
+                    corrupt_at(
+                        tree_id::LOG_ROOT,
+                        block,
+                        format!("log root item {key}: {e}"),
+                    )
                 })?;
-                fs_log = Some(item);
+                subvolume_logs.push(item);
             }
             Ok(())
         },
     )?;
-    let Some(fs_log) = fs_log else {
+    if subvolume_logs.is_empty() {
         return Err(corrupt_at(
             tree_id::LOG_ROOT,
             log.bytenr,
-            "log root tree has no log of the fs tree".into(),
+            "log root tree holds no log tree".into(),
         ));
-    };
+    }
+    for subvolume_log in subvolume_logs {
+        validate_log_tree(dev, sb, subvolume_log, listed)?;
+    }
+    Ok(())
+}
+
+/// Checks one subvolume's log tree: its nodes, and the data blocks of its
+/// new extents against its logged checksums.
+fn validate_log_tree<D: BlockDevice + ?Sized>(
+    dev: &D,
+    sb: &Superblock,
+    fs_log: RootItem,
+    listed: &HashMap<u64, u32>,
+) -> Result<()> {
     let mut extents = Vec::new();
     let mut csums = BTreeMap::new();
     let log_tree = NodeExpectation {

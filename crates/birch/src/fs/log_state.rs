@@ -2,6 +2,7 @@
 //! logging is in tree_log.rs, the log sync in log_sync.rs.
 
 use crate::btree::TreeRoot;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Why an fsync could not be answered by the log.
@@ -21,10 +22,10 @@ pub enum FallbackReason {
     /// Crash case: `mkdir a d; sync; mv --exchange a d; mkdir a/b; fsync a/b;
     /// <cut>` must show `a/b`.
     RenamedAncestor,
-    /// The inode is in a subvolume other than 5, or a subvolume was
-    /// created in this transaction (a log never holds its link): until
-    /// each subvolume has its own log (step 7 of docs/SNAPSHOTS.md), a
-    /// temporary fallback.
+    /// A subvolume link was added or removed in this transaction (a log
+    /// never holds one: replay could not restore the ROOT_REF pair), or
+    /// the inode's subvolume was created in it (its root item is not in
+    /// the log's base commit). docs/SNAPSHOTS.md (e).
     Subvolume,
 }
 
@@ -39,10 +40,12 @@ impl FallbackReason {
     }
 }
 
-/// The log trees of the running transaction.
-#[derive(Debug, Clone, Copy)]
+/// The log trees of the running transaction: the log root tree and, by
+/// subvolume id, the log tree of each subvolume logged in it (the log
+/// root tree's `(LOG, ROOT_ITEM, id)` items point at them once sealed).
+#[derive(Debug, Clone)]
 pub(crate) struct LogTrees {
-    pub log: TreeRoot,
+    pub logs: BTreeMap<u64, TreeRoot>,
     pub root: TreeRoot,
 }
 

@@ -226,9 +226,98 @@ impl LogSyncPhases {
 
 #[cfg(test)]
 mod tests {
-    use crate::device::{FaultPlan, FaultyDevice, MemoryDevice};
+    use crate::device::{BlockDevice, FaultPlan, FaultyDevice, MemoryDevice};
     use crate::fs::tree_log::LogOutcome;
-    use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions};
+    use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions, ReplayOutcome};
+    use std::sync::Arc;
+
+    /// Logs `ino` (external) as an fsync does, without waiting for the
+    /// log sync.
+    fn log_only<D: BlockDevice>(fs: &Filesystem<D>, ino: u64) -> LogOutcome {
+        let mut state = fs.lock();
+        let (mut root, ino) = state.resolve(ino).unwrap();
+        root.log_for_fsync(ino).unwrap()
+    }
+
+    /// Crash case: `subvolume create a b; sync; write a/f; write b/g;
+    /// fsync a/f & fsync b/g; <cut>` → both files, from one log sync: the
+    /// two fsyncs log into their roots' logs in the same log transaction,
+    /// and the first sync seals and writes both (group commit across
+    /// roots). Threads make the two fsyncs meet; this takes their steps in
+    /// order.
+    #[test]
+    fn fsyncs_in_two_subvolumes_share_one_log_sync() {
+        let dev = Arc::new(MemoryDevice::new(32 << 20));
+        mkfs(dev.as_ref(), &MkfsOptions::default()).unwrap();
+        let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).unwrap();
+        let root = fs.root_ino();
+        fs.create_subvolume(root, b"a", 0, 0).unwrap();
+        fs.create_subvolume(root, b"b", 0, 0).unwrap();
+        let a = fs.lookup(root, b"a").unwrap().ino;
+        let b = fs.lookup(root, b"b").unwrap().ino;
+        let f = fs.create(a, b"f", 0o644, 0, 0).unwrap().ino;
+        let g = fs.create(b, b"g", 0o644, 0, 0).unwrap().ino;
+        fs.write_file(f, 0, &[7; 9000]).unwrap();
+        fs.write_file(g, 0, b"in b").unwrap();
+        let before = fs.log_stats();
+        let (LogOutcome::Logged(in_a), LogOutcome::Logged(in_b)) =
+            (log_only(&fs, f), log_only(&fs, g))
+        else {
+            panic!("an fsync in a subvolume did not log");
+        };
+        assert_eq!(in_a, in_b, "both logged into one log transaction");
+        fs.shared.wait_log(in_a).unwrap();
+        fs.shared.wait_log(in_b).unwrap();
+        let after = fs.log_stats();
+        assert_eq!(after.log_syncs, before.log_syncs + 1);
+        assert_eq!(after.fallback_subvolume, before.fallback_subvolume);
+        // The power cut: the device as the log sync left it.
+        let crashed = Arc::new(MemoryDevice::from_bytes(dev.snapshot()));
+        drop(fs);
+        // `birch check` of an image whose log holds several subvolumes'
+        // logs: tests/subvolumes.rs `replay_logs_of_every_subvolume` (fs
+        // may not import check).
+        let fs = Filesystem::open(crashed, MountOptions::deterministic()).unwrap();
+        let Some(ReplayOutcome::Replayed(replayed)) = fs.replay_outcome() else {
+            panic!("no log replayed: {:?}", fs.replay_outcome());
+        };
+        assert!(replayed.inodes >= 2, "{replayed:?}");
+        let root = fs.root_ino();
+        let a = fs.lookup(root, b"a").unwrap().ino;
+        let b = fs.lookup(root, b"b").unwrap().ino;
+        let f = fs.lookup(a, b"f").unwrap().ino;
+        let g = fs.lookup(b, b"g").unwrap().ino;
+        assert_eq!(fs.read_file(f, 0, 1 << 20).unwrap(), vec![7; 9000]);
+        assert_eq!(fs.read_file(g, 0, 100).unwrap(), b"in b");
+    }
+
+    /// Crash case: `subvolume create a (not committed yet); touch a/f;
+    /// fsync a/f` commits: `a`'s root item is not in the log's base
+    /// commit, so replay could not apply its log. Both rules hold it: the
+    /// link's `force_commit`, and, alone, the root's `otransid`.
+    #[test]
+    fn fsync_in_new_subvolume_commits() {
+        let dev = MemoryDevice::new(32 << 20);
+        mkfs(&dev, &MkfsOptions::default()).unwrap();
+        let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
+        let root = fs.root_ino();
+        let mut state = fs.lock();
+        let id = state.create_subvolume(root, b"a", 0, 0).unwrap();
+        let (mut new_root, dir) = state
+            .resolve(crate::fs::InoSpace::join(id, crate::format::ROOT_DIR_INO))
+            .unwrap();
+        assert!(matches!(
+            new_root.log_for_fsync(dir).unwrap(),
+            LogOutcome::NeedCommit
+        ));
+        new_root.fs.log.force_commit = None;
+        assert!(matches!(
+            new_root.log_for_fsync(dir).unwrap(),
+            LogOutcome::NeedCommit
+        ));
+        assert_eq!(state.info.log_stats.fallback_subvolume, 2);
+        assert_eq!(state.info.log_stats.logged_fsyncs, 0);
+    }
 
     /// A change running while an fsync waits for its log sync can fail
     /// part-way, leaving the log half changed (logged inodes' names are

@@ -51,9 +51,6 @@ use crate::lock_order::{
 };
 use space_info::Need;
 use state::FsState;
-/// The top-level subvolume, the one the library's calls act in until
-/// they name a subvolume.
-const TOP: u64 = crate::format::tree_id::FS;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -1015,10 +1012,6 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |s| {
                 s.info.stats.fsyncs += 1;
                 let (mut root, ino) = s.resolve(ino)?;
-                if root.root.tree.id != TOP {
-                    root.count_fallback(FallbackReason::Subvolume);
-                    return Ok(tree_log::LogOutcome::NeedCommit);
-                }
                 root.log_for_fsync(ino)
             },
         )?;

@@ -42,12 +42,20 @@ struct LoggedInode {
     items: usize,
 }
 
-/// What the passes of one replay share.
+/// What the passes of one subvolume's replay share.
 struct Replay {
-    /// The log root tree and the fs tree's log tree.
-    log_trees: [TreeRoot; 2],
-    /// Blocks of both log trees, reserved by the first pass.
+    /// The subvolume whose log this is.
+    subvol: u64,
+    /// Its log tree.
+    log_tree: TreeRoot,
+    /// The trees whose blocks the first pass reserves: the log tree, and
+    /// the log root tree with the first subvolume's log.
+    reserved_trees: Vec<TreeRoot>,
+    /// Blocks of those trees, reserved by the first pass.
     log_blocks: Vec<u64>,
+    /// Data extents claimed by this replay or an earlier subvolume's of
+    /// the same log.
+    claimed: BTreeSet<u64>,
     /// Every log item, until `group_by_inode` takes them.
     items: Vec<(Key, Vec<u8>)>,
     /// How many items the log holds.
@@ -70,10 +78,13 @@ struct Replay {
 }
 
 impl Replay {
-    fn new(log_trees: [TreeRoot; 2]) -> Replay {
+    fn new(subvol: u64, log_tree: TreeRoot, reserved_trees: Vec<TreeRoot>) -> Replay {
         Replay {
-            log_trees,
+            subvol,
+            log_tree,
+            reserved_trees,
             log_blocks: Vec::new(),
+            claimed: BTreeSet::new(),
             items: Vec::new(),
             item_count: 0,
             logged_extents: Vec::new(),
@@ -181,7 +192,11 @@ impl<D: BlockDevice> FsState<D> {
         Ok(report)
     }
 
-    /// Replays the log whose root tree is at `log`.
+    /// Replays the log whose root tree is at `log`: each subvolume's log
+    /// tree into its subvolume, in id order (docs/SNAPSHOTS.md (e)). A log
+    /// of a subvolume that is not live in the base commit is a corruption
+    /// and discards the whole log (a log is never written for a subvolume
+    /// created or deleted after its base).
     fn replay_from(&mut self, log: LogRootRef) -> Result<ReplayReport> {
         // Every node of a log carries the transaction after its base.
         let log_generation = self.info.superblock.generation + 1;
@@ -192,28 +207,63 @@ impl<D: BlockDevice> FsState<D> {
             generation: log_generation,
             last_snapshot: 0,
         };
-        let key = Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS);
-        let data = self
+        let mut logs = Vec::new();
+        for (key, data) in self
             .info
             .forest
-            .get(&root_tree, &key)?
-            .ok_or_else(|| corrupt("log root tree has no log of the fs tree".into()))?;
-        let item = RootItem::decode(&data).map_err(|e| corrupt(format!("log root item: {e}")))?;
-        let log_tree = TreeRoot {
-            id: tree_id::LOG,
-            bytenr: item.bytenr,
-            level: item.level,
-            generation: item.generation,
-            last_snapshot: 0,
-        };
-        let mut replay = Replay::new([root_tree, log_tree]);
-        for pass in Self::REPLAY_PASSES {
-            (pass.run)(self, &mut replay)?;
-            if let Some(wrong) = (pass.check)(self, &replay)? {
-                return Err(corrupt(format!("after replay pass {}: {wrong}", pass.name)));
+            .collect_range(&root_tree, Key::MIN, Key::MAX)?
+        {
+            if key.objectid != tree_id::LOG || key.item_type != item_type::ROOT_ITEM {
+                return Err(corrupt(format!(
+                    "log root tree holds {key}, not a log tree"
+                )));
             }
+            let item = RootItem::decode(&data)
+                .map_err(|e| corrupt(format!("log root item {key}: {e}")))?;
+            match self.ctx(key.offset) {
+                Ok(_) => {}
+                Err(Error::NotFound) => {
+                    return Err(corrupt(format!(
+                        "log root tree holds a log of subvolume {}, which is not a live subvolume",
+                        key.offset
+                    )))
+                }
+                Err(e) => return Err(e),
+            }
+            logs.push((
+                key.offset,
+                TreeRoot {
+                    id: tree_id::LOG,
+                    bytenr: item.bytenr,
+                    level: item.level,
+                    generation: item.generation,
+                    last_snapshot: 0,
+                },
+            ));
         }
-        Ok(replay.report)
+        if logs.is_empty() {
+            return Err(corrupt("log root tree holds no log tree".into()));
+        }
+        let mut report = ReplayReport::default();
+        let mut claimed = BTreeSet::new();
+        let mut reserved_trees = vec![root_tree];
+        for (subvol, log_tree) in logs {
+            reserved_trees.push(log_tree);
+            let mut replay = Replay::new(subvol, log_tree, std::mem::take(&mut reserved_trees));
+            replay.claimed = std::mem::take(&mut claimed);
+            for pass in Self::REPLAY_PASSES {
+                (pass.run)(self, &mut replay)?;
+                if let Some(wrong) = (pass.check)(self, &replay)? {
+                    return Err(corrupt(format!(
+                        "after replay pass {} of subvolume {subvol}'s log: {wrong}",
+                        pass.name
+                    )));
+                }
+            }
+            claimed = replay.claimed;
+            report.add(&replay.report);
+        }
+        Ok(report)
     }
 
     /// Takes the log's own nodes out of the free map: nothing this
@@ -221,7 +271,7 @@ impl<D: BlockDevice> FsState<D> {
     /// supersedes it. A node on space already in use means the log is
     /// damaged.
     fn reserve_log_blocks(&mut self, replay: &mut Replay) -> Result<()> {
-        for tree in &replay.log_trees {
+        for tree in &replay.reserved_trees {
             for block in self.info.forest.tree_blocks(tree)? {
                 if !self.info.forest.alloc_mut().reserve_log_block(block) {
                     return Err(corrupt(format!(
@@ -250,13 +300,11 @@ impl<D: BlockDevice> FsState<D> {
     /// nothing else is allocated over logged data. An unrecorded extent
     /// that is not free means the log is damaged.
     fn claim_logged_extents(&mut self, replay: &mut Replay) -> Result<()> {
-        let [_, log_tree] = replay.log_trees;
         replay.items = self
             .info
             .forest
-            .collect_range(&log_tree, Key::MIN, Key::MAX)?;
+            .collect_range(&replay.log_tree, Key::MIN, Key::MAX)?;
         replay.item_count = replay.items.len();
-        let mut claimed = BTreeSet::new();
         for (key, data) in &replay.items {
             if key.item_type != item_type::EXTENT_DATA {
                 continue;
@@ -272,7 +320,7 @@ impl<D: BlockDevice> FsState<D> {
                 item_type::EXTENT_ITEM,
                 disk.disk_num_bytes,
             );
-            if claimed.contains(&disk.disk_bytenr)
+            if replay.claimed.contains(&disk.disk_bytenr)
                 || self
                     .info
                     .forest
@@ -296,7 +344,7 @@ impl<D: BlockDevice> FsState<D> {
                 disk.disk_num_bytes,
                 key.objectid,
             );
-            claimed.insert(disk.disk_bytenr);
+            replay.claimed.insert(disk.disk_bytenr);
         }
         Ok(())
     }
@@ -408,11 +456,13 @@ impl<D: BlockDevice> FsState<D> {
             let Some(item) = &log.item else { continue };
             replay.report.inodes += 1;
             replay.touched.insert(ino);
-            self.subvols.top.next_ino = self.subvols.top.next_ino.max(ino + 1);
-            match self.top().inode(ino) {
+            let root = self.ctx(replay.subvol)?;
+            root.root.next_ino = root.root.next_ino.max(ino + 1);
+            let mut root = self.ctx(replay.subvol)?;
+            match root.inode(ino) {
                 Ok(inode) => inode.item = item.clone(),
                 Err(Error::NotFound) => {
-                    self.subvols.top.inodes.insert(
+                    root.root.inodes.insert(
                         ino,
                         Inode {
                             item: item.clone(),
@@ -426,26 +476,30 @@ impl<D: BlockDevice> FsState<D> {
                 }
                 Err(e) => return Err(e),
             }
-            self.top().update_inode(ino, |_| {})?;
-            self.replace_xattrs(ino, &log.xattrs)?;
+            self.ctx(replay.subvol)?.update_inode(ino, |_| {})?;
+            self.replace_xattrs(replay.subvol, ino, &log.xattrs)?;
             if log.full_extents {
-                self.top().drop_extents(ino, 0, u64::MAX)?;
+                self.ctx(replay.subvol)?.drop_extents(ino, 0, u64::MAX)?;
             }
             for (offset, extent) in &log.extents {
                 let end = match extent {
                     FileExtent::Inline { .. } => SECTOR_SIZE,
                     e => offset + e.len(),
                 };
-                self.top().drop_extents(ino, *offset, end)?;
+                self.ctx(replay.subvol)?.drop_extents(ino, *offset, end)?;
                 match extent {
-                    FileExtent::Inline { .. } => self.info.forest.insert(
-                        &mut self.subvols.top.tree,
-                        Key::new(ino, item_type::EXTENT_DATA, 0),
-                        extent.encode(),
-                    )?,
-                    _ => self
-                        .top()
-                        .insert_file_extent(ino, *offset, extent.clone())?,
+                    FileExtent::Inline { .. } => {
+                        let root = self.ctx(replay.subvol)?;
+                        root.fs.forest.insert(
+                            &mut root.root.tree,
+                            Key::new(ino, item_type::EXTENT_DATA, 0),
+                            extent.encode(),
+                        )?
+                    }
+                    _ => {
+                        self.ctx(replay.subvol)?
+                            .insert_file_extent(ino, *offset, extent.clone())?
+                    }
                 }
                 replay.report.extents += 1;
             }
@@ -456,10 +510,11 @@ impl<D: BlockDevice> FsState<D> {
     /// After [`Self::replay_inodes`]: every inode the log holds an item of
     /// is in the inode cache.
     fn logged_inodes_cached(&mut self, replay: &Replay) -> Result<Option<String>> {
+        let root = self.ctx(replay.subvol)?;
         Ok(replay
             .logged
             .iter()
-            .find(|(ino, log)| log.item.is_some() && !self.subvols.top.inodes.contains_key(ino))
+            .find(|(ino, log)| log.item.is_some() && !root.root.inodes.contains_key(ino))
             .map(|(ino, _)| format!("logged inode {ino} is not cached")))
     }
 
@@ -468,7 +523,7 @@ impl<D: BlockDevice> FsState<D> {
     fn replay_logged_csums(&mut self, replay: &mut Replay) -> Result<()> {
         let extents: BTreeMap<u64, u64> = replay.logged_extents.iter().copied().collect();
         let items = std::mem::take(&mut replay.csum_items);
-        replay.csums_replayed = self.top().fs.replay_csums(items, &extents)?;
+        replay.csums_replayed = self.ctx(replay.subvol)?.fs.replay_csums(items, &extents)?;
         Ok(())
     }
 
@@ -497,11 +552,13 @@ impl<D: BlockDevice> FsState<D> {
         for (&dir, log) in &replay.logged {
             for &index in &log.dir_removed {
                 let key = Key::new(dir, item_type::DIR_INDEX, index);
-                let Some(data) = self.info.forest.get(&self.subvols.top.tree, &key)? else {
+                let root = self.ctx(replay.subvol)?;
+                let Some(data) = root.fs.forest.get(&root.root.tree, &key)? else {
                     continue;
                 };
                 let entry = decode_item(&key, DirEntry::decode(&data))?;
-                self.top().remove_name(dir, &entry.name, entry.ino)?;
+                self.ctx(replay.subvol)?
+                    .remove_name(dir, &entry.name, entry.ino)?;
                 replay.report.names_removed += 1;
                 replay.touched.extend([dir, entry.ino]);
                 replay.removed.push((dir, entry.name, entry.ino));
@@ -515,7 +572,7 @@ impl<D: BlockDevice> FsState<D> {
     fn removed_names_gone(&mut self, replay: &Replay) -> Result<Option<String>> {
         for (dir, name, ino) in &replay.removed {
             if self
-                .top()
+                .ctx(replay.subvol)?
                 .find_entry(*dir, name)?
                 .is_some_and(|e| e.ino == *ino)
             {
@@ -537,15 +594,15 @@ impl<D: BlockDevice> FsState<D> {
         let touched = &mut replay.touched;
         for (&ino, log) in &replay.logged {
             let Some(wanted) = &log.names else { continue };
-            if !self.exists(ino)? {
+            if !self.exists(replay.subvol, ino)? {
                 continue;
             }
-            let file_type = self.top().inode(ino)?.item.file_type();
-            let current = self.top().names_of(ino)?;
+            let file_type = self.ctx(replay.subvol)?.inode(ino)?.item.file_type();
+            let current = self.ctx(replay.subvol)?.names_of(ino)?;
             touched.insert(ino);
             for (parent, name) in &current {
                 if !wanted.contains(&(*parent, name.clone())) {
-                    self.top().remove_name(*parent, name, ino)?;
+                    self.ctx(replay.subvol)?.remove_name(*parent, name, ino)?;
                     report.names_removed += 1;
                     touched.insert(*parent);
                 }
@@ -554,18 +611,21 @@ impl<D: BlockDevice> FsState<D> {
                 if *parent == ino || current.contains(&(*parent, name.clone())) {
                     continue;
                 }
-                if !self.exists(*parent)?
-                    || self.top().inode(*parent)?.item.file_type() != FileType::Directory
+                if !self.exists(replay.subvol, *parent)?
+                    || self.ctx(replay.subvol)?.inode(*parent)?.item.file_type()
+                        != FileType::Directory
                 {
                     report.names_without_parent += 1;
                     continue;
                 }
-                if let Some(other) = self.top().find_entry(*parent, name)? {
-                    self.top().remove_name(*parent, name, other.ino)?;
+                if let Some(other) = self.ctx(replay.subvol)?.find_entry(*parent, name)? {
+                    self.ctx(replay.subvol)?
+                        .remove_name(*parent, name, other.ino)?;
                     report.names_removed += 1;
                     touched.insert(other.ino);
                 }
-                self.top().add_name(*parent, name, ino, file_type)?;
+                self.ctx(replay.subvol)?
+                    .add_name(*parent, name, ino, file_type)?;
                 report.names_added += 1;
                 touched.extend([*parent, ino]);
             }
@@ -578,11 +638,11 @@ impl<D: BlockDevice> FsState<D> {
     fn only_logged_names_left(&mut self, replay: &Replay) -> Result<Option<String>> {
         for (&ino, log) in &replay.logged {
             let Some(wanted) = &log.names else { continue };
-            if !self.exists(ino)? {
+            if !self.exists(replay.subvol, ino)? {
                 continue;
             }
             if let Some((parent, name)) = self
-                .top()
+                .ctx(replay.subvol)?
                 .names_of(ino)?
                 .into_iter()
                 .find(|n| !wanted.contains(n))
@@ -601,11 +661,16 @@ impl<D: BlockDevice> FsState<D> {
     /// log holds that inode's names and this is not one of them.
     fn add_logged_entries(&mut self, replay: &mut Replay) -> Result<()> {
         for (&dir, log) in &replay.logged {
-            if log.dir_added.is_empty() || !self.exists(dir)? {
+            if log.dir_added.is_empty() || !self.exists(replay.subvol, dir)? {
                 continue;
             }
             for entry in &log.dir_added {
-                if !self.exists(entry.ino)? || self.top().find_entry(dir, &entry.name)?.is_some() {
+                if !self.exists(replay.subvol, entry.ino)?
+                    || self
+                        .ctx(replay.subvol)?
+                        .find_entry(dir, &entry.name)?
+                        .is_some()
+                {
                     continue;
                 }
                 // An inode whose names are logged has them all in the log.
@@ -613,8 +678,8 @@ impl<D: BlockDevice> FsState<D> {
                 if named.is_some_and(|names| !names.contains(&(dir, entry.name.clone()))) {
                     continue;
                 }
-                let file_type = self.top().inode(entry.ino)?.item.file_type();
-                self.top()
+                let file_type = self.ctx(replay.subvol)?.inode(entry.ino)?.item.file_type();
+                self.ctx(replay.subvol)?
                     .add_name(dir, &entry.name, entry.ino, file_type)?;
                 replay.report.names_added += 1;
                 replay.touched.extend([dir, entry.ino]);
@@ -628,7 +693,7 @@ impl<D: BlockDevice> FsState<D> {
     fn added_names_found(&mut self, replay: &Replay) -> Result<Option<String>> {
         for (dir, name, ino) in &replay.added {
             if self
-                .top()
+                .ctx(replay.subvol)?
                 .find_entry(*dir, name)?
                 .is_none_or(|e| e.ino != *ino)
             {
@@ -645,10 +710,10 @@ impl<D: BlockDevice> FsState<D> {
     /// inode replay touched; one left without a name is deleted.
     fn fix_touched_counts(&mut self, replay: &mut Replay) -> Result<()> {
         for &ino in &replay.touched {
-            if !self.exists(ino)? {
+            if !self.exists(replay.subvol, ino)? {
                 continue;
             }
-            if self.fix_counts(ino)? {
+            if self.fix_counts(replay.subvol, ino)? {
                 replay.report.inodes_deleted += 1;
             }
         }
@@ -659,7 +724,9 @@ impl<D: BlockDevice> FsState<D> {
     /// has a link.
     fn touched_inodes_named(&mut self, replay: &Replay) -> Result<Option<String>> {
         for &ino in &replay.touched {
-            if self.exists(ino)? && self.top().inode(ino)?.item.nlink == 0 {
+            if self.exists(replay.subvol, ino)?
+                && self.ctx(replay.subvol)?.inode(ino)?.item.nlink == 0
+            {
                 return Ok(Some(format!("inode {ino} is left with no link")));
             }
         }
@@ -667,21 +734,22 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// Whether `ino` exists (in the cache or the fs tree).
-    fn exists(&mut self, ino: u64) -> Result<bool> {
-        match self.top().inode(ino) {
+    fn exists(&mut self, subvol: u64, ino: u64) -> Result<bool> {
+        match self.ctx(subvol)?.inode(ino) {
             Ok(_) => Ok(true),
             Err(Error::NotFound) => Ok(false),
             Err(e) => Err(e),
         }
     }
 
-    fn replace_xattrs(&mut self, ino: u64, xattrs: &[Xattr]) -> Result<()> {
-        for (key, _) in self.info.forest.collect_range(
-            &self.subvols.top.tree,
+    fn replace_xattrs(&mut self, subvol: u64, ino: u64, xattrs: &[Xattr]) -> Result<()> {
+        let root = self.ctx(subvol)?;
+        for (key, _) in root.fs.forest.collect_range(
+            &root.root.tree,
             Key::new(ino, item_type::XATTR_ITEM, 0),
             Key::new(ino, item_type::XATTR_ITEM, u64::MAX),
         )? {
-            self.info.forest.delete(&mut self.subvols.top.tree, &key)?;
+            root.fs.forest.delete(&mut root.root.tree, &key)?;
         }
         let mut buckets: HashMap<u64, Vec<Xattr>> = HashMap::new();
         for x in xattrs {
@@ -691,8 +759,8 @@ impl<D: BlockDevice> FsState<D> {
                 .push(x.clone());
         }
         for (hash, bucket) in buckets {
-            self.info.forest.put(
-                &mut self.subvols.top.tree,
+            root.fs.forest.put(
+                &mut root.root.tree,
                 Key::new(ino, item_type::XATTR_ITEM, hash),
                 encode_xattrs(&bucket),
             )?;
@@ -703,22 +771,22 @@ impl<D: BlockDevice> FsState<D> {
     /// Recomputes nlink (and, for a directory, its size; for a file, its
     /// byte count) from the trees. Deletes the inode if it has no name left.
     /// Returns whether it was deleted.
-    fn fix_counts(&mut self, ino: u64) -> Result<bool> {
+    fn fix_counts(&mut self, subvol: u64, ino: u64) -> Result<bool> {
         let names = if ino == ROOT_DIR_INO {
             1
         } else {
-            self.top().names_of(ino)?.len() as u32
+            self.ctx(subvol)?.names_of(ino)?.len() as u32
         };
-        let file_type = self.top().inode(ino)?.item.file_type();
+        let file_type = self.ctx(subvol)?.inode(ino)?.item.file_type();
         if file_type == FileType::Directory {
-            let entries = self.top().readdir(ino, 0, usize::MAX)?;
+            let entries = self.ctx(subvol)?.readdir(ino, 0, usize::MAX)?;
             if names == 0 {
                 if !entries.is_empty() {
                     return Err(corrupt(format!(
                         "replay left directory {ino}, which has entries, without a name"
                     )));
                 }
-                self.top().destroy_inode(ino)?;
+                self.ctx(subvol)?.destroy_inode(ino)?;
                 return Ok(true);
             }
             let subdirs = entries
@@ -726,25 +794,26 @@ impl<D: BlockDevice> FsState<D> {
                 .filter(|e| e.file_type == FileType::Directory)
                 .count() as u32;
             let size: u64 = entries.iter().map(|e| e.name.len() as u64).sum();
-            self.top().update_inode(ino, |i| {
+            self.ctx(subvol)?.update_inode(ino, |i| {
                 i.nlink = 2 + subdirs;
                 i.size = size;
             })?;
             return Ok(false);
         }
         if names == 0 {
-            self.top().destroy_inode(ino)?;
+            self.ctx(subvol)?.destroy_inode(ino)?;
             return Ok(true);
         }
         let mut nbytes = 0;
-        for (key, data) in self.info.forest.collect_range(
-            &self.subvols.top.tree,
+        let root = self.ctx(subvol)?;
+        for (key, data) in root.fs.forest.collect_range(
+            &root.root.tree,
             Key::new(ino, item_type::EXTENT_DATA, 0),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
         )? {
             nbytes += decode_item(&key, FileExtent::decode_at(&key, &data))?.len();
         }
-        self.top().update_inode(ino, |i| {
+        self.ctx(subvol)?.update_inode(ino, |i| {
             i.nlink = names;
             i.nbytes = nbytes;
         })?;
@@ -768,7 +837,8 @@ mod tests {
         let root = fs.root_ino();
         let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
         let mut state = fs.lock();
-        let mut replay = Replay::new([state.subvols.top.tree; 2]);
+        let tree = state.subvols.top.tree;
+        let mut replay = Replay::new(tree.id, tree, Vec::new());
         replay.removed.push((root, b"f".to_vec(), f));
         replay.added.push((root, b"g".to_vec(), f));
         let still_there = state.removed_names_gone(&replay).unwrap();
@@ -776,7 +846,8 @@ mod tests {
         let missing = state.added_names_found(&replay).unwrap();
         assert!(missing.is_some_and(|w| w.contains("does not name inode")));
 
-        let mut replay = Replay::new([state.subvols.top.tree; 2]);
+        let tree = state.subvols.top.tree;
+        let mut replay = Replay::new(tree.id, tree, Vec::new());
         replay.removed.push((root, b"g".to_vec(), f));
         replay.added.push((root, b"f".to_vec(), f));
         assert_eq!(state.removed_names_gone(&replay).unwrap(), None);

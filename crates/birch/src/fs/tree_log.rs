@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::format::{
     item_type, tree_id, DirEntry, FileExtent, FileType, InodeItem, Key, LeafItem, RootItem,
 };
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// The log trees are the forest's [`TreeKind::Logged`] trees: written by
@@ -87,17 +88,42 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(self.inode(ino)?.item.generation > self.committed_generation())
     }
 
-    /// The log trees, created on first use in this transaction.
-    fn log_trees(&mut self) -> Result<LogTrees> {
-        if let Some(t) = self.fs.log.trees {
-            return Ok(t);
+    /// This root's log tree, if it was logged into in this transaction.
+    fn own_log(&self) -> Option<&TreeRoot> {
+        let trees = self.fs.log.trees.as_ref()?;
+        trees.logs.get(&self.root.tree.id)
+    }
+
+    /// This root's log tree (and the log root tree), created on first use
+    /// in this transaction.
+    fn own_log_created(&mut self) -> Result<TreeRoot> {
+        if let Some(log) = self.own_log() {
+            return Ok(*log);
         }
-        let trees = LogTrees {
-            log: self.fs.forest.create_tree(tree_id::LOG)?,
-            root: self.fs.forest.create_tree(tree_id::LOG_ROOT)?,
-        };
-        self.fs.log.trees = Some(trees);
-        Ok(trees)
+        // The first log of a transaction is allocated before the log root
+        // tree, so a log sync of one root writes its log's nodes first (the
+        // layout log syncs had before there was a log per root).
+        let log = self.fs.forest.create_tree(tree_id::LOG)?;
+        if self.fs.log.trees.is_none() {
+            let root = self.fs.forest.create_tree(tree_id::LOG_ROOT)?;
+            self.fs.log.trees = Some(LogTrees {
+                logs: BTreeMap::new(),
+                root,
+            });
+        }
+        let id = self.root.tree.id;
+        if let Some(trees) = self.fs.log.trees.as_mut() {
+            trees.logs.insert(id, log);
+        }
+        Ok(log)
+    }
+
+    /// Stores this root's log tree after a change moved its root node.
+    fn set_own_log(&mut self, log: TreeRoot) {
+        let id = self.root.tree.id;
+        if let Some(trees) = self.fs.log.trees.as_mut() {
+            trees.logs.insert(id, log);
+        }
     }
 
     fn log_put(&mut self, key: Key, data: Vec<u8>) -> Result<()> {
@@ -107,24 +133,24 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 self.log_put(csum_key, csums)?;
             }
         }
-        let mut trees = self.log_trees()?;
-        let result = self.fs.forest.put(&mut trees.log, key, data);
-        self.fs.log.trees = Some(trees);
+        let mut log = self.own_log_created()?;
+        let result = self.fs.forest.put(&mut log, key, data);
+        self.set_own_log(log);
         result
     }
 
     fn log_delete(&mut self, key: &Key) -> Result<()> {
-        let Some(mut trees) = self.fs.log.trees else {
+        let Some(mut log) = self.own_log().copied() else {
             return Ok(());
         };
-        let result = self.fs.forest.delete(&mut trees.log, key).map(|_| ());
-        self.fs.log.trees = Some(trees);
+        let result = self.fs.forest.delete(&mut log, key).map(|_| ());
+        self.set_own_log(log);
         result
     }
 
     fn log_items(&self, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
-        match &self.fs.log.trees {
-            Some(t) => self.fs.forest.collect_range(&t.log, start, end),
+        match self.own_log() {
+            Some(log) => self.fs.forest.collect_range(log, start, end),
             None => Ok(Vec::new()),
         }
     }
@@ -274,7 +300,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// inode that changed after a hook logged it (a symlink whose target is
     /// written after its name).
     pub(crate) fn log_exists_again(&mut self, ino: u64) -> Result<()> {
-        if self.fs.log.trees.is_some()
+        if self.own_log().is_some()
             && self.inode(ino)?.log.names_logged_trans == self.fs.forest.transid()
         {
             self.log_exists(ino)?;
@@ -408,8 +434,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let (mut lo, mut hi) = (start, end);
         loop {
             let (before_lo, before_hi) = (lo, hi);
-            let log_from = match &self.fs.log.trees {
-                Some(t) => self.extent_reaching_from_below(&t.log, ino, lo)?,
+            let log_from = match self.own_log() {
+                Some(log) => self.extent_reaching_from_below(log, ino, lo)?,
                 None => lo,
             };
             for (key, data) in self.log_items(
@@ -580,6 +606,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             self.count_fallback(reason);
             return Ok(LogOutcome::NeedCommit);
         }
+        if self.created_after_log_base() {
+            self.count_fallback(FallbackReason::Subvolume);
+            return Ok(LogOutcome::NeedCommit);
+        }
         let inode = self.inode(ino)?;
         if inode.log.removed_committed_dir_trans == transid {
             self.count_fallback(FallbackReason::RemovedDirectory);
@@ -718,6 +748,15 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(None)
     }
 
+    /// Whether this subvolume was created after the commit the log is
+    /// relative to: replay could not find its root item, and a log naming
+    /// an unknown root is discarded whole (docs/SNAPSHOTS.md (e)).
+    fn created_after_log_base(&self) -> bool {
+        self.root
+            .item
+            .is_some_and(|item| item.otransid > self.committed_generation())
+    }
+
     pub(crate) fn count_fallback(&mut self, reason: FallbackReason) {
         match reason {
             FallbackReason::AncestorChain => self.fs.log_stats.fallback_ancestor_chain += 1,
@@ -733,7 +772,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// gets the new set at once — without a log sync, and without marking
     /// any ancestor as logged, so a later fsync of a parent still logs it.
     pub(crate) fn log_names_changed(&mut self, ino: u64) -> Result<()> {
-        if self.fs.log.trees.is_none()
+        if self.own_log().is_none()
             || self.inode(ino)?.log.names_logged_trans != self.fs.forest.transid()
         {
             return Ok(());
@@ -758,7 +797,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// inode's names), so the log never holds a removal without the entry
     /// that replaced it (rename over an entry of a logged directory).
     pub(crate) fn log_entry_added(&mut self, dir: u64, index: u64, entry: &DirEntry) -> Result<()> {
-        if self.fs.log.trees.is_none()
+        if self.own_log().is_none()
             || self.inode(dir)?.log.state_logged_trans != self.fs.forest.transid()
         {
             return Ok(());
@@ -779,7 +818,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         index: u64,
         committed: bool,
     ) -> Result<bool> {
-        if self.fs.log.trees.is_none()
+        if self.own_log().is_none()
             || self.inode(dir)?.log.state_logged_trans != self.fs.forest.transid()
         {
             return Ok(false);
@@ -812,7 +851,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let logged = self.root.inodes.get(&ino).is_some_and(|i| {
             i.log.names_logged_trans == transid || i.log.state_logged_trans == transid
         });
-        if logged && self.fs.log.trees.is_some() {
+        if logged && self.own_log().is_some() {
             self.log_delete_range(Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))?;
             // A committed inode keeps its committed names at replay unless
             // the log says they are gone (it may have been logged under a
@@ -838,36 +877,58 @@ pub(crate) struct SealedLog {
 
 /// The log across roots: sealing it for a log sync, dropping it at a commit.
 impl<D: BlockDevice> FsState<D> {
-    /// Seals the filling log transaction for writing: records the log
-    /// tree's root in the log root tree and hands over the changed log
-    /// nodes. Returns `None` when nothing was logged.
+    /// Seals the filling log transaction for writing: records each
+    /// subvolume's log tree root in the log root tree (`(LOG, ROOT_ITEM,
+    /// id)`) and hands over the changed log nodes of all of them, for one
+    /// log sync (fsyncs in several subvolumes share it). Returns `None`
+    /// when nothing was logged.
     pub(crate) fn seal_log(&mut self) -> Result<Option<SealedLog>> {
         let id = self.info.log.filling;
         self.info.log.filling += 1;
         if !std::mem::take(&mut self.info.log.filling_dirty) {
             return Ok(None);
         }
-        let mut trees = self.info.log.trees.expect("something was logged");
-        let item = RootItem {
-            bytenr: trees.log.bytenr,
-            generation: trees.log.generation,
-            level: trees.log.level,
-        };
-        self.info.forest.put(
-            &mut trees.root,
-            Key::new(tree_id::LOG, item_type::ROOT_ITEM, tree_id::FS),
-            item.encode(),
-        )?;
+        let mut trees = self.info.log.trees.take().expect("something was logged");
+        let sealed = self.record_log_trees(&mut trees);
+        let root = trees.root;
         self.info.log.trees = Some(trees);
+        sealed?;
         let nodes = self.info.forest.seal_log_nodes();
+        if nodes.is_empty() {
+            // Every fsync since the last sync logged items the log already
+            // held as they are (and every log tree's item is unchanged):
+            // the log syncs before this one (done: log syncs are serial)
+            // made all of it durable. Blocks the log released stay pinned
+            // for the next seal.
+            return Ok(None);
+        }
         let released = self.info.forest.alloc_mut().take_log_pinned();
         Ok(Some(SealedLog {
             id,
             base_generation: self.top().committed_generation(),
-            root: trees.root,
+            root,
             nodes,
             released,
         }))
+    }
+
+    /// Points the log root tree at every subvolume's log tree. An item
+    /// already pointing at an unchanged log is left alone (no node is
+    /// copied for it).
+    fn record_log_trees(&mut self, trees: &mut LogTrees) -> Result<()> {
+        for (subvol, log) in &trees.logs {
+            let key = Key::new(tree_id::LOG, item_type::ROOT_ITEM, *subvol);
+            let item = RootItem {
+                bytenr: log.bytenr,
+                generation: log.generation,
+                level: log.level,
+            }
+            .encode();
+            if self.info.forest.get(&trees.root, &key)?.as_ref() != Some(&item) {
+                self.info.forest.put(&mut trees.root, key, item)?;
+            }
+        }
+        Ok(())
     }
 
     /// Drops the log (a commit makes its content durable): its written
@@ -875,13 +936,15 @@ impl<D: BlockDevice> FsState<D> {
     /// change records, which the caller frees outside the state lock.
     pub(crate) fn drop_log(&mut self) -> Result<RetiredRecords> {
         if let Some(trees) = self.info.log.trees.take() {
-            self.info.forest.drop_tree(&trees.log)?;
+            for log in trees.logs.values() {
+                self.info.forest.drop_tree(log)?;
+            }
             self.info.forest.drop_tree(&trees.root)?;
         }
         self.info.log.filling_dirty = false;
         self.info.log.force_commit = None;
-        // Other subvolumes are never logged yet (their fsyncs commit):
-        // their records of this transaction's changes are dropped.
+        // Every root's records of this transaction's changes are durable
+        // with the commit.
         for root in self.subvols.others.values_mut() {
             root.delayed.take_txn_changes();
         }

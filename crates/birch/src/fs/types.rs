@@ -458,6 +458,20 @@ pub struct ReplayReport {
     pub newest_log_incomplete: bool,
 }
 
+impl ReplayReport {
+    /// Adds the counts of one subvolume's replay.
+    pub(crate) fn add(&mut self, other: &ReplayReport) {
+        self.inodes = self.inodes.saturating_add(other.inodes);
+        self.names_added = self.names_added.saturating_add(other.names_added);
+        self.names_removed = self.names_removed.saturating_add(other.names_removed);
+        self.extents = self.extents.saturating_add(other.extents);
+        self.inodes_deleted = self.inodes_deleted.saturating_add(other.inodes_deleted);
+        self.names_without_parent = self
+            .names_without_parent
+            .saturating_add(other.names_without_parent);
+    }
+}
+
 /// What a mount did with the log it found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayOutcome {
