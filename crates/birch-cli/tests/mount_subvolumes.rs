@@ -339,7 +339,7 @@ fn subvolume_unprivileged_caller_refused() {
     };
     refused(
         &["subvolume", "create", s(&fx.path("theirs"))],
-        "permission denied",
+        "permission denied (EACCES)",
     );
     refused(
         &["subvolume", "set-default", "256", s(&mnt)],
@@ -716,9 +716,80 @@ fn subvolume_snapshot_and_delete_unprivileged_refused() {
     // Delete: root only, even of its own subvolume.
     refused(
         &["subvolume", "delete", s(&open.join("mine-snap"))],
-        "permission denied",
+        "permission denied (EPERM)",
     );
     assert!(open.join("mine-snap").is_dir());
     ok(&["subvolume", "delete", s(&open.join("mine-snap"))]);
     assert_eq!(names(&open), ["mine"]);
+}
+
+/// `-o user_subvol_rm_allowed` (docs/FUSE.md, "Who may send which
+/// ioctl"; btrfs's `btrfs_ioctl_snap_destroy`): a user may delete a
+/// subvolume whose root directory and parent directory it may write and
+/// search, and in a sticky parent only one it or the parent's owner owns.
+#[test]
+fn subvolume_delete_user_subvol_rm_allowed() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("subvol-user-rm", "256M");
+    fx.options = vec!["commit=0".into(), "user_subvol_rm_allowed".into()];
+    fx.mount();
+    let mnt = fx.mnt.clone();
+    fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    let open = fx.path("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let sticky = fx.path("sticky");
+    fs::create_dir(&sticky).unwrap();
+    fs::set_permissions(&sticky, fs::Permissions::from_mode(0o1777)).unwrap();
+    let refused = |args: &[&str], message: &str| {
+        let out = as_nobody(args);
+        assert!(!out.status.success(), "{args:?} succeeded as nobody");
+        let err = text(&out.stderr);
+        assert!(err.contains(message), "{args:?}: {err}");
+    };
+    let allowed = |args: &[&str]| {
+        let out = as_nobody(args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    };
+
+    // Its own subvolume, in a directory it may write: deleted.
+    allowed(&["subvolume", "create", s(&open.join("mine"))]);
+    allowed(&["subvolume", "delete", s(&open.join("mine"))]);
+    assert!(names(&open).is_empty());
+    // Root's subvolume (root directory 0755): no write permission on it.
+    ok(&["subvolume", "create", s(&open.join("roots"))]);
+    refused(
+        &["subvolume", "delete", s(&open.join("roots"))],
+        "permission denied (EACCES)",
+    );
+    // Its own subvolume in root's directory: no write permission there.
+    let given = fx.path("given");
+    ok(&["subvolume", "create", s(&given)]);
+    std::os::unix::fs::chown(&given, Some(NOBODY), Some(NOBODY)).unwrap();
+    refused(
+        &["subvolume", "delete", s(&given)],
+        "permission denied (EACCES)",
+    );
+    // A sticky directory: root's subvolume, even one anyone may write,
+    // is not nobody's to delete; its own is.
+    ok(&["subvolume", "create", s(&sticky.join("roots"))]);
+    fs::set_permissions(sticky.join("roots"), fs::Permissions::from_mode(0o777)).unwrap();
+    refused(
+        &["subvolume", "delete", s(&sticky.join("roots"))],
+        "permission denied (EPERM)",
+    );
+    allowed(&["subvolume", "create", s(&sticky.join("mine"))]);
+    allowed(&["subvolume", "delete", s(&sticky.join("mine"))]);
+    assert_eq!(names(&open), ["roots"]);
+    assert_eq!(names(&sticky), ["roots"]);
+    assert!(given.is_dir());
+    // A name that is not a subvolume: EINVAL, as for root.
+    fs::create_dir(open.join("plain")).unwrap();
+    refused(
+        &["subvolume", "delete", s(&open.join("plain"))],
+        "not a subvolume",
+    );
+    ok(&["subvolume", "sync", s(&mnt)]);
 }
