@@ -793,3 +793,71 @@ fn subvolume_delete_user_subvol_rm_allowed() {
     );
     ok(&["subvolume", "sync", s(&mnt)]);
 }
+
+/// `mv` of a subvolume (docs/SNAPSHOTS.md (g), "Renaming a subvolume
+/// link", as btrfs): renamed and moved to another directory of its parent
+/// subvolume, keeping its contents and id, listed at its new path; moving
+/// it into another subvolume is EXDEV, over a non-empty directory
+/// ENOTEMPTY; the new name survives a power cut after the commit.
+#[test]
+fn subvolume_rename_moves_the_link() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("subvol-rename");
+    let mnt = fx.mnt.clone();
+    ok(&["subvolume", "create", s(&fx.path("sv"))]);
+    ok(&["subvolume", "create", s(&fx.path("other"))]);
+    fs::write(fx.path("sv/f"), b"kept").unwrap();
+    fs::create_dir(fx.path("d")).unwrap();
+    fs::create_dir_all(fx.path("full/x")).unwrap();
+    let ino = fs::metadata(fx.path("sv")).unwrap().ino();
+
+    fs::rename(fx.path("sv"), fx.path("sw")).unwrap();
+    fs::rename(fx.path("sw"), fx.path("d/moved")).unwrap();
+    assert_eq!(fs::metadata(fx.path("d/moved")).unwrap().ino(), ino);
+    assert_eq!(fs::read(fx.path("d/moved/f")).unwrap(), b"kept");
+    assert_eq!(names(&mnt), ["d", "full", "other"]);
+    let errno = |r: std::io::Result<()>| r.unwrap_err().raw_os_error();
+    assert_eq!(
+        errno(fs::rename(fx.path("d/moved"), fx.path("other/m"))),
+        Some(libc::EXDEV)
+    );
+    assert_eq!(
+        errno(fs::rename(fx.path("d/moved"), fx.path("full"))),
+        Some(libc::ENOTEMPTY)
+    );
+    let paths: Vec<String> = listed(&ok(&["subvolume", "list", s(&mnt)]))
+        .into_iter()
+        .map(|(_, _, path)| path)
+        .collect();
+    assert_eq!(paths, ["d/moved", "other"]);
+    fx.sync();
+    fx.power_cut();
+    fx.mount();
+    assert_eq!(fs::read(fx.path("d/moved/f")).unwrap(), b"kept");
+    assert!(!fx.path("sv").exists() && !fx.path("sw").exists());
+}
+
+/// Files of a deleted subvolume stop working at once, even while open
+/// (docs/SNAPSHOTS.md (d), "Differs from (d)": btrfs keeps them usable
+/// until closed): a read through an open descriptor gets ENOENT, and the
+/// path is gone.
+#[test]
+fn subvolume_delete_makes_its_open_files_enoent() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = fixture("subvol-delete-open");
+    ok(&["subvolume", "create", s(&fx.path("sv"))]);
+    fs::write(fx.path("sv/f"), b"data").unwrap();
+    let mut file = fs::File::open(fx.path("sv/f")).unwrap();
+    ok(&["subvolume", "delete", s(&fx.path("sv"))]);
+    let mut buf = Vec::new();
+    use std::io::Read;
+    let err = file.read_to_end(&mut buf).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    assert!(!fx.path("sv/f").exists());
+    drop(file);
+    ok(&["subvolume", "sync", s(&fx.mnt)]);
+}
