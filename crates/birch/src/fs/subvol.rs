@@ -206,8 +206,9 @@ impl<D: BlockDevice> FsState<D> {
     /// rename(2) when the source or the target is a subvolume link
     /// (docs/SNAPSHOTS.md (g), "Renaming a subvolume link"; btrfs's
     /// `btrfs_rename`). Returns false, having changed nothing, when neither
-    /// name is a link (or a name is malformed or the source is missing:
-    /// the plain rename reports those in the kernel's order). Both
+    /// name is a link (or a name is malformed, the flags contradict each
+    /// other or the source is missing: the plain rename reports those in
+    /// the kernel's order). Both
     /// directories are in subvolume `parent`'s tree (the caller refused
     /// others with EXDEV). A link moves: its DIR_ITEM and DIR_INDEX leave
     /// `dir`, new ones (a new dir index) go into `new_dir`, and its
@@ -230,7 +231,7 @@ impl<D: BlockDevice> FsState<D> {
         let well_formed = validate_name(name).is_ok()
             && validate_name(new_name).is_ok()
             && !matches!(new_name, b"." | b"..");
-        if !well_formed {
+        if !well_formed || (flags.exchange && flags.no_replace) {
             return Ok(false);
         }
         let Some(source) = ctx.find_entry(dir, name)? else {
