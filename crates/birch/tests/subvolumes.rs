@@ -987,3 +987,32 @@ fn power_cut_during_subvolume_rename() {
         points.len()
     );
 }
+
+/// Crash case: `subvolume create sv; sync; mkdir x; fsync .; mv sv sw;
+/// <cut>`: the fsync's log holds the top directory without any link (a
+/// log never holds one); replaying it must neither lose `sv` nor leave
+/// its ROOT_REF pair dangling: every state shows `sv` whole (the rename
+/// was not durable), `x` after the fsync, and checks clean.
+#[test]
+fn fsync_before_subvolume_rename_keeps_the_link() {
+    let rec = recorder(32 << 20, 0x6b);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    fs.mkdir(InoSpace::join(sv, ROOT_DIR_INO), b"inner", 0o755, 0, 0)
+        .unwrap();
+    fs.sync().unwrap();
+    fs.mkdir(root, b"x", 0o755, 0, 0).unwrap();
+    fs.fsync(root, false).unwrap();
+    let synced = rec.flush_count();
+    fs.rename(root, b"sv", root, b"sw", RenameFlags::default())
+        .unwrap();
+    drop(fs);
+    for point in crash_points(&rec, synced, &Enumeration::thorough(0x6b)) {
+        let view = crash_view(&rec, &point);
+        assert!(view.contains_key("/x"), "{point:?}: {view:?}");
+        let old = view.contains_key("/sv/inner");
+        let new = view.contains_key("/sw/inner");
+        assert!(old != new, "{point:?}: {view:?}");
+    }
+}
