@@ -48,7 +48,9 @@ pub struct MountArgs {
     /// rescue=usebackuproot (if the newest commit cannot be read, mount the newest older
     /// one the superblock records, read-only unless `rw` is given too); and mount(8)'s
     /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...;
-    /// subvol=PATH (from the top level) or subvolid=ID: the subvolume to show (default: the default one)
+    /// subvol=PATH (from the top level) or subvolid=ID: the subvolume to show (default: the default one);
+    /// user_subvol_rm_allowed (any user who could rmdir a subvolume's root directory may
+    /// `birch subvolume delete` it, as btrfs)
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Record every device write and flush, and a mark at each fsync and
@@ -217,6 +219,7 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             ("async", None) => s.fuse.sync = false,
             ("dirsync", None) => s.fuse.dirsync = true,
             ("subvol", Some(v)) => s.fuse.subvolume.path = Some(v.to_string()),
+            ("user_subvol_rm_allowed", None) => s.fuse.user_subvol_rm_allowed = true,
             ("subvolid", Some(v)) => {
                 s.fuse.subvolume.id = Some(v.parse().map_err(|_| {
                     Failure::new(format!("-o subvolid={v}: expected a subvolume id"))

@@ -415,7 +415,9 @@ fn delete_one(path: &Path, commit_each: bool) -> Result<(File, PathBuf), Failure
         _ => failure(
             Path::new(&shown),
             e,
-            "deleting a subvolume needs root or the mount's owner",
+            "deleting a subvolume needs root or the mount's owner, or a mount with \
+             user_subvol_rm_allowed and write and search permission on the subvolume \
+             and its directory",
         ),
     })?;
     if commit_each {
@@ -722,8 +724,13 @@ fn failure(path: &Path, e: io::Error, permission: &str) -> Failure {
         Some(libc::EEXIST) => format!("target path already exists: {p}"),
         Some(libc::EINVAL) => format!("{p}: not a subvolume (or an invalid name)"),
         Some(libc::EROFS) => format!("{p}: read-only subvolume or filesystem"),
-        Some(libc::EPERM | libc::EACCES) if !permission.is_empty() => {
-            format!("{p}: permission denied: {permission}")
+        Some(code @ (libc::EPERM | libc::EACCES)) if !permission.is_empty() => {
+            let name = if code == libc::EPERM {
+                "EPERM"
+            } else {
+                "EACCES"
+            };
+            format!("{p}: permission denied ({name}): {permission}")
         }
         _ => format!("{p}: {e}"),
     })

@@ -339,7 +339,7 @@ fn subvolume_unprivileged_caller_refused() {
     };
     refused(
         &["subvolume", "create", s(&fx.path("theirs"))],
-        "permission denied",
+        "permission denied (EACCES)",
     );
     refused(
         &["subvolume", "set-default", "256", s(&mnt)],
@@ -716,9 +716,148 @@ fn subvolume_snapshot_and_delete_unprivileged_refused() {
     // Delete: root only, even of its own subvolume.
     refused(
         &["subvolume", "delete", s(&open.join("mine-snap"))],
-        "permission denied",
+        "permission denied (EPERM)",
     );
     assert!(open.join("mine-snap").is_dir());
     ok(&["subvolume", "delete", s(&open.join("mine-snap"))]);
     assert_eq!(names(&open), ["mine"]);
+}
+
+/// `-o user_subvol_rm_allowed` (docs/FUSE.md, "Who may send which
+/// ioctl"; btrfs's `btrfs_ioctl_snap_destroy`): a user may delete a
+/// subvolume whose root directory and parent directory it may write and
+/// search, and in a sticky parent only one it or the parent's owner owns.
+#[test]
+fn subvolume_delete_user_subvol_rm_allowed() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("subvol-user-rm", "256M");
+    fx.options = vec!["commit=0".into(), "user_subvol_rm_allowed".into()];
+    fx.mount();
+    let mnt = fx.mnt.clone();
+    fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    let open = fx.path("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let sticky = fx.path("sticky");
+    fs::create_dir(&sticky).unwrap();
+    fs::set_permissions(&sticky, fs::Permissions::from_mode(0o1777)).unwrap();
+    let refused = |args: &[&str], message: &str| {
+        let out = as_nobody(args);
+        assert!(!out.status.success(), "{args:?} succeeded as nobody");
+        let err = text(&out.stderr);
+        assert!(err.contains(message), "{args:?}: {err}");
+    };
+    let allowed = |args: &[&str]| {
+        let out = as_nobody(args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    };
+
+    // Its own subvolume, in a directory it may write: deleted.
+    allowed(&["subvolume", "create", s(&open.join("mine"))]);
+    allowed(&["subvolume", "delete", s(&open.join("mine"))]);
+    assert!(names(&open).is_empty());
+    // Root's subvolume (root directory 0755): no write permission on it.
+    ok(&["subvolume", "create", s(&open.join("roots"))]);
+    refused(
+        &["subvolume", "delete", s(&open.join("roots"))],
+        "permission denied (EACCES)",
+    );
+    // Its own subvolume in root's directory: no write permission there.
+    let given = fx.path("given");
+    ok(&["subvolume", "create", s(&given)]);
+    std::os::unix::fs::chown(&given, Some(NOBODY), Some(NOBODY)).unwrap();
+    refused(
+        &["subvolume", "delete", s(&given)],
+        "permission denied (EACCES)",
+    );
+    // A sticky directory: root's subvolume, even one anyone may write,
+    // is not nobody's to delete; its own is.
+    ok(&["subvolume", "create", s(&sticky.join("roots"))]);
+    fs::set_permissions(sticky.join("roots"), fs::Permissions::from_mode(0o777)).unwrap();
+    refused(
+        &["subvolume", "delete", s(&sticky.join("roots"))],
+        "permission denied (EPERM)",
+    );
+    allowed(&["subvolume", "create", s(&sticky.join("mine"))]);
+    allowed(&["subvolume", "delete", s(&sticky.join("mine"))]);
+    assert_eq!(names(&open), ["roots"]);
+    assert_eq!(names(&sticky), ["roots"]);
+    assert!(given.is_dir());
+    // A name that is not a subvolume: EINVAL, as for root.
+    fs::create_dir(open.join("plain")).unwrap();
+    refused(
+        &["subvolume", "delete", s(&open.join("plain"))],
+        "not a subvolume",
+    );
+    ok(&["subvolume", "sync", s(&mnt)]);
+}
+
+/// `mv` of a subvolume (docs/SNAPSHOTS.md (g), "Renaming a subvolume
+/// link", as btrfs): renamed and moved to another directory of its parent
+/// subvolume, keeping its contents and id, listed at its new path; moving
+/// it into another subvolume is EXDEV, over a non-empty directory
+/// ENOTEMPTY; the new name survives a power cut after the commit.
+#[test]
+fn subvolume_rename_moves_the_link() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("subvol-rename");
+    let mnt = fx.mnt.clone();
+    ok(&["subvolume", "create", s(&fx.path("sv"))]);
+    ok(&["subvolume", "create", s(&fx.path("other"))]);
+    fs::write(fx.path("sv/f"), b"kept").unwrap();
+    fs::create_dir(fx.path("d")).unwrap();
+    fs::create_dir_all(fx.path("full/x")).unwrap();
+    let ino = fs::metadata(fx.path("sv")).unwrap().ino();
+
+    fs::rename(fx.path("sv"), fx.path("sw")).unwrap();
+    fs::rename(fx.path("sw"), fx.path("d/moved")).unwrap();
+    assert_eq!(fs::metadata(fx.path("d/moved")).unwrap().ino(), ino);
+    assert_eq!(fs::read(fx.path("d/moved/f")).unwrap(), b"kept");
+    assert_eq!(names(&mnt), ["d", "full", "other"]);
+    let errno = |r: std::io::Result<()>| r.unwrap_err().raw_os_error();
+    assert_eq!(
+        errno(fs::rename(fx.path("d/moved"), fx.path("other/m"))),
+        Some(libc::EXDEV)
+    );
+    assert_eq!(
+        errno(fs::rename(fx.path("d/moved"), fx.path("full"))),
+        Some(libc::ENOTEMPTY)
+    );
+    let paths: Vec<String> = listed(&ok(&["subvolume", "list", s(&mnt)]))
+        .into_iter()
+        .map(|(_, _, path)| path)
+        .collect();
+    assert_eq!(paths, ["d/moved", "other"]);
+    fx.sync();
+    fx.power_cut();
+    fx.mount();
+    assert_eq!(fs::read(fx.path("d/moved/f")).unwrap(), b"kept");
+    assert!(!fx.path("sv").exists() && !fx.path("sw").exists());
+}
+
+/// Files of a deleted subvolume stop working at once, even while open
+/// (docs/SNAPSHOTS.md (d), "Differs from (d)": btrfs keeps them usable
+/// until closed): a read through an open descriptor gets ENOENT, and the
+/// path is gone.
+#[test]
+fn subvolume_delete_makes_its_open_files_enoent() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = fixture("subvol-delete-open");
+    ok(&["subvolume", "create", s(&fx.path("sv"))]);
+    fs::write(fx.path("sv/f"), b"data").unwrap();
+    let mut file = fs::File::open(fx.path("sv/f")).unwrap();
+    ok(&["subvolume", "delete", s(&fx.path("sv"))]);
+    let mut buf = Vec::new();
+    use std::io::Read;
+    let err = file.read_to_end(&mut buf).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    assert!(!fx.path("sv/f").exists());
+    drop(file);
+    ok(&["subvolume", "sync", s(&fx.mnt)]);
 }

@@ -140,6 +140,11 @@ pub struct FuseOptions {
     pub dirsync: bool,
     /// `subvol=` / `subvolid=`: the subvolume shown as the mount's root.
     pub subvolume: crate::subvol::SubvolumeChoice,
+    /// `user_subvol_rm_allowed` (btrfs's option): a caller who is neither
+    /// root nor the mount's owner may delete a subvolume through
+    /// `BTRFS_IOC_SNAP_DESTROY` when it could rmdir the subvolume's root
+    /// directory ([`may_destroy_subvolume`]).
+    pub user_subvol_rm_allowed: bool,
 }
 
 impl Default for FuseOptions {
@@ -168,6 +173,7 @@ impl Default for FuseOptions {
             sync: false,
             dirsync: false,
             subvolume: Default::default(),
+            user_subvol_rm_allowed: false,
         }
     }
 }
@@ -366,15 +372,15 @@ enum IoctlAccess {
 
 fn ioctl_access(cmd: u32) -> IoctlAccess {
     match cmd {
-        XFS_IOC_GOINGDOWN
-        | BIRCH_IOC_SCRUB
-        | subvol::BTRFS_IOC_DEFAULT_SUBVOL
-        | subvol::BTRFS_IOC_SNAP_DESTROY => IoctlAccess::Administrator,
+        XFS_IOC_GOINGDOWN | BIRCH_IOC_SCRUB | subvol::BTRFS_IOC_DEFAULT_SUBVOL => {
+            IoctlAccess::Administrator
+        }
         FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR => IoctlAccess::CheckedByKernel,
         subvol::BTRFS_IOC_SUBVOL_CREATE
         | subvol::BIRCH_IOC_SNAP_CREATE
         | subvol::BTRFS_IOC_SUBVOL_SETFLAGS
-        | subvol::BTRFS_IOC_INO_LOOKUP => IoctlAccess::CheckedByBirch,
+        | subvol::BTRFS_IOC_INO_LOOKUP
+        | subvol::BTRFS_IOC_SNAP_DESTROY => IoctlAccess::CheckedByBirch,
         _ => IoctlAccess::Anyone,
     }
 }
@@ -411,6 +417,34 @@ fn may_write_and_search(req: &Request, dir: &Attr) -> bool {
         perm
     };
     class & 0o3 == 0o3
+}
+
+/// Whether `req`'s caller, neither root nor the mount's owner, may delete
+/// subvolume `victim` (its root directory's attributes) from directory
+/// `parent` on a mount with `user_subvol_rm_allowed`: btrfs's
+/// `btrfs_ioctl_snap_destroy` for a caller without CAP_SYS_ADMIN, in its
+/// order. Without the option EPERM; write and search permission on the
+/// subvolume's root directory and on `parent` (EACCES); in a sticky
+/// `parent`, the caller must own `parent` or the subvolume
+/// (`btrfs_check_sticky`, EPERM). btrfs checks neither that the
+/// subvolume is empty nor what the caller could delete inside it.
+fn may_destroy_subvolume(
+    req: &Request,
+    allowed: bool,
+    parent: &Attr,
+    victim: &Attr,
+) -> Result<(), Errno> {
+    if !allowed {
+        return Err(Errno::EPERM);
+    }
+    if !may_write_and_search(req, victim) || !may_write_and_search(req, parent) {
+        return Err(Errno::EACCES);
+    }
+    let sticky = u32::from(parent.perm) & libc::S_ISVTX != 0;
+    if sticky && req.uid() != parent.uid && req.uid() != victim.uid {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
 }
 
 /// Whether `caller` may shut down or scrub a mount served by `owner`.
@@ -849,6 +883,22 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             subvol::BTRFS_IOC_SNAP_DESTROY => (|| {
                 let name = vol_args_name(in_data)?;
                 self.follow_remount();
+                if !may_administer(req.uid(), self.owner) {
+                    let parent = self.fs.getattr(ino).map_err(errno)?;
+                    let victim = self.fs.lookup(ino, name).map_err(errno)?;
+                    // btrfs: EINVAL when the name is not a subvolume's
+                    // root (the engine says so too, after the checks).
+                    let (victim_tree, victim_dir) = InoSpace::split(victim.ino);
+                    if victim_dir != ROOT_DIR_INO || victim_tree == tree {
+                        return Err(Errno::EINVAL);
+                    }
+                    may_destroy_subvolume(
+                        req,
+                        self.options.user_subvol_rm_allowed,
+                        &parent,
+                        &victim,
+                    )?;
+                }
                 self.fs.delete_subvolume(ino, name).map_err(errno)?;
                 // The kernel's dentry would keep showing the name (and
                 // its cached inodes answer stat) until it expires.

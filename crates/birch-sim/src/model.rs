@@ -867,8 +867,8 @@ impl Model {
         let (old_dir, old_name) = self.parent(old)?;
         let (new_dir, new_name) = self.parent(new)?;
         // birch's order: EXDEV across subvolumes, EROFS, then a subvolume
-        // link as source or replaced target (EOPNOTSUPP: moving a link is
-        // not built), then the kernel's checks.
+        // link as source or replaced target (`rename_link`), then the
+        // kernel's checks.
         if self.node(old_dir).subvol != self.node(new_dir).subvol {
             return Err(libc::EXDEV);
         }
@@ -877,13 +877,11 @@ impl Model {
             && old_name.len() <= NAME_MAX
             && !new_name.is_empty()
             && new_name.len() <= NAME_MAX;
-        if well_formed && self.node(old_dir).entries().contains_key(old_name) {
-            let target_exists = self.node(new_dir).entries().contains_key(new_name);
-            if self.is_link(old_dir, old_name)
-                || ((flags.exchange || target_exists) && self.is_link(new_dir, new_name))
-            {
-                return Err(libc::EOPNOTSUPP);
-            }
+        if well_formed
+            && self.node(old_dir).entries().contains_key(old_name)
+            && (self.is_link(old_dir, old_name) || self.is_link(new_dir, new_name))
+        {
+            return self.rename_link(old_dir, old_name, new_dir, new_name, flags);
         }
         let source = self.lookup(old_dir, old_name)?;
         check_name_len(new_name)?;
@@ -954,6 +952,53 @@ impl Model {
             self.node_mut(old_dir).nlink -= 1;
             self.node_mut(new_dir).nlink += 1;
         }
+        self.set_parent(source, new_dir);
+        Ok(())
+    }
+
+    /// `rename` when the source or the target is a subvolume link, in the
+    /// engine's order (`rename_subvolume_link`, as btrfs): RENAME_EXCHANGE
+    /// is EOPNOTSUPP; over an existing name EEXIST with NOREPLACE, nothing
+    /// for the link itself, the kernel's type checks, then ENOTEMPTY over
+    /// a link or a non-empty directory; an empty directory is replaced.
+    /// The link moves with its subvolume whole.
+    fn rename_link(
+        &mut self,
+        old_dir: MIno,
+        old_name: &[u8],
+        new_dir: MIno,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> MResult<()> {
+        if flags.exchange {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let source = self.lookup(old_dir, old_name)?;
+        let source_is_dir = self.node(source).kind == Kind::Dir;
+        if let Some(target) = self.node(new_dir).entries().get(new_name).copied() {
+            if flags.no_replace {
+                return Err(libc::EEXIST);
+            }
+            if target == source {
+                return Ok(());
+            }
+            let target_node = self.node(target);
+            match (source_is_dir, target_node.kind == Kind::Dir) {
+                (true, true) => {}
+                (true, false) => return Err(libc::ENOTDIR),
+                (false, _) => return Err(libc::EISDIR),
+            }
+            if self.is_link(new_dir, new_name) || !target_node.entries().is_empty() {
+                return Err(libc::ENOTEMPTY);
+            }
+            self.node_mut(new_dir).entries_mut().remove(new_name);
+            self.node_mut(new_dir).nlink -= 1;
+            self.drop_link(target);
+        }
+        self.node_mut(old_dir).entries_mut().remove(old_name);
+        self.node_mut(old_dir).nlink -= 1;
+        self.insert_entry(new_dir, new_name, source);
+        self.node_mut(new_dir).nlink += 1;
         self.set_parent(source, new_dir);
         Ok(())
     }

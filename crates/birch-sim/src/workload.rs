@@ -354,6 +354,11 @@ pub struct WorkloadConfig {
     /// top level or of a subvolume, delete, a cleaner transaction). 0
     /// keeps the op stream of a seed as it was before they existed.
     pub subvolume_weight: u32,
+    /// Among subvolume ops, the weight (against 20 for the others) of a
+    /// rename of a subvolume link: to a new name, over an existing name,
+    /// or into another subvolume (EXDEV). 0 keeps the op stream of a seed
+    /// as it was before they existed.
+    pub subvolume_rename_weight: u32,
     /// Use setuid and sticky bits in modes.
     pub special_perms: bool,
     /// Allow truncates past the largest file size (EFBIG).
@@ -373,6 +378,7 @@ impl Default for WorkloadConfig {
             read_weight: 10,
             shape_weight: 0,
             subvolume_weight: 0,
+            subvolume_rename_weight: 0,
             special_perms: true,
             huge_truncates: true,
         }
@@ -394,6 +400,7 @@ impl WorkloadConfig {
             read_weight: 2,
             shape_weight: 4,
             subvolume_weight: 4,
+            subvolume_rename_weight: 0,
             special_perms: true,
             huge_truncates: true,
         }
@@ -795,12 +802,26 @@ impl Generator {
     /// A subvolume op: mostly a create or a snapshot (read-only one time
     /// in three) of a live subvolume into any directory, sometimes a
     /// delete (of a subvolume's link mostly, else of a directory: EINVAL)
-    /// or a cleaner transaction. File ops reach into subvolumes and
-    /// snapshots through the model's paths, which cross their links.
+    /// or a cleaner transaction, and with `subvolume_rename_weight` a
+    /// rename of a link. File ops reach into subvolumes and snapshots
+    /// through the model's paths, which cross their links.
     fn subvolume_op(&mut self, model: &Model) -> Op {
         let subvolumes = model.subvolume_paths();
         let links: Vec<&Path> = subvolumes.iter().filter(|p| !p.is_empty()).collect();
-        match self.rng.gen_range(0..20) {
+        match self.rng.gen_range(0..20 + self.cfg.subvolume_rename_weight) {
+            20.. if !links.is_empty() => {
+                let from = links[self.rng.gen_range(0..links.len())].clone();
+                let to = if self.rng.gen_ratio(1, 4) {
+                    self.old_path(model, |k| k == Kind::Dir)
+                } else {
+                    self.new_path(model)
+                };
+                let flags = RenameFlags {
+                    no_replace: self.rng.gen_ratio(1, 8),
+                    exchange: false,
+                };
+                Op::Rename { from, to, flags }
+            }
             0..=6 => Op::CreateSubvolume {
                 path: self.new_path(model),
             },

@@ -46,6 +46,36 @@ fn every_crash_state_mounts_checks_clean_and_matches_the_model() {
     assert!(total.crash_states > 0);
 }
 
+/// Crash workloads with renames of subvolume links among the subvolume
+/// ops (docs/SNAPSHOTS.md (g)): every crash state mounts, checks clean
+/// and matches the model, the link at its old or its new name, whole.
+/// Seeds 1000..1006 (`BIRCH_SEED=n` replays one); each prints its seed.
+#[test]
+fn subvolume_rename_crash_states_match_the_model() {
+    let seeds: Vec<u64> = match seed_override() {
+        Some(s) => vec![s],
+        None if long_mode() => (1000..1100).collect(),
+        None => (1000..1006).collect(),
+    };
+    let mut total = CrashStats::default();
+    for seed in seeds {
+        let mut cfg = if long_mode() {
+            CrashConfig::long(seed)
+        } else {
+            CrashConfig::ci(seed)
+        };
+        cfg.workload.subvolume_weight = 12;
+        cfg.workload.subvolume_rename_weight = 12;
+        let stats = run_seed(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!(
+            "seed={seed}: {} flush points, {} crash states, {:.2?}",
+            stats.flush_points, stats.crash_states, stats.elapsed
+        );
+        total.add(&stats);
+    }
+    assert!(total.crash_states > 0);
+}
+
 // ----- scripted crash cases -----
 
 fn p(s: &str) -> Path {

@@ -88,6 +88,26 @@ fn subvolume_sequences_match_the_model() {
     report("subvolume sequences", &runs, start);
 }
 
+/// Subvolume sequences with renames of subvolume links mixed in (to a
+/// new name, over an existing one, into another subvolume): the link
+/// moves with its subvolume whole, as btrfs (docs/SNAPSHOTS.md (g)).
+#[test]
+fn subvolume_rename_sequences_match_the_model() {
+    let start = Instant::now();
+    let runs: Vec<ModelStats> = seeds(3100..3120)
+        .into_iter()
+        .map(|seed| {
+            let mut run = ModelRun::new(seed, 400);
+            run.cfg.subvolume_weight = 8;
+            run.cfg.subvolume_rename_weight = 10;
+            run.mount.cleaner_nodes_per_transaction = 1 + (seed % 3) as usize;
+            run.compare_every = 10;
+            run_model("fs_model", &run).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    report("subvolume rename sequences", &runs, start);
+}
+
 /// Write-heavy sequences with big writes: multi-extent files, sparse
 /// writes at large offsets, a small dirty limit so commits land in the
 /// middle of the workload.

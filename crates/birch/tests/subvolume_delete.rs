@@ -562,4 +562,43 @@ fn fsync_in_deleted_subvolume_is_a_no_op() {
             "{point:?}: {view:?}"
         );
     }
+
+/// A deleted subvolume's inodes are gone at once (docs/SNAPSHOTS.md (d),
+/// "Differs from (d)"): a number the kernel still holds (a cached inode,
+/// a file handle, an open file) answers ENOENT for getattr, lookup,
+/// listing, open, read and write from the delete on, before the cleaner
+/// has dropped a node. Its holds went with the root: a release or forget
+/// finds nothing (ENOENT, which the FUSE adapter ignores for a forget and
+/// never sends for a release in its no-open mode).
+#[test]
+fn deleted_subvolume_inodes_are_enoent_at_once() {
+    let dev = memory_fs(32 << 20, 0x7a);
+    let fs = mount(dev);
+    let root = fs.root_ino();
+    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv_root = fs.lookup(root, b"sv").unwrap().ino;
+    let d = fs.mkdir(sv_root, b"d", 0o755, 0, 0).unwrap().ino;
+    let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, b"data").unwrap();
+    fs.open_inode(f).unwrap();
+    fs.sync().unwrap();
+    fs.delete_subvolume(root, b"sv").unwrap();
+    let enoent = |what: &str, r: birch::error::Result<()>| {
+        assert_eq!(r.map_err(|e| e.errno()), Err(libc::ENOENT), "{what}");
+    };
+    for ino in [sv_root, d, f] {
+        enoent("getattr", fs.getattr(ino).map(drop));
+        enoent("open", fs.open_inode(ino));
+    }
+    enoent("lookup", fs.lookup(d, b"f").map(drop));
+    enoent("lookup ..", fs.lookup(sv_root, b"..").map(drop));
+    enoent("readdir", fs.readdir(d, 0, 10).map(drop));
+    enoent("read", fs.read_file(f, 0, 4).map(drop));
+    enoent("write", fs.write_file(f, 0, b"x").map(drop));
+    enoent("create", fs.create(d, b"g", 0o644, 0, 0).map(drop));
+    enoent("release", fs.release(f));
+    enoent("forget", fs.forget(f, 1));
+    assert_eq!(fs.deleted_subvolumes().len(), 1);
+    clean_all(&fs);
+    enoent("getattr after the drop", fs.getattr(f).map(drop));
 }

@@ -802,3 +802,217 @@ fn worker_flushes_delayed_items_of_every_subvolume() {
         "the worker never flushed the subvolume's 40 delayed items"
     );
 }
+
+/// Renaming a subvolume link (docs/SNAPSHOTS.md (g), "Renaming a
+/// subvolume link"; btrfs's `btrfs_rename`): it moves within its parent
+/// subvolume, keeping its id, contents and root directory, with its
+/// ROOT_REF pair rewritten (list and `..` follow it); it may replace an
+/// empty directory; everything else is refused as btrfs refuses it.
+#[test]
+fn rename_of_subvolume_link_moves_it() {
+    let dev = memory_fs(32 << 20, 0x68);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let other = fs.create_subvolume(root, b"other", 0, 0).unwrap();
+    let sv_root = InoSpace::join(sv, ROOT_DIR_INO);
+    let other_root = InoSpace::join(other, ROOT_DIR_INO);
+    let inner = fs.mkdir(sv_root, b"inner", 0o755, 0, 0).unwrap().ino;
+    let nlink = |ino| fs.getattr(ino).unwrap().nlink;
+    let (root_nlink, d_nlink) = (nlink(root), nlink(d));
+    let plain = RenameFlags::default();
+
+    fs.rename(root, b"sv", root, b"sw", plain).unwrap();
+    assert_eq!(fs.lookup(root, b"sw").unwrap().ino, sv_root);
+    assert_eq!(fs.lookup(root, b"sv").unwrap_err().errno(), libc::ENOENT);
+    fs.rename(root, b"sw", d, b"moved", plain).unwrap();
+    assert_eq!(fs.lookup(d, b"moved").unwrap().ino, sv_root);
+    assert_eq!(fs.lookup(sv_root, b"inner").unwrap().ino, inner);
+    assert_eq!(fs.lookup(sv_root, b"..").unwrap().ino, d);
+    assert_eq!((nlink(root), nlink(d)), (root_nlink - 1, d_nlink + 1));
+    let listed = fs.list_subvolumes().unwrap();
+    let entry = listed.iter().find(|i| i.id == sv).unwrap();
+    assert_eq!(
+        (entry.parent, entry.name.as_slice()),
+        (tree_id::FS, &b"moved"[..])
+    );
+    let names: Vec<Vec<u8>> = fs
+        .readdir(d, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, [b"moved".to_vec()]);
+
+    // Refused, nothing changed: across subvolumes, over another link,
+    // over a non-empty directory or a file, a file over a link, with
+    // RENAME_NOREPLACE or RENAME_EXCHANGE.
+    let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    let full = fs.mkdir(root, b"full", 0o755, 0, 0).unwrap().ino;
+    fs.mkdir(full, b"x", 0o755, 0, 0).unwrap();
+    let errno = |r: birch::error::Result<()>| r.unwrap_err().errno();
+    assert_eq!(
+        errno(fs.rename(d, b"moved", other_root, b"m", plain)),
+        libc::EXDEV
+    );
+    assert_eq!(
+        errno(fs.rename(d, b"moved", root, b"other", plain)),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(
+        errno(fs.rename(d, b"moved", root, b"full", plain)),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(
+        errno(fs.rename(d, b"moved", root, b"f", plain)),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno(fs.rename(root, b"f", root, b"other", plain)),
+        libc::EISDIR
+    );
+    assert_eq!(
+        errno(fs.rename(root, b"full", root, b"other", plain)),
+        libc::ENOTEMPTY
+    );
+    let no_replace = RenameFlags {
+        no_replace: true,
+        ..plain
+    };
+    assert_eq!(
+        errno(fs.rename(d, b"moved", root, b"full", no_replace)),
+        libc::EEXIST
+    );
+    let exchange = RenameFlags {
+        exchange: true,
+        ..plain
+    };
+    assert_eq!(
+        errno(fs.rename(d, b"moved", root, b"full", exchange)),
+        libc::EOPNOTSUPP
+    );
+    assert_eq!(errno(fs.unlink(d, b"moved")), libc::EOPNOTSUPP);
+    assert_eq!(fs.lookup(d, b"moved").unwrap().ino, sv_root);
+    assert_eq!(fs.lookup(root, b"f").unwrap().ino, f);
+    // Onto itself: nothing happens.
+    fs.rename(d, b"moved", d, b"moved", plain).unwrap();
+
+    // Over an empty directory: it goes.
+    let empty = fs.mkdir(root, b"empty", 0o755, 0, 0).unwrap().ino;
+    let before = nlink(root);
+    fs.rename(d, b"moved", root, b"empty", plain).unwrap();
+    assert_eq!(fs.lookup(root, b"empty").unwrap().ino, sv_root);
+    assert_eq!(fs.getattr(empty).unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(nlink(root), before);
+    // A read-only subvolume's link moves (the change is its parent's).
+    fs.set_subvolume_readonly(sv, true).unwrap();
+    fs.rename(root, b"empty", root, b"ro", plain).unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    assert_clean(&dev, "after the renames");
+    let fs = mount(dev);
+    let root = fs.root_ino();
+    assert_eq!(fs.lookup(root, b"ro").unwrap().ino, sv_root);
+    assert_eq!(fs.lookup(sv_root, b"inner").unwrap().ino, inner);
+    assert_eq!(fs.lookup(sv_root, b"..").unwrap().ino, root);
+    assert!(fs.lookup(d, b"moved").is_err());
+    // rmdir of the moved link deletes it once empty.
+    fs.set_subvolume_readonly(sv, false).unwrap();
+    fs.rmdir(sv_root, b"inner").unwrap();
+    fs.rmdir(root, b"ro").unwrap();
+    assert_eq!(fs.deleted_subvolumes(), [sv]);
+}
+
+/// Crash case (docs/SNAPSHOTS.md (i)): `subvolume create sv; sync; mv sv
+/// sw; fsync .; <cut>` shows `sw`: the fsync committed (counted as
+/// `fallback_subvolume`), since a log never copies a link.
+#[test]
+fn rename_of_subvolume_link_then_fsync_commits() {
+    let rec = recorder(32 << 20, 0x69);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    fs.mkdir(InoSpace::join(sv, ROOT_DIR_INO), b"inner", 0o755, 0, 0)
+        .unwrap();
+    fs.sync().unwrap();
+    fs.rename(root, b"sv", root, b"sw", RenameFlags::default())
+        .unwrap();
+    let before = fs.log_stats();
+    fs.fsync(root, false).unwrap();
+    let after = fs.log_stats();
+    assert_eq!(after.fallback_subvolume, before.fallback_subvolume + 1);
+    let synced = rec.flush_count();
+    drop(fs);
+    for point in crash_points(&rec, synced, &Enumeration::thorough(0x69)) {
+        let view = crash_view(&rec, &point);
+        assert!(view.contains_key("/sw/inner"), "{point:?}: {view:?}");
+        assert!(!view.contains_key("/sv"), "{point:?}: {view:?}");
+    }
+}
+
+/// Crash case: `subvolume create sv; mkdir d; sync; mv sv d/sw; <cut
+/// anywhere in the next commit>` shows the link at exactly one of its
+/// names, with its contents, and `birch check` clean (crash_view checks):
+/// the DIR_ITEM / DIR_INDEX pair and the ROOT_REF pair move in one
+/// transaction.
+#[test]
+fn power_cut_during_subvolume_rename() {
+    let rec = recorder(32 << 20, 0x6a);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    fs.mkdir(InoSpace::join(sv, ROOT_DIR_INO), b"inner", 0o755, 0, 0)
+        .unwrap();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let synced = rec.flush_count();
+    fs.rename(root, b"sv", d, b"sw", RenameFlags::default())
+        .unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    let points = crash_points(&rec, synced, &Enumeration::thorough(0x6a));
+    let mut saw = [false; 2];
+    for point in &points {
+        let view = crash_view(&rec, point);
+        let old = view.contains_key("/sv/inner");
+        let new = view.contains_key("/d/sw/inner");
+        assert!(old != new, "{point:?}: {view:?}");
+        saw[new as usize] = true;
+    }
+    assert_eq!(
+        saw,
+        [true, true],
+        "both outcomes among {} states",
+        points.len()
+    );
+}
+
+/// Crash case: `subvolume create sv; sync; mkdir x; fsync .; mv sv sw;
+/// <cut>`: the fsync's log holds the top directory without any link (a
+/// log never holds one); replaying it must neither lose `sv` nor leave
+/// its ROOT_REF pair dangling: every state shows `sv` whole (the rename
+/// was not durable), `x` after the fsync, and checks clean.
+#[test]
+fn fsync_before_subvolume_rename_keeps_the_link() {
+    let rec = recorder(32 << 20, 0x6b);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    fs.mkdir(InoSpace::join(sv, ROOT_DIR_INO), b"inner", 0o755, 0, 0)
+        .unwrap();
+    fs.sync().unwrap();
+    fs.mkdir(root, b"x", 0o755, 0, 0).unwrap();
+    fs.fsync(root, false).unwrap();
+    let synced = rec.flush_count();
+    fs.rename(root, b"sv", root, b"sw", RenameFlags::default())
+        .unwrap();
+    drop(fs);
+    for point in crash_points(&rec, synced, &Enumeration::thorough(0x6b)) {
+        let view = crash_view(&rec, &point);
+        assert!(view.contains_key("/x"), "{point:?}: {view:?}");
+        let old = view.contains_key("/sv/inner");
+        let new = view.contains_key("/sw/inner");
+        assert!(old != new, "{point:?}: {view:?}");
+    }
+}

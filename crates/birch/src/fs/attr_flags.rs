@@ -71,10 +71,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.deny_if_flagged(dir, false)?;
         if let Some(entry) = self.find_entry(dir, name)? {
             // A link is removed by rmdir or `subvolume delete`
-            // (cleaner.rs), which run before this; moving it is not built.
+            // (cleaner.rs) and moved by `rename_subvolume_link`
+            // (subvol.rs), which run before this. unlink(2) of a
+            // directory is EISDIR in the VFS before it reaches birch.
             if entry.subvolume {
                 return Err(Error::NotSupported(
-                    "renaming or unlinking a subvolume link (rmdir or subvolume delete removes it)",
+                    "unlinking a subvolume link (rmdir or subvolume delete removes it)",
                 ));
             }
             self.deny_if_flagged(entry.ino, false)?;

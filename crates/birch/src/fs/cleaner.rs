@@ -268,7 +268,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// from directory `dir`: the DIR_ITEM now, the DIR_INDEX delayed, the
     /// directory's size and link count. Not logged (a log never holds a
     /// link; the caller forces fsyncs to commit).
-    fn remove_subvolume_link(
+    pub(super) fn remove_subvolume_link(
         &mut self,
         dir: u64,
         name: &[u8],

@@ -566,6 +566,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |_| Ok(Need::items(10)),
             |s| {
                 InoSpace::same_subvolume(parent, new_parent)?;
+                if s.rename_subvolume_link(parent, name, new_parent, new_name, flags)? {
+                    return Ok(());
+                }
                 let (_, new_dir) = InoSpace::split(new_parent);
                 let (mut root, dir) = s.resolve_writable(parent)?;
                 // The source leaves its directory, a replaced target

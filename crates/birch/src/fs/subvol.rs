@@ -8,10 +8,11 @@
 use super::decode::decode_item;
 use super::info::PendingSnapshot;
 use super::log_state::FallbackReason;
+use super::namespace::validate_name;
 use super::root::{Root, RootCtx, SubvolRecord};
 use super::space_info::Need;
 use super::state::FsState;
-use super::{Attr, DirListEntry, InoSpace, SubvolInfo};
+use super::{Attr, DirListEntry, InoSpace, RenameFlags, SubvolInfo};
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::node::NodeBody;
@@ -200,6 +201,111 @@ impl<D: BlockDevice> FsState<D> {
         }
         ctx.ensure_space(0)?;
         ctx.require_dir_indexes(dir, 1)
+    }
+
+    /// rename(2) when the source or the target is a subvolume link
+    /// (docs/SNAPSHOTS.md (g), "Renaming a subvolume link"; btrfs's
+    /// `btrfs_rename`). Returns false, having changed nothing, when neither
+    /// name is a link (or a name is malformed, the flags contradict each
+    /// other or the source is missing: the plain rename reports those in
+    /// the kernel's order). Both
+    /// directories are in subvolume `parent`'s tree (the caller refused
+    /// others with EXDEV). A link moves: its DIR_ITEM and DIR_INDEX leave
+    /// `dir`, new ones (a new dir index) go into `new_dir`, and its
+    /// ROOT_REF / ROOT_BACKREF pair is rewritten with the new directory,
+    /// index and name. It may replace an empty plain directory; renaming
+    /// anything over a link is ENOTEMPTY, as btrfs. RENAME_EXCHANGE with
+    /// a link is not built (EOPNOTSUPP). Not logged: fsyncs commit until
+    /// the next commit, as after a create or a delete.
+    pub(super) fn rename_subvolume_link(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<bool> {
+        let (parent_id, dir) = InoSpace::split(parent);
+        let (_, new_dir) = InoSpace::split(new_parent);
+        let mut ctx = self.writable(parent_id)?;
+        let well_formed = validate_name(name).is_ok()
+            && validate_name(new_name).is_ok()
+            && !matches!(new_name, b"." | b"..");
+        if !well_formed || (flags.exchange && flags.no_replace) {
+            return Ok(false);
+        }
+        let Some(source) = ctx.find_entry(dir, name)? else {
+            return Ok(false);
+        };
+        let target = ctx.find_entry(new_dir, new_name)?;
+        let target_is_link = target.as_ref().is_some_and(|t| t.subvolume);
+        if !source.subvolume && !target_is_link {
+            return Ok(false);
+        }
+        if flags.exchange {
+            return Err(Error::NotSupported("RENAME_EXCHANGE of a subvolume link"));
+        }
+        if let Some(target) = &target {
+            if flags.no_replace {
+                return Err(Error::Exists);
+            }
+            if target.subvolume && source.subvolume && target.ino == source.ino {
+                // The same link under the same name: nothing to do.
+                return Ok(true);
+            }
+            // The VFS's type checks come first (a link is a directory),
+            // then btrfs's: nothing replaces a subvolume, and a directory
+            // replaces only an empty one.
+            match (source.file_type, target.file_type) {
+                (FileType::Directory, FileType::Directory) => {}
+                (FileType::Directory, _) => return Err(Error::NotDir),
+                (_, _) => return Err(Error::IsDir),
+            }
+            if target.subvolume || !ctx.is_dir_empty(target.ino)? {
+                return Err(Error::NotEmpty);
+            }
+        }
+        ctx.deny_if_flagged(dir, false)?;
+        ctx.deny_if_flagged(new_dir, target.is_none())?;
+        ctx.require_dir(new_dir)?;
+        ctx.ensure_space(0)?;
+        ctx.require_dir_indexes(new_dir, 1)?;
+        let id = source.ino;
+        let ref_key = Key::root_ref(parent_id, id);
+        let corrupt = |why: String| {
+            Error::corrupt(Corruption::general(format!(
+                "subvolume link \"{}\" in {parent_id}:{dir}: {why}",
+                String::from_utf8_lossy(name)
+            )))
+        };
+        let data = ctx
+            .fs
+            .forest
+            .get(&ctx.fs.roots.root, &ref_key)?
+            .ok_or_else(|| corrupt(format!("no {ref_key}")))?;
+        let old = decode_item(&ref_key, RootRef::decode(&data))?;
+        if old.dirid != dir || old.name != name {
+            return Err(corrupt(format!("{ref_key} names another link")));
+        }
+        if let Some(target) = &target {
+            ctx.deny_if_flagged(target.ino, false)?;
+            ctx.rmdir(new_dir, new_name)?;
+        }
+        ctx.remove_subvolume_link(dir, name, id, old.index)?;
+        let index = ctx.add_subvolume_link(new_dir, new_name, id)?;
+        let roots = &mut self.info.roots;
+        for key in [ref_key, Key::root_backref(id, parent_id)] {
+            self.info
+                .forest
+                .delete(&mut roots.root, &key)?
+                .ok_or_else(|| corrupt(format!("no {key}")))?;
+        }
+        self.insert_root_refs(parent_id, id, new_dir, index, new_name)?;
+        // A log of this transaction would copy either directory without
+        // the link while the ROOT_REF pair names it: fsyncs commit until
+        // the next commit (counted as `fallback_subvolume`).
+        self.info.log.force_commit = Some(FallbackReason::Subvolume);
+        Ok(true)
     }
 
     /// The ROOT_REF / ROOT_BACKREF pair linking subvolume `child` as entry
