@@ -1064,7 +1064,10 @@ fn power_cut_right_after_snapshot() {
     run.cut_and_remount();
 
     assert_entries(run.root(), &["snap", "snap-ro", "sv"]);
-    assert!(tree_files(&run.path("snap")) == want, "snap differs from sv");
+    assert!(
+        tree_files(&run.path("snap")) == want,
+        "snap differs from sv"
+    );
     assert!(
         tree_files(&run.path("snap-ro")) == want,
         "snap-ro differs from sv"

@@ -17,8 +17,8 @@ use crate::error::{Corruption, Error, Result};
 use crate::format::tree_name;
 use crate::format::{
     block_csum, decode_csums_at, decode_inode_extrefs, decode_inode_refs, item_type, tree_id,
-    FileExtent, ItemError, Key, LeafItem, Node, NodeBody, RootItem, Superblock, SubvolRootItem,
-    ROOT_DIR_INO, SECTOR_SIZE, SUBVOL_ROOT_ITEM_SIZE,
+    FileExtent, ItemError, Key, KeyPtr, LeafItem, Node, NodeBody, RootItem, SubvolRootItem,
+    Superblock, ROOT_DIR_INO, SECTOR_SIZE, SUBVOL_ROOT_ITEM_SIZE,
 };
 use crate::fs::log_choice::choose_log;
 use crate::fs::{read_superblock, Filesystem};
@@ -208,49 +208,24 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
         high: None,
         dropped_to: None,
     }];
-    // The log a mount would replay (docs/LOG-FLUSH.md), its last sync's
-    // nodes judged by the checksums the superblock's manifest lists.
-    let mut manifest = HashMap::new();
-    if scope.walk_log {
-        match choose_log(dev, sb) {
-            Ok(choice) => {
-                if let Some(log) = choice.log {
-                    stack.push(Visit {
-                        bytenr: log.bytenr,
-                        tree: tree_id::LOG_ROOT,
-                        level: log.level,
-                        generation: None,
-                        high: None,
-                        dropped_to: None,
-                    });
-                }
-                manifest = choice.manifest_checksums;
-            }
-            Err(e) => report
-                .unrepaired
-                .push(format!("fsync log: {e} (not scrubbed)")),
-        }
-    }
+    let manifest = if scope.walk_log {
+        log_start(dev, sb, &mut stack, &mut report)
+    } else {
+        HashMap::new()
+    };
     // Snapshots share subtrees: a node is read once, through whichever
     // tree reaches it first (its header's owner need not be that tree,
     // `tree_id::may_reach` allows it).
     let mut seen = HashSet::new();
     let mut data = DataMaps::default();
     while let Some(visit) = stack.pop() {
-        let Visit {
-            bytenr,
-            tree,
-            level,
-            generation,
-            high,
-            dropped_to,
-        } = visit;
+        let (bytenr, tree) = (visit.bytenr, visit.tree);
         if !seen.insert(bytenr) {
             continue;
         }
-        let expect = generation.map(|generation| NodeExpectation {
+        let expect = visit.generation.map(|generation| NodeExpectation {
             tree,
-            level,
+            level: visit.level,
             generation,
         });
         report.nodes += 1;
@@ -265,23 +240,7 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
         };
         match &node.body {
             NodeBody::Internal(ptrs) => {
-                for (i, p) in ptrs.iter().enumerate() {
-                    let child_high = ptrs.get(i + 1).map(|next| next.key).or(high);
-                    // Released by the cleaner: the child was decremented
-                    // or freed, and its block may since hold anything.
-                    if matches!((child_high, dropped_to), (Some(h), Some(done)) if h <= done) {
-                        continue;
-                    }
-                    data.pointer(tree, Some(bytenr), p.blockptr);
-                    stack.push(Visit {
-                        bytenr: p.blockptr,
-                        tree,
-                        level: node.level.saturating_sub(1),
-                        generation: Some(p.generation),
-                        high: child_high,
-                        dropped_to,
-                    });
-                }
+                push_children(&mut stack, &mut data, &visit, node.level, ptrs)
             }
             NodeBody::Leaf(items) if tree == tree_id::ROOT || tree == tree_id::LOG_ROOT => {
                 for item in items
@@ -325,14 +284,78 @@ struct Visit {
     dropped_to: Option<Key>,
 }
 
+/// The log a mount would replay (docs/LOG-FLUSH.md): queues its root and
+/// returns the checksums the superblock's manifest lists for its last
+/// sync's nodes, by which they are judged.
+fn log_start<D: BlockDevice + ?Sized>(
+    dev: &D,
+    sb: &Superblock,
+    stack: &mut Vec<Visit>,
+    report: &mut ScrubReport,
+) -> HashMap<u64, u32> {
+    match choose_log(dev, sb) {
+        Ok(choice) => {
+            if let Some(log) = choice.log {
+                stack.push(Visit {
+                    bytenr: log.bytenr,
+                    tree: tree_id::LOG_ROOT,
+                    level: log.level,
+                    generation: None,
+                    high: None,
+                    dropped_to: None,
+                });
+            }
+            choice.manifest_checksums
+        }
+        Err(e) => {
+            report
+                .unrepaired
+                .push(format!("fsync log: {e} (not scrubbed)"));
+            HashMap::new()
+        }
+    }
+}
+
+/// Queues the children of internal node `parent` (at `level`, what its
+/// header says), but for the pointers a
+/// drop in progress has released; notes the pointers for `DataMaps`.
+fn push_children(
+    stack: &mut Vec<Visit>,
+    data: &mut DataMaps,
+    parent: &Visit,
+    level: u8,
+    ptrs: &[KeyPtr],
+) {
+    for (i, p) in ptrs.iter().enumerate() {
+        let high = ptrs.get(i + 1).map(|next| next.key).or(parent.high);
+        // Released by the cleaner: the child was decremented or freed,
+        // and its block may since hold anything.
+        if matches!((high, parent.dropped_to), (Some(h), Some(done)) if h <= done) {
+            continue;
+        }
+        data.pointer(parent.tree, Some(parent.bytenr), p.blockptr);
+        stack.push(Visit {
+            bytenr: p.blockptr,
+            tree: parent.tree,
+            level: level.saturating_sub(1),
+            generation: Some(p.generation),
+            high,
+            dropped_to: parent.dropped_to,
+        });
+    }
+}
+
 /// The tree a ROOT_ITEM of the root tree (or of the log root tree, whose
 /// items name log trees) leads to.
 fn root_visit(tree: u64, item: &LeafItem) -> std::result::Result<Visit, ItemError> {
-    let root = RootItem::decode(&item.data)?;
-    let dead = (item.data.len() == SUBVOL_ROOT_ITEM_SIZE)
-        .then(|| SubvolRootItem::decode(&item.data))
-        .transpose()?
-        .filter(|long| long.refs == 0 && long.drop_progress != Key::MIN);
+    // A subvolume's long item (INCOMPAT_SUBVOLUMES) or the short form.
+    let (root, dropped_to) = if item.data.len() == SUBVOL_ROOT_ITEM_SIZE {
+        let long = SubvolRootItem::decode(&item.data)?;
+        let dropping = long.refs == 0 && long.drop_progress != Key::MIN;
+        (long.root, dropping.then_some(long.drop_progress))
+    } else {
+        (RootItem::decode(&item.data)?, None)
+    };
     Ok(Visit {
         bytenr: root.bytenr,
         tree: if tree == tree_id::LOG_ROOT {
@@ -343,7 +366,7 @@ fn root_visit(tree: u64, item: &LeafItem) -> std::result::Result<Visit, ItemErro
         level: root.level,
         generation: Some(root.generation),
         high: None,
-        dropped_to: dead.map(|long| long.drop_progress),
+        dropped_to,
     })
 }
 
