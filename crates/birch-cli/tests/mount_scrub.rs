@@ -230,12 +230,7 @@ fn scrub_of_a_mount_with_snapshots_covers_every_subvolume() {
     fx.unmount();
     let out = birch(&["scrub", fx.image_str()]);
     let report = text(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{report}{}",
-        text(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(1), "{report}{}", text(&out.stderr));
     assert!(
         report.contains("0 repaired, 1 unrepaired")
             && report.contains("subvolume 257 /shared offset 8192"),
