@@ -45,6 +45,7 @@ pub struct MountArgs {
     /// node_cache=SIZE (clean tree nodes kept, default 256M), node_cache_idle=SIZE
     /// (kept once idle, default 16M), memory_idle=SECONDS (idle time before memory
     /// is given back, default 10, 0 never), dirty_limit=SIZE (dirty file data held, default 256M),
+    /// cleaner_nodes=N (nodes of a deleted subvolume dropped per commit, default 4096),
     /// rescue=usebackuproot (if the newest commit cannot be read, mount the newest older
     /// one the superblock records, read-only unless `rw` is given too); and mount(8)'s
     /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...;
@@ -177,6 +178,12 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
                     .filter(|&b| b >= 1 << 20)
                     .ok_or_else(|| {
                         Failure::new(format!("-o dirty_limit={v}: expected 1M or more"))
+                    })?
+            }
+            ("cleaner_nodes", Some(v)) => {
+                s.engine.cleaner_nodes_per_transaction =
+                    v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                        Failure::new(format!("-o cleaner_nodes={v}: expected 1 or more"))
                     })?
             }
             ("memory_idle", Some(v)) => {

@@ -17,11 +17,12 @@ use crate::error::{Corruption, Error, Result};
 use crate::format::tree_name;
 use crate::format::{
     block_csum, decode_csums_at, decode_inode_extrefs, decode_inode_refs, item_type, tree_id,
-    FileExtent, LeafItem, Node, NodeBody, RootItem, Superblock, ROOT_DIR_INO, SECTOR_SIZE,
+    FileExtent, ItemError, Key, KeyPtr, LeafItem, Node, NodeBody, RootItem, SubvolRootItem,
+    Superblock, ROOT_DIR_INO, SECTOR_SIZE, SUBVOL_ROOT_ITEM_SIZE,
 };
 use crate::fs::log_choice::choose_log;
 use crate::fs::{read_superblock, Filesystem};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 /// Largest read of data scrub issues (and so holds in memory).
@@ -199,39 +200,32 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
         profile: profile.name(),
         ..Default::default()
     };
-    // (block, what its parent promises; None: only its own header counts,
-    // as for the log root, whose generation is the log's business)
-    let mut stack: Vec<(u64, u64, u8, Option<u64>)> = vec![(
-        sb.root_tree_bytenr,
-        tree_id::ROOT,
-        sb.root_tree_level,
-        Some(sb.generation),
-    )];
-    // The log a mount would replay (docs/LOG-FLUSH.md), its last sync's
-    // nodes judged by the checksums the superblock's manifest lists.
-    let mut manifest = HashMap::new();
-    if scope.walk_log {
-        match choose_log(dev, sb) {
-            Ok(choice) => {
-                if let Some(log) = choice.log {
-                    stack.push((log.bytenr, tree_id::LOG_ROOT, log.level, None));
-                }
-                manifest = choice.manifest_checksums;
-            }
-            Err(e) => report
-                .unrepaired
-                .push(format!("fsync log: {e} (not scrubbed)")),
-        }
-    }
+    let mut stack = vec![Visit {
+        bytenr: sb.root_tree_bytenr,
+        tree: tree_id::ROOT,
+        level: sb.root_tree_level,
+        generation: Some(sb.generation),
+        high: None,
+        dropped_to: None,
+    }];
+    let manifest = if scope.walk_log {
+        log_start(dev, sb, &mut stack, &mut report)
+    } else {
+        HashMap::new()
+    };
+    // Snapshots share subtrees: a node is read once, through whichever
+    // tree reaches it first (its header's owner need not be that tree,
+    // `tree_id::may_reach` allows it).
     let mut seen = HashSet::new();
     let mut data = DataMaps::default();
-    while let Some((bytenr, tree, level, generation)) = stack.pop() {
+    while let Some(visit) = stack.pop() {
+        let (bytenr, tree) = (visit.bytenr, visit.tree);
         if !seen.insert(bytenr) {
             continue;
         }
-        let expect = generation.map(|generation| NodeExpectation {
+        let expect = visit.generation.map(|generation| NodeExpectation {
             tree,
-            level,
+            level: visit.level,
             generation,
         });
         report.nodes += 1;
@@ -245,27 +239,18 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
             continue;
         };
         match &node.body {
-            NodeBody::Internal(ptrs) => stack.extend(ptrs.iter().map(|p| {
-                (
-                    p.blockptr,
-                    tree,
-                    node.level.saturating_sub(1),
-                    Some(p.generation),
-                )
-            })),
+            NodeBody::Internal(ptrs) => {
+                push_children(&mut stack, &mut data, &visit, node.level, ptrs)
+            }
             NodeBody::Leaf(items) if tree == tree_id::ROOT || tree == tree_id::LOG_ROOT => {
                 for item in items
                     .iter()
                     .filter(|i| i.key.item_type == item_type::ROOT_ITEM)
                 {
-                    let child = if tree == tree_id::LOG_ROOT {
-                        tree_id::LOG
-                    } else {
-                        item.key.objectid
-                    };
-                    match RootItem::decode(&item.data) {
-                        Ok(root) => {
-                            stack.push((root.bytenr, child, root.level, Some(root.generation)))
+                    match root_visit(tree, item) {
+                        Ok(visit) => {
+                            data.pointer(visit.tree, None, visit.bytenr);
+                            stack.push(visit);
                         }
                         Err(e) => report.unrepaired.push(format!(
                             "block {bytenr} of tree {}: root item {}: {e} (its tree was not scrubbed)",
@@ -275,11 +260,114 @@ pub(crate) fn scrub_trees<D: BlockDevice + ?Sized>(
                     }
                 }
             }
-            NodeBody::Leaf(items) => data.collect(tree, items),
+            NodeBody::Leaf(items) => data.collect(tree, bytenr, items),
         }
     }
     scrub_data(dev, &data, &mut report, progress);
     report
+}
+
+/// A node to scrub and what the pointer to it promises.
+struct Visit {
+    bytenr: u64,
+    tree: u64,
+    level: u8,
+    /// None: only its own header counts, as for the log root, whose
+    /// generation is the log's business.
+    generation: Option<u64>,
+    /// The parent's next key: every key of this subtree is below it
+    /// (None: the tree's right edge).
+    high: Option<Key>,
+    /// For a deleted subvolume being dropped: its `drop_progress`. A
+    /// pointer whose subtree's upper bound is at or below it was released
+    /// (docs/SNAPSHOTS.md (d)) and is not followed.
+    dropped_to: Option<Key>,
+}
+
+/// The log a mount would replay (docs/LOG-FLUSH.md): queues its root and
+/// returns the checksums the superblock's manifest lists for its last
+/// sync's nodes, by which they are judged.
+fn log_start<D: BlockDevice + ?Sized>(
+    dev: &D,
+    sb: &Superblock,
+    stack: &mut Vec<Visit>,
+    report: &mut ScrubReport,
+) -> HashMap<u64, u32> {
+    match choose_log(dev, sb) {
+        Ok(choice) => {
+            if let Some(log) = choice.log {
+                stack.push(Visit {
+                    bytenr: log.bytenr,
+                    tree: tree_id::LOG_ROOT,
+                    level: log.level,
+                    generation: None,
+                    high: None,
+                    dropped_to: None,
+                });
+            }
+            choice.manifest_checksums
+        }
+        Err(e) => {
+            report
+                .unrepaired
+                .push(format!("fsync log: {e} (not scrubbed)"));
+            HashMap::new()
+        }
+    }
+}
+
+/// Queues the children of internal node `parent` (at `level`, what its
+/// header says), but for the pointers a
+/// drop in progress has released; notes the pointers for `DataMaps`.
+fn push_children(
+    stack: &mut Vec<Visit>,
+    data: &mut DataMaps,
+    parent: &Visit,
+    level: u8,
+    ptrs: &[KeyPtr],
+) {
+    for (i, p) in ptrs.iter().enumerate() {
+        let high = ptrs.get(i + 1).map(|next| next.key).or(parent.high);
+        // Released by the cleaner: the child was decremented or freed,
+        // and its block may since hold anything.
+        if matches!((high, parent.dropped_to), (Some(h), Some(done)) if h <= done) {
+            continue;
+        }
+        data.pointer(parent.tree, Some(parent.bytenr), p.blockptr);
+        stack.push(Visit {
+            bytenr: p.blockptr,
+            tree: parent.tree,
+            level: level.saturating_sub(1),
+            generation: Some(p.generation),
+            high,
+            dropped_to: parent.dropped_to,
+        });
+    }
+}
+
+/// The tree a ROOT_ITEM of the root tree (or of the log root tree, whose
+/// items name log trees) leads to.
+fn root_visit(tree: u64, item: &LeafItem) -> std::result::Result<Visit, ItemError> {
+    // A subvolume's long item (INCOMPAT_SUBVOLUMES) or the short form.
+    let (root, dropped_to) = if item.data.len() == SUBVOL_ROOT_ITEM_SIZE {
+        let long = SubvolRootItem::decode(&item.data)?;
+        let dropping = long.refs == 0 && long.drop_progress != Key::MIN;
+        (long.root, dropping.then_some(long.drop_progress))
+    } else {
+        (RootItem::decode(&item.data)?, None)
+    };
+    Ok(Visit {
+        bytenr: root.bytenr,
+        tree: if tree == tree_id::LOG_ROOT {
+            tree_id::LOG
+        } else {
+            item.key.objectid
+        },
+        level: root.level,
+        generation: Some(root.generation),
+        high: None,
+        dropped_to,
+    })
 }
 
 /// Reads every copy of node `bytenr` of `tree` and rewrites each bad one
@@ -350,24 +438,55 @@ fn scrub_node<D: BlockDevice + ?Sized>(
     Some(node)
 }
 
+/// A file extent of a subvolume tree's leaf: which disk bytes it maps to
+/// which file bytes.
+struct FileUse {
+    disk_bytenr: u64,
+    offset: u64,
+    len: u64,
+    ino: u64,
+    file_offset: u64,
+    /// The leaf holding the item (reached by every tree that shares it).
+    leaf: u64,
+}
+
 /// What the data scrub needs from the trees, gathered by the node walk.
+/// Each node is read once, so a leaf shared by snapshots is collected
+/// once; which subvolumes reach it is answered from the pointers the walk
+/// saw (`parents`, `roots`), without reading anything again.
 #[derive(Default)]
 struct DataMaps {
     /// Data extents: bytenr -> length.
     extents: BTreeMap<u64, u64>,
     /// Checksum items: start -> checksums.
     csums: BTreeMap<u64, Vec<u32>>,
-    /// Regular and preallocated file extents: (disk bytenr, offset into
-    /// it, length, inode, file offset).
-    file_extents: Vec<(u64, u64, u64, u64, u64)>,
-    /// One name of each inode: ino -> (parent, name).
-    names: HashMap<u64, (u64, Vec<u8>)>,
+    /// Regular and preallocated file extents of every subvolume tree.
+    file_extents: Vec<FileUse>,
+    /// One name of each inode per leaf: ino -> (leaf, parent, name).
+    names: HashMap<u64, Vec<(u64, u64, Vec<u8>)>>,
+    /// Subvolume tree nodes -> the nodes pointing at them (several for a
+    /// node shared by snapshots).
+    parents: HashMap<u64, Vec<u64>>,
+    /// Subvolume root nodes -> the subvolumes whose root item names them.
+    roots: HashMap<u64, Vec<u64>>,
 }
 
 impl DataMaps {
-    /// Takes what it needs from a leaf of `tree` (items that do not decode
-    /// are `birch check`'s business; the scrub skips them).
-    fn collect(&mut self, tree: u64, items: &[LeafItem]) {
+    /// Notes that `tree` reaches node `child` through `parent` (None: its
+    /// root item), for the subvolume trees whose files `users_of` names.
+    fn pointer(&mut self, tree: u64, parent: Option<u64>, child: u64) {
+        if !tree_id::is_subvolume(tree) {
+            return;
+        }
+        match parent {
+            Some(parent) => self.parents.entry(child).or_default().push(parent),
+            None => self.roots.entry(child).or_default().push(tree),
+        }
+    }
+
+    /// Takes what it needs from leaf `leaf` of `tree` (items that do not
+    /// decode are `birch check`'s business; the scrub skips them).
+    fn collect(&mut self, tree: u64, leaf: u64, items: &[LeafItem]) {
         for item in items {
             let key = item.key;
             match (tree, key.item_type) {
@@ -379,40 +498,47 @@ impl DataMaps {
                         self.csums.insert(key.offset, sums);
                     }
                 }
-                (tree_id::FS, item_type::EXTENT_DATA) => {
+                (tree, item_type::EXTENT_DATA) if tree_id::is_subvolume(tree) => {
                     if let Some(d) = FileExtent::decode_at(&key, &item.data)
                         .ok()
                         .and_then(|e| e.disk_ref())
                     {
-                        self.file_extents.push((
-                            d.disk_bytenr,
-                            d.offset,
-                            d.num_bytes,
-                            key.objectid,
-                            key.offset,
-                        ));
+                        self.file_extents.push(FileUse {
+                            disk_bytenr: d.disk_bytenr,
+                            offset: d.offset,
+                            len: d.num_bytes,
+                            ino: key.objectid,
+                            file_offset: key.offset,
+                            leaf,
+                        });
                     }
                 }
-                (tree_id::FS, item_type::INODE_REF) => {
+                (tree, item_type::INODE_REF) if tree_id::is_subvolume(tree) => {
                     if let Some(r) = decode_inode_refs(&item.data)
                         .ok()
                         .and_then(|r| r.into_iter().next())
                     {
-                        self.names
-                            .entry(key.objectid)
-                            .or_insert((key.offset, r.name));
+                        self.name(key.objectid, leaf, key.offset, r.name);
                     }
                 }
-                (tree_id::FS, item_type::INODE_EXTREF) => {
+                (tree, item_type::INODE_EXTREF) if tree_id::is_subvolume(tree) => {
                     if let Some(r) = decode_inode_extrefs(&item.data)
                         .ok()
                         .and_then(|r| r.into_iter().next())
                     {
-                        self.names.entry(key.objectid).or_insert((r.parent, r.name));
+                        self.name(key.objectid, leaf, r.parent, r.name);
                     }
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Records a name of `ino` found in `leaf`, the first the leaf holds.
+    fn name(&mut self, ino: u64, leaf: u64, parent: u64, name: Vec<u8>) {
+        let names = self.names.entry(ino).or_default();
+        if !names.iter().any(|&(at, _, _)| at == leaf) {
+            names.push((leaf, parent, name));
         }
     }
 
@@ -422,13 +548,35 @@ impl DataMaps {
         sums.get(((bytenr - start) / SECTOR_SIZE) as usize).copied()
     }
 
-    /// A path of `ino` from the root directory (`?` where a name is
-    /// missing), bounded against cycles.
-    fn path_of(&self, mut ino: u64) -> String {
+    /// The subvolumes whose trees reach `node`, from the pointers the walk
+    /// recorded (each node visited once, so a cycle cannot loop).
+    fn subvolumes_reaching(&self, node: u64) -> BTreeSet<u64> {
+        let mut found = BTreeSet::new();
+        let mut seen = HashSet::new();
+        let mut stack = vec![node];
+        while let Some(at) = stack.pop() {
+            if !seen.insert(at) {
+                continue;
+            }
+            found.extend(self.roots.get(&at).into_iter().flatten());
+            stack.extend(self.parents.get(&at).into_iter().flatten());
+        }
+        found
+    }
+
+    /// A path of `ino` in subvolume `tree` from its root directory (`?`
+    /// where no name of it is in a leaf `tree` reaches), bounded against
+    /// cycles.
+    fn path_of(&self, tree: u64, mut ino: u64) -> String {
         let mut parts = Vec::new();
         while ino != ROOT_DIR_INO && parts.len() < 256 {
-            match self.names.get(&ino) {
-                Some((parent, name)) => {
+            let name = self.names.get(&ino).and_then(|names| {
+                names
+                    .iter()
+                    .find(|(leaf, _, _)| self.subvolumes_reaching(*leaf).contains(&tree))
+            });
+            match name {
+                Some((_, parent, name)) => {
                     parts.push(String::from_utf8_lossy(name).into_owned());
                     ino = *parent;
                 }
@@ -443,21 +591,31 @@ impl DataMaps {
     }
 
     /// Where the disk block at `bytenr` is used: "PATH offset N (inode I)"
-    /// for every file extent reaching it.
+    /// for every file extent reaching it, in every subvolume sharing the
+    /// extent's leaf (PATH from the subvolume's root directory, after
+    /// "subvolume ID " for a subvolume other than 5).
     fn users_of(&self, bytenr: u64) -> Vec<String> {
-        self.file_extents
-            .iter()
-            .filter(|&&(disk, offset, len, _, _)| {
-                (disk + offset..disk + offset + len).contains(&bytenr)
-            })
-            .map(|&(disk, offset, _, ino, file_offset)| {
-                format!(
-                    "{} offset {} (inode {ino})",
-                    self.path_of(ino),
-                    file_offset + (bytenr - disk - offset)
-                )
-            })
-            .collect()
+        let mut users = Vec::new();
+        for f in &self.file_extents {
+            let start = f.disk_bytenr.saturating_add(f.offset);
+            if !(start..start.saturating_add(f.len)).contains(&bytenr) {
+                continue;
+            }
+            let at = f.file_offset.saturating_add(bytenr - start);
+            for tree in self.subvolumes_reaching(f.leaf) {
+                let subvolume = if tree == tree_id::FS {
+                    String::new()
+                } else {
+                    format!("subvolume {tree} ")
+                };
+                users.push(format!(
+                    "{subvolume}{} offset {at} (inode {})",
+                    self.path_of(tree, f.ino),
+                    f.ino
+                ));
+            }
+        }
+        users
     }
 }
 

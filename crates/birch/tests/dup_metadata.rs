@@ -647,3 +647,197 @@ fn mounted_scrub_of_a_read_only_filesystem_writes_nothing() {
     );
     assert!(dev.snapshot() == damaged, "a read-only scrub wrote");
 }
+
+/// Fills directory `dir` with `dirs` directories of `files` files each,
+/// every file with a data extent of its own: many leaves under an
+/// internal root.
+fn fill_subvolume(fs: &Filesystem<Arc<MemoryDevice>>, dir: u64, dirs: u32, files: u32) {
+    for d in 0..dirs {
+        let sub = fs
+            .mkdir(dir, format!("dir{d}").as_bytes(), 0o755, 0, 0)
+            .unwrap()
+            .ino;
+        for f in 0..files {
+            let file = fs
+                .create(sub, format!("file-{f:04}").as_bytes(), 0o644, 0, 0)
+                .unwrap()
+                .ino;
+            fs.write_file(file, 0, &vec![(d * 7 + f) as u8; 5000])
+                .unwrap();
+        }
+    }
+}
+
+/// A DUP image holding subvolume `sv` (id 256), its snapshots `s1` (257,
+/// writable, then changed: a file rewritten and one created, so part of
+/// its tree is its own) and `s2` (258, read-only), and subvolume `other`
+/// (259, no snapshots). `sv/dir1/shared` holds 0xab bytes, the changed
+/// `s1/dir2/file-0007` 0xee bytes, no other file either. Returns the
+/// image's bytes.
+fn snapshot_family_image() -> Vec<u8> {
+    let dev = mkfs(MetadataCopies::Dup);
+    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).unwrap();
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    fill_subvolume(&fs, common::ino(&fs, "sv"), 4, 40);
+    let shared = fs
+        .create(common::ino(&fs, "sv/dir1"), b"shared", 0o644, 0, 0)
+        .unwrap()
+        .ino;
+    fs.write_file(shared, 0, &[0xab; 8192]).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.create_snapshot(sv, root, b"s1", false).unwrap(), 257);
+    assert_eq!(fs.create_snapshot(sv, root, b"s2", true).unwrap(), 258);
+    let changed = common::ino(&fs, "s1/dir2/file-0007");
+    fs.write_file(changed, 0, &[0xee; 9000]).unwrap();
+    fs.create(common::ino(&fs, "s1/dir3"), b"new", 0o644, 0, 0)
+        .unwrap();
+    assert_eq!(fs.create_subvolume(root, b"other", 0, 0).unwrap(), 259);
+    fill_subvolume(&fs, common::ino(&fs, "other"), 6, 40);
+    fs.sync().unwrap();
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "the snapshot family image");
+    dev.snapshot()
+}
+
+/// Each tree's nodes, by tree id (a node shared by snapshots is listed
+/// under each tree that reaches it).
+fn nodes_by_tree(dev: &MemoryDevice) -> BTreeMap<u64, std::collections::BTreeSet<u64>> {
+    let sb = read_superblock(dev).unwrap();
+    let (roots, problems) = tree_roots(dev, &sb);
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut out: BTreeMap<u64, std::collections::BTreeSet<u64>> = BTreeMap::new();
+    for root in roots {
+        let (nodes, problems) = tree_nodes(dev, &sb.fsid, root);
+        assert!(problems.is_empty(), "{problems:?}");
+        out.entry(root.tree)
+            .or_default()
+            .extend(nodes.into_iter().map(|(bytenr, _)| bytenr));
+    }
+    out
+}
+
+/// `birch scrub` of subvolumes and their snapshots (docs/SNAPSHOTS.md,
+/// step 10): every subvolume's tree is covered, a node shared by
+/// snapshots is read once (the node count is the number of distinct
+/// nodes, which the extent tree also counts, not nodes × trees), and a
+/// bad copy of a node only the changed snapshot reaches is repaired.
+#[test]
+fn scrub_reads_each_shared_node_once_and_repairs_a_snapshot_only_node() {
+    let image = snapshot_family_image();
+    let pristine = MemoryDevice::from_bytes(image.clone());
+    let offset = mirror_offset(&pristine);
+    let by_tree = nodes_by_tree(&pristine);
+    let distinct: std::collections::BTreeSet<u64> = by_tree.values().flatten().copied().collect();
+    let per_tree: usize = by_tree.values().map(|n| n.len()).sum();
+    assert!(
+        per_tree > distinct.len(),
+        "the snapshots share nodes: {per_tree} per tree, {} distinct",
+        distinct.len()
+    );
+    let summary = check_device(&pristine).summary;
+    assert_eq!(summary.metadata_extents, distinct.len() as u64);
+    // A node of s1 no other tree reaches.
+    let only_s1 = by_tree[&257]
+        .iter()
+        .copied()
+        .find(|b| by_tree.iter().all(|(t, n)| *t == 257 || !n.contains(b)))
+        .expect("s1 has nodes of its own");
+    assert!(by_tree[&256].len() > 1 && by_tree[&258].len() > 1);
+
+    let dev = Arc::new(MemoryDevice::from_bytes(image.clone()));
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    damage(&dev, only_s1 + offset, &mut rng);
+    let report = birch::scrub::scrub_device(dev.as_ref()).unwrap();
+    assert_eq!(
+        (report.nodes, report.copies),
+        (distinct.len() as u64, 2 * distinct.len() as u64),
+        "{report}"
+    );
+    assert_eq!(report.repaired.len(), 1, "{report}");
+    assert!(
+        report.repaired[0]
+            .starts_with(&format!("block {only_s1} of tree subvol(257): mirror copy")),
+        "{report}"
+    );
+    assert!(report.is_clean(), "{report}");
+    assert!(
+        dev.snapshot() == image,
+        "scrub must restore the image exactly"
+    );
+    // The data extents are the extent tree's: each read once, however
+    // many snapshots share it.
+    assert_eq!(report.data_extents, summary.data_extents, "{report}");
+
+    // A bad data block is named in every subvolume that shares it, and
+    // only there.
+    for (byte, users) in [(0xab, &[256, 257, 258][..]), (0xee, &[257])] {
+        let dev = MemoryDevice::from_bytes(image.clone());
+        let block = image
+            .chunks(4096)
+            .position(|b| b.iter().all(|&x| x == byte))
+            .expect("the file's block") as u64
+            * 4096;
+        dev.write_at(&[0x5a; 16], block + 100).unwrap();
+        let report = birch::scrub::scrub_device(&dev).unwrap();
+        assert_eq!(report.data_blocks_bad, 1, "{report}");
+        let line = &report.unrepaired[0];
+        assert!(
+            line.starts_with(&format!("data block {block}: checksum")),
+            "{line}"
+        );
+        for tree in [256, 257, 258, 259] {
+            let path = if byte == 0xab {
+                "/dir1/shared offset 0"
+            } else {
+                "/dir2/file-0007 offset 0"
+            };
+            assert_eq!(
+                line.contains(&format!("subvolume {tree} {path}")),
+                users.contains(&tree),
+                "subvolume {tree}: {line}"
+            );
+        }
+    }
+}
+
+/// A deleted subvolume whose drop was interrupted: scrub walks its tree
+/// only right of the drop's progress (docs/SNAPSHOTS.md (d)). What the
+/// cleaner released is free space, which a later commit may reuse: read
+/// through the dead root it is not a node of any tree (and "repairing" it
+/// would write over whatever reused it).
+#[test]
+fn scrub_skips_what_the_cleaner_released() {
+    let dev = Arc::new(MemoryDevice::from_bytes(snapshot_family_image()));
+    let options = MountOptions {
+        cleaner_nodes_per_transaction: 1,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
+    let root = fs.root_ino();
+    fs.delete_subvolume(root, b"other").unwrap();
+    fs.delete_subvolume(root, b"s1").unwrap();
+    fs.commit().unwrap();
+    for _ in 0..3 {
+        assert!(fs.run_cleaner().unwrap(), "the drops take more steps");
+    }
+    fs.shut_down();
+    drop(fs);
+    let check = check_device(dev.as_ref());
+    assert!(check.is_clean(), "{check}");
+    assert!(
+        check
+            .summary
+            .deleted_subvolumes
+            .iter()
+            .any(|&(_, progress)| progress > birch::format::Key::MIN),
+        "a drop in progress: {check}"
+    );
+    let report = birch::scrub::scrub_device(dev.as_ref()).unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(
+        report.nodes,
+        check.summary.metadata_extents + check.summary.log_nodes,
+        "{report}"
+    );
+}

@@ -295,6 +295,10 @@ pub struct Fixture {
     pub options: Vec<String>,
     /// Environment variables for the daemon of every mount.
     pub daemon_env: Vec<(String, String)>,
+    /// `birch mount --write-log FILE`: the next mounts record every device
+    /// write, flush and fsync mark there (`birch replay` rebuilds any
+    /// point).
+    pub write_log: Option<PathBuf>,
     daemon: Option<Daemon>,
     mounts: usize,
     /// Skip the final `birch check` (a test that checks on its own terms).
@@ -316,6 +320,7 @@ impl Fixture {
             mnt,
             options: Vec::new(),
             daemon_env: Vec::new(),
+            write_log: None,
             daemon: None,
             mounts: 0,
             check_at_drop: true,
@@ -374,6 +379,9 @@ impl Fixture {
         cmd.arg("mount").arg(&self.image).arg(&self.mnt).arg("-f");
         if !self.options.is_empty() {
             cmd.arg("-o").arg(self.options.join(","));
+        }
+        if let Some(log) = &self.write_log {
+            cmd.arg("--write-log").arg(log);
         }
         cmd.envs(self.daemon_env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd

@@ -70,7 +70,8 @@ pub fn tree_roots<D: BlockDevice + ?Sized>(
 
 /// Every node of the tree `root` leads to, depth first, each read from
 /// its primary copy and validated as what its parent's pointer promises
-/// (owner, level, generation). A node that does not read is left out,
+/// (owner: the tree, or for a subvolume tree a node it shares with
+/// another subvolume; level; generation). A node that does not read is left out,
 /// with a message in the second list, and so is what is below it; a
 /// node reached twice is visited once. For tools and tests that look at
 /// an image's trees without opening it (`birch check` reads every copy
@@ -94,7 +95,7 @@ pub fn tree_nodes<D: BlockDevice + ?Sized>(
             generation,
         });
         let node = match read_node_uncached(dev, fsid, bytenr, expect) {
-            Ok(n) if n.owner == root.tree && n.level == level => n,
+            Ok(n) if tree_id::may_reach(root.tree, n.owner) && n.level == level => n,
             Ok(n) => {
                 problems.push(format!(
                     "block {bytenr}: owner {} level {} but expected {} level {level}",
