@@ -256,7 +256,7 @@ class Options(unittest.TestCase):
         self.assertEqual((full.duration, full.repeat, full.dirlog_files), (60, 3, 10000))
         self.assertEqual((full.roomy_size, full.tight_size), (4096 << 20, 1843 << 20))
         self.assertEqual(full.fs_list, ["btrfs", "ext4", "xfs"])
-        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded"])
+        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded", "snapshots"])
         self.assertIsNone(full.birch_bin)
         quick = resolve("--quick", "--repeat", "2")
         self.assertEqual((quick.duration, quick.repeat, quick.dirlog_files), (4, 2, 1000))
