@@ -166,9 +166,9 @@ class DbenchParser(unittest.TestCase):
         # the snapshots workload's dbench-4-bgdelete on birch (a --quick run)
         p = parsers.parse_dbench(read("dbench-birch-4clients-bgdelete.txt"))
         self.assertEqual((p["clients"], p["sync_dirs"]), (4, False))
-        self.assertAlmostEqual(p["throughput_mb_s"], 60.2459)
-        self.assertAlmostEqual(p["max_latency_ms"], 121.952)
-        self.assertEqual(p["ops"]["Flush"], {"count": 466, "avg_ms": 15.122, "max_ms": 121.948})
+        self.assertAlmostEqual(p["throughput_mb_s"], 79.3613)
+        self.assertAlmostEqual(p["max_latency_ms"], 166.451)
+        self.assertEqual(p["ops"]["Flush"], {"count": 475, "avg_ms": 18.264, "max_ms": 166.438})
 
     def test_roundtrip_through_seed_layout(self):
         p = parsers.parse_dbench(read("dbench-btrfs-4clients.txt"))
@@ -211,10 +211,10 @@ class FioParser(unittest.TestCase):
         # the snapshots workload's job: --rw=randwrite --time_based, on birch
         # with 10 snapshots of the subvolume (a --quick run)
         p = parsers.parse_fio(read("fio-birch-randwrite-10-snapshots.json"))
-        self.assertEqual((p["ios"], p["fsync_count"]), (205, 205))
-        self.assertAlmostEqual(p["fsync_p50_us"], 19791.872)
-        self.assertAlmostEqual(p["fsync_p99_us"], 35913.728)
-        self.assertAlmostEqual(p["write_p50_us"], 94.72)
+        self.assertEqual((p["ios"], p["fsync_count"]), (615, 615))
+        self.assertAlmostEqual(p["fsync_p50_us"], 4882.432)
+        self.assertAlmostEqual(p["fsync_p99_us"], 23986.176)
+        self.assertAlmostEqual(p["write_p50_us"], 78.336)
 
     def test_leading_noise_and_dict_input(self):
         text = read("fio-btrfs-write-fsync.json")
@@ -480,6 +480,7 @@ class Report(unittest.TestCase):
         self.assertEqual(birch["fio"][9], "×%.2f" % (p50_n / p50_0))
         idle, deleting = (metric("birch", c, "throughput_mb_s") for c in ("dbench-4", "dbench-4-bgdelete"))
         self.assertEqual(birch["dbench"][5], "×%.2f" % (deleting / idle))
+        self.assertEqual(birch["dbench"][12], report.fmt_num(metric("birch", "dbench-4", "drop_alone_s"), 3))
         self.assertEqual(birch["seed003"][3], report.fmt_num(metric("birch", "seed003-snapshot", "total_s"), 3))
         for t in rows.values():
             self.assertEqual([r[0] for r in t], ["btrfs", "birch"])
