@@ -804,8 +804,9 @@ def _snap_ratio(d, fs, config_a, config_b, key):
 
 
 def _snap_first(d, config, key):
-    """A metric every record of `config` carries (file counts, snapshot
-    counts), from the first record that has it."""
+    """A metric every record of `config` carries (file and snapshot counts,
+    durations: per record, so that a report merging runs stays right),
+    from the first record that has it."""
     for r in d.recs("snapshots", config):
         if (r.get("metrics") or {}).get(key) is not None:
             return r["metrics"][key]
@@ -873,8 +874,6 @@ def _snapshots_section(d):
     add = L.append
     if not d.recs("snapshots", ok=None):
         return L
-    m = d.meta
-    sizes = m.get("snapshot_sizes") or {}
     b = d.base
     add("## 6. Subvolumes and snapshots (issue 22)")
     add("")
@@ -897,7 +896,8 @@ def _snapshots_section(d):
     add("**fio 4 KiB random write + fsync** (`fio --rw=randwrite --bs=4k --ioengine=sync --fsync=1 "
         "--time_based --runtime=%s --size=%sm --randrepeat=1` on a file of a subvolume, written out "
         "whole and synced before the snapshots, so every block starts shared), fsync latency in µs, "
-        "with 0 and %s snapshots of the subvolume." % (m.get("duration_s"), sizes.get("fio_file_mib"), nsnap))
+        "with 0 and %s snapshots of the subvolume." % (
+            _snap_first(d, "fio-snapshots", "runtime_s"), _snap_first(d, "fio-snapshots", "file_mib"), nsnap))
     add("")
     add(md_table(["fs", "p50, 0 snapshots", "× %s" % b, "p99, 0", "× %s" % b,
                   "p50, %s snapshots" % nsnap, "× %s" % b, "p99, %s" % nsnap, "× %s" % b,
@@ -911,7 +911,7 @@ def _snapshots_section(d):
         "waiting for its cleaner; birch: running the rest of the drop); `drop alone` = the same "
         "deletion after the idle run's dbench, with nothing else running (delete + sync): the size "
         "of the work done in the background." % (
-            m.get("duration_s"), fmt_count(_snap_first(d, "dbench-4", "files"))))
+            _snap_first(d, "dbench-4", "duration_s"), fmt_count(_snap_first(d, "dbench-4", "files"))))
     add("")
     add(md_table(["fs", "MB/s, idle snapshot", "× %s" % b, "MB/s, deleting", "× %s" % b, "deleting / idle",
                   "max latency ms, idle", "× %s" % b, "max latency ms, deleting", "× %s" % b,
@@ -920,7 +920,8 @@ def _snapshots_section(d):
     add("**Seed 003 inside a snapshot** (the `dirlog` workload: %s files created, sync, renamed, the "
         "directory fsynced every 100) in a fresh subvolume holding %s files, and in a snapshot of such "
         "a subvolume (its tree wholly shared with the source when the workload starts)." % (
-            fmt_count(m.get("dirlog_files")), fmt_count(sizes.get("seed003_source_files"))))
+            fmt_count(_snap_first(d, "seed003-snapshot", "files")),
+            fmt_count(_snap_first(d, "seed003-snapshot", "source_files"))))
     add("")
     add(md_table(["fs", "total s, subvolume", "× %s" % b, "total s, snapshot", "× %s" % b,
                   "snapshot / subvolume", "dir fsync mean / max ms, subvolume", "snapshot", "load"],

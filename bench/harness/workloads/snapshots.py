@@ -168,6 +168,9 @@ class Snapshots(Workload):
             res = parsers.parse_fio(f.read())
         res["snapshots"] = snapshots
         res["snapshots_total_s"] = sum(times)
+        # The job's parameters, for a report that merges runs (--out reused).
+        res["file_mib"] = self.sizes.fio_file_mib
+        res["runtime_s"] = ctx.opts.duration
         return res
 
     def dbench_beside_snapshot(self, delete: bool, fs: str, cfg: str, rep: int, rec: dict) -> dict:
@@ -188,7 +191,7 @@ class Snapshots(Workload):
         raw = ctx.raw_path("snapshots", "%s-%s-r%d.txt" % (fs, cfg, rep))
         rec["raw"].append(ctx.rel(raw))
         nfiles = self.sizes.large_files
-        res: dict = {"files": nfiles}
+        res: dict = {"files": nfiles, "duration_s": ctx.opts.duration}
         with self._mount(fs) as m:
             src, res["fill_s"] = self._subvolume_with_files(m, "src", nfiles)
             snap = os.path.join(m.mnt, "snap")
