@@ -28,6 +28,7 @@ from harness.context import RunContext  # noqa: E402
 from harness.procs import CmdError  # noqa: E402
 from harness.setups import SETUPS  # noqa: E402
 from harness.workloads import WORKLOADS  # noqa: E402
+from harness.workloads import snapshots  # noqa: E402
 from harness.workloads.embedded import parse_phase_times  # noqa: E402
 
 DATA = os.path.join(HERE, "testdata")
@@ -161,6 +162,14 @@ class DbenchParser(unittest.TestCase):
         self.assertAlmostEqual(p["throughput_mb_s"], 1075.73)
         self.assertAlmostEqual(p["max_latency_ms"], 245.52)
 
+    def test_run_beside_a_background_deletion(self):
+        # the snapshots workload's dbench-4-bgdelete on birch (a --quick run)
+        p = parsers.parse_dbench(read("dbench-birch-4clients-bgdelete.txt"))
+        self.assertEqual((p["clients"], p["sync_dirs"]), (4, False))
+        self.assertAlmostEqual(p["throughput_mb_s"], 66.8036)
+        self.assertAlmostEqual(p["max_latency_ms"], 312.627)
+        self.assertEqual(p["ops"]["Flush"], {"count": 508, "avg_ms": 14.843, "max_ms": 60.088})
+
     def test_roundtrip_through_seed_layout(self):
         p = parsers.parse_dbench(read("dbench-btrfs-4clients.txt"))
         q = parsers.parse_dbench(parsers.format_dbench_table(p))
@@ -197,6 +206,15 @@ class FioParser(unittest.TestCase):
         self.assertLess(p["fsync_p50_us"], p["fsync_p99_us"])
         self.assertLessEqual(p["fsync_p99_us"], p["fsync_max_us"])
         self.assertEqual(p["fsync_count"], p["ios"])
+
+    def test_random_write_in_a_subvolume_with_snapshots(self):
+        # the snapshots workload's job: --rw=randwrite --time_based, on birch
+        # with 10 snapshots of the subvolume (a --quick run)
+        p = parsers.parse_fio(read("fio-birch-randwrite-10-snapshots.json"))
+        self.assertEqual((p["ios"], p["fsync_count"]), (206, 206))
+        self.assertAlmostEqual(p["fsync_p50_us"], 20054.016)
+        self.assertAlmostEqual(p["fsync_p99_us"], 32112.64)
+        self.assertAlmostEqual(p["write_p50_us"], 81.408)
 
     def test_leading_noise_and_dict_input(self):
         text = read("fio-btrfs-write-fsync.json")
@@ -256,7 +274,7 @@ class Options(unittest.TestCase):
         self.assertEqual((full.duration, full.repeat, full.dirlog_files), (60, 3, 10000))
         self.assertEqual((full.roomy_size, full.tight_size), (4096 << 20, 1843 << 20))
         self.assertEqual(full.fs_list, ["btrfs", "ext4", "xfs"])
-        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded"])
+        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded", "snapshots"])
         self.assertIsNone(full.birch_bin)
         quick = resolve("--quick", "--repeat", "2")
         self.assertEqual((quick.duration, quick.repeat, quick.dirlog_files), (4, 2, 1000))
@@ -318,6 +336,37 @@ class Plan(unittest.TestCase):
         self.assertEqual(self.plan("--workloads", "embedded", "--birch-embedded-cmd", "true"),
                          [("embedded", "seed003", "birch-embedded")])
 
+    def test_snapshots_run_on_btrfs_and_birch_only(self):
+        ctx = RunContext(resolve("--workloads", "snapshots", "--fs", "ext4,birch,btrfs,birch-file",
+                                 "--birch-bin", sys.executable))
+        planned = runner.plan([WORKLOADS["snapshots"](ctx)])
+        configs = ["snapshot-small", "snapshot-large", "fio-0-snapshots", "fio-snapshots",
+                   "dbench-4", "dbench-4-bgdelete", "seed003-subvolume", "seed003-snapshot"]
+        self.assertEqual([(p.config, p.target) for p in planned],
+                         [(c, f) for c in configs for f in ("birch", "btrfs")])
+        # each configuration names the metric it must produce
+        self.assertEqual({p.config: p.key_metric for p in planned},
+                         {"snapshot-small": "snapshot_s", "snapshot-large": "snapshot_s",
+                          "fio-0-snapshots": "fsync_p50_us", "fio-snapshots": "fsync_p50_us",
+                          "dbench-4": "throughput_mb_s", "dbench-4-bgdelete": "throughput_mb_s",
+                          "seed003-subvolume": "total_s", "seed003-snapshot": "total_s"})
+        self.assertEqual(self.plan("--workloads", "snapshots", "--fs", "ext4,xfs"), [])
+
+    def test_snapshot_sizes_full_and_quick(self):
+        full = WORKLOADS["snapshots"](RunContext(resolve())).sizes
+        self.assertEqual((full.small_files, full.large_files, full.fio_snapshots), (1000, 100_000, 100))
+        quick = WORKLOADS["snapshots"](RunContext(resolve("--quick"))).sizes
+        self.assertEqual(quick, snapshots.QUICK)
+        self.assertLess(quick.large_files, full.large_files)
+
+    def test_fill_makes_empty_files_a_thousand_to_a_directory(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            snapshots.fill(tmp, 2500)
+            self.assertEqual(sorted(os.listdir(tmp)), ["d0000", "d0001", "d0002"])
+            self.assertEqual([len(os.listdir(os.path.join(tmp, d))) for d in sorted(os.listdir(tmp))],
+                             [1000, 1000, 500])
+            self.assertEqual(os.path.getsize(os.path.join(tmp, "d0002", "f499")), 0)
+
     def test_phase_times_on_stdout(self):
         self.assertEqual(parse_phase_times("note\ncreate_s=1.5 sync_s=0.25 rename_s=2 x=y\n"),
                          {"create_s": 1.5, "sync_s": 0.25, "rename_s": 2.0})
@@ -336,6 +385,20 @@ class Setups(unittest.TestCase):
         self.assertEqual(mkfs["fuse2fs"], ["mkfs.ext4", "-F", "/dev/loop9"])
         self.assertEqual(SETUPS["fuse2fs"].kind, "fuse")
         self.assertTrue(SETUPS["fuse2fs"].uses_loop)
+
+    def test_subvolume_commands(self):
+        ctx = RunContext(resolve("--birch-bin", sys.executable))
+        snap = {name: s.format_argv(ctx, s.subvolumes.snapshot, src="/m/sv", dst="/m/snap-1")
+                for name, s in SETUPS.items() if s.subvolumes}
+        self.assertEqual(snap, {
+            "btrfs": ["btrfs", "subvolume", "snapshot", "/m/sv", "/m/snap-1"],
+            "birch": [ctx.opts.birch_bin, "subvolume", "snapshot", "/m/sv", "/m/snap-1"],
+            "birch-file": [ctx.opts.birch_bin, "subvolume", "snapshot", "/m/sv", "/m/snap-1"],
+            "birch-single": [ctx.opts.birch_bin, "subvolume", "snapshot", "/m/sv", "/m/snap-1"]})
+        # deleting commits, so that the cleaner starts at once on both
+        self.assertEqual(SETUPS["btrfs"].subvolumes.delete[-2:], ["-c", "{path}"])
+        self.assertEqual(SETUPS["birch"].subvolumes.delete[-2:], ["-c", "{path}"])
+        self.assertIsNone(SETUPS["ext4"].subvolumes)
 
     def test_descriptions_pair_dup_with_single(self):
         table = {n: s.describe() for n, s in SETUPS.items()}
@@ -391,6 +454,49 @@ class Report(unittest.TestCase):
             self.assertIn(heading, text)
         # every setup of the run is a column of the headline
         self.assertIn("| metric | better | %s |" % " | ".join(results["meta"]["fs"]), text)
+
+    def test_snapshots_section(self):
+        """Section 6 from a --quick run of the snapshots workload: every cell
+        is the median of its records, every ratio theirs."""
+        results = load_results("report-snapshots-quick")
+        text = report.build_report(results, "quick", plot_err="test")
+        self.assertIn("## 6. Subvolumes and snapshots", text)
+        self.assertIn("| fs | 100 files: s | × btrfs | 2,000 files: s |", text)
+        self.assertIn("p50, 10 snapshots", text)
+        # the job's parameters come from the records, not from the run's
+        # meta (which a later run into the same --out replaces)
+        self.assertIn("--time_based --runtime=4 --size=8m", text)
+        self.assertIn("`dbench -c client.txt -t 4 4`", text)
+        self.assertIn("1,000 files created, sync, renamed", text)
+        self.assertIn("a fresh subvolume holding 100 files", text)
+        results["meta"] = {"fs": results["meta"]["fs"]}
+        self.assertIn("--time_based --runtime=4 --size=8m", report.build_report(results, "q"))
+        rows = report.snapshot_rows(report.Data(results))
+
+        def metric(fs, config, key):
+            return statistics.median(r["metrics"][key] for r in results["records"]
+                                     if (r["workload"], r["config"], r["fs"]) == ("snapshots", config, fs))
+
+        birch = {name: next(r for r in t if r[0] == "birch") for name, t in rows.items()}
+        small, large = metric("birch", "snapshot-small", "snapshot_s"), metric("birch", "snapshot-large", "snapshot_s")
+        self.assertEqual(birch["snapshot"][1:6], [
+            report.fmt_num(small, 3), "×%.2f" % (small / metric("btrfs", "snapshot-small", "snapshot_s")),
+            report.fmt_num(large, 3), "×%.2f" % (large / metric("btrfs", "snapshot-large", "snapshot_s")),
+            "×%.2f" % (large / small)])
+        p50_0, p50_n = metric("birch", "fio-0-snapshots", "fsync_p50_us"), metric("birch", "fio-snapshots", "fsync_p50_us")
+        self.assertEqual(birch["fio"][1], report.fmt_num(p50_0, 0))
+        self.assertEqual(birch["fio"][9], "×%.2f" % (p50_n / p50_0))
+        idle, deleting = (metric("birch", c, "throughput_mb_s") for c in ("dbench-4", "dbench-4-bgdelete"))
+        self.assertEqual(birch["dbench"][5], "×%.2f" % (deleting / idle))
+        self.assertEqual(birch["dbench"][12], report.fmt_num(metric("birch", "dbench-4", "drop_alone_s"), 3))
+        self.assertEqual(birch["seed003"][3], report.fmt_num(metric("birch", "seed003-snapshot", "total_s"), 3))
+        for t in rows.values():
+            self.assertEqual([r[0] for r in t], ["btrfs", "birch"])
+            for r in t:
+                self.assertIn("| %s |" % " | ".join(r), text)
+
+    def test_no_snapshots_section_without_its_records(self):
+        self.assertNotIn("Subvolumes and snapshots", report.build_report(load_results("report-quick-dup"), "q"))
 
 
 if __name__ == "__main__":

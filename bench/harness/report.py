@@ -788,6 +788,159 @@ def _floor_section(d):
     return L
 
 
+def _snap_cell(d, config, fs, key, digits=None, base=True):
+    """A snapshots-workload cell: median (spread), and its ratio to the
+    base filesystem's when `base`."""
+    st = d.stat("snapshots", config, fs, key)
+    cells = [fmt_stat(st, digits)]
+    if base:
+        cells.append(fmt_ratio(ratio(st, d.stat("snapshots", config, d.base, key))))
+    return cells
+
+
+def _snap_ratio(d, fs, config_a, config_b, key):
+    """Median of `config_a` over median of `config_b` on one filesystem."""
+    return fmt_ratio(ratio(d.stat("snapshots", config_a, fs, key), d.stat("snapshots", config_b, fs, key)))
+
+
+def _snap_first(d, config, key):
+    """A metric every record of `config` carries (file and snapshot counts,
+    durations: per record, so that a report merging runs stays right),
+    from the first record that has it."""
+    for r in d.recs("snapshots", config):
+        if (r.get("metrics") or {}).get(key) is not None:
+            return r["metrics"][key]
+    return None
+
+
+def _snap_load(d, fs, configs):
+    return "/".join(fmt_num(d.load("snapshots", c, fs), 1) for c in configs)
+
+
+def snapshot_rows(d):
+    """The four tables of the snapshots section, as {name: rows}, one row
+    per filesystem that ran the workload (pure, for the tests)."""
+    fss = [f for f in d.fs if d.recs("snapshots", fs=f, ok=None)]
+    t = {"snapshot": [], "fio": [], "dbench": [], "seed003": []}
+    for f in fss:
+        t["snapshot"].append(
+            [f] + _snap_cell(d, "snapshot-small", f, "snapshot_s", 3)
+            + _snap_cell(d, "snapshot-large", f, "snapshot_s", 3)
+            + [_snap_ratio(d, f, "snapshot-large", "snapshot-small", "snapshot_s"),
+               "%s / %s" % (fmt_stat(d.stat("snapshots", "snapshot-small", f, "snapshot_first_s"), 3),
+                            fmt_stat(d.stat("snapshots", "snapshot-large", f, "snapshot_first_s"), 3)),
+               "%s / %s" % (fmt_stat(d.stat("snapshots", "snapshot-small", f, "fill_s")),
+                            fmt_stat(d.stat("snapshots", "snapshot-large", f, "fill_s"))),
+               _snap_load(d, f, ("snapshot-small", "snapshot-large"))])
+        t["fio"].append(
+            [f] + _snap_cell(d, "fio-0-snapshots", f, "fsync_p50_us", 0)
+            + _snap_cell(d, "fio-0-snapshots", f, "fsync_p99_us", 0)
+            + _snap_cell(d, "fio-snapshots", f, "fsync_p50_us", 0)
+            + _snap_cell(d, "fio-snapshots", f, "fsync_p99_us", 0)
+            + [_snap_ratio(d, f, "fio-snapshots", "fio-0-snapshots", "fsync_p50_us"),
+               _snap_ratio(d, f, "fio-snapshots", "fio-0-snapshots", "fsync_p99_us"),
+               "%s / %s" % (fmt_stat(d.stat("snapshots", "fio-0-snapshots", f, "write_p50_us"), 1),
+                            fmt_stat(d.stat("snapshots", "fio-snapshots", f, "write_p50_us"), 1)),
+               "%s / %s" % (fmt_stat(d.stat("snapshots", "fio-0-snapshots", f, "iops"), 0),
+                            fmt_stat(d.stat("snapshots", "fio-snapshots", f, "iops"), 0)),
+               fmt_stat(d.stat("snapshots", "fio-snapshots", f, "snapshots_total_s"), 1),
+               _snap_load(d, f, ("fio-0-snapshots", "fio-snapshots"))])
+        t["dbench"].append(
+            [f] + _snap_cell(d, "dbench-4", f, "throughput_mb_s", 1)
+            + _snap_cell(d, "dbench-4-bgdelete", f, "throughput_mb_s", 1)
+            + [_snap_ratio(d, f, "dbench-4-bgdelete", "dbench-4", "throughput_mb_s")]
+            + _snap_cell(d, "dbench-4", f, "max_latency_ms", 1)
+            + _snap_cell(d, "dbench-4-bgdelete", f, "max_latency_ms", 1)
+            + [fmt_stat(d.stat("snapshots", "dbench-4-bgdelete", f, "delete_s"), 3),
+               fmt_stat(d.stat("snapshots", "dbench-4-bgdelete", f, "cleaner_after_s"), 3),
+               fmt_stat(d.stat("snapshots", "dbench-4", f, "drop_alone_s"), 3),
+               _snap_load(d, f, ("dbench-4", "dbench-4-bgdelete"))])
+        t["seed003"].append(
+            [f] + _snap_cell(d, "seed003-subvolume", f, "total_s", 3)
+            + _snap_cell(d, "seed003-snapshot", f, "total_s", 3)
+            + [_snap_ratio(d, f, "seed003-snapshot", "seed003-subvolume", "total_s")]
+            + ["%s / %s" % (fmt_num((d.stat("snapshots", c, f, "fsync_mean_ms") or {}).get("median")),
+                            fmt_num((d.stat("snapshots", c, f, "fsync_max_ms") or {}).get("median")))
+               for c in ("seed003-subvolume", "seed003-snapshot")]
+            + [_snap_load(d, f, ("seed003-subvolume", "seed003-snapshot"))])
+    return t
+
+
+def _snapshots_section(d):
+    """Issue 22's benchmarks: snapshot time against the file count, fsync
+    beside 100 snapshots, dbench during a background deletion, seed 003
+    inside a snapshot; birch against btrfs."""
+    L = []
+    add = L.append
+    if not d.recs("snapshots", ok=None):
+        return L
+    b = d.base
+    add("## 6. Subvolumes and snapshots (issue 22)")
+    add("")
+    add("Each configuration on a fresh filesystem; `btrfs subvolume …` on btrfs, `birch subvolume …` "
+        "(the same commands, through the mounted daemon) on birch. Files are empty, created with "
+        "`mknod`, 1,000 per directory. Cells: median (min–max over repetitions) and × %s. "
+        "Load: 1-minute load average around the measurements." % b)
+    add("")
+    t = snapshot_rows(d)
+    small, large = _snap_first(d, "snapshot-small", "files"), _snap_first(d, "snapshot-large", "files")
+    add("**Snapshot time** (the snapshot command, which commits; median of %s snapshots of the same "
+        "subvolume, taken one after the other after a sync). It must not grow with the file count: "
+        "`large / small` near ×1." % _snapshots_timed(d))
+    add("")
+    add(md_table(["fs", "%s files: s" % fmt_count(small), "× %s" % b, "%s files: s" % fmt_count(large),
+                  "× %s" % b, "large / small", "first snapshot s (small / large)",
+                  "creating the files s (small / large)", "load"], t["snapshot"]))
+    add("")
+    nsnap = _snap_first(d, "fio-snapshots", "snapshots")
+    add("**fio 4 KiB random write + fsync** (`fio --rw=randwrite --bs=4k --ioengine=sync --fsync=1 "
+        "--time_based --runtime=%s --size=%sm --randrepeat=1` on a file of a subvolume, written out "
+        "whole and synced before the snapshots, so every block starts shared), fsync latency in µs, "
+        "with 0 and %s snapshots of the subvolume." % (
+            _snap_first(d, "fio-snapshots", "runtime_s"), _snap_first(d, "fio-snapshots", "file_mib"), nsnap))
+    add("")
+    add(md_table(["fs", "p50, 0 snapshots", "× %s" % b, "p99, 0", "× %s" % b,
+                  "p50, %s snapshots" % nsnap, "× %s" % b, "p99, %s" % nsnap, "× %s" % b,
+                  "p50 %s / 0" % nsnap, "p99 %s / 0" % nsnap, "write p50 µs (0 / %s)" % nsnap,
+                  "writes/s (0 / %s)" % nsnap, "taking the %s snapshots s" % nsnap, "load"], t["fio"]))
+    add("")
+    add("**dbench, 4 clients** (`dbench -c client.txt -t %s 4` in a directory of the top level) beside a "
+        "%s-file snapshot that owns its tree alone (its source deleted and cleaned first): left alone, "
+        "and deleted (`subvolume delete -c`) just before dbench starts, its cleaner running in the "
+        "background. `cleaner after` = how long `subvolume sync` then took once dbench ended (btrfs: "
+        "waiting for its cleaner; birch: running the rest of the drop); `drop alone` = the same "
+        "deletion after the idle run's dbench, with nothing else running (delete + sync): the size "
+        "of the work done in the background." % (
+            _snap_first(d, "dbench-4", "duration_s"), fmt_count(_snap_first(d, "dbench-4", "files"))))
+    add("")
+    add(md_table(["fs", "MB/s, idle snapshot", "× %s" % b, "MB/s, deleting", "× %s" % b, "deleting / idle",
+                  "max latency ms, idle", "× %s" % b, "max latency ms, deleting", "× %s" % b,
+                  "delete command s", "cleaner after s", "drop alone s", "load"], t["dbench"]))
+    add("")
+    add("**Seed 003 inside a snapshot** (the `dirlog` workload: %s files created, sync, renamed, the "
+        "directory fsynced every 100) in a fresh subvolume holding %s files, and in a snapshot of such "
+        "a subvolume (its tree wholly shared with the source when the workload starts)." % (
+            fmt_count(_snap_first(d, "seed003-snapshot", "files")),
+            fmt_count(_snap_first(d, "seed003-snapshot", "source_files"))))
+    add("")
+    add(md_table(["fs", "total s, subvolume", "× %s" % b, "total s, snapshot", "× %s" % b,
+                  "snapshot / subvolume", "dir fsync mean / max ms, subvolume", "snapshot", "load"],
+                 t["seed003"]))
+    add("")
+    return L
+
+
+def _snapshots_timed(d):
+    for r in d.recs("snapshots", "snapshot-small"):
+        if (r.get("metrics") or {}).get("snapshots_s"):
+            return len(r["metrics"]["snapshots_s"])
+    return "—"
+
+
+def fmt_count(n):
+    return "—" if n is None else "{:,}".format(int(n))
+
+
 def _failures_section(d):
     """Everything that produced no numbers, and where the raw outputs are."""
     L = []
@@ -820,7 +973,7 @@ def build_report(results, title, made=(), plot_err=None):
     d = Data(results)
     sections = (_header(d, title), _headline_section(d, made, plot_err), _dbench_section(d),
                 _dirlog_section(d), _untar_section(d), _fio_section(d), _embedded_section(d),
-                _dup_section(d), _requests_section(d), _floor_section(d), _failures_section(d))
+                _snapshots_section(d), _dup_section(d), _requests_section(d), _floor_section(d), _failures_section(d))
     return "\n".join(line for s in sections for line in s) + "\n"
 
 

@@ -48,7 +48,7 @@ def now_utc() -> str:
 
 
 def plan(workloads: Iterable[Workload]) -> list[Planned]:
-    return [Planned(w.name, m.config, m.target, w.key_metric)
+    return [Planned(w.name, m.config, m.target, m.key_metric or w.key_metric)
             for w in workloads if w.not_run_reason() is None for m in w.measurements()]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from harness import host
@@ -32,22 +33,38 @@ def fresh_sparse_file(path: str, size: int) -> None:
         f.truncate(size)
 
 
+@dataclass(frozen=True)
+class SubvolumeCommands:
+    """A filesystem's subvolume commands, as argv templates ({birch} the
+    birch binary; {path}, {src}, {dst} paths on the mount; {mnt} the mount
+    point).  `delete` commits after the deletion, so that its cleaner
+    starts at once instead of at the next periodic commit; `sync` waits
+    until every deleted subvolume's space is freed."""
+
+    create: list[str]
+    snapshot: list[str]
+    delete: list[str]
+    sync: list[str]
+
+
 class Setup(ABC):
     """One filesystem configuration under test (a column of the report).
 
     `mkfs` is an argv template: {target} is the loop device (uses_loop) or
-    the image file itself; {birch} the birch binary.
+    the image file itself; {birch} the birch binary.  `subvolumes`: its
+    subvolume and snapshot commands (None: it has none).
     """
 
     kind = ""              # "kernel" or "fuse", recorded in results.json
 
     def __init__(self, name: str, fstype: str, mkfs: list[str], tools: list[str],
-                 uses_loop: bool = True) -> None:
+                 uses_loop: bool = True, subvolumes: Optional[SubvolumeCommands] = None) -> None:
         self.name = name
         self.fstype = fstype
         self.mkfs = mkfs
         self.tools = tools
         self.uses_loop = uses_loop
+        self.subvolumes = subvolumes
 
     def format_argv(self, ctx: RunContext, argv: list[str], **fields: str) -> list[str]:
         return [a.format(birch=ctx.opts.birch_bin or "birch", **fields) for a in argv]
@@ -55,9 +72,12 @@ class Setup(ABC):
     def describe(self) -> dict:
         """What results.json records of this setup (meta.fs_table), so a
         report can say what each column was."""
-        return {"kind": self.kind, "fstype": self.fstype,
-                "device": "loop" if self.uses_loop else "file",
-                "mkfs": list(self.mkfs), "tools": list(self.tools)}
+        d = {"kind": self.kind, "fstype": self.fstype,
+             "device": "loop" if self.uses_loop else "file",
+             "mkfs": list(self.mkfs), "tools": list(self.tools)}
+        if self.subvolumes is not None:
+            d["subvolumes"] = dict(vars(self.subvolumes))
+        return d
 
     @abstractmethod
     def open(self, ctx: RunContext, size: int, tag: str) -> "Mounted":
@@ -143,6 +163,18 @@ class Mounted(ABC):
             return None
         delta = {k: n - before.get(k, 0) for k, n in after.items()}
         return {k: n for k, n in delta.items() if n > 0}
+
+    def subvolume(self, command: str, **paths: str) -> float:
+        """Run the setup's subvolume command `command` ("create",
+        "snapshot", "delete" or "sync"; SubvolumeCommands) with the given
+        paths and return its wall time in seconds."""
+        if self.setup.subvolumes is None:
+            raise CmdError("%s has no subvolumes" % self.name)
+        template = getattr(self.setup.subvolumes, command)
+        argv = self.setup.format_argv(self.ctx, template, mnt=self.mnt, **paths)
+        t0 = time.perf_counter()
+        self.ctx.run(argv, timeout=1800)
+        return time.perf_counter() - t0
 
     def unmount_timed(self) -> float:
         """Unmount now and return the seconds it took; teardown() then only

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Optional
 
 from harness import host, parsers
 from harness.procs import CmdError
-from harness.setups.base import Mounted
+from harness.setups.base import Mounted, SubvolumeCommands
 from harness.setups.fuse import DaemonMount, FuseSetup
 
 if TYPE_CHECKING:
@@ -34,12 +34,20 @@ UMOUNT = ["fusermount3", "-u", "{mnt}"]
 # filesystems. On a plain fuse mount, `birch sync` runs syncfs, then asks
 # birch to commit through its ioctl.
 SYNC = ["{birch}", "sync", "{path}"]
+# The same commands and options as btrfs-progs' (docs/SNAPSHOTS.md (g)),
+# sent to the mounted daemon through its ioctl.
+SUBVOLUMES = SubvolumeCommands(
+    create=["{birch}", "subvolume", "create", "{path}"],
+    snapshot=["{birch}", "subvolume", "snapshot", "{src}", "{dst}"],
+    delete=["{birch}", "subvolume", "delete", "-c", "{path}"],
+    sync=["{birch}", "subvolume", "sync", "{mnt}"])
 
 
 class BirchSetup(FuseSetup):
     def __init__(self, name: str, uses_loop: bool, metadata: str) -> None:
         super().__init__(name, mkfs=["{birch}", "mkfs", "{target}", "--metadata", metadata],
-                         tools=["fusermount3"], uses_loop=uses_loop, mount_bg=MOUNT_BG, umount=UMOUNT)
+                         tools=["fusermount3"], uses_loop=uses_loop, mount_bg=MOUNT_BG, umount=UMOUNT,
+                         subvolumes=SUBVOLUMES)
         self.metadata = metadata
 
     def describe(self) -> dict:

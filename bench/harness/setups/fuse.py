@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Optional
 
 from harness import host
 from harness.procs import CmdError, kill_group
-from harness.setups.base import Mounted, Setup
+from harness.setups.base import Mounted, Setup, SubvolumeCommands
 
 if TYPE_CHECKING:
     from harness.context import RunContext
@@ -31,8 +31,10 @@ class FuseSetup(Setup):
     kind = "fuse"
 
     def __init__(self, name: str, mkfs: list[str], tools: list[str], uses_loop: bool,
-                 mount_bg: list[str], umount: list[str]) -> None:
-        super().__init__(name, fstype="fuse", mkfs=mkfs, tools=tools, uses_loop=uses_loop)
+                 mount_bg: list[str], umount: list[str],
+                 subvolumes: Optional[SubvolumeCommands] = None) -> None:
+        super().__init__(name, fstype="fuse", mkfs=mkfs, tools=tools, uses_loop=uses_loop,
+                         subvolumes=subvolumes)
         self.mount_bg = mount_bg
         self.umount = umount
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from harness import host
-from harness.setups.base import Mounted, Setup
+from harness.setups.base import Mounted, Setup, SubvolumeCommands
 
 if TYPE_CHECKING:
     from harness.context import RunContext
@@ -17,9 +17,9 @@ class KernelSetup(Setup):
 
     kind = "kernel"
 
-    def __init__(self, name: str, mkfs: list[str], tool: str,
-                 mount_opts: Optional[str] = None) -> None:
-        super().__init__(name, fstype=name, mkfs=mkfs, tools=[tool])
+    def __init__(self, name: str, mkfs: list[str], tool: str, mount_opts: Optional[str] = None,
+                 subvolumes: Optional[SubvolumeCommands] = None) -> None:
+        super().__init__(name, fstype=name, mkfs=mkfs, tools=[tool], subvolumes=subvolumes)
         self.mount_opts = mount_opts
 
     def describe(self) -> dict:

@@ -23,11 +23,14 @@ if TYPE_CHECKING:
 class Measurement:
     """One configuration of a workload on one target, measured once per
     repetition: `run(rep, record)` returns the metrics (and may add raw
-    file names to record["raw"]); raising records the error instead."""
+    file names to record["raw"]); raising records the error instead.
+    `key_metric`: the metric it must produce, when its configurations
+    measure different things (None: the workload's)."""
 
     config: str
     target: str
     run: Callable[[int, dict], dict]
+    key_metric: Optional[str] = None
 
 
 class Workload(ABC):
