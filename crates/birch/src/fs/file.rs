@@ -861,26 +861,56 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Err(e);
         }
         let mut added = 0;
-        for chunk in &in_flight.chunks {
-            let got = chunk.bytes.len() as u64;
-            let file_offset = chunk.file_offset;
-            self.fs.record_data_extent(chunk.bytenr, &chunk.bytes)?;
-            self.drop_extents(ino, file_offset, file_offset + got)?;
-            self.insert_file_extent(
-                ino,
-                file_offset,
-                FileExtent::regular(DiskRef {
-                    disk_bytenr: chunk.bytenr,
-                    disk_num_bytes: got,
-                    offset: 0,
-                    num_bytes: got,
-                }),
-            )?;
-            self.note_written_range(ino, file_offset, file_offset + got)?;
-            added += got;
+        for (at, chunk) in in_flight.chunks.iter().enumerate() {
+            if let Err(e) = self.publish_chunk(ino, chunk) {
+                // The caller fails the filesystem, which still serves
+                // reads: the pages not published are dirty again, so that
+                // reads show what the application wrote.
+                self.update_inode(ino, |i| i.nbytes += added)?;
+                for chunk in &in_flight.chunks[at..] {
+                    self.redirty_unless_dirty(ino, chunk)?;
+                }
+                return Err(e);
+            }
+            added += chunk.bytes.len() as u64;
         }
         self.update_inode(ino, |i| i.nbytes += added)?;
         Ok(added / PAGE)
+    }
+
+    /// Makes one written chunk the file's extent, with its checksums.
+    fn publish_chunk(&mut self, ino: u64, chunk: &Chunk) -> Result<()> {
+        let got = chunk.bytes.len() as u64;
+        let file_offset = chunk.file_offset;
+        self.fs.record_data_extent(chunk.bytenr, &chunk.bytes)?;
+        self.drop_extents(ino, file_offset, file_offset + got)?;
+        self.insert_file_extent(
+            ino,
+            file_offset,
+            FileExtent::regular(DiskRef {
+                disk_bytenr: chunk.bytenr,
+                disk_num_bytes: got,
+                offset: 0,
+                num_bytes: got,
+            }),
+        )?;
+        self.note_written_range(ino, file_offset, file_offset + got)
+    }
+
+    /// Puts a chunk's pages back into the dirty set, but for those dirtied
+    /// again since and those past the end of the file.
+    fn redirty_unless_dirty(&mut self, ino: u64, chunk: &Chunk) -> Result<()> {
+        let size = self.inode(ino)?.item.size;
+        for (i, bytes) in chunk.bytes.chunks(PAGE as usize).enumerate() {
+            let index = chunk.file_offset / PAGE + i as u64;
+            if index * PAGE >= size || self.inode(ino)?.pages.contains_key(&index) {
+                continue;
+            }
+            let mut page = self.fs.spare_pages.take_for_overwrite();
+            page.copy_from_slice(bytes);
+            self.put_dirty_page(ino, index, page)?;
+        }
+        Ok(())
     }
 
     /// Cancels the writeback of `ino` in flight, if any, for a change that
@@ -900,17 +930,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// dirty set (those not dirtied again since, within the file) and frees
     /// its extents.
     fn unwind_writeback(&mut self, ino: u64, in_flight: InFlight) -> Result<()> {
-        let size = self.inode(ino)?.item.size;
         for chunk in &in_flight.chunks {
-            for (i, bytes) in chunk.bytes.chunks(PAGE as usize).enumerate() {
-                let index = chunk.file_offset / PAGE + i as u64;
-                if index * PAGE >= size || self.inode(ino)?.pages.contains_key(&index) {
-                    continue;
-                }
-                let mut page = self.fs.spare_pages.take_for_overwrite();
-                page.copy_from_slice(bytes);
-                self.put_dirty_page(ino, index, page)?;
-            }
+            self.redirty_unless_dirty(ino, chunk)?;
             self.free_unpublished(ino, chunk);
         }
         Ok(())
