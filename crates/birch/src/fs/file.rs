@@ -1301,8 +1301,16 @@ impl<D: BlockDevice> FsState<D> {
                 .get(planned.queued)
                 .is_some_and(|w| w.id == planned.id);
             let published = if still_in_flight {
-                self.resolve(planned.queued)
-                    .and_then(|(mut root, ino)| root.publish_writeback(ino, planned.id, written))
+                match self.resolve(planned.queued) {
+                    Ok((mut root, ino)) => root.publish_writeback(ino, planned.id, written),
+                    Err(e) => {
+                        // Its root is gone: nothing points at its extents,
+                        // which the commit frees (allocated, never
+                        // referenced). Out of flight, so nothing waits.
+                        self.info.writebacks.take(planned.queued);
+                        Err(e)
+                    }
+                }
             } else {
                 // Cancelled (its pages dirty again, its extents freed):
                 // only an error is left to report.
