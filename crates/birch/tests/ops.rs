@@ -613,7 +613,7 @@ const PAUSED_PAGES: usize = 13;
 /// again; `after` gets the image a power cut right then leaves, mounted
 /// and checked.
 fn writeback_paused(
-    during: impl FnOnce(&Filesystem<Arc<PausingDevice>>, u64, u64, &Arc<PausingDevice>) + Send,
+    during: impl FnOnce(&Filesystem<Arc<PausingDevice>>, u64, u64, &Arc<PausingDevice>, &Release),
     after: impl FnOnce(&Filesystem<Arc<birch::device::MemoryDevice>>),
 ) {
     let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
@@ -638,8 +638,9 @@ fn writeback_paused(
         paused_rx
             .recv_timeout(std::time::Duration::from_secs(120))
             .expect("the fsync's data write never reached the device");
-        during(fs, a, b, &dev);
-        resume_tx.send(()).unwrap();
+        let release = Release(resume_tx);
+        during(fs, a, b, &dev, &release);
+        release.release();
         fsync.join().unwrap().expect("the fsync whose write was paused");
     });
     fs.fsync(a, false).unwrap();
@@ -649,23 +650,39 @@ fn writeback_paused(
     after(&remounted);
 }
 
+/// Lets the paused data write go on.
+struct Release(std::sync::mpsc::Sender<()>);
+
+impl Release {
+    fn release(&self) {
+        // A second release (after a request that waited) finds nobody.
+        let _ = self.0.send(());
+    }
+}
+
 /// Runs `request` on a thread of its own and returns its result, failing
-/// the test if it does not finish while the writeback is paused.
-fn without_waiting<T: Send>(what: &str, request: impl FnOnce() -> T + Send) -> T {
+/// the test if it does not finish while the writeback is paused (the
+/// write is released first, so that the request and the test end).
+fn without_waiting<T: Send>(what: &str, paused: &Release, request: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|scope| {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         scope.spawn(move || done_tx.send(request()).unwrap());
-        done_rx
-            .recv_timeout(std::time::Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("{what} waited for the paused data write"))
+        match done_rx.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(done) => done,
+            Err(_) => {
+                paused.release();
+                let _ = done_rx.recv();
+                panic!("{what} waited for the paused data write");
+            }
+        }
     })
 }
 
 #[test]
 fn writeback_paused_read_sees_the_pages_being_written() {
     writeback_paused(
-        |fs, a, _, _| {
-            let read = without_waiting("a read", || fs.read_file(a, 0, PAUSED_PAGES * PAGE));
+        |fs, a, _, _, paused| {
+            let read = without_waiting("a read", paused, || fs.read_file(a, 0, PAUSED_PAGES * PAGE));
             assert!(
                 read.unwrap() == pattern(PAUSED_PAGES * PAGE, 1),
                 "a read during the writeback returned other bytes than were written"
@@ -685,8 +702,8 @@ fn writeback_paused_overwrite_stays_dirty_and_wins() {
     expected[3 * PAGE + 50..4 * PAGE + 150].copy_from_slice(&new);
     let wanted = expected.clone();
     writeback_paused(
-        |fs, a, _, _| {
-            let n = without_waiting("an overwrite", || fs.write_file(a, 3 * PAGE as u64 + 50, &new));
+        |fs, a, _, _, paused| {
+            let n = without_waiting("an overwrite", paused, || fs.write_file(a, 3 * PAGE as u64 + 50, &new));
             assert_eq!(n.unwrap(), new.len());
             let read = fs.read_file(a, 0, PAUSED_PAGES * PAGE).unwrap();
             assert!(read == wanted, "a read after the overwrite lost it");
@@ -705,8 +722,8 @@ fn writeback_paused_overwrite_stays_dirty_and_wins() {
 fn writeback_paused_truncate_frees_what_it_cut() {
     let keep = 5 * PAGE + 100;
     writeback_paused(
-        |fs, a, _, _| {
-            without_waiting("a truncate", || fs.truncate(a, keep as u64)).unwrap();
+        |fs, a, _, _, paused| {
+            without_waiting("a truncate", paused, || fs.truncate(a, keep as u64)).unwrap();
             assert!(fs.read_file(a, 0, 1 << 20).unwrap() == pattern(PAUSED_PAGES * PAGE, 1)[..keep]);
         },
         |fs| {
@@ -724,8 +741,8 @@ fn writeback_paused_truncate_frees_what_it_cut() {
 #[test]
 fn writeback_paused_fsync_of_another_file_completes() {
     writeback_paused(
-        |fs, _, b, dev| {
-            without_waiting("fsync of another file", || fs.fsync(b, false)).unwrap();
+        |fs, _, b, dev, paused| {
+            without_waiting("fsync of another file", paused, || fs.fsync(b, false)).unwrap();
             // A power cut now: b is durable, whatever a's writeback does.
             let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(dev.inner.snapshot()));
             assert_clean(crashed.as_ref(), "power cut during the paused writeback");
