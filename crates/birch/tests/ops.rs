@@ -629,7 +629,8 @@ fn writeback_paused(
     let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
     let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
     fs.sync().unwrap();
-    fs.write_file(a, 0, &pattern(PAUSED_PAGES * PAGE, 1)).unwrap();
+    fs.write_file(a, 0, &pattern(PAUSED_PAGES * PAGE, 1))
+        .unwrap();
     fs.write_file(b, 0, &pattern(3 * PAGE, 7)).unwrap();
     *dev.armed_write_len.lock().unwrap() = Some(PAUSED_PAGES * PAGE);
     let fs = &fs;
@@ -641,10 +642,15 @@ fn writeback_paused(
         let release = Release(resume_tx);
         during(fs, a, b, &dev, &release);
         release.release();
-        fsync.join().unwrap().expect("the fsync whose write was paused");
+        fsync
+            .join()
+            .unwrap()
+            .expect("the fsync whose write was paused");
     });
     fs.fsync(a, false).unwrap();
-    let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(dev.inner.snapshot()));
+    let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(
+        dev.inner.snapshot(),
+    ));
     assert_clean(crashed.as_ref(), "power cut after the writeback");
     let remounted = mount(crashed);
     after(&remounted);
@@ -682,7 +688,8 @@ fn without_waiting<T: Send>(what: &str, paused: &Release, request: impl FnOnce()
 fn writeback_paused_read_sees_the_pages_being_written() {
     writeback_paused(
         |fs, a, _, _, paused| {
-            let read = without_waiting("a read", paused, || fs.read_file(a, 0, PAUSED_PAGES * PAGE));
+            let read =
+                without_waiting("a read", paused, || fs.read_file(a, 0, PAUSED_PAGES * PAGE));
             assert!(
                 read.unwrap() == pattern(PAUSED_PAGES * PAGE, 1),
                 "a read during the writeback returned other bytes than were written"
@@ -703,7 +710,9 @@ fn writeback_paused_overwrite_stays_dirty_and_wins() {
     let wanted = expected.clone();
     writeback_paused(
         |fs, a, _, _, paused| {
-            let n = without_waiting("an overwrite", paused, || fs.write_file(a, 3 * PAGE as u64 + 50, &new));
+            let n = without_waiting("an overwrite", paused, || {
+                fs.write_file(a, 3 * PAGE as u64 + 50, &new)
+            });
             assert_eq!(n.unwrap(), new.len());
             let read = fs.read_file(a, 0, PAUSED_PAGES * PAGE).unwrap();
             assert!(read == wanted, "a read after the overwrite lost it");
@@ -724,7 +733,9 @@ fn writeback_paused_truncate_frees_what_it_cut() {
     writeback_paused(
         |fs, a, _, _, paused| {
             without_waiting("a truncate", paused, || fs.truncate(a, keep as u64)).unwrap();
-            assert!(fs.read_file(a, 0, 1 << 20).unwrap() == pattern(PAUSED_PAGES * PAGE, 1)[..keep]);
+            assert!(
+                fs.read_file(a, 0, 1 << 20).unwrap() == pattern(PAUSED_PAGES * PAGE, 1)[..keep]
+            );
         },
         |fs| {
             let a = ino(fs, "a");
@@ -744,7 +755,9 @@ fn writeback_paused_fsync_of_another_file_completes() {
         |fs, _, b, dev, paused| {
             without_waiting("fsync of another file", paused, || fs.fsync(b, false)).unwrap();
             // A power cut now: b is durable, whatever a's writeback does.
-            let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(dev.inner.snapshot()));
+            let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(
+                dev.inner.snapshot(),
+            ));
             assert_clean(crashed.as_ref(), "power cut during the paused writeback");
             let remounted = mount(crashed);
             let b = ino(&remounted, "b");

@@ -158,7 +158,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Ok(page);
         }
         let queued = self.queued(ino);
-        if let Some(written) = self.fs.writebacks.get(queued).and_then(|w| w.page(index, PAGE)) {
+        if let Some(written) = self
+            .fs
+            .writebacks
+            .get(queued)
+            .and_then(|w| w.page(index, PAGE))
+        {
             let mut page = self.fs.spare_pages.take_for_overwrite();
             page.copy_from_slice(written);
             return Ok(page);
@@ -837,10 +842,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
             return Err(e);
         }
-        let writes = chunks
-            .iter()
-            .map(|c| (c.bytenr, c.bytes.clone()))
-            .collect();
+        let writes = chunks.iter().map(|c| (c.bytenr, c.bytes.clone())).collect();
         let id = self.fs.writebacks.start(queued, chunks);
         Ok(Some(PlannedWrite { queued, id, writes }))
     }
@@ -852,7 +854,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// with a later writeback). A writeback cancelled meanwhile has
     /// nothing left to publish. After a failed write the pages are dirty
     /// again and the extents freed. Returns the pages published.
-    pub(super) fn publish_writeback(&mut self, ino: u64, id: u64, written: Result<()>) -> Result<u64> {
+    pub(super) fn publish_writeback(
+        &mut self,
+        ino: u64,
+        id: u64,
+        written: Result<()>,
+    ) -> Result<u64> {
         let Some(in_flight) = self.fs.writebacks.finish(self.queued(ino), id) else {
             return written.map(|()| 0);
         };
@@ -945,7 +952,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let alloc = self.fs.forest.alloc_mut();
         alloc.add_data_ref(chunk.bytenr, len, ino, 1);
         let released = alloc.drop_data_ref(chunk.bytenr, len, ino);
-        debug_assert!(released, "unpublished extent {} still referenced", chunk.bytenr);
+        debug_assert!(
+            released,
+            "unpublished extent {} still referenced",
+            chunk.bytenr
+        );
     }
 
     pub(crate) fn fallocate(
@@ -1365,10 +1376,9 @@ impl WritebackBatch {
         self.writes
             .iter()
             .map(|planned| {
-                planned
-                    .writes
-                    .iter()
-                    .try_for_each(|(bytenr, bytes)| dev.write_at(bytes, *bytenr).map_err(Error::from))
+                planned.writes.iter().try_for_each(|(bytenr, bytes)| {
+                    dev.write_at(bytes, *bytenr).map_err(Error::from)
+                })
             })
             .collect()
     }

@@ -67,7 +67,10 @@ impl Writebacks {
         self.next_id += 1;
         let id = self.next_id;
         let before = self.by_inode.insert(queued, InFlight { id, chunks });
-        debug_assert!(before.is_none(), "two writebacks of inode {queued} in flight");
+        debug_assert!(
+            before.is_none(),
+            "two writebacks of inode {queued} in flight"
+        );
         id
     }
 

@@ -1039,9 +1039,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             })?;
             if regular {
                 self.shared.check_not_poisoned()?;
-                let written = self
-                    .shared
-                    .writeback_inode(ino, (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded))?;
+                let written = self.shared.writeback_inode(
+                    ino,
+                    (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
+                )?;
                 self.lock().info.space.stats.fsync_pages += written;
             }
             rounds += 1;
