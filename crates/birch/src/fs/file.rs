@@ -659,10 +659,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// `None` is returned), otherwise the pages become runs of contiguous
     /// bytes (file offset, bytes), page 0 taken along when an inline extent
     /// must leave the tree.
-    ///
-    /// Long because the inline rule (an inline extent is only ever a
-    /// file's one extent) has three cases, and the runs are built in the
-    /// same pass.
     fn runs_to_write(
         &mut self,
         ino: u64,
