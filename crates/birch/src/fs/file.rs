@@ -1210,8 +1210,14 @@ impl<D: BlockDevice> FsState<D> {
     /// the seal (the commit would free it).
     pub(crate) fn writeback_all(&mut self) -> Result<()> {
         for queued in self.info.writebacks.inodes() {
-            let (mut root, ino) = self.resolve(queued)?;
-            root.cancel_writeback(ino)?;
+            match self.resolve(queued) {
+                Ok((mut root, ino)) => root.cancel_writeback(ino)?,
+                // Its root is gone (deletion cancels, so this is only a
+                // guard): nothing points at its extents, which this
+                // commit frees as allocated and never referenced.
+                Err(Error::NotFound) => drop(self.info.writebacks.take(queued)),
+                Err(e) => return Err(e),
+            }
         }
         for queued in self.info.space.dirty_inodes() {
             let (mut root, ino) = self.resolve(queued)?;
