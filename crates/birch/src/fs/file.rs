@@ -40,6 +40,9 @@ struct RunProgress {
     done: u64,
 }
 
+/// Contiguous pages of a file to write back: (file offset, bytes).
+type Run = (u64, Vec<u8>);
+
 const PAGE: u64 = SECTOR_SIZE;
 impl<D: BlockDevice> RootCtx<'_, D> {
     pub(super) fn require_regular(&mut self, ino: u64) -> Result<()> {
@@ -663,7 +666,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         &mut self,
         ino: u64,
         mut pages: BTreeMap<u64, Box<[u8]>>,
-    ) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
+    ) -> Result<Option<Vec<Run>>> {
         if pages.is_empty() {
             return Ok(None);
         }
@@ -727,7 +730,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
         }
         let mut pages = pages.into_values();
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::with_capacity(run_pages.len());
+        let mut runs: Vec<Run> = Vec::with_capacity(run_pages.len());
         for (first, count) in run_pages {
             let mut bytes = Vec::with_capacity((count * PAGE) as usize);
             for page in pages.by_ref().take(count as usize) {
@@ -745,7 +748,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     fn write_runs(
         &mut self,
         ino: u64,
-        runs: &[(u64, Vec<u8>)],
+        runs: &[Run],
         progress: &mut RunProgress,
         added: &mut u64,
     ) -> Result<()> {
