@@ -232,14 +232,14 @@ mod tests {
     use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions, ReplayOutcome};
     use std::sync::Arc;
 
-    /// Logs `ino` (external) as an fsync does, without waiting for the
-    /// log sync.
     /// fsync's first step: the file's data written back.
     fn write_back<D: BlockDevice>(fs: &Filesystem<D>, ino: u64) {
         let all = (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded);
         fs.shared.writeback_inode(ino, all).unwrap();
     }
 
+    /// Logs `ino` (external) as an fsync does, without waiting for the
+    /// log sync.
     fn log_only<D: BlockDevice>(fs: &Filesystem<D>, ino: u64) -> LogOutcome {
         write_back(fs, ino);
         let mut state = fs.lock();
