@@ -497,18 +497,22 @@ fn state_hold_histogram_counts_requests() {
 /// A device that, once armed, stops the first read of `len` bytes until
 /// released: a file read paused between its plan (made under the state
 /// lock) and its device read.
+/// Armed for a write (`armed_write_len`), it stops the first write of
+/// that length instead: a data writeback paused between its plan and its
+/// publish.
 struct PausingDevice {
     inner: Arc<birch::device::MemoryDevice>,
     armed_len: std::sync::Mutex<Option<usize>>,
+    armed_write_len: std::sync::Mutex<Option<usize>>,
     paused: std::sync::mpsc::SyncSender<()>,
     resume: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
-impl birch::device::BlockDevice for PausingDevice {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+impl PausingDevice {
+    fn pause_if_armed(&self, armed: &std::sync::Mutex<Option<usize>>, len: usize) {
         let pause = {
-            let mut armed = self.armed_len.lock().unwrap();
-            let hit = *armed == Some(buf.len());
+            let mut armed = armed.lock().unwrap();
+            let hit = *armed == Some(len);
             if hit {
                 *armed = None;
             }
@@ -518,9 +522,16 @@ impl birch::device::BlockDevice for PausingDevice {
             self.paused.send(()).unwrap();
             self.resume.lock().unwrap().recv().unwrap();
         }
+    }
+}
+
+impl birch::device::BlockDevice for PausingDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.pause_if_armed(&self.armed_len, buf.len());
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.pause_if_armed(&self.armed_write_len, buf.len());
         self.inner.write_at(buf, offset)
     }
     fn flush(&self) -> std::io::Result<()> {
@@ -545,6 +556,7 @@ fn read_racing_free_and_reuse_returns_the_old_data() {
     let dev = Arc::new(PausingDevice {
         inner: common::memory_fs(IMAGE_BYTES, 12),
         armed_len: std::sync::Mutex::new(None),
+        armed_write_len: std::sync::Mutex::new(None),
         paused: paused_tx,
         resume: std::sync::Mutex::new(resume_rx),
     });
@@ -584,4 +596,185 @@ fn read_racing_free_and_reuse_returns_the_old_data() {
             "the paused read returned other bytes than the file held"
         );
     });
+}
+
+/// Pages of the file whose fsync's data write is paused in the
+/// `writeback_paused_*` tests (a length no other write of theirs has).
+const PAUSED_PAGES: usize = 13;
+
+/// The `writeback_paused_*` tests (docs/DELALLOC.md, "Writeback without
+/// the state lock"): `a` holds `PAUSED_PAGES` dirty pages of `pattern(_, 1)`
+/// and `b` 3 dirty pages of `pattern(_, 7)`; an fsync of `a` runs until its
+/// data write reaches the device, where it stops. `during` runs then, with
+/// the state lock free (a request it makes that waited for the paused
+/// write would hang: each is run on its own thread, and a guard that is
+/// not a synchronisation fails the test after two minutes instead). The
+/// write is released, the fsync of `a` must succeed, and `a` is synced
+/// again; `after` gets the image a power cut right then leaves, mounted
+/// and checked.
+fn writeback_paused(
+    during: impl FnOnce(&Filesystem<Arc<PausingDevice>>, u64, u64, &Arc<PausingDevice>, &Release),
+    after: impl FnOnce(&Filesystem<Arc<birch::device::MemoryDevice>>),
+) {
+    let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel();
+    let dev = Arc::new(PausingDevice {
+        inner: common::memory_fs(IMAGE_BYTES, 13),
+        armed_len: std::sync::Mutex::new(None),
+        armed_write_len: std::sync::Mutex::new(None),
+        paused: paused_tx,
+        resume: std::sync::Mutex::new(resume_rx),
+    });
+    let fs = mount(dev.clone());
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    fs.write_file(a, 0, &pattern(PAUSED_PAGES * PAGE, 1))
+        .unwrap();
+    fs.write_file(b, 0, &pattern(3 * PAGE, 7)).unwrap();
+    *dev.armed_write_len.lock().unwrap() = Some(PAUSED_PAGES * PAGE);
+    let fs = &fs;
+    std::thread::scope(|scope| {
+        let fsync = scope.spawn(move || fs.fsync(a, false));
+        paused_rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("the fsync's data write never reached the device");
+        let release = Release(resume_tx);
+        during(fs, a, b, &dev, &release);
+        release.release();
+        fsync
+            .join()
+            .unwrap()
+            .expect("the fsync whose write was paused");
+    });
+    fs.fsync(a, false).unwrap();
+    let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(
+        dev.inner.snapshot(),
+    ));
+    assert_clean(crashed.as_ref(), "power cut after the writeback");
+    let remounted = mount(crashed);
+    after(&remounted);
+}
+
+/// Lets the paused data write go on.
+struct Release(std::sync::mpsc::Sender<()>);
+
+impl Release {
+    fn release(&self) {
+        // A second release (after a request that waited) finds nobody.
+        let _ = self.0.send(());
+    }
+}
+
+/// Runs `request` on a thread of its own and returns its result, failing
+/// the test if it does not finish while the writeback is paused (the
+/// write is released first, so that the request and the test end).
+fn without_waiting<T: Send>(what: &str, paused: &Release, request: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        scope.spawn(move || done_tx.send(request()).unwrap());
+        match done_rx.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(done) => done,
+            Err(_) => {
+                paused.release();
+                let _ = done_rx.recv();
+                panic!("{what} waited for the paused data write");
+            }
+        }
+    })
+}
+
+#[test]
+fn writeback_paused_read_sees_the_pages_being_written() {
+    writeback_paused(
+        |fs, a, _, _, paused| {
+            let read =
+                without_waiting("a read", paused, || fs.read_file(a, 0, PAUSED_PAGES * PAGE));
+            assert!(
+                read.unwrap() == pattern(PAUSED_PAGES * PAGE, 1),
+                "a read during the writeback returned other bytes than were written"
+            );
+        },
+        |fs| {
+            let a = ino(fs, "a");
+            assert!(fs.read_file(a, 0, 1 << 20).unwrap() == pattern(PAUSED_PAGES * PAGE, 1));
+        },
+    );
+}
+
+#[test]
+fn writeback_paused_overwrite_stays_dirty_and_wins() {
+    let mut expected = pattern(PAUSED_PAGES * PAGE, 1);
+    let new = pattern(PAGE + 100, 9);
+    expected[3 * PAGE + 50..4 * PAGE + 150].copy_from_slice(&new);
+    let wanted = expected.clone();
+    writeback_paused(
+        |fs, a, _, _, paused| {
+            let n = without_waiting("an overwrite", paused, || {
+                fs.write_file(a, 3 * PAGE as u64 + 50, &new)
+            });
+            assert_eq!(n.unwrap(), new.len());
+            let read = fs.read_file(a, 0, PAUSED_PAGES * PAGE).unwrap();
+            assert!(read == wanted, "a read after the overwrite lost it");
+        },
+        |fs| {
+            let a = ino(fs, "a");
+            assert!(
+                fs.read_file(a, 0, 1 << 20).unwrap() == expected,
+                "the overwrite made during the writeback was lost or reordered"
+            );
+        },
+    );
+}
+
+#[test]
+fn writeback_paused_truncate_frees_what_it_cut() {
+    let keep = 5 * PAGE + 100;
+    writeback_paused(
+        |fs, a, _, _, paused| {
+            without_waiting("a truncate", paused, || fs.truncate(a, keep as u64)).unwrap();
+            assert!(
+                fs.read_file(a, 0, 1 << 20).unwrap() == pattern(PAUSED_PAGES * PAGE, 1)[..keep]
+            );
+        },
+        |fs| {
+            let a = ino(fs, "a");
+            assert!(
+                fs.read_file(a, 0, 1 << 20).unwrap() == pattern(PAUSED_PAGES * PAGE, 1)[..keep],
+                "the truncate made during the writeback was lost"
+            );
+            // `birch check` (in `writeback_paused`) found no extent
+            // leaked; grown again, the file shows zeros past the cut,
+            // not the bytes the paused write carried there.
+            fs.truncate(a, (PAUSED_PAGES * PAGE) as u64).unwrap();
+            let mut grown = pattern(PAUSED_PAGES * PAGE, 1);
+            grown[keep..].fill(0);
+            assert!(
+                fs.read_file(a, 0, 1 << 20).unwrap() == grown,
+                "the writeback published data past the truncate"
+            );
+        },
+    );
+}
+
+#[test]
+fn writeback_paused_fsync_of_another_file_completes() {
+    writeback_paused(
+        |fs, _, b, dev, paused| {
+            without_waiting("fsync of another file", paused, || fs.fsync(b, false)).unwrap();
+            // A power cut now: b is durable, whatever a's writeback does.
+            let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(
+                dev.inner.snapshot(),
+            ));
+            assert_clean(crashed.as_ref(), "power cut during the paused writeback");
+            let remounted = mount(crashed);
+            let b = ino(&remounted, "b");
+            assert!(remounted.read_file(b, 0, 1 << 20).unwrap() == pattern(3 * PAGE, 7));
+        },
+        |fs| {
+            let (a, b) = (ino(fs, "a"), ino(fs, "b"));
+            assert!(fs.read_file(a, 0, 1 << 20).unwrap() == pattern(PAUSED_PAGES * PAGE, 1));
+            assert!(fs.read_file(b, 0, 1 << 20).unwrap() == pattern(3 * PAGE, 7));
+        },
+    );
 }

@@ -83,7 +83,9 @@ impl<D: BlockDevice> FsState<D> {
         // Its dirty pages would be written into a tree being dropped, and
         // the queue would name a root that no longer resolves: they go
         // now, with their reservations (as an unlinked inode's do).
-        for queued in child.fs.space.dirty_inodes() {
+        let mut queued_inodes = child.fs.space.dirty_inodes();
+        queued_inodes.extend(child.fs.writebacks.inodes());
+        for queued in queued_inodes {
             let (root_id, ino) = InoSpace::split(queued);
             if root_id == id {
                 child.discard_dirty_pages(ino)?;

@@ -134,6 +134,13 @@ impl<D: BlockDevice> FsInfo<D> {
     /// a checksum image, records its checksums in the same transaction.
     pub(super) fn write_data_extent(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
         self.forest.store().device().write_at(data, bytenr)?;
+        self.record_data_extent(bytenr, data)
+    }
+
+    /// Counts `data`, written at `bytenr`, and on a checksum image records
+    /// its checksums: the second half of [`Self::write_data_extent`], for a
+    /// writeback that wrote without the state lock.
+    pub(super) fn record_data_extent(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
         self.stats.data_bytes_written += data.len() as u64;
         if let Some(root) = self.roots.csum.as_mut() {
             insert_extent_csums(&mut self.forest, root, bytenr, data)?;

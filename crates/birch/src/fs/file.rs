@@ -14,6 +14,7 @@
 
 use super::csum::{read_planned, ExtentRead};
 use super::decode::decode_item;
+use super::in_flight::{Chunk, InFlight};
 use super::root::RootCtx;
 use super::space_info::Need;
 use super::state::FsState;
@@ -29,6 +30,7 @@ use crate::format::{
 use crate::lock_order::allow_io_under_state_lock;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 /// How far a writeback got through its runs of pages: run `run` is
 /// recorded up to byte `done`, the runs before it entirely.
@@ -38,6 +40,9 @@ struct RunProgress {
     done: u64,
 }
 
+/// Contiguous pages of a file to write back: (file offset, bytes).
+type Run = (u64, Vec<u8>);
+
 const PAGE: u64 = SECTOR_SIZE;
 impl<D: BlockDevice> RootCtx<'_, D> {
     pub(super) fn require_regular(&mut self, ino: u64) -> Result<()> {
@@ -46,6 +51,17 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             FileType::Directory => Err(Error::IsDir),
             _ => Err(Error::InvalidArgument("not a regular file")),
         }
+    }
+
+    pub(crate) fn is_regular_file(&mut self, ino: u64) -> Result<bool> {
+        Ok(self.inode(ino)?.item.file_type() == FileType::Regular)
+    }
+
+    /// Whether the file has data not in its extents yet: dirty pages, or a
+    /// writeback in flight.
+    pub(crate) fn has_unpublished_data(&mut self, ino: u64) -> Result<bool> {
+        let queued = self.queued(ino);
+        Ok(!self.inode(ino)?.pages.is_empty() || self.fs.writebacks.contains(queued))
     }
 
     /// The file extent items of `ino` that overlap `[start, end)`.
@@ -135,12 +151,24 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         read
     }
 
-    /// One page of the file as it is now (dirty copy or disk content).
+    /// One page of the file as it is now (dirty copy, the copy a writeback
+    /// in flight writes, or disk content).
     pub(super) fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
         let inode = self.root.inodes.get(&ino);
         if let Some(dirty) = inode.and_then(|i| i.pages.get(&index)) {
             let mut page = self.fs.spare_pages.take_for_overwrite();
             page.copy_from_slice(dirty);
+            return Ok(page);
+        }
+        let queued = self.queued(ino);
+        if let Some(written) = self
+            .fs
+            .writebacks
+            .get(queued)
+            .and_then(|w| w.page(index, PAGE))
+        {
+            let mut page = self.fs.spare_pages.take_for_overwrite();
+            page.copy_from_slice(written);
             return Ok(page);
         }
         let mut page = self.fs.spare_pages.take_zeroed();
@@ -206,8 +234,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(out)
     }
 
-    /// Drops every dirty page of an inode that is going away.
+    /// Drops every dirty page of an inode that is going away (and its
+    /// writeback in flight).
     pub(crate) fn discard_dirty_pages(&mut self, ino: u64) -> Result<()> {
+        self.cancel_writeback(ino)?;
         if self
             .root
             .inodes
@@ -261,12 +291,22 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let aligned_end = end.div_ceil(PAGE) * PAGE;
         let mut buf = vec![0u8; (aligned_end - aligned_start) as usize];
         let reads = self.plan_extents(ino, aligned_start, &mut buf)?;
-        let dirty = self
-            .inode(ino)?
-            .pages
-            .range(first_page..aligned_end / PAGE)
-            .map(|(&index, page)| (((index - first_page) * PAGE) as usize, page.clone()))
-            .collect();
+        // Pages under writeback are not in the extents yet; dirty pages
+        // are newer still, so they go over them.
+        let mut dirty: Vec<(usize, Box<[u8]>)> = Vec::new();
+        if let Some(in_flight) = self.fs.writebacks.get(self.queued(ino)) {
+            dirty.extend(
+                (first_page..aligned_end / PAGE)
+                    .filter_map(|index| Some((index, in_flight.page(index, PAGE)?)))
+                    .map(|(index, page)| (((index - first_page) * PAGE) as usize, page.into())),
+            );
+        }
+        dirty.extend(
+            self.inode(ino)?
+                .pages
+                .range(first_page..aligned_end / PAGE)
+                .map(|(&index, page)| (((index - first_page) * PAGE) as usize, page.clone())),
+        );
         let reader = (!reads.is_empty()).then(|| self.fs.forest.alloc_mut().start_read());
         self.touch_atime(ino)?;
         Ok(ReadPlan {
@@ -415,6 +455,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }
         let old_size = self.inode(ino)?.item.size;
         if new_size < old_size {
+            self.cancel_writeback(ino)?;
             let keep_pages = new_size.div_ceil(PAGE);
             self.take_dirty_pages(ino, keep_pages..)?;
             if !new_size.is_multiple_of(PAGE) {
@@ -547,28 +588,14 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         InoSpace::join(self.root.tree.id, ino)
     }
 
-    /// Writes back one inode's dirty pages (fsync).
+    /// Writes back one inode's dirty pages under the state lock, its
+    /// writeback in flight cancelled first (reflink, which moves or shares
+    /// the extents in the same hold).
     pub(crate) fn writeback_one(&mut self, ino: u64) -> Result<()> {
+        self.cancel_writeback(ino)?;
         let pages = self.take_dirty_pages(ino, ..)?;
-        let n = self.writeback_pages(ino, pages)?;
-        self.fs.space.stats.fsync_pages += n;
+        self.writeback_pages(ino, pages)?;
         Ok(())
-    }
-
-    /// Writes back the dirty pages of `ino` that overlap `[offset,
-    /// offset + len)` (`sync_file_range(SYNC_FILE_RANGE_WRITE)`: written,
-    /// not made durable). Returns the pages written.
-    pub(crate) fn writeback_range(&mut self, ino: u64, offset: u64, len: u64) -> Result<u64> {
-        self.require_regular(ino)?;
-        if len == 0 {
-            return Ok(0);
-        }
-        let first = offset / PAGE;
-        let last = offset.saturating_add(len - 1) / PAGE;
-        let pages = self.take_dirty_pages(ino, first..=last)?;
-        let n = self.writeback_pages(ino, pages)?;
-        self.fs.space.stats.range_pages += n;
-        Ok(n)
     }
 
     /// Records that `[start, end)` of the file got new extents, for the
@@ -602,17 +629,47 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// Writes a set of an inode's pages (already taken out of its dirty
-    /// set) to new extents: runs of contiguous pages become one extent each
-    /// (several when free space is fragmented). Returns the pages written.
-    fn writeback_pages(&mut self, ino: u64, mut pages: BTreeMap<u64, Box<[u8]>>) -> Result<u64> {
-        // Debt (docs/SNAPSHOTS.md (f) item 2): fsync's, sync_file_range's,
-        // the flusher's and the commit's writeback still write under the
-        // state lock.
+    /// set) to new extents under the state lock (the commit's writeback,
+    /// reflink's): runs of contiguous pages become one extent each (several
+    /// when free space is fragmented). Returns the pages written.
+    fn writeback_pages(&mut self, ino: u64, pages: BTreeMap<u64, Box<[u8]>>) -> Result<u64> {
+        // Debt (docs/SNAPSHOTS.md (j) step 3, part 2): the commit's and
+        // reflink's writeback still write under the state lock.
         let _debt = allow_io_under_state_lock("data writeback");
-        if pages.is_empty() {
-            return Ok(0);
-        }
         let written = pages.len() as u64;
+        let Some(runs) = self.runs_to_write(ino, pages)? else {
+            return Ok(written);
+        };
+        let mut added = 0;
+        let mut progress = RunProgress::default();
+        if let Err(e) = self.write_runs(ino, &runs, &mut progress, &mut added) {
+            // The caller fails the filesystem, which then still serves
+            // reads: the pages not written stay dirty, so that reads show
+            // what the application wrote, not what the disk held before.
+            self.update_inode(ino, |i| i.nbytes += added)?;
+            for (i, (start, bytes)) in runs.iter().enumerate().skip(progress.run) {
+                let from = if i == progress.run { progress.done } else { 0 };
+                self.redirty(ino, start + from, &bytes[from as usize..])?;
+            }
+            return Err(e);
+        }
+        self.update_inode(ino, |i| i.nbytes += added)?;
+        Ok(written)
+    }
+
+    /// The first step of every writeback, under the state lock: a file
+    /// that lives in page 0 gets its inline extent now (no device I/O;
+    /// `None` is returned), otherwise the pages become runs of contiguous
+    /// bytes (file offset, bytes), page 0 taken along when an inline extent
+    /// must leave the tree.
+    fn runs_to_write(
+        &mut self,
+        ino: u64,
+        mut pages: BTreeMap<u64, Box<[u8]>>,
+    ) -> Result<Option<Vec<Run>>> {
+        if pages.is_empty() {
+            return Ok(None);
+        }
         let (size, nbytes) = {
             let item = &self.inode(ino)?.item;
             (item.size, item.nbytes)
@@ -657,7 +714,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             for page in pages.into_values() {
                 self.fs.spare_pages.give(page);
             }
-            return Ok(written);
+            return Ok(None);
         }
         // Runs of contiguous pages, as (first page, pages), so that each
         // run's buffer is allocated once at its size.
@@ -673,7 +730,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
         }
         let mut pages = pages.into_values();
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::with_capacity(run_pages.len());
+        let mut runs: Vec<Run> = Vec::with_capacity(run_pages.len());
         for (first, count) in run_pages {
             let mut bytes = Vec::with_capacity((count * PAGE) as usize);
             for page in pages.by_ref().take(count as usize) {
@@ -682,21 +739,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
             runs.push((first * PAGE, bytes));
         }
-        let mut added = 0;
-        let mut progress = RunProgress::default();
-        if let Err(e) = self.write_runs(ino, &runs, &mut progress, &mut added) {
-            // The caller fails the filesystem, which then still serves
-            // reads: the pages not written stay dirty, so that reads show
-            // what the application wrote, not what the disk held before.
-            self.update_inode(ino, |i| i.nbytes += added)?;
-            for (i, (start, bytes)) in runs.iter().enumerate().skip(progress.run) {
-                let from = if i == progress.run { progress.done } else { 0 };
-                self.redirty(ino, start + from, &bytes[from as usize..])?;
-            }
-            return Err(e);
-        }
-        self.update_inode(ino, |i| i.nbytes += added)?;
-        Ok(written)
+        Ok(Some(runs))
     }
 
     /// Writes runs of contiguous pages (file offset, bytes) to new extents
@@ -705,7 +748,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     fn write_runs(
         &mut self,
         ino: u64,
-        runs: &[(u64, Vec<u8>)],
+        runs: &[Run],
         progress: &mut RunProgress,
         added: &mut u64,
     ) -> Result<()> {
@@ -747,6 +790,174 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(())
     }
 
+    /// Plans a writeback of `pages` (taken out of the dirty set) for the
+    /// data to be written without the state lock (docs/DELALLOC.md,
+    /// "Writeback without the state lock"): the extents are allocated now
+    /// and the writeback is registered as in flight, so that reads find its
+    /// pages until it is published. A file that lives in page 0 gets its
+    /// inline extent at once (`None`: nothing to write). The inode must
+    /// have no writeback in flight.
+    pub(super) fn plan_writeback(
+        &mut self,
+        ino: u64,
+        pages: BTreeMap<u64, Box<[u8]>>,
+    ) -> Result<Option<PlannedWrite>> {
+        let queued = self.queued(ino);
+        debug_assert!(!self.fs.writebacks.contains(queued));
+        let Some(runs) = self.runs_to_write(ino, pages)? else {
+            return Ok(None);
+        };
+        let mut chunks = Vec::new();
+        let mut failed = None;
+        'runs: for (start, bytes) in &runs {
+            let mut done = 0;
+            while done < bytes.len() as u64 {
+                let keep = self.nodes_promised();
+                let want = bytes.len() as u64 - done;
+                match self.fs.forest.alloc_mut().alloc_data(want, ino, keep) {
+                    Ok((bytenr, got)) => {
+                        chunks.push(Chunk {
+                            file_offset: start + done,
+                            bytenr,
+                            bytes: bytes[done as usize..(done + got) as usize].into(),
+                        });
+                        done += got;
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break 'runs;
+                    }
+                }
+            }
+        }
+        if let Some(e) = failed {
+            // Nothing was written: the allocations go back, the pages
+            // stay dirty.
+            for chunk in &chunks {
+                self.free_unpublished(ino, chunk);
+            }
+            for (start, bytes) in &runs {
+                self.redirty(ino, *start, bytes)?;
+            }
+            return Err(e);
+        }
+        let writes = chunks.iter().map(|c| (c.bytenr, c.bytes.clone())).collect();
+        let id = self.fs.writebacks.start(queued, chunks);
+        Ok(Some(PlannedWrite { queued, id, writes }))
+    }
+
+    /// Publishes the writeback `id` of `ino` once its data was written
+    /// (`written`: how the writes went): its extents become the file's,
+    /// with their checksums, and the range is noted for the next fast log.
+    /// Pages dirtied again meanwhile stay dirty (their newer bytes go out
+    /// with a later writeback). A writeback cancelled meanwhile has
+    /// nothing left to publish. After a failed write the pages are dirty
+    /// again and the extents freed. Returns the pages published.
+    pub(super) fn publish_writeback(
+        &mut self,
+        ino: u64,
+        id: u64,
+        written: Result<()>,
+    ) -> Result<u64> {
+        let Some(in_flight) = self.fs.writebacks.finish(self.queued(ino), id) else {
+            return written.map(|()| 0);
+        };
+        if let Err(e) = written {
+            self.unwind_writeback(ino, in_flight)?;
+            return Err(e);
+        }
+        let mut added = 0;
+        for (at, chunk) in in_flight.chunks.iter().enumerate() {
+            if let Err(e) = self.publish_chunk(ino, chunk) {
+                // The caller fails the filesystem, which still serves
+                // reads: the pages not published are dirty again, so that
+                // reads show what the application wrote.
+                self.update_inode(ino, |i| i.nbytes += added)?;
+                for chunk in &in_flight.chunks[at..] {
+                    self.redirty_unless_dirty(ino, chunk)?;
+                }
+                return Err(e);
+            }
+            added += chunk.bytes.len() as u64;
+        }
+        self.update_inode(ino, |i| i.nbytes += added)?;
+        Ok(added / PAGE)
+    }
+
+    /// Makes one written chunk the file's extent, with its checksums.
+    fn publish_chunk(&mut self, ino: u64, chunk: &Chunk) -> Result<()> {
+        let got = chunk.bytes.len() as u64;
+        let file_offset = chunk.file_offset;
+        self.fs.record_data_extent(chunk.bytenr, &chunk.bytes)?;
+        self.drop_extents(ino, file_offset, file_offset + got)?;
+        self.insert_file_extent(
+            ino,
+            file_offset,
+            FileExtent::regular(DiskRef {
+                disk_bytenr: chunk.bytenr,
+                disk_num_bytes: got,
+                offset: 0,
+                num_bytes: got,
+            }),
+        )?;
+        self.note_written_range(ino, file_offset, file_offset + got)
+    }
+
+    /// Puts a chunk's pages back into the dirty set, but for those dirtied
+    /// again since and those past the end of the file.
+    fn redirty_unless_dirty(&mut self, ino: u64, chunk: &Chunk) -> Result<()> {
+        let size = self.inode(ino)?.item.size;
+        for (i, bytes) in chunk.bytes.chunks(PAGE as usize).enumerate() {
+            let index = chunk.file_offset / PAGE + i as u64;
+            if index * PAGE >= size || self.inode(ino)?.pages.contains_key(&index) {
+                continue;
+            }
+            let mut page = self.fs.spare_pages.take_for_overwrite();
+            page.copy_from_slice(bytes);
+            self.put_dirty_page(ino, index, page)?;
+        }
+        Ok(())
+    }
+
+    /// Cancels the writeback of `ino` in flight, if any, for a change that
+    /// must find the file's data in its extents and dirty pages (truncate,
+    /// punch, fallocate, reflink, unlink, the commit): its pages are dirty
+    /// again and its extents freed, as if it had not started. Its write
+    /// may still land; the freed space is not reused before it did (the
+    /// writeback holds a reader epoch).
+    pub(crate) fn cancel_writeback(&mut self, ino: u64) -> Result<()> {
+        match self.fs.writebacks.take(self.queued(ino)) {
+            Some(in_flight) => self.unwind_writeback(ino, in_flight),
+            None => Ok(()),
+        }
+    }
+
+    /// Puts the pages of a writeback taken out of flight back into the
+    /// dirty set (those not dirtied again since, within the file) and frees
+    /// its extents.
+    fn unwind_writeback(&mut self, ino: u64, in_flight: InFlight) -> Result<()> {
+        for chunk in &in_flight.chunks {
+            self.redirty_unless_dirty(ino, chunk)?;
+            self.free_unpublished(ino, chunk);
+        }
+        Ok(())
+    }
+
+    /// Frees an extent allocated for a writeback that will not publish it
+    /// (no item points into it, no checksum was recorded): pinned, like
+    /// any extent freed in its own transaction.
+    fn free_unpublished(&mut self, ino: u64, chunk: &Chunk) {
+        let len = chunk.bytes.len() as u64;
+        let alloc = self.fs.forest.alloc_mut();
+        alloc.add_data_ref(chunk.bytenr, len, ino, 1);
+        let released = alloc.drop_data_ref(chunk.bytenr, len, ino);
+        debug_assert!(
+            released,
+            "unpublished extent {} still referenced",
+            chunk.bytenr
+        );
+    }
+
     pub(crate) fn fallocate(
         &mut self,
         ino: u64,
@@ -762,6 +973,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or(Error::FileTooBig)?;
+        // Preallocation looks for holes among the extents and dirty pages.
+        self.cancel_writeback(ino)?;
         let size = self.inode(ino)?.item.size;
         let mode = match mode {
             FallocateMode::PunchHole => return self.punch_hole(ino, offset, end.min(size)),
@@ -916,6 +1129,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if start >= end {
             return Ok(());
         }
+        self.cancel_writeback(ino)?;
         self.inode(ino)?.log.full_sync = true;
         let first_full = start.div_ceil(PAGE);
         let last_full = end / PAGE;
@@ -961,6 +1175,13 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 .range(offset / PAGE..)
                 .map(|(&p, _)| (p * PAGE, p * PAGE + PAGE)),
         );
+        if let Some(in_flight) = self.fs.writebacks.get(self.queued(ino)) {
+            data.extend(
+                in_flight
+                    .page_indexes(PAGE)
+                    .map(|p| (p * PAGE, p * PAGE + PAGE)),
+            );
+        }
         data.sort_unstable();
         match whence {
             SeekWhence::Data => data
@@ -987,8 +1208,20 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 /// inodes by their external numbers (`RootCtx::queued`).
 impl<D: BlockDevice> FsState<D> {
     /// Writes every dirty page of every file of every root to new extents
-    /// (commit).
+    /// (commit), under the state lock: the writebacks in flight are
+    /// cancelled first, as nothing allocated may stay unpublished across
+    /// the seal (the commit would free it).
     pub(crate) fn writeback_all(&mut self) -> Result<()> {
+        for queued in self.info.writebacks.inodes() {
+            match self.resolve(queued) {
+                Ok((mut root, ino)) => root.cancel_writeback(ino)?,
+                // Its root is gone (deletion cancels, so this is only a
+                // guard): nothing points at its extents, which this
+                // commit frees as allocated and never referenced.
+                Err(Error::NotFound) => drop(self.info.writebacks.take(queued)),
+                Err(e) => return Err(e),
+            }
+        }
         for queued in self.info.space.dirty_inodes() {
             let (mut root, ino) = self.resolve(queued)?;
             let pages = root.take_dirty_pages(ino, ..)?;
@@ -999,18 +1232,24 @@ impl<D: BlockDevice> FsState<D> {
         Ok(())
     }
 
-    /// Page-bounded writeback (reclaim, the flusher, throttled writers):
-    /// about `budget` pages, oldest dirty inode first, as many inodes as it
-    /// takes — never "all pages of N inodes". Within an inode it goes on
-    /// from where the last page-bounded writeback stopped, in file order,
-    /// so a large file still gets long extents. Returns the pages written.
-    pub(crate) fn writeback_oldest(&mut self, budget: u64) -> Result<u64> {
-        let mut written = 0;
-        while written < budget {
-            let Some(queued) = self.info.space.oldest_dirty_inode() else {
+    /// Plans a page-bounded writeback (reclaim, the flusher, throttled
+    /// writers, the commit's early batches): about `budget` pages, oldest
+    /// dirty inode first, as many inodes as it takes — never "all pages
+    /// of N inodes" — skipping inodes with a writeback in flight. Within
+    /// an inode it goes on from where the last page-bounded writeback
+    /// stopped, in file order, so a large file still gets long extents.
+    pub(crate) fn plan_writeback_oldest(&mut self, budget: u64) -> Result<WritebackBatch> {
+        let mut batch = WritebackBatch::default();
+        while batch.pages < budget {
+            let writebacks = &self.info.writebacks;
+            let Some(queued) = self
+                .info
+                .space
+                .oldest_dirty_inode_except(|q| writebacks.contains(q))
+            else {
                 break;
             };
-            let want = (budget - written) as usize;
+            let want = (budget - batch.pages) as usize;
             let cursor = self.info.space.cursor(queued);
             let (mut root, ino) = self.resolve(queued)?;
             let keys: Vec<u64> = {
@@ -1032,10 +1271,121 @@ impl<D: BlockDevice> FsState<D> {
             if let Some(&last) = keys.last() {
                 root.fs.space.set_cursor(queued, last + 1);
             }
-            written += pages.len() as u64;
-            root.writeback_pages(ino, pages)?;
+            batch.pages += pages.len() as u64;
+            if let Some(planned) = root.plan_writeback(ino, pages)? {
+                batch.writes.push(planned);
+            }
         }
-        Ok(written)
+        batch.start_reading(self);
+        Ok(batch)
+    }
+
+    /// Plans a writeback of the dirty pages of one inode (external number
+    /// `queued`) with indexes in `range` (fsync: all of them;
+    /// `sync_file_range`). Its writeback in flight must have been waited
+    /// for.
+    pub(crate) fn plan_writeback_inode(
+        &mut self,
+        queued: u64,
+        range: impl std::ops::RangeBounds<u64>,
+    ) -> Result<WritebackBatch> {
+        let mut batch = WritebackBatch::default();
+        let (mut root, ino) = self.resolve(queued)?;
+        root.require_regular(ino)?;
+        let pages = root.take_dirty_pages(ino, range)?;
+        batch.pages = pages.len() as u64;
+        if let Some(planned) = root.plan_writeback(ino, pages)? {
+            batch.writes.push(planned);
+        }
+        batch.start_reading(self);
+        Ok(batch)
+    }
+
+    /// Publishes a batch after its writes (`written`, one per planned
+    /// inode write, in order). Every write is published (or unwound); the
+    /// first error is returned. Returns the batch's pages.
+    pub(crate) fn publish_batch(
+        &mut self,
+        batch: WritebackBatch,
+        written: Vec<Result<()>>,
+    ) -> Result<u64> {
+        let mut first_error = None;
+        for (planned, written) in batch.writes.into_iter().zip(written) {
+            let still_in_flight = self
+                .info
+                .writebacks
+                .get(planned.queued)
+                .is_some_and(|w| w.id == planned.id);
+            let published = if still_in_flight {
+                match self.resolve(planned.queued) {
+                    Ok((mut root, ino)) => root.publish_writeback(ino, planned.id, written),
+                    Err(e) => {
+                        // Its root is gone: nothing points at its extents,
+                        // which the commit frees (allocated, never
+                        // referenced). Out of flight, so nothing waits.
+                        self.info.writebacks.take(planned.queued);
+                        Err(e)
+                    }
+                }
+            } else {
+                // Cancelled (its pages dirty again, its extents freed):
+                // only an error is left to report.
+                written.map(|()| 0)
+            };
+            if let Err(e) = published {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(batch.pages),
+        }
+    }
+}
+
+/// One inode's planned writeback: where each chunk's bytes go.
+pub(crate) struct PlannedWrite {
+    queued: u64,
+    id: u64,
+    writes: Vec<(u64, Arc<[u8]>)>,
+}
+
+/// Writebacks planned under the state lock, to be written without it
+/// ([`WritebackBatch::write`]) and then published under it
+/// ([`FsState::publish_batch`]).
+#[derive(Default)]
+pub(crate) struct WritebackBatch {
+    writes: Vec<PlannedWrite>,
+    /// Pages taken out of the dirty set (those that went inline too).
+    pub(crate) pages: u64,
+    /// Keeps space freed while the writes are in flight (a cancel frees
+    /// their extents) from reuse until they landed.
+    reader: Option<ReaderTicket>,
+}
+
+impl WritebackBatch {
+    fn start_reading<D: BlockDevice>(&mut self, state: &mut FsState<D>) {
+        if !self.writes.is_empty() {
+            self.reader = Some(state.info.forest.alloc_mut().start_read());
+        }
+    }
+
+    /// Whether there is anything to write.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// Writes the planned data to `dev`, without the state lock: one
+    /// outcome per inode, a failed chunk ending that inode's writes.
+    pub(crate) fn write<Dev: BlockDevice + ?Sized>(&self, dev: &Dev) -> Vec<Result<()>> {
+        self.writes
+            .iter()
+            .map(|planned| {
+                planned.writes.iter().try_for_each(|(bytenr, bytes)| {
+                    dev.write_at(bytes, *bytenr).map_err(Error::from)
+                })
+            })
+            .collect()
     }
 }
 

@@ -231,9 +231,16 @@ mod tests {
     use crate::fs::{mkfs, Filesystem, MkfsOptions, MountOptions, ReplayOutcome};
     use std::sync::Arc;
 
+    /// fsync's first step: the file's data written back.
+    fn write_back<D: BlockDevice>(fs: &Filesystem<D>, ino: u64) {
+        let all = (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded);
+        fs.shared.writeback_inode(ino, all).unwrap();
+    }
+
     /// Logs `ino` (external) as an fsync does, without waiting for the
     /// log sync.
     fn log_only<D: BlockDevice>(fs: &Filesystem<D>, ino: u64) -> LogOutcome {
+        write_back(fs, ino);
         let mut state = fs.lock();
         let (mut root, ino) = state.resolve(ino).unwrap();
         root.log_for_fsync(ino).unwrap()
@@ -332,6 +339,7 @@ mod tests {
         let fs = Filesystem::open(dev, MountOptions::deterministic()).unwrap();
         let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
         fs.write_file(f, 0, b"logged").unwrap();
+        write_back(&fs, f);
         let logged = fs.lock().top().log_for_fsync(f).unwrap();
         let LogOutcome::Logged(id) = logged else {
             panic!("fsync of a new file did not log it");

@@ -18,6 +18,7 @@ mod delayed;
 mod delayed_items;
 mod extent_ops;
 mod file;
+mod in_flight;
 mod info;
 mod inode;
 mod inode_cache;
@@ -36,6 +37,7 @@ mod subvol;
 mod transaction;
 mod tree_log;
 mod types;
+mod writeback;
 mod xattr;
 
 pub use commit::read_superblock;
@@ -58,6 +60,11 @@ use transaction::{background_worker, shut_down_error, Shared, SyncProgress};
 
 /// Writes an empty filesystem (a root directory) onto `dev`. Unlike
 /// [`Filesystem::mkfs`] it takes any device, borrowed ones included.
+/// How many times fsync writes a file back without the state lock before
+/// it gives up on writes racing it and commits instead (the commit writes
+/// every page back): the log records only published extents.
+const FSYNC_WRITEBACK_ROUNDS: u32 = 3;
+
 pub fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()> {
     mount::mkfs(dev, options)
 }
@@ -172,6 +179,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             worker_wake: RankedCondvar::new(),
             space_cv: RankedCondvar::new(),
             flusher_wake: RankedCondvar::new(),
+            writeback_done: RankedCondvar::new(),
             reclaim_lock: RankedMutex::new(LockRank::Reclaim, ()),
             state_hold: HoldHistogram::new(),
         });
@@ -746,10 +754,24 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`. Returns the pages written.
     pub fn flush_range(&self, ino: u64, offset: u64, len: u64) -> Result<u64> {
         let _request = self.request();
-        self.change(|s| {
-            let (mut root, ino) = s.resolve(ino)?;
-            root.writeback_range(ino, offset, len)
-        })
+        self.shared.check_not_poisoned()?;
+        if len == 0 {
+            return self.read(|s| {
+                let (mut root, ino) = s.resolve(ino)?;
+                root.require_regular(ino).map(|()| 0)
+            });
+        }
+        let first = offset / SECTOR_SIZE;
+        let last = offset.saturating_add(len - 1) / SECTOR_SIZE;
+        let written = self.shared.writeback_inode(
+            ino,
+            (
+                std::ops::Bound::Included(first),
+                std::ops::Bound::Included(last),
+            ),
+        )?;
+        self.lock().info.space.stats.range_pages += written;
+        Ok(written)
     }
 
     /// Preallocates (reads as zeros until written) or punches a hole.
@@ -1010,14 +1032,38 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         // The log's nodes: fsync must not fail for space, it may use the
         // global reserve (a reclaim commit makes it durable anyway).
         let started = Instant::now();
-        let outcome = self.change_with(
-            |_| Ok(Need::urgent_items(8)),
-            |s| {
-                s.info.stats.fsyncs += 1;
+        let mut rounds = 0;
+        let outcome = loop {
+            // The file's data first, written without the state lock; the
+            // log then records the extents it published.
+            let regular = self.read(|s| {
                 let (mut root, ino) = s.resolve(ino)?;
-                root.log_for_fsync(ino)
-            },
-        )?;
+                root.is_regular_file(ino)
+            })?;
+            if regular {
+                self.shared.check_not_poisoned()?;
+                let written = self.shared.writeback_inode(
+                    ino,
+                    (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
+                )?;
+                self.lock().info.space.stats.fsync_pages += written;
+            }
+            rounds += 1;
+            let outcome = self.change_with(
+                |_| Ok(Need::urgent_items(8)),
+                |s| {
+                    let (mut root, ino) = s.resolve(ino)?;
+                    if rounds <= FSYNC_WRITEBACK_ROUNDS && root.has_unpublished_data(ino)? {
+                        return Ok(None);
+                    }
+                    root.fs.stats.fsyncs += 1;
+                    root.log_for_fsync(ino).map(Some)
+                },
+            )?;
+            if let Some(outcome) = outcome {
+                break outcome;
+            }
+        };
         let durable = match outcome {
             tree_log::LogOutcome::Nothing => Ok(()),
             tree_log::LogOutcome::Logged(id) => self.shared.wait_log(id),

@@ -182,6 +182,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         roots,
         superblock,
         dirty_page_bytes: 0,
+        writebacks: Default::default(),
         spare_pages: Default::default(),
         idle_cache_nodes: options.idle_cache_nodes,
         memory_releases: 0,

@@ -225,9 +225,10 @@ impl<D: BlockDevice> FsInfo<D> {
         self.forest.alloc().profile().node_footprint()
     }
 
-    /// Metadata reserved for the extents dirty data will become.
+    /// Metadata reserved for the extents dirty data will become, and for
+    /// those of writebacks in flight (published after the lock was let go).
     pub(crate) fn delalloc_metadata(&self) -> u64 {
-        self.space.runs * DELALLOC_EXTENT_ITEMS * self.meta_item()
+        (self.space.runs + self.writebacks.extents()) * DELALLOC_EXTENT_ITEMS * self.meta_item()
     }
 
     /// Worst case of the nodes the running transaction may still copy for
@@ -460,7 +461,9 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     .min(MAX_RECLAIM_PAGES)
                     .min(state.info.dirty_page_bytes / PAGE);
                 let before = state.space_available(urgent);
-                match state.writeback_oldest(pages) {
+                let (back, written) = self.writeback_oldest(state, pages);
+                state = back;
+                match written {
                     Ok(n) => state.info.space.note_reclaim_request(n),
                     Err(e) => {
                         state.info.failed = Some(e.to_string());
@@ -584,7 +587,9 @@ impl<D: BlockDevice + 'static> Shared<D> {
             let target = limit / 4 * 3;
             while state.info.dirty_page_bytes > target {
                 let want = (state.info.dirty_page_bytes - target).div_ceil(PAGE);
-                match state.writeback_oldest(want) {
+                let (back, written) = self.writeback_oldest(state, want);
+                state = back;
+                match written {
                     Ok(0) => break,
                     Ok(n) => state.info.space.stats.throttle_pages += n,
                     Err(e) => {
@@ -654,7 +659,9 @@ pub(super) fn flusher<D: BlockDevice + 'static>(shared: std::sync::Arc<Shared<D>
                     .dirty_page_bytes
                     .saturating_sub(state.background_threshold());
                 let pages = over.div_ceil(PAGE).clamp(1, BACKGROUND_BATCH_PAGES);
-                match state.writeback_oldest(pages) {
+                let (back, written) = shared.writeback_oldest(state, pages);
+                state = back;
+                match written {
                     Ok(n) => state.info.space.stats.background_pages += n,
                     Err(e) => state.info.failed = Some(e.to_string()),
                 }

@@ -192,8 +192,10 @@ impl SpaceInfo {
         self.queue.values().copied().collect()
     }
 
-    pub fn oldest_dirty_inode(&self) -> Option<u64> {
-        self.queue.values().next().copied()
+    /// The oldest dirty inode `skip` does not refuse (inodes with a
+    /// writeback in flight are skipped: one at a time per inode).
+    pub fn oldest_dirty_inode_except(&self, skip: impl Fn(u64) -> bool) -> Option<u64> {
+        self.queue.values().copied().find(|&ino| !skip(ino))
     }
 
     pub fn has_dirty(&self, ino: u64) -> bool {

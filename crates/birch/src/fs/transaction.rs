@@ -64,6 +64,9 @@ pub(super) struct Shared<D> {
     pub(super) space_cv: RankedCondvar,
     /// With the state lock: wakes the flusher.
     pub(super) flusher_wake: RankedCondvar,
+    /// With the state lock: a writeback batch was published (fsync waits
+    /// for its file's writeback in flight).
+    pub(super) writeback_done: RankedCondvar,
     /// One reclaimer at a time.
     pub(super) reclaim_lock: RankedMutex<()>,
     /// How long each request held the state lock (`FsStats`).
@@ -267,7 +270,10 @@ impl<D: BlockDevice> Shared<D> {
                 if state.info.failed.is_some() || state.info.options.read_only {
                     return Ok(());
                 }
-                let written = match state.writeback_oldest(left.min(COMMIT_WRITEBACK_BATCH_PAGES)) {
+                let (back, written) =
+                    self.writeback_oldest(state, left.min(COMMIT_WRITEBACK_BATCH_PAGES));
+                state = back;
+                let written = match written {
                     Ok(n) => n,
                     Err(e) => {
                         let generation = state.info.forest.transid();

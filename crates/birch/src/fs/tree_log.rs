@@ -644,7 +644,14 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if is_dir {
             self.log_dir(ino)?;
         } else {
-            self.writeback_one(ino)?;
+            // fsync wrote the data back without the state lock before it
+            // came here; what a racing write left unpublished only the
+            // commit writes (docs/DELALLOC.md, "Writeback without the
+            // state lock"; fsync retries first, so this is rare and not
+            // counted as a fallback).
+            if self.has_unpublished_data(ino)? {
+                return Ok(LogOutcome::NeedCommit);
+            }
             self.log_file(ino)?;
             if let Some(reason) = self.log_dirs_of_changed_names(ino)? {
                 self.count_fallback(reason);
