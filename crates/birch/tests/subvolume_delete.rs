@@ -562,6 +562,7 @@ fn fsync_in_deleted_subvolume_is_a_no_op() {
             "{point:?}: {view:?}"
         );
     }
+}
 
 /// A deleted subvolume's inodes are gone at once (docs/SNAPSHOTS.md (d),
 /// "Differs from (d)"): a number the kernel still holds (a cached inode,
