@@ -366,7 +366,9 @@ enum IoctlAccess {
     /// subvolume create needs write and search permission on the
     /// directory, a snapshot that and ownership of the source's root
     /// directory, setting the read-only flag ownership of the subvolume's
-    /// root directory, a directory's path from INO_LOOKUP CAP_SYS_ADMIN.
+    /// root directory, a directory's path from INO_LOOKUP CAP_SYS_ADMIN,
+    /// deleting a subvolume root or the mount's owner, or with
+    /// `user_subvol_rm_allowed` btrfs's checks.
     CheckedByBirch,
 }
 
@@ -2008,10 +2010,15 @@ mod tests {
             XFS_IOC_GOINGDOWN,
             BIRCH_IOC_SCRUB,
             subvol::BTRFS_IOC_DEFAULT_SUBVOL,
-            subvol::BTRFS_IOC_SNAP_DESTROY,
         ] {
             assert_eq!(ioctl_access(cmd), IoctlAccess::Administrator);
         }
+        // Root, the mount's owner, or with `user_subvol_rm_allowed` the
+        // checks btrfs runs (`may_destroy_subvolume`).
+        assert_eq!(
+            ioctl_access(subvol::BTRFS_IOC_SNAP_DESTROY),
+            IoctlAccess::CheckedByBirch
+        );
         for cmd in [
             BIRCH_IOC_SYNC,
             BIRCH_IOC_STATS,

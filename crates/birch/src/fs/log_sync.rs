@@ -175,6 +175,19 @@ impl<D: BlockDevice> Shared<D> {
         })
     }
 
+    /// Waits until commit `generation` is durable: an fsync whose inode
+    /// was last changed in a commit sealed but still being written has
+    /// nothing to log, but may return only once that commit is on disk.
+    pub(super) fn wait_commit(&self, generation: u64) -> Result<()> {
+        self.wait_for_base(generation);
+        match &self.lock_sync().failed {
+            Some(why) => Err(Error::Io(std::io::Error::other(format!(
+                "commit failed earlier: {why}"
+            )))),
+            None => Ok(()),
+        }
+    }
+
     /// Waits until the commit a log is based on is durable (or the
     /// filesystem failed): seed 002, only a log's superblock waits for it.
     fn wait_for_base(&self, base_generation: u64) {

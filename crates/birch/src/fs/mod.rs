@@ -1057,15 +1057,21 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                         return Ok(None);
                     }
                     root.fs.stats.fsyncs += 1;
-                    root.log_for_fsync(ino).map(Some)
+                    // The last sealed commit: it may still be writing.
+                    let sealed = root.fs.forest.transid() - 1;
+                    root.log_for_fsync(ino).map(|o| Some((o, sealed)))
                 },
             )?;
             if let Some(outcome) = outcome {
                 break outcome;
             }
         };
+        let (outcome, sealed) = outcome;
         let durable = match outcome {
-            tree_log::LogOutcome::Nothing => Ok(()),
+            // Committed already: durable once that commit is (a commit
+            // sealed between this fsync's writeback and its log check
+            // holds the data).
+            tree_log::LogOutcome::Nothing => self.shared.wait_commit(sealed),
             tree_log::LogOutcome::Logged(id) => self.shared.wait_log(id),
             tree_log::LogOutcome::NeedCommit => self.commit(),
         };
