@@ -7,6 +7,7 @@
 //! the drop at the next mount (every orphan root is queued then).
 
 use super::decode::decode_item;
+use super::info::FsInfo;
 use super::log_state::FallbackReason;
 use super::root::{RootCtx, SubvolRecord};
 use super::state::{DeadRoot, FsState};
@@ -61,15 +62,7 @@ impl<D: BlockDevice> FsState<D> {
                 String::from_utf8_lossy(name)
             )))
         };
-        let data = self
-            .info
-            .forest
-            .get(root_tree, &ref_key)?
-            .ok_or_else(|| corrupt(&format!("no {ref_key}")))?;
-        let rr = decode_item(&ref_key, RootRef::decode(&data))?;
-        if rr.dirid != dir || rr.name != name {
-            return Err(corrupt(&format!("{ref_key} names another link")));
-        }
+        let rr = self.info.link_root_ref(parent_id, dir, name, id)?;
         // Loads the subvolume's root item before anything changes, and
         // puts what its delayed items hold (a link removed from it, dir
         // indexes, inode items) into its tree: the dead tree is then what
@@ -221,6 +214,37 @@ impl<D: BlockDevice> FsState<D> {
             }
         }
         Ok(Some(id))
+    }
+}
+
+impl<D: BlockDevice> FsInfo<D> {
+    /// The ROOT_REF of the link `name` to subvolume `id` in directory
+    /// `dir` of subvolume `parent_id`: missing, undecodable or naming
+    /// another link, it is corruption (the directory entry says the link
+    /// is there).
+    pub(super) fn link_root_ref(
+        &self,
+        parent_id: u64,
+        dir: u64,
+        name: &[u8],
+        id: u64,
+    ) -> Result<RootRef> {
+        let ref_key = Key::root_ref(parent_id, id);
+        let corrupt = |why: String| {
+            Error::corrupt(Corruption::general(format!(
+                "subvolume link \"{}\" in {parent_id}:{dir}: {why}",
+                String::from_utf8_lossy(name)
+            )))
+        };
+        let data = self
+            .forest
+            .get(&self.roots.root, &ref_key)?
+            .ok_or_else(|| corrupt(format!("no {ref_key}")))?;
+        let rr = decode_item(&ref_key, RootRef::decode(&data))?;
+        if rr.dirid != dir || rr.name != name {
+            return Err(corrupt(format!("{ref_key} names another link")));
+        }
+        Ok(rr)
     }
 }
 

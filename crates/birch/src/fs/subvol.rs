@@ -278,15 +278,7 @@ impl<D: BlockDevice> FsState<D> {
                 String::from_utf8_lossy(name)
             )))
         };
-        let data = ctx
-            .fs
-            .forest
-            .get(&ctx.fs.roots.root, &ref_key)?
-            .ok_or_else(|| corrupt(format!("no {ref_key}")))?;
-        let old = decode_item(&ref_key, RootRef::decode(&data))?;
-        if old.dirid != dir || old.name != name {
-            return Err(corrupt(format!("{ref_key} names another link")));
-        }
+        let old = ctx.fs.link_root_ref(parent_id, dir, name, id)?;
         if let Some(target) = &target {
             ctx.deny_if_flagged(target.ino, false)?;
             ctx.rmdir(new_dir, new_name)?;
