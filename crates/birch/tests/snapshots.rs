@@ -438,6 +438,47 @@ fn fsync_of_new_directory_inside_snapshot_survives() {
     }
 }
 
+/// Crash case (seed 000's `btrfs_record_snapshot_destroy`): `snapshot sv
+/// sv/d/s; sync; touch sv/d/x; fsync sv/d; delete sv/d/s; fsync sv/d;
+/// <cut>` → the second fsync committed (`fallback_subvolume` counted),
+/// since a log never copies a link: `s` is gone, `x` present, and
+/// `birch check` clean. Variant without the first fsync: the same.
+#[test]
+fn fsync_of_dir_whose_snapshot_was_deleted_commits() {
+    for (seed, first_fsync) in [(0x8a_u8, true), (0x8b, false)] {
+        let rec = recorder(32 << 20, seed);
+        let fs = mount(rec.clone());
+        let root = fs.root_ino();
+        let sv_id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+        let sv = lookup(&fs, root, "sv").unwrap();
+        let d = fs.mkdir(sv, b"d", 0o755, 0, 0).unwrap().ino;
+        fs.create_snapshot(sv_id, d, b"s", false).unwrap();
+        fs.sync().unwrap();
+        fs.create(d, b"x", 0o644, 0, 0).unwrap();
+        if first_fsync {
+            fs.fsync(d, false).unwrap();
+        }
+        fs.delete_subvolume(d, b"s").unwrap();
+        let before = fs.log_stats();
+        fs.fsync(d, false).unwrap();
+        let after = fs.log_stats();
+        assert_eq!(
+            after.fallback_subvolume,
+            before.fallback_subvolume + 1,
+            "first fsync {first_fsync}: the fsync after the delete commits"
+        );
+        let synced = rec.flush_count();
+        drop(fs);
+        for point in crash_points(&rec, synced, &Enumeration::thorough(seed.into())) {
+            crash_mount(&rec, &point, |fs| {
+                let d = ino(fs, "sv/d");
+                assert!(lookup(fs, d, "x").is_some(), "{point:?}: x");
+                assert!(lookup(fs, d, "s").is_none(), "{point:?}: s");
+            });
+        }
+    }
+}
+
 /// A snapshot of a subvolume holding another subvolume's link does not
 /// hold that link (it would have no ROOT_REF pair); the source keeps it.
 /// Snapshots of snapshots keep their parent uuid chain clean.

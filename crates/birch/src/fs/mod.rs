@@ -58,13 +58,13 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 use transaction::{background_worker, shut_down_error, Shared, SyncProgress};
 
-/// Writes an empty filesystem (a root directory) onto `dev`. Unlike
-/// [`Filesystem::mkfs`] it takes any device, borrowed ones included.
 /// How many times fsync writes a file back without the state lock before
 /// it gives up on writes racing it and commits instead (the commit writes
 /// every page back): the log records only published extents.
 const FSYNC_WRITEBACK_ROUNDS: u32 = 3;
 
+/// Writes an empty filesystem (a root directory) onto `dev`. Unlike
+/// [`Filesystem::mkfs`] it takes any device, borrowed ones included.
 pub fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()> {
     mount::mkfs(dev, options)
 }
