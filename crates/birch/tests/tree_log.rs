@@ -223,6 +223,62 @@ fn log_then_commit_then_log() {
     });
 }
 
+/// Crash case (fstests generic/547): an fsynced directory keeps the times
+/// it had at its fsync through replay. Three ways its names reach the log:
+/// its own entries (`mkdir d; create d/a; fsync d`), a file's names
+/// (`mkdir d; create d/f; fsync d/f; fsync d`), and a removal (`create
+/// d/x; sync; mv d/x y; fsync d`). Replay adds and removes those names
+/// again; doing so must not stamp the directory with the replay's time.
+#[test]
+fn replay_keeps_logged_directory_times() {
+    type Scenario = fn(&birch::fs::Filesystem<Arc<RecordingDevice>>) -> u64;
+    let scenarios: [(&str, Scenario); 3] = [
+        ("entries", |fs| {
+            let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+            fs.create(d, b"a", 0o644, 0, 0).unwrap();
+            fs.mkdir(d, b"sub", 0o755, 0, 0).unwrap();
+            d
+        }),
+        ("file names", |fs| {
+            let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+            let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+            fs.fsync(f, false).unwrap();
+            d
+        }),
+        ("removal", |fs| {
+            let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+            fs.create(d, b"x", 0o644, 0, 0).unwrap();
+            fs.sync().unwrap();
+            let root = fs.root_ino();
+            fs.rename(d, b"x", root, b"y", RenameFlags::default())
+                .unwrap();
+            d
+        }),
+    ];
+    for (what, scenario) in scenarios {
+        let rec = recorder();
+        let fs = mount(rec.clone());
+        fs.sync().unwrap();
+        let d = scenario(&fs);
+        let want = fs.getattr(d).unwrap();
+        fs.fsync(d, false).unwrap();
+        let synced = rec.flush_count();
+        std::mem::forget(fs);
+        let points = common::crash_points(&rec, synced, &Enumeration::sampled(synced as u64));
+        for point in &points {
+            common::crash_mount(&rec, point, |fs| {
+                let got = fs.getattr(ino(fs, "d")).unwrap();
+                assert_eq!(
+                    (got.mtime, got.ctime),
+                    (want.mtime, want.ctime),
+                    "{what}: {point:?}"
+                );
+            });
+        }
+        assert!(!points.is_empty(), "{what}");
+    }
+}
+
 #[test]
 fn fsync_of_unchanged_inode_does_nothing() {
     let rec = recorder();

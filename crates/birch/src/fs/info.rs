@@ -53,6 +53,10 @@ pub(crate) struct FsInfo<D> {
     /// Snapshots a seal could not make (their destination changed since
     /// they were asked for), by id, until the caller collects the reason.
     pub(super) refused_snapshots: BTreeMap<u64, Error>,
+    /// Set while a log is replayed: a directory's times come from its
+    /// logged inode item (or stay as committed), so the names replay adds
+    /// and removes leave them alone, as btrfs's `BTRFS_FS_LOG_RECOVERING`.
+    pub(super) replaying_log: bool,
 }
 
 /// A snapshot waiting for the seal of the running transaction: its id is

@@ -198,11 +198,13 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }
         self.fs.forest.put(&mut self.root.tree, dir_key, entries)?;
         self.root.delayed.insert_index(parent, index, entry.clone());
-        let now = Timespec::now();
+        let now = (!self.fs.replaying_log).then(Timespec::now);
         self.update_inode(parent, |p| {
             p.size += name.len() as u64;
-            p.mtime = now;
-            p.ctime = now;
+            if let Some(now) = now {
+                p.mtime = now;
+                p.ctime = now;
+            }
         })?;
         self.log_names_changed(ino)?;
         self.log_entry_added(parent, index, &entry)?;
@@ -342,13 +344,15 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         };
         self.remove_dir_item(parent, name)?.ok_or_else(missing)?;
         let committed = self.root.delayed.delete_index(parent, index, ino, name);
-        let now = Timespec::now();
+        let now = (!self.fs.replaying_log).then(Timespec::now);
         self.update_inode(parent, |p| {
             // Saturating: during log replay a directory's item comes from
             // the log before its entries do (replay recounts it at the end).
             p.size = p.size.saturating_sub(name.len() as u64);
-            p.mtime = now;
-            p.ctime = now;
+            if let Some(now) = now {
+                p.mtime = now;
+                p.ctime = now;
+            }
         })?;
         if self.log_entry_removed(parent, index, committed)? {
             // The logged directory will drop this name at replay: the inode

@@ -185,7 +185,9 @@ impl<D: BlockDevice> FsState<D> {
         // checksums while replay reads them; once it is over they are
         // reserved, then freed by the replay's commit.
         store.expect_checksums(choice.manifest_checksums);
+        self.info.replaying_log = true;
         let replayed = self.replay_from(log);
+        self.info.replaying_log = false;
         store.expect_checksums(HashMap::new());
         let mut report = replayed?;
         report.newest_log_incomplete = choice.newest_rejected.is_some();
