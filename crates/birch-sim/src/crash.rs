@@ -38,7 +38,9 @@ use crate::overlay::OverlayDevice;
 use crate::runner::fresh_device;
 use crate::workload::{Generator, Op, Persist, Target, WorkloadConfig};
 use birch::device::{BlockDevice, CrashPoint, DeviceEvent, MemoryDevice, RecordingDevice};
-use birch::format::{Superblock, NODE_MAGIC, NODE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE};
+use birch::format::{
+    Superblock, Timespec, NODE_MAGIC, NODE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+};
 use birch::fs::{Filesystem, MountOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -249,6 +251,9 @@ pub struct Trace {
     /// Writes are split into units of this many bytes, each kept or lost
     /// on its own (torn multi-sector writes); `None`: whole writes.
     pub unit: Option<usize>,
+    /// The clock when the workload ended: no inode of a crash state may
+    /// carry a later mtime or ctime (oracle 7).
+    pub ended_at: Timespec,
     recording: Arc<Counted<RecordingDevice>>,
 }
 
@@ -550,6 +555,7 @@ pub fn record(cfg: &CrashConfig, source: OpSource) -> Result<Trace, String> {
         tolerated,
         engine_inos: unambiguous(engine_of),
         unit: cfg.split_writes,
+        ended_at: Timespec::now(),
         recording: dev,
     };
     // The oracles ask for it in every crash state.
@@ -969,6 +975,7 @@ pub fn check_state_on(
         check_nothing_invented(trace, k, &view)?;
     }
     check_deletions_stay(trace, k, &view)?;
+    check_no_time_after_the_crash(trace, &fs, &inos)?;
     finish_deletions(&fs, &view)?;
     fs.close().map_err(|e| format!("close after mount: {e}"))?;
     tolerated.extend(
@@ -983,6 +990,32 @@ pub fn check_state_on(
         durable_inodes,
         tolerated,
     })
+}
+
+/// 7. Mounting a crash state changes no inode's times: every mtime and
+/// ctime is one the workload made, so none is later than its end. Replay
+/// re-adds and removes names; doing so must not stamp a directory with the
+/// mount's time (fstests generic/547 caught that).
+fn check_no_time_after_the_crash<D: BlockDevice + 'static>(
+    trace: &Trace,
+    fs: &Filesystem<D>,
+    inos: &BTreeMap<Path, u64>,
+) -> Result<(), String> {
+    for (path, &ino) in inos {
+        let attr = fs
+            .getattr(ino)
+            .map_err(|e| format!("{}: getattr({ino}): {e}", show_path(path)))?;
+        for (what, time) in [("mtime", attr.mtime), ("ctime", attr.ctime)] {
+            if time > trace.ended_at {
+                return Err(format!(
+                    "{}: {what} {time:?} is later than the workload's end {:?}: the mount stamped it",
+                    show_path(path),
+                    trace.ended_at
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An interrupted subvolume drop resumes: the mount queued every deleted

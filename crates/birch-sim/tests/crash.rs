@@ -522,6 +522,22 @@ fn canary_dropped_superblock_writes_are_detected() {
     assert!(err.contains("a flushed commit was lost"), "{err}");
 }
 
+/// A time later than the workload's end in a recovered inode is what a
+/// mount that stamps inodes with its own clock leaves (generic/547's
+/// replay bug): oracle 7 must reject it. Moving the end before the
+/// workload's own changes makes every real time "later".
+#[test]
+fn canary_time_oracle_notices_a_stamped_inode() {
+    let mut trace = canary_trace();
+    let k = trace.flush_count();
+    check_state(&trace, k, &[], trace.crash_image(k, &[]))
+        .unwrap_or_else(|e| panic!("intact image fails: {e}"));
+    trace.ended_at = birch::format::Timespec { sec: 1, nsec: 0 };
+    let err = check_state(&trace, k, &[], trace.crash_image(k, &[]))
+        .expect_err("an inode time after the workload's end must be detected");
+    assert!(err.contains("the mount stamped it"), "{err}");
+}
+
 /// Zeroing a flushed node of the newest tree must fail `birch check` (and
 /// the mount).
 #[test]
