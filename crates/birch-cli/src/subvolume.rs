@@ -69,8 +69,21 @@ pub enum SubvolumeCommand {
     },
     /// List the subvolumes of a mounted filesystem or an unmounted image
     List(ListArgs),
-    /// Print what is known of the subvolume whose root directory is PATH
+    /// Print what is known of the subvolume PATH is in, or of the one
+    /// -r or -u selects on the filesystem PATH names (a mount, or an
+    /// unmounted image)
     Show {
+        /// The subvolume with this id (5: the top level)
+        #[arg(
+            short = 'r',
+            long = "rootid",
+            value_name = "ID",
+            conflicts_with = "uuid"
+        )]
+        rootid: Option<u64>,
+        /// The subvolume with this uuid (as `list -u` prints it)
+        #[arg(short = 'u', long = "uuid", value_name = "UUID")]
+        uuid: Option<String>,
         #[arg(value_name = "PATH")]
         path: PathBuf,
     },
@@ -155,7 +168,14 @@ pub fn subvolume(command: &SubvolumeCommand) -> Result<u8, Failure> {
             Ok(0)
         }
         SubvolumeCommand::List(args) => list(args),
-        SubvolumeCommand::Show { path } => show_subvolume(path),
+        SubvolumeCommand::Show { rootid, uuid, path } => {
+            let selector = match (rootid, uuid) {
+                (Some(id), _) => Some(Selector::Id(*id)),
+                (None, Some(text)) => Some(Selector::Uuid(parse_uuid(text)?)),
+                (None, None) => None,
+            };
+            show_subvolume(path, selector)
+        }
         SubvolumeCommand::GetDefault { path } => get_default(path),
         SubvolumeCommand::SetDefault { args } => set_default(args),
     }
@@ -559,15 +579,80 @@ fn list_image(image: &Path) -> Result<Vec<SubvolEntry>, Failure> {
     subvol::list(&fs).map_err(|e| Failure::new(format!("{}: {e}", show(image))))
 }
 
-fn show_subvolume(path: &Path) -> Result<u8, Failure> {
-    let readonly = readonly_flag(path)?;
-    let dir = open_dir(path)?;
-    let id = subvolume_id(&dir, path)?;
-    let all = list_mounted(path)?;
+/// How `subvolume show -r|-u` names a subvolume.
+#[derive(Clone, Copy)]
+enum Selector {
+    Id(u64),
+    Uuid([u8; 16]),
+}
+
+/// A uuid as `list -u` prints it (36 characters, dashes after the 8th,
+/// 12th, 16th and 20th hex digit), or a failure naming it.
+fn parse_uuid(text: &str) -> Result<[u8; 16], Failure> {
+    let bad = || {
+        Failure::new(format!(
+            "invalid UUID: '{text}' (expected 36 characters as \
+             xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, x a hex digit)"
+        ))
+    };
+    let bytes = text.as_bytes();
+    if bytes.len() != 36 || [8, 13, 18, 23].iter().any(|&i| bytes[i] != b'-') {
+        return Err(bad());
+    }
+    let hex: Vec<u8> = bytes.iter().copied().filter(|&b| b != b'-').collect();
+    if hex.len() != 32 || !hex.iter().all(u8::is_ascii_hexdigit) {
+        return Err(bad());
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let digits = std::str::from_utf8(pair).map_err(|_| bad())?;
+        out[i] = u8::from_str_radix(digits, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// `birch subvolume show`: the subvolume PATH is in (a mount only), or
+/// the one `selector` names among those of the mount or image PATH.
+fn show_subvolume(path: &Path, selector: Option<Selector>) -> Result<u8, Failure> {
+    let (all, id, path_readonly) = match selector {
+        None => {
+            // GETFLAGS first: it names a path that is no subvolume's root.
+            let readonly = readonly_flag(path)?;
+            let dir = open_dir(path)?;
+            let id = subvolume_id(&dir, path)?;
+            (list_mounted(path)?, id, Some(readonly))
+        }
+        Some(selector) => {
+            let all = if path.is_dir() {
+                list_mounted(path)?
+            } else {
+                list_image(path)?
+            };
+            let found = all.iter().find(|e| match selector {
+                Selector::Id(id) => e.id == id,
+                Selector::Uuid(u) => e.uuid == u,
+            });
+            let Some(found) = found else {
+                return Err(Failure::new(match selector {
+                    Selector::Id(id) => {
+                        format!("can't find rootid '{id}' on '{}'", path.display())
+                    }
+                    Selector::Uuid(u) => {
+                        format!("can't find uuid '{}' on '{}'", uuid(&u), path.display())
+                    }
+                }));
+            };
+            let id = found.id;
+            (all, id, None)
+        }
+    };
     let e = all
         .iter()
         .find(|e| e.id == id)
         .ok_or_else(|| Failure::new(format!("{}: subvolume {id} is not listed", path.display())))?;
+    // A path's own subvolume: its flag as the ioctl answered it; a
+    // selected one (perhaps on an image): its list entry's.
+    let readonly = path_readonly.unwrap_or(e.readonly);
     let name = if e.id == birch::format::tree_id::FS {
         "<FS_TREE>".to_string()
     } else {

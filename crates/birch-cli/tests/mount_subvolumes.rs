@@ -198,6 +198,87 @@ fn subvolume_create_list_show() {
     assert!(fx.path("a/c").is_dir());
 }
 
+/// `subvolume show -r ID` and `-u UUID`, as btrfs-progs: the subvolume
+/// selected on the filesystem PATH names (any path of a mount, or an
+/// unmounted image), the top level by id 5; an unknown id or uuid, a
+/// malformed uuid and both options at once are refused with a message
+/// naming what is wrong.
+#[test]
+fn subvolume_show_by_rootid_and_uuid() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("subvol-show-select");
+    let mnt = fx.mnt.clone();
+    ok(&["subvolume", "create", s(&fx.path("a"))]);
+    ok(&["subvolume", "create", s(&fx.path("a/c"))]);
+    fs::create_dir(fx.path("d")).unwrap();
+    let line = ok(&["subvolume", "list", "-u", s(&mnt)])
+        .lines()
+        .find(|l| l.ends_with(" path a/c"))
+        .unwrap()
+        .to_string();
+    let words: Vec<&str> = line.split(' ').collect();
+    let c_uuid = words[words.iter().position(|w| *w == "uuid").unwrap() + 1].to_string();
+    let by_path = ok(&["subvolume", "show", s(&fx.path("a/c"))]);
+    // From any path of the mount, by id or by uuid: the same subvolume.
+    let c_id = words[1];
+    let by_id = ok(&["subvolume", "show", "-r", c_id, s(&fx.path("d"))]);
+    let by_uuid = ok(&["subvolume", "show", "--uuid", &c_uuid, s(&mnt)]);
+    assert_eq!(by_id, by_path);
+    assert_eq!(by_uuid, by_path);
+    assert!(
+        by_id.contains(&format!("\tUUID: \t\t\t{c_uuid}\n")),
+        "{by_id}"
+    );
+    let top = ok(&["subvolume", "show", "--rootid", "5", s(&fx.path("a"))]);
+    assert!(
+        top.starts_with("/\n") && top.contains("\tName: \t\t\t<FS_TREE>\n"),
+        "{top}"
+    );
+
+    // Bad input.
+    let err = fails(&["subvolume", "show", "-r", "999", s(&mnt)]);
+    assert!(err.contains("can't find rootid '999'"), "{err}");
+    let unknown = "01234567-89ab-cdef-0123-456789abcdef";
+    let err = fails(&["subvolume", "show", "-u", unknown, s(&mnt)]);
+    assert!(
+        err.contains(&format!("can't find uuid '{unknown}'")),
+        "{err}"
+    );
+    for bad in [
+        "nonsense",
+        "0123456789abcdef0123456789abcdef",
+        "0123456g-89ab-cdef-0123-456789abcdef",
+        "+1234567-89ab-cdef-0123-456789abcdef",
+    ] {
+        let err = fails(&["subvolume", "show", "-u", bad, s(&mnt)]);
+        assert!(err.contains(&format!("invalid UUID: '{bad}'")), "{err}");
+    }
+    let err = fails(&["subvolume", "show", "-r", "x", s(&mnt)]);
+    assert!(err.contains("'x'") && err.contains("--rootid"), "{err}");
+    let err = fails(&["subvolume", "show", "-r", c_id, "-u", &c_uuid, s(&mnt)]);
+    assert!(err.contains("cannot be used with"), "{err}");
+
+    // The same from the unmounted image.
+    fx.unmount();
+    let image = fx.image_str().to_string();
+    let field = |out: &str, name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("\t{name}:")))
+            .unwrap_or_else(|| panic!("{name} in {out}"))
+            .to_string()
+    };
+    let from_image = ok(&["subvolume", "show", "-u", &c_uuid, &image]);
+    assert!(from_image.starts_with("a/c\n"), "{from_image}");
+    for name in ["Subvolume ID", "UUID", "Parent ID", "Name"] {
+        assert_eq!(field(&from_image, name), field(&by_path, name));
+    }
+    let err = fails(&["subvolume", "show", "-r", "999", &image]);
+    assert!(err.contains("can't find rootid '999'"), "{err}");
+    fx.mount();
+}
+
 #[test]
 fn subvolume_default_and_subvol_mounts() {
     if skip_unless_root() {
@@ -796,9 +877,12 @@ fn subvolume_delete_user_subvol_rm_allowed() {
 
 /// `mv` of a subvolume (docs/SNAPSHOTS.md (g), "Renaming a subvolume
 /// link", as btrfs): renamed and moved to another directory of its parent
-/// subvolume, keeping its contents and id, listed at its new path; moving
-/// it into another subvolume is EXDEV, over a non-empty directory
-/// ENOTEMPTY; the new name survives a power cut after the commit.
+/// subvolume and into another subvolume, keeping its contents and id,
+/// listed at its new path; a plain file into another subvolume is EXDEV,
+/// the link over a non-empty directory ENOTEMPTY; renameat2's
+/// RENAME_EXCHANGE swaps it with a file of its parent subvolume and with
+/// a link in another subvolume; the names survive a power cut after the
+/// commit.
 #[test]
 fn subvolume_rename_moves_the_link() {
     if skip_unless_root() {
@@ -820,23 +904,70 @@ fn subvolume_rename_moves_the_link() {
     assert_eq!(names(&mnt), ["d", "full", "other"]);
     let errno = |r: std::io::Result<()>| r.unwrap_err().raw_os_error();
     assert_eq!(
-        errno(fs::rename(fx.path("d/moved"), fx.path("other/m"))),
-        Some(libc::EXDEV)
-    );
-    assert_eq!(
         errno(fs::rename(fx.path("d/moved"), fx.path("full"))),
         Some(libc::ENOTEMPTY)
     );
-    let paths: Vec<String> = listed(&ok(&["subvolume", "list", s(&mnt)]))
-        .into_iter()
-        .map(|(_, _, path)| path)
-        .collect();
-    assert_eq!(paths, ["d/moved", "other"]);
+    fs::write(fx.path("plain"), b"p").unwrap();
+    assert_eq!(
+        errno(fs::rename(fx.path("plain"), fx.path("other/plain"))),
+        Some(libc::EXDEV)
+    );
+    fs::rename(fx.path("d/moved"), fx.path("other/m")).unwrap();
+    assert_eq!(fs::metadata(fx.path("other/m")).unwrap().ino(), ino);
+    assert_eq!(fs::read(fx.path("other/m/f")).unwrap(), b"kept");
+    let paths = || -> Vec<String> {
+        listed(&ok(&["subvolume", "list", s(&mnt)]))
+            .into_iter()
+            .map(|(_, _, path)| path)
+            .collect()
+    };
+    assert_eq!(paths(), ["other/m", "other"]);
+    // Exchanged with a file of its parent subvolume, then with a link of
+    // another subvolume (`top`, whose link is in the top level).
+    fs::write(fx.path("other/file"), b"file").unwrap();
+    renameat2_exchange(&fx.path("other/m"), &fx.path("other/file")).unwrap();
+    assert_eq!(fs::read(fx.path("other/file/f")).unwrap(), b"kept");
+    assert_eq!(fs::read(fx.path("other/m")).unwrap(), b"file");
+    ok(&["subvolume", "create", s(&fx.path("top"))]);
+    fs::write(fx.path("top/t"), b"top").unwrap();
+    renameat2_exchange(&fx.path("other/file"), &fx.path("top")).unwrap();
+    assert_eq!(fs::read(fx.path("top/f")).unwrap(), b"kept");
+    assert_eq!(fs::read(fx.path("other/file/t")).unwrap(), b"top");
+    assert_eq!(
+        renameat2_exchange(&fx.path("other/m"), &fx.path("top"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EXDEV)
+    );
+    assert_eq!(paths(), ["top", "other", "other/file"]);
     fx.sync();
     fx.power_cut();
     fx.mount();
-    assert_eq!(fs::read(fx.path("d/moved/f")).unwrap(), b"kept");
-    assert!(!fx.path("sv").exists() && !fx.path("sw").exists());
+    assert_eq!(fs::read(fx.path("top/f")).unwrap(), b"kept");
+    assert_eq!(fs::read(fx.path("other/file/t")).unwrap(), b"top");
+    assert!(!fx.path("sv").exists() && !fx.path("d/moved").exists());
+}
+
+/// renameat2(from, to, RENAME_EXCHANGE).
+fn renameat2_exchange(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (from, to) = (c(from), c(to));
+    // SAFETY: two valid C strings, AT_FDCWD for both directories.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Files of a deleted subvolume stop working at once, even while open

@@ -866,12 +866,9 @@ impl Model {
         }
         let (old_dir, old_name) = self.parent(old)?;
         let (new_dir, new_name) = self.parent(new)?;
-        // birch's order: EXDEV across subvolumes, EROFS, then a subvolume
-        // link as source or replaced target (`rename_link`), then the
-        // kernel's checks.
-        if self.node(old_dir).subvol != self.node(new_dir).subvol {
-            return Err(libc::EXDEV);
-        }
+        // birch's order: EROFS, then a subvolume link as source or
+        // target (`rename_link`, which may cross subvolumes), then EXDEV
+        // across subvolumes, then the kernel's checks.
         self.check_writable(old_dir)?;
         let well_formed = !old_name.is_empty()
             && old_name.len() <= NAME_MAX
@@ -882,6 +879,9 @@ impl Model {
             && (self.is_link(old_dir, old_name) || self.is_link(new_dir, new_name))
         {
             return self.rename_link(old_dir, old_name, new_dir, new_name, flags);
+        }
+        if self.node(old_dir).subvol != self.node(new_dir).subvol {
+            return Err(libc::EXDEV);
         }
         let source = self.lookup(old_dir, old_name)?;
         check_name_len(new_name)?;
@@ -908,27 +908,7 @@ impl Model {
         }
         let source_is_dir = self.node(source).kind == Kind::Dir;
         if flags.exchange {
-            let target = target.expect("checked above");
-            let target_is_dir = self.node(target).kind == Kind::Dir;
-            *self
-                .node_mut(old_dir)
-                .entries_mut()
-                .get_mut(old_name)
-                .expect("source entry") = target;
-            *self
-                .node_mut(new_dir)
-                .entries_mut()
-                .get_mut(new_name)
-                .expect("target entry") = source;
-            if old_dir != new_dir {
-                let shift = i64::from(source_is_dir) - i64::from(target_is_dir);
-                let od = self.node_mut(old_dir);
-                od.nlink = (i64::from(od.nlink) - shift) as u32;
-                let nd = self.node_mut(new_dir);
-                nd.nlink = (i64::from(nd.nlink) + shift) as u32;
-            }
-            self.set_parent(source, new_dir);
-            self.set_parent(target, old_dir);
+            self.exchange_entries(old_dir, old_name, new_dir, new_name);
             return Ok(());
         }
         if let Some(target) = target {
@@ -956,12 +936,44 @@ impl Model {
         Ok(())
     }
 
+    /// RENAME_EXCHANGE once checked: the entries `old_name` of `old_dir`
+    /// and `new_name` of `new_dir` swap, with their parents' link counts.
+    fn exchange_entries(&mut self, old_dir: MIno, old_name: &[u8], new_dir: MIno, new_name: &[u8]) {
+        let source = self.node(old_dir).entries()[old_name];
+        let target = self.node(new_dir).entries()[new_name];
+        let is_dir = |m: &Self, ino| i64::from(m.node(ino).kind == Kind::Dir);
+        let shift = is_dir(self, source) - is_dir(self, target);
+        *self
+            .node_mut(old_dir)
+            .entries_mut()
+            .get_mut(old_name)
+            .expect("source entry") = target;
+        *self
+            .node_mut(new_dir)
+            .entries_mut()
+            .get_mut(new_name)
+            .expect("target entry") = source;
+        if old_dir != new_dir {
+            let od = self.node_mut(old_dir);
+            od.nlink = (i64::from(od.nlink) - shift) as u32;
+            let nd = self.node_mut(new_dir);
+            nd.nlink = (i64::from(nd.nlink) + shift) as u32;
+        }
+        self.set_parent(source, new_dir);
+        self.set_parent(target, old_dir);
+    }
+
     /// `rename` when the source or the target is a subvolume link, in the
-    /// engine's order (`rename_subvolume_link`, as btrfs): RENAME_EXCHANGE
-    /// is EOPNOTSUPP; over an existing name EEXIST with NOREPLACE, nothing
-    /// for the link itself, the kernel's type checks, then ENOTEMPTY over
-    /// a link or a non-empty directory; an empty directory is replaced.
-    /// The link moves with its subvolume whole.
+    /// engine's order (`rename_subvolume_link`, as btrfs): across
+    /// subvolumes EXDEV unless the source is a link (and, for
+    /// RENAME_EXCHANGE, the target too); then the VFS's traps, across
+    /// links (EINVAL; a missing exchange target ENOENT first). An
+    /// exchange swaps the two entries (EROFS in a read-only target
+    /// subvolume). A move: over an existing name EEXIST with NOREPLACE,
+    /// nothing for the link itself, the kernel's type checks, then
+    /// ENOTEMPTY over a link or a non-empty directory, then EROFS; an
+    /// empty directory is replaced. The link moves with its subvolume
+    /// whole.
     fn rename_link(
         &mut self,
         old_dir: MIno,
@@ -970,12 +982,33 @@ impl Model {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> MResult<()> {
-        if flags.exchange {
-            return Err(libc::EOPNOTSUPP);
-        }
         let source = self.lookup(old_dir, old_name)?;
         let source_is_dir = self.node(source).kind == Kind::Dir;
-        if let Some(target) = self.node(new_dir).entries().get(new_name).copied() {
+        let target = self.node(new_dir).entries().get(new_name).copied();
+        let across = self.node(old_dir).subvol != self.node(new_dir).subvol;
+        if across
+            && (!self.is_link(old_dir, old_name)
+                || (flags.exchange && !self.is_link(new_dir, new_name)))
+        {
+            return Err(libc::EXDEV);
+        }
+        let trap = self.rename_trap(old_dir, new_dir);
+        if flags.exchange {
+            let target = target.ok_or(libc::ENOENT)?;
+            if trap.is_some() && (trap == Some(source) || trap == Some(target)) {
+                return Err(libc::EINVAL);
+            }
+            if old_dir == new_dir && old_name == new_name {
+                return Ok(());
+            }
+            self.check_writable(new_dir)?;
+            self.exchange_entries(old_dir, old_name, new_dir, new_name);
+            return Ok(());
+        }
+        if source_is_dir && trap == Some(source) {
+            return Err(libc::EINVAL);
+        }
+        if let Some(target) = target {
             if flags.no_replace {
                 return Err(libc::EEXIST);
             }
@@ -991,9 +1024,12 @@ impl Model {
             if self.is_link(new_dir, new_name) || !target_node.entries().is_empty() {
                 return Err(libc::ENOTEMPTY);
             }
+            self.check_writable(new_dir)?;
             self.node_mut(new_dir).entries_mut().remove(new_name);
             self.node_mut(new_dir).nlink -= 1;
             self.drop_link(target);
+        } else {
+            self.check_writable(new_dir)?;
         }
         self.node_mut(old_dir).entries_mut().remove(old_name);
         self.node_mut(old_dir).nlink -= 1;

@@ -356,8 +356,9 @@ pub struct WorkloadConfig {
     pub subvolume_weight: u32,
     /// Among subvolume ops, the weight (against 20 for the others) of a
     /// rename of a subvolume link: to a new name, over an existing name,
-    /// or into another subvolume (EXDEV). 0 keeps the op stream of a seed
-    /// as it was before they existed.
+    /// into another subvolume, or RENAME_EXCHANGE with another link or
+    /// any entry. 0 keeps the op stream of a seed as it was before they
+    /// existed.
     pub subvolume_rename_weight: u32,
     /// Use setuid and sticky bits in modes.
     pub special_perms: bool,
@@ -811,14 +812,20 @@ impl Generator {
         match self.rng.gen_range(0..20 + self.cfg.subvolume_rename_weight) {
             20.. if !links.is_empty() => {
                 let from = links[self.rng.gen_range(0..links.len())].clone();
-                let to = if self.rng.gen_ratio(1, 4) {
-                    self.old_path(model, |k| k == Kind::Dir)
+                // An exchange with any entry, another link most often (in
+                // its own or another subvolume), or a move anywhere,
+                // into other subvolumes too.
+                let exchange = self.rng.gen_ratio(1, 4);
+                let to = if exchange && self.rng.gen_ratio(1, 2) {
+                    links[self.rng.gen_range(0..links.len())].clone()
+                } else if exchange || self.rng.gen_ratio(1, 4) {
+                    self.old_path(model, |k| exchange || k == Kind::Dir)
                 } else {
                     self.new_path(model)
                 };
                 let flags = RenameFlags {
-                    no_replace: self.rng.gen_ratio(1, 8),
-                    exchange: false,
+                    no_replace: !exchange && self.rng.gen_ratio(1, 8),
+                    exchange,
                 };
                 Op::Rename { from, to, flags }
             }

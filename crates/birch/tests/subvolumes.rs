@@ -815,9 +815,8 @@ fn rename_of_subvolume_link_moves_it() {
     let root = fs.root_ino();
     let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
     let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
-    let other = fs.create_subvolume(root, b"other", 0, 0).unwrap();
+    fs.create_subvolume(root, b"other", 0, 0).unwrap();
     let sv_root = InoSpace::join(sv, ROOT_DIR_INO);
-    let other_root = InoSpace::join(other, ROOT_DIR_INO);
     let inner = fs.mkdir(sv_root, b"inner", 0o755, 0, 0).unwrap().ino;
     let nlink = |ino| fs.getattr(ino).unwrap().nlink;
     let (root_nlink, d_nlink) = (nlink(root), nlink(d));
@@ -845,16 +844,16 @@ fn rename_of_subvolume_link_moves_it() {
         .collect();
     assert_eq!(names, [b"moved".to_vec()]);
 
-    // Refused, nothing changed: across subvolumes, over another link,
-    // over a non-empty directory or a file, a file over a link, with
-    // RENAME_NOREPLACE or RENAME_EXCHANGE.
+    // Refused, nothing changed: into its own subvolume, over another
+    // link, over a non-empty directory or a file, a file over a link,
+    // with RENAME_NOREPLACE.
     let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
     let full = fs.mkdir(root, b"full", 0o755, 0, 0).unwrap().ino;
     fs.mkdir(full, b"x", 0o755, 0, 0).unwrap();
     let errno = |r: birch::error::Result<()>| r.unwrap_err().errno();
     assert_eq!(
-        errno(fs.rename(d, b"moved", other_root, b"m", plain)),
-        libc::EXDEV
+        errno(fs.rename(d, b"moved", inner, b"m", plain)),
+        libc::EINVAL
     );
     assert_eq!(
         errno(fs.rename(d, b"moved", root, b"other", plain)),
@@ -883,14 +882,6 @@ fn rename_of_subvolume_link_moves_it() {
     assert_eq!(
         errno(fs.rename(d, b"moved", root, b"full", no_replace)),
         libc::EEXIST
-    );
-    let exchange = RenameFlags {
-        exchange: true,
-        ..plain
-    };
-    assert_eq!(
-        errno(fs.rename(d, b"moved", root, b"full", exchange)),
-        libc::EOPNOTSUPP
     );
     assert_eq!(errno(fs.unlink(d, b"moved")), libc::EOPNOTSUPP);
     assert_eq!(fs.lookup(d, b"moved").unwrap().ino, sv_root);
@@ -1015,4 +1006,291 @@ fn fsync_before_subvolume_rename_keeps_the_link() {
         let new = view.contains_key("/sw/inner");
         assert!(old != new, "{point:?}: {view:?}");
     }
+}
+
+/// A subvolume link moves into a directory of another subvolume, as in
+/// btrfs (`btrfs_rename` refuses only other inodes across roots): its
+/// ROOT_REF pair names the new parent subvolume, `..` and the list
+/// follow it, nested links come along, and the parent it left may be
+/// deleted while the one it joined may not. Into its own subtree is
+/// EINVAL (the VFS's trap, across links), into a read-only subvolume
+/// EROFS, a plain file over a link across subvolumes EXDEV.
+#[test]
+fn rename_of_subvolume_link_across_subvolumes() {
+    let dev = memory_fs(32 << 20, 0x6c);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let other = fs.create_subvolume(root, b"other", 0, 0).unwrap();
+    let ro = fs.create_subvolume(root, b"ro", 0, 0).unwrap();
+    let [sv_root, other_root, ro_root] = [sv, other, ro].map(|id| InoSpace::join(id, ROOT_DIR_INO));
+    let inner = fs.mkdir(sv_root, b"inner", 0o755, 0, 0).unwrap().ino;
+    let nested = fs.create_subvolume(sv_root, b"nested", 0, 0).unwrap();
+    let nested_root = InoSpace::join(nested, ROOT_DIR_INO);
+    let dir = fs.mkdir(other_root, b"dir", 0o755, 0, 0).unwrap().ino;
+    fs.create(root, b"f", 0o644, 0, 0).unwrap();
+    fs.mkdir(dir, b"link_here", 0o755, 0, 0).unwrap();
+    fs.set_subvolume_readonly(ro, true).unwrap();
+    let nlink = |ino| fs.getattr(ino).unwrap().nlink;
+    let (root_nlink, dir_nlink) = (nlink(root), nlink(dir));
+    let plain = RenameFlags::default();
+    let errno = |r: birch::error::Result<()>| r.unwrap_err().errno();
+
+    // Over an empty directory of the other subvolume.
+    fs.rename(root, b"sv", dir, b"link_here", plain).unwrap();
+    assert_eq!(fs.lookup(dir, b"link_here").unwrap().ino, sv_root);
+    assert_eq!(fs.lookup(root, b"sv").unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(fs.lookup(sv_root, b"..").unwrap().ino, dir);
+    assert_eq!(fs.lookup(sv_root, b"inner").unwrap().ino, inner);
+    assert_eq!(fs.lookup(sv_root, b"nested").unwrap().ino, nested_root);
+    assert_eq!((nlink(root), nlink(dir)), (root_nlink - 1, dir_nlink));
+    let listed = fs.list_subvolumes().unwrap();
+    let entry = listed.iter().find(|i| i.id == sv).unwrap();
+    assert_eq!(
+        (entry.parent, entry.dir, entry.name.as_slice()),
+        (other, InoSpace::split(dir).1, &b"link_here"[..])
+    );
+    // `other` holds a link now: not deletable (btrfs's ENOTEMPTY).
+    assert_eq!(
+        fs.delete_subvolume(root, b"other").unwrap_err().errno(),
+        libc::ENOTEMPTY
+    );
+
+    // Refused, nothing changed.
+    assert_eq!(
+        errno(fs.rename(dir, b"link_here", inner, b"x", plain)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(fs.rename(dir, b"link_here", nested_root, b"x", plain)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(fs.rename(dir, b"link_here", ro_root, b"x", plain)),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno(fs.rename(root, b"f", dir, b"link_here", plain)),
+        libc::EXDEV
+    );
+    assert_eq!(fs.lookup(dir, b"link_here").unwrap().ino, sv_root);
+
+    // And back to the top level, under a new name.
+    fs.rename(dir, b"link_here", root, b"back", plain).unwrap();
+    assert_eq!(fs.lookup(sv_root, b"..").unwrap().ino, root);
+    assert_eq!(nlink(root), root_nlink);
+    assert_eq!(nlink(dir), dir_nlink - 1);
+    fs.sync().unwrap();
+    drop(fs);
+    assert_clean(&dev, "after the moves");
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    assert_eq!(fs.lookup(root, b"back").unwrap().ino, sv_root);
+    assert_eq!(fs.lookup(sv_root, b"nested").unwrap().ino, nested_root);
+    assert_eq!(fs.delete_subvolume(root, b"other").unwrap(), other);
+}
+
+/// RENAME_EXCHANGE with a subvolume link, as `btrfs_rename_exchange`:
+/// within one subvolume a link swaps with any entry (a file, a
+/// directory, another link); across subvolumes only two links swap
+/// (anything else EXDEV); a directory exchanged with its own ancestor is
+/// EINVAL, a missing target ENOENT.
+#[test]
+fn exchange_with_subvolume_link() {
+    let dev = memory_fs(32 << 20, 0x6d);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let a = fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let b = fs.create_subvolume(root, b"b", 0, 0).unwrap();
+    let [a_root, b_root] = [a, b].map(|id| InoSpace::join(id, ROOT_DIR_INO));
+    let c = fs.create_subvolume(b_root, b"c", 0, 0).unwrap();
+    let c_root = InoSpace::join(c, ROOT_DIR_INO);
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    let e = fs.mkdir(d, b"e", 0o755, 0, 0).unwrap().ino;
+    fs.create(e, b"in_e", 0o644, 0, 0).unwrap();
+    let g = fs.create(b_root, b"g", 0o644, 0, 0).unwrap().ino;
+    let exchange = RenameFlags {
+        exchange: true,
+        ..RenameFlags::default()
+    };
+    let errno = |r: birch::error::Result<()>| r.unwrap_err().errno();
+    let nlink = |ino| fs.getattr(ino).unwrap().nlink;
+    let (root_nlink, d_nlink) = (nlink(root), nlink(d));
+
+    // A link and a file of one subvolume, in two directories.
+    fs.rename(root, b"a", d, b"f", exchange).unwrap();
+    assert_eq!(fs.lookup(root, b"a").unwrap().ino, f);
+    assert_eq!(fs.lookup(d, b"f").unwrap().ino, a_root);
+    assert_eq!(fs.lookup(a_root, b"..").unwrap().ino, d);
+    assert_eq!((nlink(root), nlink(d)), (root_nlink - 1, d_nlink + 1));
+    // A link and a non-empty directory: both move, contents and all.
+    fs.rename(d, b"f", d, b"e", exchange).unwrap();
+    assert_eq!(fs.lookup(d, b"e").unwrap().ino, a_root);
+    assert_eq!(fs.lookup(d, b"f").unwrap().ino, e);
+    assert!(fs.lookup(e, b"in_e").is_ok());
+    assert_eq!(nlink(d), d_nlink + 1);
+    // Two links of two subvolumes: `a` (in the top level) and `c` (in b).
+    fs.rename(d, b"e", b_root, b"c", exchange).unwrap();
+    assert_eq!(fs.lookup(d, b"e").unwrap().ino, c_root);
+    assert_eq!(fs.lookup(b_root, b"c").unwrap().ino, a_root);
+    assert_eq!(fs.lookup(a_root, b"..").unwrap().ino, b_root);
+    assert_eq!(fs.lookup(c_root, b"..").unwrap().ino, d);
+    let listed = fs.list_subvolumes().unwrap();
+    let parent_of = |id| listed.iter().find(|i| i.id == id).unwrap().parent;
+    assert_eq!((parent_of(a), parent_of(c)), (b, tree_id::FS));
+
+    // Refused, nothing changed: a link and a file (either way round)
+    // across subvolumes, `b` with the link inside it (its own
+    // descendant), a missing target.
+    assert_eq!(
+        errno(fs.rename(d, b"e", b_root, b"g", exchange)),
+        libc::EXDEV
+    );
+    assert_eq!(
+        errno(fs.rename(b_root, b"g", d, b"e", exchange)),
+        libc::EXDEV
+    );
+    assert_eq!(
+        errno(fs.rename(root, b"b", b_root, b"c", exchange)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(fs.rename(b_root, b"c", root, b"b", exchange)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(fs.rename(d, b"e", d, b"none", exchange)),
+        libc::ENOENT
+    );
+    assert_eq!(fs.lookup(b_root, b"g").unwrap().ino, g);
+    // Onto itself: nothing happens.
+    fs.rename(d, b"e", d, b"e", exchange).unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    assert_clean(&dev, "after the exchanges");
+    let fs = mount(dev);
+    assert_eq!(fs.lookup(d, b"e").unwrap().ino, c_root);
+    assert_eq!(fs.lookup(b_root, b"c").unwrap().ino, a_root);
+    assert_eq!(fs.lookup(d, b"f").unwrap().ino, e);
+    assert_eq!(fs.lookup(fs.root_ino(), b"a").unwrap().ino, f);
+}
+
+/// Crash case: `subvolume create sv; subvolume create other; mkdir
+/// sv/inner; sync; mv sv other/sw; sync <cut anywhere in that commit>`
+/// shows the link at exactly one of its names, in one of the two
+/// subvolumes, with its contents, and checks clean: both directories'
+/// entries and the ROOT_REF pair (now keyed by the other parent) change
+/// in one transaction.
+#[test]
+fn power_cut_during_cross_subvolume_move() {
+    let rec = recorder(32 << 20, 0x6e);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let other = fs.create_subvolume(root, b"other", 0, 0).unwrap();
+    fs.mkdir(InoSpace::join(sv, ROOT_DIR_INO), b"inner", 0o755, 0, 0)
+        .unwrap();
+    fs.sync().unwrap();
+    let synced = rec.flush_count();
+    let other_root = InoSpace::join(other, ROOT_DIR_INO);
+    fs.rename(root, b"sv", other_root, b"sw", RenameFlags::default())
+        .unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    let points = crash_points(&rec, synced, &Enumeration::thorough(0x6e));
+    let mut saw = [false; 2];
+    for point in &points {
+        let view = crash_view(&rec, point);
+        let old = view.contains_key("/sv/inner");
+        let new = view.contains_key("/other/sw/inner");
+        assert!(old != new, "{point:?}: {view:?}");
+        saw[new as usize] = true;
+    }
+    assert_eq!(
+        saw,
+        [true, true],
+        "both outcomes among {} states",
+        points.len()
+    );
+}
+
+/// Crash case: `subvolume create sv; subvolume create other; sync; mkdir
+/// other/x; fsync other; mv sv other/sw; fsync other; <cut>`: the first
+/// fsync logs `other`'s root directory; the second commits (counted as
+/// `fallback_subvolume`: a log never holds a link, nor may a replayed
+/// log of `other` drop the link the commit put there). Every state after
+/// it shows `/other/x` and `/other/sw` whole, and no `/sv`.
+#[test]
+fn fsync_after_cross_subvolume_move_commits() {
+    let rec = recorder(32 << 20, 0x6f);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let sv = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let other = fs.create_subvolume(root, b"other", 0, 0).unwrap();
+    let other_root = InoSpace::join(other, ROOT_DIR_INO);
+    fs.mkdir(InoSpace::join(sv, ROOT_DIR_INO), b"inner", 0o755, 0, 0)
+        .unwrap();
+    fs.sync().unwrap();
+    fs.mkdir(other_root, b"x", 0o755, 0, 0).unwrap();
+    fs.fsync(other_root, false).unwrap();
+    fs.rename(root, b"sv", other_root, b"sw", RenameFlags::default())
+        .unwrap();
+    let before = fs.log_stats();
+    fs.fsync(other_root, false).unwrap();
+    assert_eq!(
+        fs.log_stats().fallback_subvolume,
+        before.fallback_subvolume + 1
+    );
+    let synced = rec.flush_count();
+    drop(fs);
+    for point in crash_points(&rec, synced, &Enumeration::thorough(0x6f)) {
+        let view = crash_view(&rec, &point);
+        assert!(view.contains_key("/other/x"), "{point:?}: {view:?}");
+        assert!(view.contains_key("/other/sw/inner"), "{point:?}: {view:?}");
+        assert!(!view.contains_key("/sv"), "{point:?}: {view:?}");
+    }
+}
+
+/// Crash case: `subvolume create a; subvolume create b; subvolume create
+/// b/c; mkdir a/in_a c/in_c; sync; mv --exchange a b/c; sync <cut
+/// anywhere in that commit>`: every state shows both links swapped or
+/// neither (never one subvolume at two names or none), and checks clean.
+#[test]
+fn power_cut_during_subvolume_exchange() {
+    let rec = recorder(32 << 20, 0x70);
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let a = fs.create_subvolume(root, b"a", 0, 0).unwrap();
+    let b = fs.create_subvolume(root, b"b", 0, 0).unwrap();
+    let b_root = InoSpace::join(b, ROOT_DIR_INO);
+    let c = fs.create_subvolume(b_root, b"c", 0, 0).unwrap();
+    for (id, name) in [(a, b"in_a"), (c, b"in_c")] {
+        fs.mkdir(InoSpace::join(id, ROOT_DIR_INO), name, 0o755, 0, 0)
+            .unwrap();
+    }
+    fs.sync().unwrap();
+    let synced = rec.flush_count();
+    let exchange = RenameFlags {
+        exchange: true,
+        ..RenameFlags::default()
+    };
+    fs.rename(root, b"a", b_root, b"c", exchange).unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    let points = crash_points(&rec, synced, &Enumeration::thorough(0x70));
+    let mut saw = [false; 2];
+    for point in &points {
+        let view = crash_view(&rec, point);
+        let before = view.contains_key("/a/in_a") && view.contains_key("/b/c/in_c");
+        let after = view.contains_key("/a/in_c") && view.contains_key("/b/c/in_a");
+        assert!(before != after, "{point:?}: {view:?}");
+        saw[after as usize] = true;
+    }
+    assert_eq!(
+        saw,
+        [true, true],
+        "both outcomes among {} states",
+        points.len()
+    );
 }

@@ -573,10 +573,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.change_with(
             |_| Ok(Need::items(10)),
             |s| {
-                InoSpace::same_subvolume(parent, new_parent)?;
+                // A subvolume link may move (and be exchanged) across
+                // subvolumes; any other inode is EXDEV there.
                 if s.rename_subvolume_link(parent, name, new_parent, new_name, flags)? {
                     return Ok(());
                 }
+                InoSpace::same_subvolume(parent, new_parent)?;
                 let (_, new_dir) = InoSpace::split(new_parent);
                 let (mut root, dir) = s.resolve_writable(parent)?;
                 // The source leaves its directory, a replaced target

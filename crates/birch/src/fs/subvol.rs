@@ -205,18 +205,20 @@ impl<D: BlockDevice> FsState<D> {
 
     /// rename(2) when the source or the target is a subvolume link
     /// (docs/SNAPSHOTS.md (g), "Renaming a subvolume link"; btrfs's
-    /// `btrfs_rename`). Returns false, having changed nothing, when neither
-    /// name is a link (or a name is malformed, the flags contradict each
-    /// other or the source is missing: the plain rename reports those in
-    /// the kernel's order). Both
-    /// directories are in subvolume `parent`'s tree (the caller refused
-    /// others with EXDEV). A link moves: its DIR_ITEM and DIR_INDEX leave
-    /// `dir`, new ones (a new dir index) go into `new_dir`, and its
-    /// ROOT_REF / ROOT_BACKREF pair is rewritten with the new directory,
-    /// index and name. It may replace an empty plain directory; renaming
-    /// anything over a link is ENOTEMPTY, as btrfs. RENAME_EXCHANGE with
-    /// a link is not built (EOPNOTSUPP). Not logged: fsyncs commit until
-    /// the next commit, as after a create or a delete.
+    /// `btrfs_rename` and `btrfs_rename_exchange`). Returns false, having
+    /// changed nothing, when neither name is a link (or a name is
+    /// malformed, the flags contradict each other or the source is
+    /// missing: the plain rename reports those in the kernel's order).
+    /// As btrfs, a link may move into a directory of another subvolume
+    /// (only other inodes are EXDEV across subvolumes), and
+    /// RENAME_EXCHANGE swaps a link with any entry of its own subvolume,
+    /// across subvolumes only with another link. A link moves: its
+    /// DIR_ITEM and DIR_INDEX leave `dir`, new ones (a new dir index) go
+    /// into `new_dir`, and its ROOT_REF / ROOT_BACKREF pair is rewritten
+    /// with the new parent subvolume, directory, index and name. It may
+    /// replace an empty plain directory; renaming anything over a link is
+    /// ENOTEMPTY, as btrfs. Not logged: fsyncs commit until the next
+    /// commit, as after a create or a delete.
     pub(super) fn rename_subvolume_link(
         &mut self,
         parent: u64,
@@ -226,7 +228,7 @@ impl<D: BlockDevice> FsState<D> {
         flags: RenameFlags,
     ) -> Result<bool> {
         let (parent_id, dir) = InoSpace::split(parent);
-        let (_, new_dir) = InoSpace::split(new_parent);
+        let (new_parent_id, new_dir) = InoSpace::split(new_parent);
         let mut ctx = self.writable(parent_id)?;
         let well_formed = validate_name(name).is_ok()
             && validate_name(new_name).is_ok()
@@ -237,21 +239,93 @@ impl<D: BlockDevice> FsState<D> {
         let Some(source) = ctx.find_entry(dir, name)? else {
             return Ok(false);
         };
-        let target = ctx.find_entry(new_dir, new_name)?;
+        let target = self.ctx(new_parent_id)?.find_entry(new_dir, new_name)?;
         let target_is_link = target.as_ref().is_some_and(|t| t.subvolume);
         if !source.subvolume && !target_is_link {
             return Ok(false);
         }
-        if flags.exchange {
-            return Err(Error::NotSupported("RENAME_EXCHANGE of a subvolume link"));
+        let across = parent_id != new_parent_id;
+        // btrfs: across subvolumes only a link moves, and an exchange
+        // needs a link on both sides.
+        if across && (!source.subvolume || (flags.exchange && !target_is_link)) {
+            return Err(Error::CrossDevice);
         }
+        let source_ext = entry_ext(parent_id, &source);
+        if flags.exchange {
+            let target = target.ok_or(Error::NotFound)?;
+            // The VFS's traps (lock_rename), across subvolume links.
+            let target_ext = entry_ext(new_parent_id, &target);
+            if (source.file_type == FileType::Directory
+                && self.is_within_across(new_parent, source_ext)?)
+                || (target.file_type == FileType::Directory
+                    && self.is_within_across(parent, target_ext)?)
+            {
+                return Err(Error::InvalidArgument(
+                    "directory exchanged with its own ancestor",
+                ));
+            }
+            let ends = [
+                LinkEnd {
+                    subvol: parent_id,
+                    dir,
+                    name,
+                    entry: source,
+                },
+                LinkEnd {
+                    subvol: new_parent_id,
+                    dir: new_dir,
+                    name: new_name,
+                    entry: target,
+                },
+            ];
+            self.exchange_with_link(ends)?;
+        } else {
+            if source.file_type == FileType::Directory
+                && self.is_within_across(new_parent, source_ext)?
+            {
+                return Err(Error::InvalidArgument(
+                    "directory moved into its own subtree",
+                ));
+            }
+            let from = LinkEnd {
+                subvol: parent_id,
+                dir,
+                name,
+                entry: source,
+            };
+            if !self.move_subvolume_link(from, new_parent, new_name, target, flags)? {
+                return Ok(true);
+            }
+        }
+        // A log of this transaction would copy either directory without
+        // the link while the ROOT_REF pair names it: fsyncs commit until
+        // the next commit (counted as `fallback_subvolume`).
+        self.info.log.force_commit = Some(FallbackReason::Subvolume);
+        Ok(true)
+    }
+
+    /// The non-exchange half of
+    /// [`rename_subvolume_link`](Self::rename_subvolume_link): `from`
+    /// moves to `new_name` in directory `new_parent` (external), over
+    /// `target` if there is one. Returns false when nothing changed (the
+    /// link renamed onto itself).
+    fn move_subvolume_link(
+        &mut self,
+        from: LinkEnd<'_>,
+        new_parent: u64,
+        new_name: &[u8],
+        target: Option<DirEntry>,
+        flags: RenameFlags,
+    ) -> Result<bool> {
+        let (new_parent_id, new_dir) = InoSpace::split(new_parent);
+        let source = &from.entry;
         if let Some(target) = &target {
             if flags.no_replace {
                 return Err(Error::Exists);
             }
             if target.subvolume && source.subvolume && target.ino == source.ino {
                 // The same link under the same name: nothing to do.
-                return Ok(true);
+                return Ok(false);
             }
             // The VFS's type checks come first (a link is a directory),
             // then btrfs's: nothing replaces a subvolume, and a directory
@@ -261,43 +335,135 @@ impl<D: BlockDevice> FsState<D> {
                 (FileType::Directory, _) => return Err(Error::NotDir),
                 (_, _) => return Err(Error::IsDir),
             }
-            if target.subvolume || !ctx.is_dir_empty(target.ino)? {
+            if target.subvolume || !self.ctx(new_parent_id)?.is_dir_empty(target.ino)? {
                 return Err(Error::NotEmpty);
             }
         }
-        ctx.deny_if_flagged(dir, false)?;
+        self.writable(from.subvol)?
+            .deny_if_flagged(from.dir, false)?;
+        let mut ctx = self.writable(new_parent_id)?;
         ctx.deny_if_flagged(new_dir, target.is_none())?;
         ctx.require_dir(new_dir)?;
         ctx.ensure_space(0)?;
         ctx.require_dir_indexes(new_dir, 1)?;
-        let id = source.ino;
-        let ref_key = Key::root_ref(parent_id, id);
-        let corrupt = |why: String| {
-            Error::corrupt(Corruption::general(format!(
-                "subvolume link \"{}\" in {parent_id}:{dir}: {why}",
-                String::from_utf8_lossy(name)
-            )))
-        };
-        let old = ctx.fs.link_root_ref(parent_id, dir, name, id)?;
         if let Some(target) = &target {
             ctx.deny_if_flagged(target.ino, false)?;
             ctx.rmdir(new_dir, new_name)?;
         }
-        ctx.remove_subvolume_link(dir, name, id, old.index)?;
-        let index = ctx.add_subvolume_link(new_dir, new_name, id)?;
+        self.unlink_end(&from)?;
+        self.link_end(new_parent_id, new_dir, new_name, &from.entry)?;
+        Ok(true)
+    }
+
+    /// The exchange half of
+    /// [`rename_subvolume_link`](Self::rename_subvolume_link): the two
+    /// entries (one of them at least a link; across subvolumes both)
+    /// swap names, as `btrfs_rename_exchange`.
+    fn exchange_with_link(&mut self, ends: [LinkEnd<'_>; 2]) -> Result<()> {
+        let [a, b] = &ends;
+        if a.entry.ino == b.entry.ino && a.entry.subvolume == b.entry.subvolume {
+            // One link (or inode) under both names: nothing to do.
+            return Ok(());
+        }
+        for end in &ends {
+            let mut ctx = self.writable(end.subvol)?;
+            ctx.deny_if_flagged(end.dir, false)?;
+            if !end.entry.subvolume {
+                ctx.deny_if_flagged(end.entry.ino, false)?;
+            }
+        }
+        let same_dir = a.subvol == b.subvol && a.dir == b.dir;
+        for end in &ends {
+            let mut ctx = self.writable(end.subvol)?;
+            ctx.ensure_space(0)?;
+            ctx.require_dir_indexes(end.dir, if same_dir { 2 } else { 1 })?;
+        }
+        for end in &ends {
+            self.unlink_end(end)?;
+        }
+        self.link_end(b.subvol, b.dir, b.name, &a.entry)?;
+        self.link_end(a.subvol, a.dir, a.name, &b.entry)?;
+        Ok(())
+    }
+
+    /// Takes `end`'s name away: a link's entry and ROOT_REF pair, or a
+    /// plain inode's name (and a directory's share of its parent's
+    /// link count).
+    fn unlink_end(&mut self, end: &LinkEnd<'_>) -> Result<()> {
+        let entry = &end.entry;
+        if !entry.subvolume {
+            let mut ctx = self.writable(end.subvol)?;
+            ctx.remove_name(end.dir, end.name, entry.ino)?;
+            if entry.file_type == FileType::Directory {
+                ctx.update_inode(end.dir, |d| d.nlink = d.nlink.saturating_sub(1))?;
+            }
+            return Ok(());
+        }
+        let old = self
+            .info
+            .link_root_ref(end.subvol, end.dir, end.name, entry.ino)?;
+        self.writable(end.subvol)?
+            .remove_subvolume_link(end.dir, end.name, entry.ino, old.index)?;
+        let corrupt = |key: Key| {
+            Error::corrupt(Corruption::general(format!(
+                "subvolume link \"{}\" in {}:{}: no {key}",
+                String::from_utf8_lossy(end.name),
+                end.subvol,
+                end.dir
+            )))
+        };
         let roots = &mut self.info.roots;
-        for key in [ref_key, Key::root_backref(id, parent_id)] {
+        for key in [
+            Key::root_ref(end.subvol, entry.ino),
+            Key::root_backref(entry.ino, end.subvol),
+        ] {
             self.info
                 .forest
                 .delete(&mut roots.root, &key)?
-                .ok_or_else(|| corrupt(format!("no {key}")))?;
+                .ok_or_else(|| corrupt(key))?;
         }
-        self.insert_root_refs(parent_id, id, new_dir, index, new_name)?;
-        // A log of this transaction would copy either directory without
-        // the link while the ROOT_REF pair names it: fsyncs commit until
-        // the next commit (counted as `fallback_subvolume`).
-        self.info.log.force_commit = Some(FallbackReason::Subvolume);
-        Ok(true)
+        Ok(())
+    }
+
+    /// Gives `entry` the name `name` in directory `dir` of subvolume
+    /// `subvol`: a link's entry and ROOT_REF pair, or a plain inode's
+    /// name, its ctime and (a directory) its parent's link count.
+    fn link_end(&mut self, subvol: u64, dir: u64, name: &[u8], entry: &DirEntry) -> Result<()> {
+        if entry.subvolume {
+            let index = self
+                .writable(subvol)?
+                .add_subvolume_link(dir, name, entry.ino)?;
+            return self.insert_root_refs(subvol, entry.ino, dir, index, name);
+        }
+        let mut ctx = self.writable(subvol)?;
+        ctx.add_name(dir, name, entry.ino, entry.file_type)?;
+        if entry.file_type == FileType::Directory {
+            ctx.update_inode(dir, |d| d.nlink = d.nlink.saturating_add(1))?;
+        }
+        let now = Timespec::now();
+        ctx.update_inode(entry.ino, |i| i.ctime = now)?;
+        let transid = ctx.fs.forest.transid();
+        ctx.inode(entry.ino)?.log.renamed_trans = transid;
+        Ok(())
+    }
+
+    /// Whether directory `dir` (external) is `ancestor` or below it,
+    /// following `..` across subvolume links as the VFS's dentries do.
+    fn is_within_across(&mut self, dir: u64, ancestor: u64) -> Result<bool> {
+        let mut cur = dir;
+        for _ in 0..=u16::MAX {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            let up = self.parent_across(cur)?;
+            if up == cur {
+                return Ok(false);
+            }
+            cur = up;
+        }
+        Err(Error::corrupt(Corruption::general(format!(
+            "directory {dir}: parent chain across subvolumes does not reach the top level"
+        ))))
     }
 
     /// The ROOT_REF / ROOT_BACKREF pair linking subvolume `child` as entry
@@ -752,6 +918,25 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
         }
         Ok(links)
+    }
+}
+
+/// One side of a rename that involves a subvolume link: the entry `name`
+/// of directory `dir` of subvolume `subvol`.
+struct LinkEnd<'a> {
+    subvol: u64,
+    dir: u64,
+    name: &'a [u8],
+    entry: DirEntry,
+}
+
+/// The external number of the inode `entry` (of subvolume `subvol`)
+/// leads to: a link's subvolume's root directory.
+fn entry_ext(subvol: u64, entry: &DirEntry) -> u64 {
+    if entry.subvolume {
+        InoSpace::join(entry.ino, ROOT_DIR_INO)
+    } else {
+        InoSpace::join(subvol, entry.ino)
     }
 }
 
