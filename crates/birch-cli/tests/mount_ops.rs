@@ -307,6 +307,81 @@ fn chattr_append_only_and_immutable() {
     assert!(!out.status.success(), "an unprivileged chattr +i succeeded");
 }
 
+/// The first word of `lsattr`'s line for `path` (`-d`: a directory itself).
+fn lsattr(path: &std::path::Path) -> String {
+    let out = Command::new("lsattr").arg("-d").arg(path).output().unwrap();
+    assert!(out.status.success(), "lsattr: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// chattr `S`, `A`, `d`, `D` through the mount: lsattr shows them; `A`
+/// keeps the atime through a read; a write to an `S` file and a create in
+/// a `D` directory survive a power cut with no fsync (the same cases as
+/// the engine's `sync_flag_write_survives_power_cut` and
+/// `dirsync_create_survives_power_cut`).
+#[test]
+fn chattr_sync_noatime_nodump_dirsync() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("ops-chattr-sync");
+    fs::create_dir(fx.path("d")).unwrap();
+    fs::write(fx.path("f"), b"").unwrap();
+    let (d, f) = (fx.path("d"), fx.path("f"));
+    assert!(chattr(&["+D", "+d", d.to_str().unwrap()]).status.success());
+    assert!(chattr(&["+S", "+A", "+d", f.to_str().unwrap()])
+        .status
+        .success());
+    let (dflags, fflags) = (lsattr(&d), lsattr(&f));
+    assert!(
+        dflags.contains('D') && dflags.contains('d'),
+        "lsattr d: {dflags}"
+    );
+    for flag in ['S', 'A', 'd'] {
+        assert!(fflags.contains(flag), "lsattr f: {fflags} lacks {flag}");
+    }
+    // A flag birch does not honour is still refused.
+    assert!(!chattr(&["+c", f.to_str().unwrap()]).status.success());
+
+    let data = pattern(3 * 4096 + 11, 7);
+    OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all(&data)
+        .unwrap();
+    fs::write(fx.path("d/new"), b"").unwrap();
+    fs::create_dir(fx.path("d/sub")).unwrap();
+    power_cut_and_remount(&mut fx);
+    assert_eq!(fs::read(&f).unwrap(), data);
+    assert!(fx.path("d/new").exists() && fx.path("d/sub").is_dir());
+
+    // `A`: a read leaves an old atime alone (relatime would update it).
+    let old = libc::timespec {
+        tv_sec: 1_000_000,
+        tv_nsec: 0,
+    };
+    let omit = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_OMIT,
+    };
+    let name = cstr(&f);
+    // SAFETY: a valid C path and two timespecs.
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, name.as_ptr(), [old, omit].as_ptr(), 0) };
+    assert_eq!(rc, 0);
+    fs::read(&f).unwrap();
+    fx.remount();
+    assert_eq!(fs::metadata(&f).unwrap().atime(), 1_000_000);
+    assert!(chattr(&["-A", f.to_str().unwrap()]).status.success());
+    fs::read(&f).unwrap();
+    fx.remount();
+    assert_ne!(fs::metadata(&f).unwrap().atime(), 1_000_000);
+}
+
 /// generic/079: with `-o open` birch sees opens and refuses them as the
 /// VFS does for kernel filesystems: EPERM at open(2) for a write or
 /// truncating open of an immutable file, and for a write open without

@@ -332,7 +332,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// An access to `ino` (a read, a directory listing): updates its atime
-    /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says.
+    /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says, unless the
+    /// inode has chattr `A`.
     pub(crate) fn touch_atime(&mut self, ino: u64) -> Result<()> {
         // A read-only subvolume's tree must not change, atimes included
         // (btrfs leaves them too).
@@ -342,6 +343,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let now = Timespec::now();
         let policy = self.fs.options.atime;
         let item = &self.inode(ino)?.item;
+        // chattr +A: this inode's atime stays whatever the mount says.
+        if item.flags as u32 & super::types::inode_flags::NOATIME != 0 {
+            return Ok(());
+        }
         let update = match policy {
             super::AtimeUpdates::Never => false,
             super::AtimeUpdates::Always => true,
