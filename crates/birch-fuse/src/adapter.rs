@@ -16,17 +16,17 @@ use crate::scrub::BIRCH_IOC_SCRUB;
 use crate::stats::{self, ImageInfo, StatsReport};
 use crate::subvol;
 use birch::device::BlockDevice;
-use birch::format::{tree_id, MAX_SUBVOL_INO, ROOT_DIR_INO};
+use birch::format::{tree_id, MAX_SUBVOL_INO, ROOT_DIR_INO, SECTOR_SIZE};
 use birch::fs::{
     inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, InoSpace, RenameFlags, SeekWhence,
     SetAttr, SetTime, XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow,
-    Transport, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyBmap,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL,
+    TimeOrNow, Transport, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -1919,6 +1919,25 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );
+    }
+
+    /// FIBMAP on a fuseblk mount (the kernel sends BMAP only when the
+    /// superblock has a block device): the device block, in units of
+    /// `blocksize` (the superblock's), of file block `idx`; 0 where no
+    /// written extent holds it (docs/FUSE.md, "FIBMAP"). A data extent's
+    /// disk byte is its byte on the device birch was mounted from, which
+    /// is the fuseblk device.
+    fn bmap(&self, _req: &Request, ino: INodeNo, blocksize: u32, idx: u64, reply: ReplyBmap) {
+        let ino = self.ids.to_engine(ino.0);
+        let size = u64::from(blocksize);
+        let valid = blocksize.is_power_of_two() && (512..=SECTOR_SIZE).contains(&size);
+        let Some(offset) = idx.checked_mul(size).filter(|_| valid) else {
+            return reply.error(Errno::EINVAL);
+        };
+        match self.fs.device_byte(ino, offset) {
+            Ok(byte) => reply.bmap(byte.map_or(0, |b| b / size)),
+            Err(e) => reply.error(self.errno(&e)),
+        }
     }
 
     fn lseek(

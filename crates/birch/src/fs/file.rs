@@ -1160,6 +1160,42 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         })
     }
 
+    /// Where the file's byte at `offset` lies on the device (FIBMAP,
+    /// docs/FUSE.md "FIBMAP"): its device byte when a written extent holds
+    /// it; `None` in a hole, past the end of file, in inline data, in a
+    /// preallocated range, and in a dirty page not on disk yet.
+    pub(crate) fn device_byte(&mut self, ino: u64, offset: u64) -> Result<Option<u64>> {
+        self.require_regular(ino)?;
+        if offset >= self.inode(ino)?.item.size {
+            return Ok(None);
+        }
+        let page = offset / PAGE;
+        let in_flight = self
+            .fs
+            .writebacks
+            .get(self.queued(ino))
+            .is_some_and(|f| f.page(page, PAGE).is_some());
+        if in_flight || self.inode(ino)?.pages.contains_key(&page) {
+            return Ok(None);
+        }
+        for (start, extent) in self.extents_overlapping(ino, offset, offset + 1)? {
+            if let FileExtent::Regular {
+                disk_bytenr,
+                offset: extent_offset,
+                num_bytes,
+                ..
+            } = extent
+            {
+                if let Some(within) = offset.checked_sub(start).filter(|&w| w < num_bytes) {
+                    return Ok(disk_bytenr
+                        .checked_add(extent_offset)
+                        .and_then(|b| b.checked_add(within)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     pub(crate) fn seek(&mut self, ino: u64, offset: u64, whence: SeekWhence) -> Result<u64> {
         self.require_regular(ino)?;
         let size = self.inode(ino)?.item.size;

@@ -828,6 +828,24 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         })
     }
 
+    /// FIBMAP (FUSE_BMAP): the device byte holding the file's byte at
+    /// `offset`, or `None` where no written extent holds it (a hole, past
+    /// the end, inline data, a preallocated range). As ext4 does for
+    /// delayed allocation, the page is written back first, so a file
+    /// written and not yet synced maps too (docs/FUSE.md, "FIBMAP").
+    pub fn device_byte(&self, ino: u64, offset: u64) -> Result<Option<u64>> {
+        let _request = self.request();
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.require_regular(ino)
+        })?;
+        self.flush_range(ino, offset, 1)?;
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.device_byte(ino, offset)
+        })
+    }
+
     pub fn truncate(&self, ino: u64, size: u64) -> Result<Attr> {
         let _request = self.request();
         self.setattr(
