@@ -307,6 +307,151 @@ fn chattr_append_only_and_immutable() {
     assert!(!out.status.success(), "an unprivileged chattr +i succeeded");
 }
 
+/// The first word of `lsattr`'s line for `path` (`-d`: a directory itself).
+fn lsattr(path: &std::path::Path) -> String {
+    let out = Command::new("lsattr").arg("-d").arg(path).output().unwrap();
+    assert!(out.status.success(), "lsattr: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// chattr `S`, `A`, `d`, `D` through the mount: lsattr shows them; `A`
+/// keeps the atime through a read; a write to an `S` file and a create in
+/// a `D` directory survive a power cut with no fsync (the same cases as
+/// the engine's `sync_flag_write_survives_power_cut` and
+/// `dirsync_create_survives_power_cut`).
+#[test]
+fn chattr_sync_noatime_nodump_dirsync() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = fixture("ops-chattr-sync");
+    fs::create_dir(fx.path("d")).unwrap();
+    fs::write(fx.path("f"), b"").unwrap();
+    let (d, f) = (fx.path("d"), fx.path("f"));
+    assert!(chattr(&["+D", "+d", d.to_str().unwrap()]).status.success());
+    assert!(chattr(&["+S", "+A", "+d", f.to_str().unwrap()])
+        .status
+        .success());
+    let (dflags, fflags) = (lsattr(&d), lsattr(&f));
+    assert!(
+        dflags.contains('D') && dflags.contains('d'),
+        "lsattr d: {dflags}"
+    );
+    for flag in ['S', 'A', 'd'] {
+        assert!(fflags.contains(flag), "lsattr f: {fflags} lacks {flag}");
+    }
+    // A flag birch does not honour is still refused.
+    assert!(!chattr(&["+c", f.to_str().unwrap()]).status.success());
+
+    let data = pattern(3 * 4096 + 11, 7);
+    OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all(&data)
+        .unwrap();
+    fs::write(fx.path("d/new"), b"").unwrap();
+    fs::create_dir(fx.path("d/sub")).unwrap();
+    power_cut_and_remount(&mut fx);
+    assert_eq!(fs::read(&f).unwrap(), data);
+    assert!(fx.path("d/new").exists() && fx.path("d/sub").is_dir());
+
+    // `A`: a read leaves an old atime alone (relatime would update it).
+    let old = libc::timespec {
+        tv_sec: 1_000_000,
+        tv_nsec: 0,
+    };
+    let omit = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_OMIT,
+    };
+    let name = cstr(&f);
+    // SAFETY: a valid C path and two timespecs.
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, name.as_ptr(), [old, omit].as_ptr(), 0) };
+    assert_eq!(rc, 0);
+    fs::read(&f).unwrap();
+    fx.remount();
+    assert_eq!(fs::metadata(&f).unwrap().atime(), 1_000_000);
+    assert!(chattr(&["-A", f.to_str().unwrap()]).status.success());
+    fs::read(&f).unwrap();
+    fx.remount();
+    assert_ne!(fs::metadata(&f).unwrap().atime(), 1_000_000);
+}
+
+/// `ioctl(FIBMAP)`: the device block of file block `block`.
+fn fibmap(file: &File, block: libc::c_int) -> libc::c_int {
+    const FIBMAP: libc::c_ulong = 1;
+    let mut arg = block;
+    // SAFETY: FIBMAP reads and writes one int.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), FIBMAP, &mut arg) };
+    assert_eq!(rc, 0, "FIBMAP {block}: {}", std::io::Error::last_os_error());
+    arg
+}
+
+/// FIBMAP on the fuseblk mount (FUSE_BMAP): each written block of a file,
+/// synced or still dirty, maps to the block of the loop device (the
+/// image) that holds its bytes; holes, inline data and preallocated
+/// ranges map to 0; filefrag finds the extents.
+#[test]
+fn fibmap_maps_file_blocks_to_device_blocks() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = fixture("ops-fibmap");
+    const BLOCK: usize = 4096;
+    let data = pattern(6 * BLOCK, 9);
+    let f = fx.path("f");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&f)
+        .unwrap();
+    // Blocks 0-1 and 4-5 written, 2-3 a hole; 0-1 committed, 4-5 dirty.
+    file.write_all_at(&data[..2 * BLOCK], 0).unwrap();
+    fx.sync();
+    file.write_all_at(&data[4 * BLOCK..], 4 * BLOCK as u64)
+        .unwrap();
+    // SAFETY: fallocate on an open descriptor.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 6 * BLOCK as i64, BLOCK as i64) };
+    assert_eq!(rc, 0);
+    let image = File::open(fx.image_str()).unwrap();
+    for block in 0..7 {
+        let device_block = fibmap(&file, block);
+        let written = matches!(block, 0 | 1 | 4 | 5);
+        assert_eq!(
+            device_block != 0,
+            written,
+            "block {block} -> {device_block}"
+        );
+        if written {
+            let mut on_disk = vec![0u8; BLOCK];
+            image
+                .read_exact_at(&mut on_disk, device_block as u64 * BLOCK as u64)
+                .unwrap();
+            let want = &data[block as usize * BLOCK..][..BLOCK];
+            assert!(
+                on_disk == want,
+                "block {block}: device block {device_block} holds other bytes"
+            );
+        }
+    }
+    // Inline data has no block of its own.
+    fs::write(fx.path("small"), b"inline").unwrap();
+    assert_eq!(fibmap(&File::open(fx.path("small")).unwrap(), 0), 0);
+    let out = Command::new("filefrag").arg(&f).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("2 extents found"),
+        "filefrag: {text}"
+    );
+}
+
 /// generic/079: with `-o open` birch sees opens and refuses them as the
 /// VFS does for kernel filesystems: EPERM at open(2) for a write or
 /// truncating open of an immutable file, and for a write open without

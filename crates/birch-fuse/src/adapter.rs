@@ -16,17 +16,17 @@ use crate::scrub::BIRCH_IOC_SCRUB;
 use crate::stats::{self, ImageInfo, StatsReport};
 use crate::subvol;
 use birch::device::BlockDevice;
-use birch::format::{tree_id, MAX_SUBVOL_INO, ROOT_DIR_INO};
+use birch::format::{tree_id, MAX_SUBVOL_INO, ROOT_DIR_INO, SECTOR_SIZE};
 use birch::fs::{
     inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, InoSpace, RenameFlags, SeekWhence,
     SetAttr, SetTime, XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow,
-    Transport, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyBmap,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL,
+    TimeOrNow, Transport, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -57,9 +57,36 @@ const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 /// and xfs_io uses them.
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
-/// `fsx_xflags` bits of the two flags birch honours.
-const FS_XFLAG_IMMUTABLE: u32 = 0x8;
-const FS_XFLAG_APPEND: u32 = 0x10;
+/// `fsx_xflags` bits of the flags birch honours, with their inode flag
+/// (the kernel's fileattr_fill_xflags). `D` has no xflag: FS_IOC_FSSETXATTR
+/// leaves it as it is.
+const XFLAGS: [(u32, u32); 5] = [
+    (0x8, inode_flags::IMMUTABLE), // FS_XFLAG_IMMUTABLE
+    (0x10, inode_flags::APPEND),   // FS_XFLAG_APPEND
+    (0x20, inode_flags::SYNC),     // FS_XFLAG_SYNC
+    (0x40, inode_flags::NOATIME),  // FS_XFLAG_NOATIME
+    (0x80, inode_flags::NODUMP),   // FS_XFLAG_NODUMP
+];
+
+/// The `fsx_xflags` of inode flags `flags`.
+fn xflags_of(flags: u32) -> u32 {
+    XFLAGS
+        .iter()
+        .filter(|&&(_, flag)| flags & flag != 0)
+        .fold(0, |x, &(xflag, _)| x | xflag)
+}
+
+/// The inode flags of `fsx_xflags`, or `None` for an xflag birch does not
+/// honour.
+fn flags_of_xflags(xflags: u32) -> Option<u32> {
+    let known = XFLAGS.iter().fold(0, |x, &(xflag, _)| x | xflag);
+    (xflags & !known == 0).then(|| {
+        XFLAGS
+            .iter()
+            .filter(|&&(xflag, _)| xflags & xflag != 0)
+            .fold(0, |f, &(_, flag)| f | flag)
+    })
+}
 
 /// Which way requests travel between the kernel and birch (`-o
 /// transport=`; docs/FUSE.md, "Transport").
@@ -1778,15 +1805,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             },
             FS_IOC_FSGETXATTR => match self.fs.get_flags(ino) {
                 Ok(flags) => {
-                    let mut xflags = 0;
-                    if flags & inode_flags::IMMUTABLE != 0 {
-                        xflags |= FS_XFLAG_IMMUTABLE;
-                    }
-                    if flags & inode_flags::APPEND != 0 {
-                        xflags |= FS_XFLAG_APPEND;
-                    }
                     let mut fsxattr = [0u8; 28];
-                    fsxattr[..4].copy_from_slice(&xflags.to_ne_bytes());
+                    fsxattr[..4].copy_from_slice(&xflags_of(flags).to_ne_bytes());
                     reply.ioctl(0, &fsxattr);
                 }
                 Err(e) => reply.error(self.errno(&e)),
@@ -1803,23 +1823,20 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                         .map(|b| u32::from_ne_bytes(b.try_into().expect("four bytes")))
                 };
                 // xflags, extsize, nextents, projid, cowextsize: only the
-                // two flags may be set, nothing else birch has.
+                // flags in XFLAGS may be set, nothing else birch has.
                 match (word(0), word(1), word(3), word(4)) {
-                    (Some(xflags), Some(0), Some(0), Some(0))
-                        if xflags & !(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND) == 0 =>
-                    {
-                        let mut flags = 0;
-                        if xflags & FS_XFLAG_IMMUTABLE != 0 {
-                            flags |= inode_flags::IMMUTABLE;
+                    (Some(xflags), Some(0), Some(0), Some(0)) => match flags_of_xflags(xflags) {
+                        Some(flags) => {
+                            let result = self.fs.get_flags(ino).and_then(|old| {
+                                self.fs.set_flags(ino, (old & inode_flags::DIRSYNC) | flags)
+                            });
+                            match result {
+                                Ok(()) => reply.ioctl(0, &[]),
+                                Err(e) => reply.error(self.errno(&e)),
+                            }
                         }
-                        if xflags & FS_XFLAG_APPEND != 0 {
-                            flags |= inode_flags::APPEND;
-                        }
-                        match self.fs.set_flags(ino, flags) {
-                            Ok(()) => reply.ioctl(0, &[]),
-                            Err(e) => reply.error(self.errno(&e)),
-                        }
-                    }
+                        None => reply.error(Errno::EOPNOTSUPP),
+                    },
                     (Some(_), Some(_), Some(_), Some(_)) => reply.error(Errno::EOPNOTSUPP),
                     _ => reply.error(Errno::EINVAL),
                 }
@@ -1902,6 +1919,25 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );
+    }
+
+    /// FIBMAP on a fuseblk mount (the kernel sends BMAP only when the
+    /// superblock has a block device): the device block, in units of
+    /// `blocksize` (the superblock's), of file block `idx`; 0 where no
+    /// written extent holds it (docs/FUSE.md, "FIBMAP"). A data extent's
+    /// disk byte is its byte on the device birch was mounted from, which
+    /// is the fuseblk device.
+    fn bmap(&self, _req: &Request, ino: INodeNo, blocksize: u32, idx: u64, reply: ReplyBmap) {
+        let ino = self.ids.to_engine(ino.0);
+        let size = u64::from(blocksize);
+        let valid = blocksize.is_power_of_two() && (512..=SECTOR_SIZE).contains(&size);
+        let Some(offset) = idx.checked_mul(size).filter(|_| valid) else {
+            return reply.error(Errno::EINVAL);
+        };
+        match self.fs.device_byte(ino, offset) {
+            Ok(byte) => reply.bmap(byte.map_or(0, |b| b / size)),
+            Err(e) => reply.error(self.errno(&e)),
+        }
     }
 
     fn lseek(

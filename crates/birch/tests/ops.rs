@@ -329,6 +329,171 @@ fn inode_flags_then_fsync() {
     );
 }
 
+/// chattr `S`, `A`, `d` and `D` are stored and read back (lsattr), alone
+/// and together with `i` / `a`, and a flag birch does not honour is still
+/// refused.
+#[test]
+fn sync_noatime_nodump_dirsync_are_stored() {
+    let fs = mount(common::memory_fs(IMAGE_BYTES, 16));
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    for flags in [
+        inode_flags::SYNC,
+        inode_flags::NOATIME,
+        inode_flags::NODUMP,
+        inode_flags::DIRSYNC,
+        inode_flags::SUPPORTED,
+        0,
+    ] {
+        fs.set_flags(d, flags).unwrap();
+        assert_eq!(fs.get_flags(d).unwrap(), flags);
+    }
+    assert!(matches!(
+        fs.set_flags(d, inode_flags::NODUMP | 0x4), // FS_COMPR_FL
+        Err(Error::NotSupported(_))
+    ));
+    assert_eq!(fs.get_flags(d).unwrap(), 0);
+}
+
+/// chattr `A`: reads and listings leave the atime alone even where the
+/// mount's policy (strictatime here) updates it at every access; without
+/// the flag the same accesses update it.
+#[test]
+fn noatime_flag_keeps_atime() {
+    let options = birch::fs::MountOptions {
+        atime: birch::fs::AtimeUpdates::Always,
+        ..Default::default()
+    };
+    let fs = Filesystem::open(common::memory_fs(IMAGE_BYTES, 17), options).unwrap();
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, b"data").unwrap();
+    let past = birch::format::Timespec { sec: 1, nsec: 0 };
+    for ino in [d, f] {
+        fs.setattr(
+            ino,
+            &SetAttr {
+                atime: Some(birch::fs::SetTime::At(past)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        fs.set_flags(ino, inode_flags::NOATIME).unwrap();
+    }
+    fs.read_file(f, 0, 4).unwrap();
+    fs.dir_accessed(d).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().atime, past);
+    assert_eq!(fs.getattr(d).unwrap().atime, past);
+    for ino in [d, f] {
+        fs.set_flags(ino, 0).unwrap();
+    }
+    fs.read_file(f, 0, 4).unwrap();
+    fs.dir_accessed(d).unwrap();
+    assert_ne!(fs.getattr(f).unwrap().atime, past);
+    assert_ne!(fs.getattr(d).unwrap().atime, past);
+}
+
+/// `create f; sync; chattr +S f; write f; <cut>`: the data is there in
+/// every crash state after write returned, with no fsync.
+#[test]
+fn sync_flag_write_survives_power_cut() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    fs.set_flags(f, inode_flags::SYNC).unwrap();
+    let data = pattern(2 * PAGE + 5, 3);
+    fs.write_file(f, 0, &data).unwrap();
+    let written = rec.flush_count();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, written, |v| common::require_content(v, "/f", &data));
+}
+
+/// `create f; sync; chattr +S f; chmod 600 f; setfattr -n user.a f; <cut>`:
+/// both metadata changes are there with no fsync.
+#[test]
+fn sync_flag_metadata_change_survives_power_cut() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    fs.set_flags(f, inode_flags::SYNC).unwrap();
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    fs.setattr(f, &chmod).unwrap();
+    fs.setxattr(f, b"user.a", b"1", XattrSetMode::CreateOrReplace)
+        .unwrap();
+    let changed = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(
+        &rec,
+        changed,
+        &Enumeration::sampled(changed as u64),
+        |_, fs, _| {
+            let f = fs.lookup(fs.root_ino(), b"f").map_err(|e| e.to_string())?;
+            let xattr = fs.getxattr(f.ino, b"user.a").map_err(|e| e.to_string())?;
+            match (f.perm & 0o7777, xattr.as_slice(), fs.get_flags(f.ino)) {
+                (0o600, b"1", Ok(inode_flags::SYNC)) => Ok(()),
+                other => Err(format!("mode, xattr, flags: {other:?}")),
+            }
+        },
+    );
+}
+
+/// `mkdir d; sync; chattr +D d; touch d/a; mkdir d/s; <cut>`: both are there
+/// in every crash state after the calls returned, with no fsync.
+#[test]
+fn dirsync_create_survives_power_cut() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    fs.set_flags(d, inode_flags::DIRSYNC).unwrap();
+    fs.create(d, b"a", 0o644, 0, 0).unwrap();
+    fs.mkdir(d, b"s", 0o755, 0, 0).unwrap();
+    let created = rec.flush_count();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, created, |v| {
+        match (v.get("/d/a").is_some(), v.get("/d/s").is_some()) {
+            (true, true) => Ok(()),
+            other => Err(format!("d/a, d/s exist: {other:?}")),
+        }
+    });
+}
+
+/// `mkdir d e; touch d/x d/y; sync; chattr +D e; chattr +S d; mv d/x e/x;
+/// rm d/y; <cut>`: `e/x` and no `d/x`, no `d/y` in every crash state after
+/// the calls returned (`S` on a directory counts as `D`, as IS_DIRSYNC).
+#[test]
+fn dirsync_rename_and_unlink_survive_power_cut() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().ino;
+    fs.create(d, b"x", 0o644, 0, 0).unwrap();
+    fs.create(d, b"y", 0o644, 0, 0).unwrap();
+    fs.sync().unwrap();
+    fs.set_flags(e, inode_flags::DIRSYNC).unwrap();
+    fs.set_flags(d, inode_flags::SYNC).unwrap();
+    fs.rename(d, b"x", e, b"x", Default::default()).unwrap();
+    fs.unlink(d, b"y").unwrap();
+    let changed = rec.flush_count();
+    std::mem::forget(fs);
+    for_every_crash_after(&rec, changed, |v| {
+        let seen = (
+            v.get("/e/x").is_some(),
+            v.get("/d/x").is_some(),
+            v.get("/d/y").is_some(),
+        );
+        match seen {
+            (true, false, false) => Ok(()),
+            other => Err(format!("e/x, d/x, d/y exist: {other:?}")),
+        }
+    });
+}
+
 #[test]
 fn immutable_and_append_only_are_enforced() {
     let fs = mount(common::memory_fs(IMAGE_BYTES, 14));

@@ -161,6 +161,8 @@ fault_ids! {
         OrphanItemMisplaced = "orphan-item-misplaced",
         /// An inode generation or transid newer than the superblock.
         InodeGenerationNewer = "inode-generation-newer",
+        /// An inode with a flag bit birch never sets (chattr flags other than `SiadAD`).
+        InodeFlagsUnknown = "inode-flags-unknown",
         /// An extent item generation newer than the superblock.
         ExtentGenerationNewer = "extent-generation-newer",
     }

@@ -17,6 +17,7 @@ use crate::format::{
     RootItem, Superblock, TreeKind, Xattr, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, FIRST_DIR_INDEX,
     MAX_SUBVOL_INO, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
+use crate::fs::inode_flags;
 use crate::fs::log_choice::choose_log;
 use crate::print::name;
 use std::collections::HashSet;
@@ -1092,6 +1093,18 @@ pub(super) fn run_items(c: &mut Checker<'_>) -> PassStatus {
                 );
                 (r.loc, FaultId::InodeGenerationNewer, reason)
             });
+    let flags =
+        c.fs.values()
+            .flat_map(|fs| fs.inodes.values())
+            .filter(|r| r.item.flags & !u64::from(inode_flags::SUPPORTED) != 0)
+            .map(|r| {
+                let reason = format!(
+                    "inode flags {:#x} have bits birch never sets ({:#x})",
+                    r.item.flags,
+                    r.item.flags & !u64::from(inode_flags::SUPPORTED)
+                );
+                (r.loc, FaultId::InodeFlagsUnknown, reason)
+            });
     let extents = c.extents.iter().filter_map(|e| match e.item {
         Some(item) if item.generation > g => {
             let reason = format!(
@@ -1102,7 +1115,7 @@ pub(super) fn run_items(c: &mut Checker<'_>) -> PassStatus {
         }
         _ => None,
     });
-    let bad: Vec<(Loc, FaultId, String)> = inodes.chain(extents).collect();
+    let bad: Vec<(Loc, FaultId, String)> = inodes.chain(flags).chain(extents).collect();
     for (loc, id, reason) in bad {
         c.fault_at(id, &loc, reason);
     }

@@ -332,7 +332,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// An access to `ino` (a read, a directory listing): updates its atime
-    /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says.
+    /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says, unless the
+    /// inode has chattr `A`.
     pub(crate) fn touch_atime(&mut self, ino: u64) -> Result<()> {
         // A read-only subvolume's tree must not change, atimes included
         // (btrfs leaves them too).
@@ -342,6 +343,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let now = Timespec::now();
         let policy = self.fs.options.atime;
         let item = &self.inode(ino)?.item;
+        // chattr +A: this inode's atime stays whatever the mount says.
+        if item.flags as u32 & super::types::inode_flags::NOATIME != 0 {
+            return Ok(());
+        }
         let update = match policy {
             super::AtimeUpdates::Never => false,
             super::AtimeUpdates::Always => true,
@@ -1153,6 +1158,42 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             i.mtime = now;
             i.ctime = now;
         })
+    }
+
+    /// Where the file's byte at `offset` lies on the device (FIBMAP,
+    /// docs/FUSE.md "FIBMAP"): its device byte when a written extent holds
+    /// it; `None` in a hole, past the end of file, in inline data, in a
+    /// preallocated range, and in a dirty page not on disk yet.
+    pub(crate) fn device_byte(&mut self, ino: u64, offset: u64) -> Result<Option<u64>> {
+        self.require_regular(ino)?;
+        if offset >= self.inode(ino)?.item.size {
+            return Ok(None);
+        }
+        let page = offset / PAGE;
+        let in_flight = self
+            .fs
+            .writebacks
+            .get(self.queued(ino))
+            .is_some_and(|f| f.page(page, PAGE).is_some());
+        if in_flight || self.inode(ino)?.pages.contains_key(&page) {
+            return Ok(None);
+        }
+        for (start, extent) in self.extents_overlapping(ino, offset, offset + 1)? {
+            if let FileExtent::Regular {
+                disk_bytenr,
+                offset: extent_offset,
+                num_bytes,
+                ..
+            } = extent
+            {
+                if let Some(within) = offset.checked_sub(start).filter(|&w| w < num_bytes) {
+                    return Ok(disk_bytenr
+                        .checked_add(extent_offset)
+                        .and_then(|b| b.checked_add(within)));
+                }
+            }
+        }
+        Ok(None)
     }
 
     pub(crate) fn seek(&mut self, ino: u64, offset: u64, whence: SeekWhence) -> Result<u64> {

@@ -412,7 +412,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
         let _request = self.request();
         // A truncate frees space: it may use the global reserve.
-        self.change_with(
+        let attr = self.change_with(
             |_| Ok(Need::urgent_items(4).plus_bytes(SECTOR_SIZE)),
             |s| {
                 // Append-only files keep everything but their times set to
@@ -427,7 +427,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.deny_if_flagged(ino, only_now)?;
                 root.setattr(ino, changes).map(|a| root.external(a))
             },
-        )
+        )?;
+        self.sync_flagged(Some(ino), &[])?;
+        Ok(attr)
     }
 
     /// Creates a regular file, device node, fifo or socket (per `mode`'s
@@ -461,7 +463,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         rdev: u64,
     ) -> Result<Attr> {
         let _request = self.request();
-        self.change_with(
+        let attr = self.change_with(
             // The inode, its names, the parent, and two inherited ACLs.
             |_| Ok(Need::items(8)),
             |s| {
@@ -470,7 +472,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.create_node(dir, name, mode, umask, uid, gid, rdev)
                     .map(|a| root.external(a))
             },
-        )
+        )?;
+        self.sync_flagged(None, &[parent])?;
+        Ok(attr)
     }
 
     /// Creates a regular file (`mode` holds permission bits).
@@ -500,7 +504,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         gid: u32,
     ) -> Result<Attr> {
         let _request = self.request();
-        self.change_with(
+        let attr = self.change_with(
             |_| Ok(Need::items(7)),
             |s| {
                 let (mut root, dir) = s.resolve_writable(parent)?;
@@ -508,7 +512,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.symlink(dir, name, target, uid, gid)
                     .map(|a| root.external(a))
             },
-        )
+        )?;
+        self.sync_flagged(None, &[parent])?;
+        Ok(attr)
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -521,7 +527,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
         let _request = self.request();
-        self.change_with(
+        let attr = self.change_with(
             |_| Ok(Need::items(5)),
             |s| {
                 InoSpace::same_subvolume(ino, new_parent)?;
@@ -531,7 +537,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.deny_if_flagged(dir, true)?;
                 root.link(ino, dir, new_name).map(|a| root.external(a))
             },
-        )
+        )?;
+        self.sync_flagged(Some(ino), &[new_parent])?;
+        Ok(attr)
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
@@ -543,7 +551,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.deny_remove(dir, name)?;
                 root.unlink(dir, name)
             },
-        )
+        )?;
+        self.sync_flagged(None, &[parent])
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
@@ -558,7 +567,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.deny_remove(dir, name)?;
                 root.rmdir(dir, name)
             },
-        )
+        )?;
+        self.sync_flagged(None, &[parent])
     }
 
     pub fn rename(
@@ -598,7 +608,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 }
                 root.rename(dir, name, new_dir, new_name, flags)
             },
-        )
+        )?;
+        self.sync_flagged(None, &[parent, new_parent])
     }
 
     /// Entries of a directory after `offset` (0 starts at the beginning;
@@ -703,10 +714,22 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (ENOSPC only when nothing could be accepted).
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let _request = self.request();
-        self.read(|s| {
+        let sync = self.read(|s| {
             let (mut root, ino) = s.resolve(ino)?;
-            root.check_write(ino, offset, data.len() as u64)
+            root.check_write(ino, offset, data.len() as u64)?;
+            Ok(root.get_flags(ino)? & inode_flags::SYNC != 0)
         })?;
+        let written = self.write_pieces(ino, offset, data)?;
+        // chattr +S: durable before write(2) returns, as
+        // generic_write_sync makes it for IS_SYNC inodes.
+        if sync {
+            self.fsync(ino, false)?;
+        }
+        Ok(written)
+    }
+
+    /// [`write_file`](Self::write_file)'s pieces.
+    fn write_pieces(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         if data.is_empty() {
             return self.change(|s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
@@ -793,7 +816,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.deny_if_flagged(ino, grows_only)?;
                 root.fallocate(ino, offset, len, mode)
             },
-        )
+        )?;
+        self.sync_flagged(Some(ino), &[])
     }
 
     /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that
@@ -803,6 +827,24 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| {
             let (mut root, ino) = s.resolve(ino)?;
             root.seek(ino, offset, whence)
+        })
+    }
+
+    /// FIBMAP (FUSE_BMAP): the device byte holding the file's byte at
+    /// `offset`, or `None` where no written extent holds it (a hole, past
+    /// the end, inline data, a preallocated range). As ext4 does for
+    /// delayed allocation, the page is written back first, so a file
+    /// written and not yet synced maps too (docs/FUSE.md, "FIBMAP").
+    pub fn device_byte(&self, ino: u64, offset: u64) -> Result<Option<u64>> {
+        let _request = self.request();
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.require_regular(ino)
+        })?;
+        self.flush_range(ino, offset, 1)?;
+        self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.device_byte(ino, offset)
         })
     }
 
@@ -859,7 +901,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             return Ok(0);
         }
         if one_subvolume && src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
-            return self.change_with(
+            let cloned = self.change_with(
                 |s| {
                     let (mut root, src) = s.resolve_writable(src)?;
                     root.clone_need(src, src_offset, len)
@@ -870,7 +912,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     root.deny_if_flagged(dst, false)?;
                     root.clone_range(src, src_offset, dst, dst_offset, len)
                 },
-            );
+            )?;
+            self.sync_flagged(Some(dst), &[])?;
+            return Ok(cloned);
         }
         let mut done = 0;
         while done < len {
@@ -928,7 +972,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.set_flags(ino, flags)
             },
-        )
+        )?;
+        self.sync_flagged(Some(ino), &[])
     }
 
     /// `open(dir, O_TMPFILE)`: a regular file with no name, held once
@@ -967,7 +1012,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.deny_if_flagged(ino, false)?;
                 root.setxattr(ino, name, value, mode)
             },
-        )
+        )?;
+        self.sync_flagged(Some(ino), &[])
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
@@ -987,7 +1033,35 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 root.deny_if_flagged(ino, false)?;
                 root.removexattr(ino, name)
             },
-        )
+        )?;
+        self.sync_flagged(Some(ino), &[])
+    }
+
+    /// After a change that succeeded, makes it durable before the call
+    /// returns where chattr asks for that (docs/TREE-LOG.md, "chattr S and
+    /// D"): `S` on `ino` fsyncs it (the VFS's IS_SYNC); `S` or `D` on any
+    /// directory in `dirs` (IS_DIRSYNC) fsyncs each of them, whose log
+    /// then holds their entry changes. As with ext4's synchronous handles,
+    /// that fsync's error is the call's: the change happened, but may not
+    /// be durable.
+    fn sync_flagged(&self, ino: Option<u64>, dirs: &[u64]) -> Result<()> {
+        if let Some(ino) = ino {
+            if self.get_flags(ino)? & inode_flags::SYNC != 0 {
+                self.fsync(ino, false)?;
+            }
+        }
+        let mut dirsync = false;
+        for &dir in dirs {
+            dirsync |= self.get_flags(dir)? & (inode_flags::SYNC | inode_flags::DIRSYNC) != 0;
+        }
+        if dirsync {
+            for (i, &dir) in dirs.iter().enumerate() {
+                if !dirs[..i].contains(&dir) {
+                    self.fsync(dir, false)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     // ----- whole filesystem -----

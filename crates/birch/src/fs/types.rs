@@ -425,12 +425,26 @@ pub enum FallocateMode {
 /// Inode flags birch honours (`FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS`, the
 /// `chattr` letters `a` and `i`); kept in the inode item's `flags`.
 pub mod inode_flags {
+    /// FS_SYNC_FL (`S`): every change of the inode is durable before the
+    /// call returns; on a directory also every change of its entries
+    /// (the VFS's IS_DIRSYNC counts both flags).
+    pub const SYNC: u32 = 0x8;
     /// FS_IMMUTABLE_FL: no change at all (data, attributes, names, xattrs).
     pub const IMMUTABLE: u32 = 0x10;
     /// FS_APPEND_FL: data may only be appended; no other change.
     pub const APPEND: u32 = 0x20;
-    /// Every flag birch honours; setting any other fails (EOPNOTSUPP).
-    pub const SUPPORTED: u32 = IMMUTABLE | APPEND;
+    /// FS_NODUMP_FL (`d`): for dump(8) to skip the file; birch only keeps
+    /// it.
+    pub const NODUMP: u32 = 0x40;
+    /// FS_NOATIME_FL (`A`): reads and listings leave the atime alone.
+    pub const NOATIME: u32 = 0x80;
+    /// FS_DIRSYNC_FL (`D`): on a directory, every change of its entries
+    /// (create, link, unlink, rename, mkdir, rmdir) is durable before the
+    /// call returns.
+    pub const DIRSYNC: u32 = 0x1_0000;
+    /// Every flag birch honours; setting any other fails (EOPNOTSUPP), and
+    /// `birch check` reports any other bit in an inode item.
+    pub const SUPPORTED: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | DIRSYNC;
 }
 
 /// `lseek` whence values that look at the file's layout.
