@@ -992,8 +992,8 @@ pub fn check_state_on(
     })
 }
 
-/// 7. Mounting a crash state changes no inode's times: every mtime and
-/// ctime is one the workload made, so none is later than its end. Replay
+/// Oracle 7: mounting a crash state changes no inode's times, every mtime
+/// and ctime is one the workload made, so none is later than its end. Replay
 /// re-adds and removes names; doing so must not stamp a directory with the
 /// mount's time (fstests generic/547 caught that).
 fn check_no_time_after_the_crash<D: BlockDevice + 'static>(
