@@ -160,6 +160,7 @@ counter_table! {
         read_reruns: StateLockIo Count Total, "Runs of read-only requests (lookup, getattr, readdir, read, xattrs) ended by a node cache miss: the node was read with the lock dropped and the request ran again.", "Divided by `node_reads_unlocked`: near 1; the lock time a rerun repeats is in the hold histogram.";
         read_rerun_fallbacks: StateLockIo Count Total, "Read-only requests that missed 32 times in a row and read the rest under the state lock.", "Non-zero: the node cache is smaller than one request's path or thrashes; raise `cache_nodes`.";
         partial_page_reads_locked: StateLockIo Count Total, "Partial pages a change read from disk under the state lock: a write's first or last page not fully covered, a truncate's last page, a reflink's unaligned edges.", "Each stalls all requests for a data read; unaligned small writes to files not in memory make them.";
+        inline_reflink_writes_locked: StateLockIo Count Total, "Inline files a reflink or copy_file_range wrote out as a regular 4 KiB extent (one write under the state lock each) before sharing their data.", "Rare: one per small file first reflinked.";
     }
     log_stats -> LogStats "" {
         logged_fsyncs: Fsync Count Total, "fsyncs that logged their inode: answered by a log sync instead of a commit.", "The fast path of fsync. An fsync of an inode logged and unchanged since is in neither this nor `noop_fsyncs`: it waits for that log.";

@@ -342,6 +342,9 @@ pub struct FsStats {
     /// write's head or tail page, truncate's last page, reflink's
     /// unaligned edges: the "partial page read under a change" exemption).
     pub partial_page_reads_locked: u64,
+    /// Inline extents a reflink wrote out as regular ones under the state
+    /// lock (the "inline extent made regular for reflink" exemption).
+    pub inline_reflink_writes_locked: u64,
 }
 
 /// Entries of [`FsStats::state_hold_histogram`].
