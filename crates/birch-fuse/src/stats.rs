@@ -28,11 +28,12 @@ pub enum Group {
     DataChecksums,
     Scrub,
     StateLock,
+    StateLockIo,
     Memory,
 }
 
 impl Group {
-    pub const ALL: [Group; 11] = [
+    pub const ALL: [Group; 12] = [
         Group::Transactions,
         Group::Fsync,
         Group::FsyncFallbacks,
@@ -43,6 +44,7 @@ impl Group {
         Group::DataChecksums,
         Group::Scrub,
         Group::StateLock,
+        Group::StateLockIo,
         Group::Memory,
     ];
 
@@ -58,6 +60,7 @@ impl Group {
             Group::DataChecksums => "data checksums",
             Group::Scrub => "scrub (`birch scrub MOUNTPOINT`)",
             Group::StateLock => "state lock (time each request held it)",
+            Group::StateLockIo => "device reads and the state lock",
             Group::Memory => "memory (the daemon's)",
         }
     }
@@ -152,6 +155,12 @@ counter_table! {
         scrub_data_bytes: Scrub Bytes Total, "Bytes of data extents scrubbed on this mount (read and verified against their checksums), counted as a scrub goes.", "With `scrub_nodes`: how far a running scrub is; its rate is the scrub's read rate.";
         state_hold_requests: StateLock Count Total, "Engine requests that took the state lock (one per FUSE request the engine served; a request's holds are summed).", "The base of the hold histogram `birch stats` prints below the counters.";
         state_hold_nanos: StateLock Nanos Total, "Time those requests held the state lock, summed.", "Divided by `state_hold_requests`: the mean hold; 1 / mean hold is the most requests per second the engine can serve on any number of cores.";
+        node_reads_locked: StateLockIo Count Total, "Tree nodes read from the device on a node cache miss while holding the state lock: misses of changes (and of release/forget), which still read in place.", "Every one stalls all requests for a device read; many against `node_reads_unlocked`: a node cache too small for the working set (`cache_nodes`).";
+        node_reads_unlocked: StateLockIo Count Total, "Tree nodes read on a cache miss without the state lock: a read-only request's misses (read between two runs of it), a commit's, a scrub's.", "Cold-cache reads that no longer stall other requests.";
+        read_reruns: StateLockIo Count Total, "Runs of read-only requests (lookup, getattr, readdir, read, xattrs) ended by a node cache miss: the node was read with the lock dropped and the request ran again.", "Divided by `node_reads_unlocked`: near 1; the lock time a rerun repeats is in the hold histogram.";
+        read_rerun_fallbacks: StateLockIo Count Total, "Read-only requests that missed 32 times in a row and read the rest under the state lock.", "Non-zero: the node cache is smaller than one request's path or thrashes; raise `cache_nodes`.";
+        partial_page_reads_locked: StateLockIo Count Total, "Partial pages a change read from disk under the state lock: a write's first or last page not fully covered, a truncate's last page, a reflink's unaligned edges.", "Each stalls all requests for a data read; unaligned small writes to files not in memory make them.";
+        inline_reflink_writes_locked: StateLockIo Count Total, "Inline files a reflink or copy_file_range wrote out as a regular 4 KiB extent (one write under the state lock each) before sharing their data.", "Rare: one per small file first reflinked.";
     }
     log_stats -> LogStats "" {
         logged_fsyncs: Fsync Count Total, "fsyncs that logged their inode: answered by a log sync instead of a commit.", "The fast path of fsync. An fsync of an inode logged and unchanged since is in neither this nor `noop_fsyncs`: it waits for that log.";

@@ -99,6 +99,11 @@ pub enum Error {
     /// filesystem stays as it was (docs/DATA-CHECKSUMS.md). Names the
     /// inode, file offset and disk bytenr.
     BadData(String),
+    /// Internal, never returned by a public call: a read-only request met
+    /// a tree node that is not cached, and ends to read it without the
+    /// state lock and run again (docs/SNAPSHOTS.md (f)). EIO if it ever
+    /// escaped.
+    NodeNotCached,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -124,7 +129,9 @@ impl Error {
             Error::NoSuchOffset => libc::ENXIO,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::DirIndexesExhausted { .. } => libc::EOVERFLOW,
-            Error::Io(_) | Error::Corrupt(_) | Error::BadData(_) => libc::EIO,
+            Error::Io(_) | Error::Corrupt(_) | Error::BadData(_) | Error::NodeNotCached => {
+                libc::EIO
+            }
         }
     }
 
@@ -163,6 +170,9 @@ impl fmt::Display for Error {
             Error::Io(e) => write!(f, "I/O error: {e}"),
             Error::Corrupt(c) => c.fmt(f),
             Error::BadData(what) => write!(f, "bad data: {what}"),
+            Error::NodeNotCached => {
+                f.write_str("internal: a read-only request needed an uncached tree node")
+            }
         }
     }
 }

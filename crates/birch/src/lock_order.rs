@@ -83,10 +83,25 @@ struct Held {
     timed: bool,
 }
 
+thread_local! {
+    /// How many `State` locks this thread holds (release builds too: the
+    /// counters of I/O under the state lock need it).
+    static STATE_LOCKS_HELD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread holds a lock of rank `State`: device I/O it does
+/// now stalls every request (see [`assert_no_state_lock`]).
+pub(crate) fn holds_state_lock() -> bool {
+    STATE_LOCKS_HELD.with(|held| held.get() > 0)
+}
+
 impl Held {
     fn new(rank: LockRank) -> Held {
         #[cfg(debug_assertions)]
         HELD.with(|held| held.borrow_mut().push(rank));
+        if rank == LockRank::State {
+            STATE_LOCKS_HELD.with(|held| held.set(held.get() + 1));
+        }
         Held {
             #[cfg(debug_assertions)]
             rank,
@@ -114,6 +129,9 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         self.pause();
+        if self.timed {
+            STATE_LOCKS_HELD.with(|held| held.set(held.get().saturating_sub(1)));
+        }
         #[cfg(debug_assertions)]
         HELD.with(|held| {
             let mut held = held.borrow_mut();

@@ -28,7 +28,9 @@ mod cache;
 mod model_tests;
 mod store;
 
-pub use store::{copy_name, read_node_copies, read_node_uncached, NodeExpectation, NodeStore};
+pub use store::{
+    copy_name, deferring_misses, read_node_copies, read_node_uncached, NodeExpectation, NodeStore,
+};
 
 use crate::alloc::{Allocator, TransactionSpace};
 use crate::device::BlockDevice;

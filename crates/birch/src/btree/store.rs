@@ -6,7 +6,8 @@ use super::cache::NodeCache;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{tree_id, MetadataProfile, Node, NODE_SIZE};
-use crate::lock_order::{allow_io_under_state_lock, LockRank, RankedMutex};
+use crate::lock_order::{allow_io_under_state_lock, holds_state_lock, LockRank, RankedMutex};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,6 +18,64 @@ pub struct NodeExpectation {
     pub tree: u64,
     pub level: u8,
     pub generation: u64,
+}
+
+/// A node a read-only request needed and did not find in the cache
+/// ([`deferring_misses`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NodeMiss {
+    pub bytenr: u64,
+    pub expect: NodeExpectation,
+}
+
+thread_local! {
+    /// `Some` while this thread runs inside [`deferring_misses`]: then the
+    /// first node cache miss, if one happened.
+    static DEFERRED_MISS: Cell<Option<Option<NodeMiss>>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with node cache misses deferred: a miss on this thread does
+/// not read, it fails with [`Error::NodeNotCached`] and is returned here
+/// (the first one), whatever `f` made of the error. For read-only
+/// requests under the state lock (docs/SNAPSHOTS.md (f)): the caller
+/// drops the lock, reads the node with [`NodeStore::load_missed`] and runs
+/// `f` again; a result that comes with a miss is not an answer.
+pub fn deferring_misses<T>(f: impl FnOnce() -> T) -> (T, Option<NodeMiss>) {
+    /// Puts back what was deferred before, also when `f` panics: a later
+    /// change on this thread must read its misses.
+    struct Restore(Option<Option<NodeMiss>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DEFERRED_MISS.with(|d| d.set(self.0));
+        }
+    }
+    let restore = Restore(DEFERRED_MISS.with(|d| d.replace(Some(None))));
+    let out = f();
+    let miss = DEFERRED_MISS.with(|d| d.get()).flatten();
+    drop(restore);
+    (out, miss)
+}
+
+/// Inside [`deferring_misses`]: notes the miss (the first one counts) and
+/// says so.
+fn defer_miss(miss: NodeMiss) -> bool {
+    DEFERRED_MISS.with(|d| match d.get() {
+        None => false,
+        Some(first) => {
+            d.set(Some(first.or(Some(miss))));
+            true
+        }
+    })
+}
+
+/// Node cache misses read from the device since mount, by whether the
+/// reading thread held the state lock (docs/SNAPSHOTS.md (f)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeReadStats {
+    /// Read under the state lock (the "node cache miss" exemption).
+    pub locked: u64,
+    /// Read without it: a deferred miss, a commit's or a scrub's read.
+    pub unlocked: u64,
 }
 
 /// Counters of bad metadata copies found by reads since mount.
@@ -42,6 +101,8 @@ pub struct NodeStore<D> {
     bad_copies: AtomicU64,
     repairs: AtomicU64,
     unrepairable: AtomicU64,
+    reads_locked: AtomicU64,
+    reads_unlocked: AtomicU64,
     /// Checksums a log being replayed must have, from the superblock's
     /// manifest (docs/LOG-FLUSH.md): a copy with another one is bad even
     /// if its header is what the parent promises (a stale log node of the
@@ -60,6 +121,8 @@ impl<D: BlockDevice> NodeStore<D> {
             bad_copies: AtomicU64::new(0),
             repairs: AtomicU64::new(0),
             unrepairable: AtomicU64::new(0),
+            reads_locked: AtomicU64::new(0),
+            reads_unlocked: AtomicU64::new(0),
             manifest: RankedMutex::new(LockRank::NodeCache, HashMap::new()),
         }
     }
@@ -117,23 +180,65 @@ impl<D: BlockDevice> NodeStore<D> {
         }
     }
 
-    /// Reads the node at `bytenr` and checks it is what the parent said.
-    pub fn read(&self, bytenr: u64, expect: NodeExpectation) -> Result<Arc<Node>> {
-        if let Some(node) = self.cache.lock().expect("cache lock poisoned").get(bytenr) {
-            // A cached copy of a block since freed and rewritten would not
-            // match what the parent promises: fall through to the disk.
-            if tree_id::may_reach(expect.tree, node.owner)
-                && node.level == expect.level
-                && node.generation == expect.generation
-            {
-                return Ok(node);
-            }
+    /// Node cache misses read since mount, under the state lock or not.
+    pub fn read_stats(&self) -> NodeReadStats {
+        NodeReadStats {
+            locked: self.reads_locked.load(Ordering::Relaxed),
+            unlocked: self.reads_unlocked.load(Ordering::Relaxed),
         }
-        // Debt (docs/SNAPSHOTS.md (f) item 3): operations look nodes up
-        // under the state lock, so a miss reads (and may repair) under it.
-        let exemption = allow_io_under_state_lock("node cache miss");
+    }
+
+    /// The cached node at `bytenr`, if it is what the parent promises.
+    fn cached(&self, bytenr: u64, expect: NodeExpectation) -> Option<Arc<Node>> {
+        let node = self
+            .cache
+            .lock()
+            .expect("cache lock poisoned")
+            .get(bytenr)?;
+        // A cached copy of a block since freed and rewritten would not
+        // match what the parent promises: it is a miss.
+        (tree_id::may_reach(expect.tree, node.owner)
+            && node.level == expect.level
+            && node.generation == expect.generation)
+            .then_some(node)
+    }
+
+    /// Reads the node at `bytenr` and checks it is what the parent said.
+    /// Inside [`deferring_misses`] a miss fails with
+    /// [`Error::NodeNotCached`] instead of reading.
+    pub fn read(&self, bytenr: u64, expect: NodeExpectation) -> Result<Arc<Node>> {
+        if let Some(node) = self.cached(bytenr, expect) {
+            return Ok(node);
+        }
+        if defer_miss(NodeMiss { bytenr, expect }) {
+            return Err(Error::NodeNotCached);
+        }
+        // Debt (docs/SNAPSHOTS.md (f) item 3): changes look nodes up under
+        // the state lock, so their misses read (and may repair) under it.
+        let _exemption = allow_io_under_state_lock("node cache miss");
+        self.load(bytenr, expect)
+    }
+
+    /// Reads a node a read-only request missed ([`deferring_misses`]) into
+    /// the cache, unless it is there by now. The caller holds no state lock
+    /// but a reader ticket taken under it while the node was in its tree,
+    /// which keeps the block from reuse until this returns.
+    pub fn load_missed(&self, miss: NodeMiss) -> Result<()> {
+        if self.cached(miss.bytenr, miss.expect).is_none() {
+            self.load(miss.bytenr, miss.expect)?;
+        }
+        Ok(())
+    }
+
+    /// Reads (and repairs) a node from the device into the cache.
+    fn load(&self, bytenr: u64, expect: NodeExpectation) -> Result<Arc<Node>> {
+        let counter = if holds_state_lock() {
+            &self.reads_locked
+        } else {
+            &self.reads_unlocked
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         let node = Arc::new(self.read_and_repair(bytenr, expect)?);
-        drop(exemption);
         self.cache
             .lock()
             .expect("cache lock poisoned")

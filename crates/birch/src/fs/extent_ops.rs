@@ -72,6 +72,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             let keep = self.nodes_promised();
             let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(PAGE, ino, keep)?;
             debug_assert_eq!(got, PAGE);
+            self.fs.stats.inline_reflink_writes_locked += 1;
             let debt = allow_io_under_state_lock("inline extent made regular for reflink");
             self.fs.write_data_extent(bytenr, &page)?;
             drop(debt);

@@ -143,6 +143,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// and reflink's unaligned edges, which need the bytes in the same hold.
     fn read_extents_into(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
         let reads = self.plan_extents(ino, start, buf)?;
+        if !reads.is_empty() {
+            self.fs.stats.partial_page_reads_locked += 1;
+        }
         let _debt = allow_io_under_state_lock("partial page read under a change");
         let read = read_planned(self.fs.forest.store().device(), ino, &reads, buf);
         if matches!(read, Err(Error::BadData(_))) {
@@ -323,6 +326,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// parts, which must see the bytes in the same hold as its change).
     pub(crate) fn read_file(&mut self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
         let plan = self.plan_read(ino, offset, size)?;
+        if !plan.reads.is_empty() {
+            self.fs.stats.partial_page_reads_locked += 1;
+        }
         let _debt = allow_io_under_state_lock("partial page read under a change");
         let read = plan.execute(self.fs.forest.store().device());
         if matches!(read, Err(Error::BadData(_))) {

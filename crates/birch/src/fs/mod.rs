@@ -45,6 +45,7 @@ pub use log_state::{FallbackReason, LogStats};
 pub use types::SubvolInfo;
 pub use types::*;
 
+use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{Superblock, SECTOR_SIZE};
@@ -62,6 +63,15 @@ use transaction::{background_worker, shut_down_error, Shared, SyncProgress};
 /// it gives up on writes racing it and commits instead (the commit writes
 /// every page back): the log records only published extents.
 const FSYNC_WRITEBACK_ROUNDS: u32 = 3;
+
+/// Node cache misses one read-only request reads without the state lock
+/// before it reads the rest under it ([`Filesystem::read`]). Each rerun
+/// walks the request's path again, so this bounds the work (quadratic in
+/// the misses) of a request whose nodes keep being evicted before it runs
+/// again. A cold lookup misses about twice per tree level (the directory
+/// entry, then the inode): 32 covers a cold request in trees of any height
+/// a device can hold.
+const READ_RERUNS: u32 = 32;
 
 /// Writes an empty filesystem (a root directory) onto `dev`. Unlike
 /// [`Filesystem::mkfs`] it takes any device, borrowed ones included.
@@ -298,7 +308,47 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Runs a read-only operation. Also after a panic failed the
     /// filesystem: reads are served from what is in memory.
-    fn read<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
+    ///
+    /// A tree node `f` needs and the cache lacks is read without the state
+    /// lock (docs/SNAPSHOTS.md (f)): the miss ends the run, the node is
+    /// read into the cache with the lock dropped, and `f` runs again. So
+    /// `f` may run more than once: it must change nothing (but caches)
+    /// before its last tree lookup. After [`READ_RERUNS`] misses in one
+    /// request (nodes evicted again before the rerun, a cache smaller
+    /// than the request's path) `f` runs once more reading its misses
+    /// under the lock.
+    fn read<T>(&self, mut f: impl FnMut(&mut FsState<D>) -> Result<T>) -> Result<T> {
+        let mut misses = 0;
+        loop {
+            let mut state = self.lock();
+            if state.info.shut_down {
+                return Err(shut_down_error());
+            }
+            if misses == READ_RERUNS {
+                state.info.stats.read_rerun_fallbacks += 1;
+                return f(&mut state);
+            }
+            let (result, miss) = crate::btree::deferring_misses(|| f(&mut state));
+            let Some(miss) = miss else {
+                debug_assert!(!matches!(result, Err(Error::NodeNotCached)));
+                return result;
+            };
+            drop(result);
+            misses += 1;
+            state.info.stats.read_reruns += 1;
+            // The node was in the tree just now: until the ticket drops, a
+            // commit that frees it cannot hand its block to new data.
+            let _reader = state.info.forest.alloc_mut().start_read();
+            drop(state);
+            self.shared.store.load_missed(miss)?;
+        }
+    }
+
+    /// Runs a read request that changes in-memory state before its last
+    /// tree lookup (release and forget drop holds, and the last one frees
+    /// an orphan): once, with any node miss read under the state lock (the
+    /// "node cache miss" exemption).
+    fn read_once<T>(&self, f: impl FnOnce(&mut FsState<D>) -> Result<T>) -> Result<T> {
         let mut state = self.lock();
         if state.info.shut_down {
             return Err(shut_down_error());
@@ -663,7 +713,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn release(&self, ino: u64) -> Result<()> {
         let _request = self.request();
-        self.read(|s| {
+        self.read_once(|s| {
             let r = s
                 .resolve(ino)
                 .and_then(|(mut root, ino)| root.release_inode(ino));
@@ -677,7 +727,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (FUSE's forget: the kernel's lookup count).
     pub fn forget(&self, ino: u64, count: u64) -> Result<()> {
         let _request = self.request();
-        self.read(|s| {
+        self.read_once(|s| {
             let mut r = Ok(());
             for _ in 0..count {
                 r = s
@@ -1078,6 +1128,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn stats(&self) -> FsStats {
         let repairs = self.shared.store.repair_stats();
+        let node_reads = self.shared.store.read_stats();
         let hold = self.shared.state_hold.counts();
         FsStats {
             state_hold_requests: hold.requests,
@@ -1086,6 +1137,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             metadata_bad_copies: repairs.metadata_bad_copies,
             metadata_repairs: repairs.metadata_repairs,
             metadata_unrepairable: repairs.metadata_unrepairable,
+            node_reads_locked: node_reads.locked,
+            node_reads_unlocked: node_reads.unlocked,
             ..self.lock().info.stats
         }
     }

@@ -327,6 +327,24 @@ pub struct FsStats {
     /// `[2^i, 2^(i+1))` ns (entry 0 also 0 ns, the last one everything
     /// longer).
     pub state_hold_histogram: [u64; STATE_HOLD_BUCKETS],
+    /// Tree nodes read from the device on a cache miss, by whether the
+    /// reading thread held the state lock (docs/SNAPSHOTS.md (f): the
+    /// "node cache miss" exemption) or not (a read-only request's miss,
+    /// read between two runs of it; a commit's, scrub's).
+    pub node_reads_locked: u64,
+    pub node_reads_unlocked: u64,
+    /// Runs of read-only requests ended by a node cache miss (each read
+    /// the node without the lock and ran again), and requests that missed
+    /// so often they read the rest under the lock.
+    pub read_reruns: u64,
+    pub read_rerun_fallbacks: u64,
+    /// Partial pages a change read from disk under the state lock (a
+    /// write's head or tail page, truncate's last page, reflink's
+    /// unaligned edges: the "partial page read under a change" exemption).
+    pub partial_page_reads_locked: u64,
+    /// Inline extents a reflink wrote out as regular ones under the state
+    /// lock (the "inline extent made regular for reflink" exemption).
+    pub inline_reflink_writes_locked: u64,
 }
 
 /// Entries of [`FsStats::state_hold_histogram`].
