@@ -59,7 +59,7 @@ impl<D: BlockDevice> Shared<D> {
     /// mount can validate the log (docs/LOG-FLUSH.md); else nodes, FLUSH,
     /// superblock, FLUSH. Returns the log transaction now durable.
     fn write_log(&self) -> Result<u64> {
-        let (sealed, data_checksums) = {
+        let (sealed, data_checksums, data) = {
             let mut state = self.lock_state();
             // A change that failed since this log was filled may have left
             // it half changed (logged names are kept current in it).
@@ -70,7 +70,14 @@ impl<D: BlockDevice> Shared<D> {
             }
             let filling = state.info.log.filling;
             match state.seal_log()? {
-                Some(s) => (s, state.info.superblock.data_checksums),
+                // Extents the log may point at whose data is not written
+                // yet (reflink's settle since the last commit; the older
+                // ones the base commit writes, and the log's superblock
+                // waits for it).
+                Some(s) => {
+                    let data = state.info.unwritten.writes(s.base_generation + 1, u64::MAX);
+                    (s, state.info.superblock.data_checksums, data)
+                }
                 // Nothing logged since the last sync: it is all durable.
                 None => return Ok(filling),
             }
@@ -83,6 +90,7 @@ impl<D: BlockDevice> Shared<D> {
             "log sync {} (on generation {})",
             sealed.id, sealed.base_generation
         );
+        commit::write_data(dev, &data).map_err(|e| io_step(e, &step))?;
         let encoded = commit::EncodedNodes::new(&sealed.nodes, &fsid);
         phases.lap(|p| &mut p.write);
         // Logged data can be validated at mount only against its logged
@@ -136,6 +144,7 @@ impl<D: BlockDevice> Shared<D> {
             phases.lap(|p| &mut p.superblock);
         }
         let mut state = self.lock_state();
+        state.info.unwritten.written(&data);
         phases.add_to(&mut state.info.log_stats);
         state.info.forest.end_log_write();
         state.info.forest.alloc_mut().unpin(sealed.released);

@@ -207,13 +207,16 @@ impl<D: BlockDevice> Shared<D> {
             return Ok(());
         };
         let dev = self.store.device().as_ref();
-        let written = commit::write_nodes(
-            dev,
-            &prepared.nodes,
-            &prepared.superblock.fsid,
-            prepared.superblock.metadata_profile,
-        )
-        .and_then(|n| {
+        let written = commit::write_data(dev, &prepared.data)
+            .and_then(|()| {
+                commit::write_nodes(
+                    dev,
+                    &prepared.nodes,
+                    &prepared.superblock.fsid,
+                    prepared.superblock.metadata_profile,
+                )
+            })
+            .and_then(|n| {
             dev.flush()?;
             let _superblock = self
                 .superblock_lock
@@ -392,6 +395,9 @@ impl<D: BlockDevice> FsState<D> {
         retired: &mut Option<RetiredRecords>,
     ) -> Result<Option<commit::PreparedCommit>> {
         self.writeback_all()?;
+        // Every unwritten extent is in this transaction's trees (those of
+        // earlier ones were written by their commits).
+        let data = self.info.unwritten.writes(0, self.info.forest.transid());
         self.for_each_root(|mut root| root.flush_delayed_items())?;
         if !self.info.pending_snapshots.is_empty() {
             // Before the log's drop, so the links' entries are changes of
@@ -413,6 +419,7 @@ impl<D: BlockDevice> FsState<D> {
             && !device_holds_other_commit
             && !releases_held
         {
+            debug_assert!(data.is_empty(), "unwritten extents but nothing to commit");
             return Ok(None);
         }
         self.stamp_changed_subvolumes();
@@ -421,12 +428,13 @@ impl<D: BlockDevice> FsState<D> {
         // it so) and INCOMPAT_SUBVOLUMES go to disk in the same commit.
         let mut template = self.info.superblock.clone();
         template.subvolumes |= self.subvols.top.item.is_some();
-        let prepared = commit::seal_transaction(
+        let mut prepared = commit::seal_transaction(
             &mut self.info.forest,
             &mut self.info.roots,
             &subvols,
             &template,
         )?;
+        prepared.data = data;
         self.note_committing_pinned(
             prepared
                 .pinned
@@ -459,6 +467,8 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
+        // On the device now: reads find the bytes there.
+        self.info.unwritten.written(&prepared.data);
         self.info.forest.end_commit();
         self.info.forest.alloc_mut().commit_durable(prepared.pinned);
         self.info.forest.alloc_mut().unpin(prepared.log_released);
