@@ -872,8 +872,14 @@ fn reflink_of_an_unwritten_extent_reads_its_bytes() {
     .unwrap();
     let len = want.len() as u64;
     assert_eq!(fs.copy_file_range(a, 0, b, 0, len).unwrap(), len);
-    assert!(fs.read_file(a, 0, 1 << 20).unwrap() == want, "a before the commit");
-    assert!(fs.read_file(b, 0, 1 << 20).unwrap() == want, "b before the commit");
+    assert!(
+        fs.read_file(a, 0, 1 << 20).unwrap() == want,
+        "a before the commit"
+    );
+    assert!(
+        fs.read_file(b, 0, 1 << 20).unwrap() == want,
+        "b before the commit"
+    );
     fs.sync().unwrap();
     let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(dev.snapshot()));
     assert_clean(crashed.as_ref(), "power cut after the commit");

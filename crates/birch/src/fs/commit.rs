@@ -4,14 +4,16 @@
 //! in batches, the lock    write back the pages dirty at the start, 256 per
 //!   dropped between:        lock hold (so requests are not stalled behind
 //!                           all of them at once)
-//! under the state lock:   write back dirty pages left (data extents written, not flushed)
+//! under the state lock:   write back dirty pages left: extents allocated and published,
+//!                           their data kept in memory as unwritten (no device I/O)
 //!                         flush delayed dir-index items and inode updates into the fs tree
 //!                         apply delayed extent refs to the extent tree, update root items,
 //!                           repeat until nothing changes (each pass may copy more nodes)
 //!                         hand the dirty nodes to the commit; transaction T+1 starts
-//! without the lock:       write every node of T; FLUSH; write both superblocks; FLUSH
+//! without the lock:       write T's unwritten data and every node of T; FLUSH;
+//!                           write both superblocks; FLUSH
 //! under the state lock:   hold the space T freed, release what T-1 freed;
-//!                         T's nodes become clean cache entries
+//!                         T's nodes become clean cache entries, its data is read from disk
 //! ```
 //! A crash before the superblock write leaves the previous superblock, whose
 //! trees were never overwritten (T only wrote blocks that were free in T-1);

@@ -75,7 +75,10 @@ impl<D: BlockDevice> Shared<D> {
                 // ones the base commit writes, and the log's superblock
                 // waits for it).
                 Some(s) => {
-                    let data = state.info.unwritten.writes(s.base_generation + 1, u64::MAX);
+                    let data = state
+                        .info
+                        .unwritten
+                        .writes(s.base_generation.saturating_add(1), u64::MAX);
                     (s, state.info.superblock.data_checksums, data)
                 }
                 // Nothing logged since the last sync: it is all durable.

@@ -217,18 +217,18 @@ impl<D: BlockDevice> Shared<D> {
                 )
             })
             .and_then(|n| {
-            dev.flush()?;
-            let _superblock = self
-                .superblock_lock
-                .lock()
-                .expect("superblock lock poisoned");
-            commit::write_superblocks(dev, &prepared.superblock)?;
-            Ok(n)
-        })
-        .map_err(|e| {
-            let step = format!("commit of generation {}", prepared.superblock.generation);
-            io_step(e, &step)
-        });
+                dev.flush()?;
+                let _superblock = self
+                    .superblock_lock
+                    .lock()
+                    .expect("superblock lock poisoned");
+                commit::write_superblocks(dev, &prepared.superblock)?;
+                Ok(n)
+            })
+            .map_err(|e| {
+                let step = format!("commit of generation {}", prepared.superblock.generation);
+                io_step(e, &step)
+            });
         let generation = prepared.superblock.generation;
         let result = {
             let mut state = self.lock_state();
@@ -258,10 +258,11 @@ impl<D: BlockDevice> Shared<D> {
     }
 
     /// Writes back the pages dirty when the commit began, a batch per
-    /// state-lock hold, so that the seal (which writes back whatever is
-    /// still dirty, under the lock) finds little left: other requests wait
-    /// for one batch at most instead of for every page dirtied since the
-    /// last commit (a 30 s commit under dbench stalled them for 300 ms).
+    /// state-lock hold (each written without the lock), so that the seal
+    /// (which publishes whatever is still dirty under the lock and writes
+    /// it after) finds little left: it plans every page it finds under
+    /// the lock, and holds their bytes in memory until its write is done
+    /// (a 30 s commit under dbench once stalled requests for 300 ms).
     /// btrfs likewise starts delalloc writeback before its critical
     /// section. Bounded by what was dirty at the start, so writers that
     /// dirty pages as fast as they are written cannot hold the commit back.
