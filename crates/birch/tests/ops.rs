@@ -943,3 +943,117 @@ fn writeback_paused_fsync_of_another_file_completes() {
         },
     );
 }
+
+/// docs/DELALLOC.md, "The seal's writeback": the commit's seal gives the
+/// pages dirty at its start extents under the state lock and writes their
+/// data after releasing it. `b`'s early batch (3 pages) is paused, `a` is
+/// written meanwhile (so the seal, not an early batch, writes it back),
+/// then the seal's data write of `a` is paused: a getattr, a read of `a`
+/// (its bytes come from memory: the extent is not written yet) and a
+/// write must not wait for it. Released, the commit completes; a power
+/// cut then leaves `a` whole and `birch check` clean.
+#[test]
+fn commit_paused_in_its_data_write_serves_requests() {
+    let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel();
+    let dev = Arc::new(PausingDevice {
+        inner: common::memory_fs(IMAGE_BYTES, 15),
+        armed_len: std::sync::Mutex::new(None),
+        armed_write_len: std::sync::Mutex::new(None),
+        paused: paused_tx,
+        resume: std::sync::Mutex::new(resume_rx),
+    });
+    let fs = mount(dev.clone());
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    fs.write_file(b, 0, &pattern(3 * PAGE, 7)).unwrap();
+    *dev.armed_write_len.lock().unwrap() = Some(3 * PAGE);
+    let fs = &fs;
+    let wait = std::time::Duration::from_secs(120);
+    std::thread::scope(|scope| {
+        let commit = scope.spawn(move || fs.sync());
+        paused_rx
+            .recv_timeout(wait)
+            .expect("the commit's early batch never reached the device");
+        fs.write_file(a, 0, &pattern(PAUSED_PAGES * PAGE, 1))
+            .unwrap();
+        *dev.armed_write_len.lock().unwrap() = Some(PAUSED_PAGES * PAGE);
+        resume_tx.send(()).unwrap();
+        paused_rx
+            .recv_timeout(wait)
+            .expect("the seal's data write never reached the device");
+        let release = Release(resume_tx);
+        let attr = without_waiting("a getattr", &release, || fs.getattr(a)).unwrap();
+        assert_eq!(attr.size, (PAUSED_PAGES * PAGE) as u64);
+        let read = without_waiting("a read", &release, || {
+            fs.read_file(a, 0, PAUSED_PAGES * PAGE)
+        });
+        assert!(
+            read.unwrap() == pattern(PAUSED_PAGES * PAGE, 1),
+            "a read during the commit's data write returned other bytes than were written"
+        );
+        let n = without_waiting("a write", &release, || fs.write_file(b, 0, b"new"));
+        assert_eq!(n.unwrap(), 3);
+        release.release();
+        commit
+            .join()
+            .unwrap()
+            .expect("the commit whose data write was paused");
+    });
+    let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(
+        dev.inner.snapshot(),
+    ));
+    assert_clean(crashed.as_ref(), "power cut after the commit");
+    let remounted = mount(crashed);
+    let a = ino(&remounted, "a");
+    assert!(
+        remounted.read_file(a, 0, 1 << 20).unwrap() == pattern(PAUSED_PAGES * PAGE, 1),
+        "the commit lost the data its seal wrote back"
+    );
+}
+
+/// docs/DELALLOC.md, "The seal's writeback": `write a 0..8p; collapse a
+/// 2p..3p` settles a's dirty pages into an extent not written yet;
+/// `copy_file_range a → b` shares it. Reads of either file take its bytes
+/// from memory (found by disk address, whichever file points at it), and
+/// the commit writes it: `sync; <power cut>; mount` → both files whole.
+#[test]
+fn reflink_of_an_unwritten_extent_reads_its_bytes() {
+    let dev = common::memory_fs(IMAGE_BYTES, 16);
+    let fs = mount(dev.clone());
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let old = pattern(8 * PAGE, 5);
+    let want = [&old[..2 * PAGE], &old[3 * PAGE..]].concat();
+    fs.write_file(a, 0, &old).unwrap();
+    fs.fallocate(
+        a,
+        2 * PAGE as u64,
+        PAGE as u64,
+        FallocateMode::CollapseRange,
+    )
+    .unwrap();
+    let len = want.len() as u64;
+    assert_eq!(fs.copy_file_range(a, 0, b, 0, len).unwrap(), len);
+    assert!(
+        fs.read_file(a, 0, 1 << 20).unwrap() == want,
+        "a before the commit"
+    );
+    assert!(
+        fs.read_file(b, 0, 1 << 20).unwrap() == want,
+        "b before the commit"
+    );
+    fs.sync().unwrap();
+    let crashed = Arc::new(birch::device::MemoryDevice::from_bytes(dev.snapshot()));
+    assert_clean(crashed.as_ref(), "power cut after the commit");
+    let remounted = mount(crashed);
+    for name in ["a", "b"] {
+        let f = ino(&remounted, name);
+        assert!(
+            remounted.read_file(f, 0, 1 << 20).unwrap() == want,
+            "{name} after the power cut"
+        );
+    }
+}

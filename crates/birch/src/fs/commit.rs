@@ -4,14 +4,16 @@
 //! in batches, the lock    write back the pages dirty at the start, 256 per
 //!   dropped between:        lock hold (so requests are not stalled behind
 //!                           all of them at once)
-//! under the state lock:   write back dirty pages left (data extents written, not flushed)
+//! under the state lock:   write back dirty pages left: extents allocated and published,
+//!                           their data kept in memory as unwritten (no device I/O)
 //!                         flush delayed dir-index items and inode updates into the fs tree
 //!                         apply delayed extent refs to the extent tree, update root items,
 //!                           repeat until nothing changes (each pass may copy more nodes)
 //!                         hand the dirty nodes to the commit; transaction T+1 starts
-//! without the lock:       write every node of T; FLUSH; write both superblocks; FLUSH
+//! without the lock:       write T's unwritten data and every node of T; FLUSH;
+//!                           write both superblocks; FLUSH
 //! under the state lock:   hold the space T freed, release what T-1 freed;
-//!                         T's nodes become clean cache entries
+//!                         T's nodes become clean cache entries, its data is read from disk
 //! ```
 //! A crash before the superblock write leaves the previous superblock, whose
 //! trees were never overwritten (T only wrote blocks that were free in T-1);
@@ -20,6 +22,7 @@
 //! still references, and T-1, T's first older backup root, stays mountable
 //! while T is the newest commit (docs/BACKUP-ROOTS.md).
 
+use super::in_flight::DataWrites;
 use super::info::Roots;
 use super::root::SubvolRecord;
 use crate::alloc::{DelayedRef, ExtentItemChange, TransactionSpace};
@@ -44,6 +47,10 @@ pub(crate) struct PreparedCommit {
     /// Log nodes the superblock no longer points at: free once this commit
     /// is durable.
     pub log_released: Vec<(u64, u64)>,
+    /// Data extents the sealed trees point at whose bytes are not on the
+    /// device yet (the seal's writeback, reflink's settle): written before
+    /// the first flush (docs/DELALLOC.md, "The seal's writeback").
+    pub data: DataWrites,
 }
 
 /// Applies delayed extent refs and root items until the trees stop
@@ -111,6 +118,7 @@ pub(crate) fn seal_transaction<D: BlockDevice>(
         superblock,
         pinned,
         log_released,
+        data: DataWrites::new(),
     })
 }
 
@@ -249,11 +257,12 @@ fn extent_change<D: BlockDevice>(
     })
 }
 
-/// Writes a sealed transaction: nodes, barrier, superblocks, barrier.
+/// Writes a sealed transaction: data, nodes, barrier, superblocks, barrier.
 pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
     dev: &D,
     prepared: &PreparedCommit,
 ) -> Result<u64> {
+    write_data(dev, &prepared.data)?;
     let written = write_nodes(
         dev,
         &prepared.nodes,
@@ -263,6 +272,17 @@ pub(crate) fn write_commit<D: BlockDevice + ?Sized>(
     dev.flush()?;
     write_superblocks(dev, &prepared.superblock)?;
     Ok(written)
+}
+
+/// Writes data extents planned under the state lock (no barrier: the
+/// caller's flush makes them durable before anything that points at them).
+pub(crate) fn write_data<D: BlockDevice + ?Sized>(dev: &D, data: &DataWrites) -> Result<()> {
+    let writes: Vec<(u64, &[u8])> = data
+        .iter()
+        .map(|(bytenr, bytes)| (*bytenr, &bytes[..]))
+        .collect();
+    dev.write_batch(&writes)?;
+    Ok(())
 }
 
 /// Writes nodes to their blocks (adjacent ones in one write), and under

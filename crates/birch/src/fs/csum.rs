@@ -15,6 +15,7 @@ use crate::format::{
 };
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 /// Bytes of data one full checksum item covers.
 const ITEM_SPAN: u64 = CSUMS_PER_ITEM * SECTOR_SIZE;
@@ -159,6 +160,17 @@ impl<D: BlockDevice> FsInfo<D> {
         at: usize,
         len: usize,
     ) -> Result<ExtentRead> {
+        if let Some(unwritten) = self.unwritten.covering(disk_bytenr, len) {
+            // Not on the device yet: the bytes in memory are the data.
+            return Ok(ExtentRead {
+                at,
+                len,
+                file_offset,
+                disk_bytenr,
+                sums: None,
+                unwritten: Some(unwritten),
+            });
+        }
         let sums = match self.roots.csum {
             Some(root) => Some(lookup_csums(
                 &self.forest,
@@ -174,6 +186,7 @@ impl<D: BlockDevice> FsInfo<D> {
             file_offset,
             disk_bytenr,
             sums,
+            unwritten: None,
         })
     }
 
@@ -252,6 +265,9 @@ pub(crate) struct ExtentRead {
     /// The recorded checksum of each block; `None` on an image without
     /// data checksums.
     sums: Option<Vec<Option<u32>>>,
+    /// The extent's bytes and where this read starts in them, when its
+    /// data is not written yet (`Unwritten`): copied, not read.
+    unwritten: Option<(Arc<[u8]>, usize)>,
 }
 
 /// Reads the planned extents of file `ino` into `buf` and verifies each
@@ -268,6 +284,10 @@ pub(crate) fn read_planned<Dev: BlockDevice + ?Sized>(
 ) -> Result<()> {
     for read in reads {
         let dst = &mut buf[read.at..read.at + read.len];
+        if let Some((bytes, at)) = &read.unwritten {
+            dst.copy_from_slice(&bytes[*at..*at + read.len]);
+            continue;
+        }
         dev.read_at(dst, read.disk_bytenr)?;
         let Some(sums) = &read.sums else {
             continue;

@@ -65,7 +65,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// written back, and an inline extent (only ever a file's one extent)
     /// becomes a regular one, so extents can be moved or shared around it.
     fn settle_extents(&mut self, ino: u64) -> Result<()> {
-        self.writeback_one(ino)?;
+        self.settle_dirty_pages(ino)?;
         if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
             let page = self.load_page(ino, 0)?;
             self.drop_extents(ino, 0, PAGE)?;

@@ -32,14 +32,6 @@ use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-/// How far a writeback got through its runs of pages: run `run` is
-/// recorded up to byte `done`, the runs before it entirely.
-#[derive(Default)]
-struct RunProgress {
-    run: usize,
-    done: u64,
-}
-
 /// Contiguous pages of a file to write back: (file offset, bytes).
 type Run = (u64, Vec<u8>);
 
@@ -599,13 +591,15 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         InoSpace::join(self.root.tree.id, ino)
     }
 
-    /// Writes back one inode's dirty pages under the state lock, its
-    /// writeback in flight cancelled first (reflink, which moves or shares
-    /// the extents in the same hold).
-    pub(crate) fn writeback_one(&mut self, ino: u64) -> Result<()> {
+    /// Brings one inode's dirty pages into its extents without device I/O
+    /// (reflink, collapse and insert range, which move or share the
+    /// extents in the same hold): its writeback in flight is cancelled
+    /// first, then the pages get extents whose data the next commit or log
+    /// sync writes ([`Self::write_back_unwritten`]).
+    pub(crate) fn settle_dirty_pages(&mut self, ino: u64) -> Result<()> {
         self.cancel_writeback(ino)?;
         let pages = self.take_dirty_pages(ino, ..)?;
-        self.writeback_pages(ino, pages)?;
+        self.write_back_unwritten(ino, pages)?;
         Ok(())
     }
 
@@ -639,30 +633,35 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(())
     }
 
-    /// Writes a set of an inode's pages (already taken out of its dirty
-    /// set) to new extents under the state lock (the commit's writeback,
-    /// reflink's): runs of contiguous pages become one extent each (several
-    /// when free space is fragmented). Returns the pages written.
-    fn writeback_pages(&mut self, ino: u64, pages: BTreeMap<u64, Box<[u8]>>) -> Result<u64> {
-        // Debt (docs/SNAPSHOTS.md (j) step 3, part 2): the commit's and
-        // reflink's writeback still write under the state lock.
-        let _debt = allow_io_under_state_lock("data writeback");
+    /// Writes back a set of an inode's pages (already taken out of its
+    /// dirty set) without device I/O (the commit's seal, reflink's settle;
+    /// docs/DELALLOC.md, "The seal's writeback"): their extents are
+    /// allocated and published at once (file extent items, checksums, the
+    /// written range) and registered as unwritten, so that reads take the
+    /// bytes from memory until the next commit or log sync has written
+    /// them, before its first flush. Returns the pages written back.
+    fn write_back_unwritten(&mut self, ino: u64, pages: BTreeMap<u64, Box<[u8]>>) -> Result<u64> {
         let written = pages.len() as u64;
         let Some(runs) = self.runs_to_write(ino, pages)? else {
             return Ok(written);
         };
+        let chunks = self.allocate_chunks(ino, &runs)?;
+        let transid = self.fs.forest.transid();
         let mut added = 0;
-        let mut progress = RunProgress::default();
-        if let Err(e) = self.write_runs(ino, &runs, &mut progress, &mut added) {
-            // The caller fails the filesystem, which then still serves
-            // reads: the pages not written stay dirty, so that reads show
-            // what the application wrote, not what the disk held before.
-            self.update_inode(ino, |i| i.nbytes += added)?;
-            for (i, (start, bytes)) in runs.iter().enumerate().skip(progress.run) {
-                let from = if i == progress.run { progress.done } else { 0 };
-                self.redirty(ino, start + from, &bytes[from as usize..])?;
+        for (at, chunk) in chunks.iter().enumerate() {
+            if let Err(e) = self.publish_chunk(ino, chunk) {
+                // The caller fails the filesystem, which still serves
+                // reads: the pages not published are dirty again.
+                self.update_inode(ino, |i| i.nbytes += added)?;
+                for chunk in &chunks[at..] {
+                    self.redirty_unless_dirty(ino, chunk)?;
+                }
+                return Err(e);
             }
-            return Err(e);
+            self.fs
+                .unwritten
+                .add(chunk.bytenr, transid, chunk.bytes.clone());
+            added += chunk.bytes.len() as u64;
         }
         self.update_inode(ino, |i| i.nbytes += added)?;
         Ok(written)
@@ -753,45 +752,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(Some(runs))
     }
 
-    /// Writes runs of contiguous pages (file offset, bytes) to new extents
-    /// and records them in the tree, `progress` following the first byte
-    /// not yet recorded.
-    fn write_runs(
-        &mut self,
-        ino: u64,
-        runs: &[Run],
-        progress: &mut RunProgress,
-        added: &mut u64,
-    ) -> Result<()> {
-        for (run, (start, bytes)) in runs.iter().enumerate() {
-            *progress = RunProgress { run, done: 0 };
-            while progress.done < bytes.len() as u64 {
-                let done = progress.done;
-                let want = bytes.len() as u64 - done;
-                let keep = self.nodes_promised();
-                let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(want, ino, keep)?;
-                let chunk = &bytes[done as usize..(done + got) as usize];
-                self.fs.write_data_extent(bytenr, chunk)?;
-                let file_offset = start + done;
-                self.drop_extents(ino, file_offset, file_offset + got)?;
-                self.insert_file_extent(
-                    ino,
-                    file_offset,
-                    FileExtent::regular(crate::format::DiskRef {
-                        disk_bytenr: bytenr,
-                        disk_num_bytes: got,
-                        offset: 0,
-                        num_bytes: got,
-                    }),
-                )?;
-                self.note_written_range(ino, file_offset, file_offset + got)?;
-                *added += got;
-                progress.done += got;
-            }
-        }
-        Ok(())
-    }
-
     /// Puts pages whose writeback failed back into the dirty set.
     fn redirty(&mut self, ino: u64, file_offset: u64, bytes: &[u8]) -> Result<()> {
         for (i, page) in bytes.chunks(PAGE as usize).enumerate() {
@@ -818,9 +778,19 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let Some(runs) = self.runs_to_write(ino, pages)? else {
             return Ok(None);
         };
+        let chunks = self.allocate_chunks(ino, &runs)?;
+        let writes = chunks.iter().map(|c| (c.bytenr, c.bytes.clone())).collect();
+        let id = self.fs.writebacks.start(queued, chunks);
+        Ok(Some(PlannedWrite { queued, id, writes }))
+    }
+
+    /// Allocates the extents for `runs` (file offset, bytes): one chunk
+    /// per allocation. On failure nothing is allocated and the runs' pages
+    /// are dirty again.
+    fn allocate_chunks(&mut self, ino: u64, runs: &[Run]) -> Result<Vec<Chunk>> {
         let mut chunks = Vec::new();
         let mut failed = None;
-        'runs: for (start, bytes) in &runs {
+        'runs: for (start, bytes) in runs {
             let mut done = 0;
             while done < bytes.len() as u64 {
                 let keep = self.nodes_promised();
@@ -847,14 +817,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             for chunk in &chunks {
                 self.free_unpublished(ino, chunk);
             }
-            for (start, bytes) in &runs {
+            for (start, bytes) in runs {
                 self.redirty(ino, *start, bytes)?;
             }
             return Err(e);
         }
-        let writes = chunks.iter().map(|c| (c.bytenr, c.bytes.clone())).collect();
-        let id = self.fs.writebacks.start(queued, chunks);
-        Ok(Some(PlannedWrite { queued, id, writes }))
+        Ok(chunks)
     }
 
     /// Publishes the writeback `id` of `ino` once its data was written
@@ -1254,8 +1222,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 /// Writeback over the dirty-inode queue, which spans roots: it names
 /// inodes by their external numbers (`RootCtx::queued`).
 impl<D: BlockDevice> FsState<D> {
-    /// Writes every dirty page of every file of every root to new extents
-    /// (commit), under the state lock: the writebacks in flight are
+    /// Writes back every dirty page of every file of every root (the
+    /// commit's seal) without device I/O: the pages get published extents
+    /// whose data the commit writes once the state lock is released
+    /// ([`RootCtx::write_back_unwritten`]). The writebacks in flight are
     /// cancelled first, as nothing allocated may stay unpublished across
     /// the seal (the commit would free it).
     pub(crate) fn writeback_all(&mut self) -> Result<()> {
@@ -1272,7 +1242,7 @@ impl<D: BlockDevice> FsState<D> {
         for queued in self.info.space.dirty_inodes() {
             let (mut root, ino) = self.resolve(queued)?;
             let pages = root.take_dirty_pages(ino, ..)?;
-            let n = root.writeback_pages(ino, pages)?;
+            let n = root.write_back_unwritten(ino, pages)?;
             root.fs.space.stats.commit_pages += n;
         }
         debug_assert_eq!(self.info.dirty_page_bytes, 0);

@@ -99,3 +99,66 @@ impl Writebacks {
         self.by_inode.values().map(|w| w.chunks.len() as u64).sum()
     }
 }
+
+/// Data extents already in the trees (file extent items, checksums) whose
+/// bytes are not on the device yet: the commit's seal and reflink's
+/// settle plan them under the state lock and the next durability point
+/// writes them without it, before its first flush (docs/DELALLOC.md,
+/// "The seal's writeback"). Until written they are read from here, by
+/// disk address: whichever file extent item points into them (a reflink's
+/// copy, what a truncate left) reads the bytes, never the unwritten disk.
+#[derive(Default)]
+pub(crate) struct Unwritten {
+    /// By disk address: the transaction that put the extent in the trees,
+    /// and its bytes (the whole extent).
+    by_bytenr: BTreeMap<u64, (u64, Arc<[u8]>)>,
+}
+
+/// Extent writes a durability point issues: (disk address, bytes).
+pub(crate) type DataWrites = Vec<(u64, Arc<[u8]>)>;
+
+impl Unwritten {
+    /// Registers the extent at `bytenr` (just allocated, its items just
+    /// inserted in transaction `transid`).
+    pub(crate) fn add(&mut self, bytenr: u64, transid: u64, bytes: Arc<[u8]>) {
+        debug_assert!(
+            self.covering(bytenr, 1).is_none(),
+            "unwritten extents overlap at {bytenr}"
+        );
+        self.by_bytenr.insert(bytenr, (transid, bytes));
+    }
+
+    /// The unwritten bytes of `[bytenr, bytenr + len)`, if an unwritten
+    /// extent holds that range (a file extent item never spans extents).
+    pub(crate) fn covering(&self, bytenr: u64, len: usize) -> Option<(Arc<[u8]>, usize)> {
+        let (&start, (_, bytes)) = self.by_bytenr.range(..=bytenr).next_back()?;
+        let at = usize::try_from(bytenr - start).ok()?;
+        (at.checked_add(len)? <= bytes.len()).then(|| (bytes.clone(), at))
+    }
+
+    /// The extents put in the trees by transactions `from..=to`: what a
+    /// commit (all up to its own) or a log sync (its running transaction's
+    /// only: the commit it is based on writes the older ones before the
+    /// log's superblock may be written) must write before its flush.
+    pub(crate) fn writes(&self, from: u64, to: u64) -> DataWrites {
+        self.by_bytenr
+            .iter()
+            .filter(|(_, (t, _))| (from..=to).contains(t))
+            .map(|(&bytenr, (_, bytes))| (bytenr, bytes.clone()))
+            .collect()
+    }
+
+    /// Forgets `written` extents once their writes completed: from now
+    /// on reads find their bytes on the device.
+    pub(crate) fn written(&mut self, written: &DataWrites) {
+        for (bytenr, bytes) in written {
+            if self
+                .by_bytenr
+                .get(bytenr)
+                .is_some_and(|(_, b)| Arc::ptr_eq(b, bytes))
+            {
+                self.by_bytenr.remove(bytenr);
+            }
+        }
+    }
+}

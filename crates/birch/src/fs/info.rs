@@ -5,7 +5,7 @@
 //! per-subvolume half is `Root` (root.rs); docs/SNAPSHOTS.md, "The engine
 //! split", says which operation may touch which.
 
-use super::in_flight::Writebacks;
+use super::in_flight::{Unwritten, Writebacks};
 use super::log_state::{LogState, LogStats};
 use super::space_info::SpaceInfo;
 use super::spare_pages::SparePages;
@@ -26,6 +26,9 @@ pub(crate) struct FsInfo<D> {
     pub(super) dirty_page_bytes: u64,
     /// Writebacks whose data is being written without the state lock.
     pub(super) writebacks: Writebacks,
+    /// Extents in the trees whose data the next commit or log sync
+    /// writes (the seal's writeback, reflink's settle).
+    pub(super) unwritten: Unwritten,
     /// Page buffers written back, for the next writes to reuse.
     pub(super) spare_pages: SparePages,
     /// What `release_memory` shrinks the node cache to, and how often it ran.

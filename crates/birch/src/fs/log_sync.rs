@@ -4,6 +4,7 @@
 //! writing their own. The logging itself is in tree_log.rs.
 
 use super::commit;
+use super::in_flight::DataWrites;
 use super::transaction::{io_step, Shared};
 use super::tree_log::SealedLog;
 use super::LogStats;
@@ -59,21 +60,10 @@ impl<D: BlockDevice> Shared<D> {
     /// mount can validate the log (docs/LOG-FLUSH.md); else nodes, FLUSH,
     /// superblock, FLUSH. Returns the log transaction now durable.
     fn write_log(&self) -> Result<u64> {
-        let (sealed, data_checksums) = {
-            let mut state = self.lock_state();
-            // A change that failed since this log was filled may have left
-            // it half changed (logged names are kept current in it).
-            if let Some(why) = &state.info.failed {
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "filesystem is read-only after an earlier failure: {why}"
-                ))));
-            }
-            let filling = state.info.log.filling;
-            match state.seal_log()? {
-                Some(s) => (s, state.info.superblock.data_checksums),
-                // Nothing logged since the last sync: it is all durable.
-                None => return Ok(filling),
-            }
+        let (sealed, data_checksums, data) = match self.seal_log_to_write()? {
+            Ok(sealed) => sealed,
+            // Nothing logged since the last sync: it is all durable.
+            Err(filling) => return Ok(filling),
         };
         let dev = self.store.device().as_ref();
         let fsid = *self.store.fsid();
@@ -83,6 +73,7 @@ impl<D: BlockDevice> Shared<D> {
             "log sync {} (on generation {})",
             sealed.id, sealed.base_generation
         );
+        commit::write_data(dev, &data).map_err(|e| io_step(e, &step))?;
         let encoded = commit::EncodedNodes::new(&sealed.nodes, &fsid);
         phases.lap(|p| &mut p.write);
         // Logged data can be validated at mount only against its logged
@@ -136,6 +127,7 @@ impl<D: BlockDevice> Shared<D> {
             phases.lap(|p| &mut p.superblock);
         }
         let mut state = self.lock_state();
+        state.info.unwritten.written(&data);
         phases.add_to(&mut state.info.log_stats);
         state.info.forest.end_log_write();
         state.info.forest.alloc_mut().unpin(sealed.released);
@@ -151,6 +143,37 @@ impl<D: BlockDevice> Shared<D> {
 }
 
 impl<D: BlockDevice> Shared<D> {
+    /// Seals the filling log transaction for [`Self::write_log`]: the
+    /// sealed log, whether the image has data checksums, and the
+    /// unwritten extents it must write first; `Err(filling)` when nothing
+    /// was logged since the last sync.
+    #[allow(clippy::type_complexity)]
+    fn seal_log_to_write(&self) -> Result<std::result::Result<(SealedLog, bool, DataWrites), u64>> {
+        let mut state = self.lock_state();
+        // A change that failed since this log was filled may have left
+        // it half changed (logged names are kept current in it).
+        if let Some(why) = &state.info.failed {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "filesystem is read-only after an earlier failure: {why}"
+            ))));
+        }
+        let filling = state.info.log.filling;
+        Ok(match state.seal_log()? {
+            // Extents the log may point at whose data is not written
+            // yet (reflink's settle since the last commit; the older
+            // ones the base commit writes, and the log's superblock
+            // waits for it).
+            Some(s) => {
+                let data = state
+                    .info
+                    .unwritten
+                    .writes(s.base_generation.saturating_add(1), u64::MAX);
+                Ok((s, state.info.superblock.data_checksums, data))
+            }
+            None => Err(filling),
+        })
+    }
+
     /// The superblock that points at `sealed` (with `manifest`, the
     /// checksums of its nodes, when it is written with one flush), or
     /// `None` when a commit after its base made the log's content durable:

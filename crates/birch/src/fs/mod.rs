@@ -951,6 +951,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             return Ok(0);
         }
         if one_subvolume && src_offset % SECTOR_SIZE == dst_offset % SECTOR_SIZE {
+            // The source's dirty pages go to its extents without the state
+            // lock first, as fsync's do; the clone then settles under the
+            // lock only what was dirtied since, without device I/O (their
+            // data goes out with the next commit or log sync).
+            self.shared.check_not_poisoned()?;
+            self.shared.writeback_inode(
+                src,
+                (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
+            )?;
             let cloned = self.change_with(
                 |s| {
                     let (mut root, src) = s.resolve_writable(src)?;

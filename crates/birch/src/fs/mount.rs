@@ -183,6 +183,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         superblock,
         dirty_page_bytes: 0,
         writebacks: Default::default(),
+        unwritten: Default::default(),
         spare_pages: Default::default(),
         idle_cache_nodes: options.idle_cache_nodes,
         memory_releases: 0,

@@ -207,25 +207,28 @@ impl<D: BlockDevice> Shared<D> {
             return Ok(());
         };
         let dev = self.store.device().as_ref();
-        let written = commit::write_nodes(
-            dev,
-            &prepared.nodes,
-            &prepared.superblock.fsid,
-            prepared.superblock.metadata_profile,
-        )
-        .and_then(|n| {
-            dev.flush()?;
-            let _superblock = self
-                .superblock_lock
-                .lock()
-                .expect("superblock lock poisoned");
-            commit::write_superblocks(dev, &prepared.superblock)?;
-            Ok(n)
-        })
-        .map_err(|e| {
-            let step = format!("commit of generation {}", prepared.superblock.generation);
-            io_step(e, &step)
-        });
+        let written = commit::write_data(dev, &prepared.data)
+            .and_then(|()| {
+                commit::write_nodes(
+                    dev,
+                    &prepared.nodes,
+                    &prepared.superblock.fsid,
+                    prepared.superblock.metadata_profile,
+                )
+            })
+            .and_then(|n| {
+                dev.flush()?;
+                let _superblock = self
+                    .superblock_lock
+                    .lock()
+                    .expect("superblock lock poisoned");
+                commit::write_superblocks(dev, &prepared.superblock)?;
+                Ok(n)
+            })
+            .map_err(|e| {
+                let step = format!("commit of generation {}", prepared.superblock.generation);
+                io_step(e, &step)
+            });
         let generation = prepared.superblock.generation;
         let result = {
             let mut state = self.lock_state();
@@ -255,10 +258,11 @@ impl<D: BlockDevice> Shared<D> {
     }
 
     /// Writes back the pages dirty when the commit began, a batch per
-    /// state-lock hold, so that the seal (which writes back whatever is
-    /// still dirty, under the lock) finds little left: other requests wait
-    /// for one batch at most instead of for every page dirtied since the
-    /// last commit (a 30 s commit under dbench stalled them for 300 ms).
+    /// state-lock hold (each written without the lock), so that the seal
+    /// (which publishes whatever is still dirty under the lock and writes
+    /// it after) finds little left: it plans every page it finds under
+    /// the lock, and holds their bytes in memory until its write is done
+    /// (a 30 s commit under dbench once stalled requests for 300 ms).
     /// btrfs likewise starts delalloc writeback before its critical
     /// section. Bounded by what was dirty at the start, so writers that
     /// dirty pages as fast as they are written cannot hold the commit back.
@@ -392,6 +396,9 @@ impl<D: BlockDevice> FsState<D> {
         retired: &mut Option<RetiredRecords>,
     ) -> Result<Option<commit::PreparedCommit>> {
         self.writeback_all()?;
+        // Every unwritten extent is in this transaction's trees (those of
+        // earlier ones were written by their commits).
+        let data = self.info.unwritten.writes(0, self.info.forest.transid());
         self.for_each_root(|mut root| root.flush_delayed_items())?;
         if !self.info.pending_snapshots.is_empty() {
             // Before the log's drop, so the links' entries are changes of
@@ -413,6 +420,7 @@ impl<D: BlockDevice> FsState<D> {
             && !device_holds_other_commit
             && !releases_held
         {
+            debug_assert!(data.is_empty(), "unwritten extents but nothing to commit");
             return Ok(None);
         }
         self.stamp_changed_subvolumes();
@@ -421,12 +429,13 @@ impl<D: BlockDevice> FsState<D> {
         // it so) and INCOMPAT_SUBVOLUMES go to disk in the same commit.
         let mut template = self.info.superblock.clone();
         template.subvolumes |= self.subvols.top.item.is_some();
-        let prepared = commit::seal_transaction(
+        let mut prepared = commit::seal_transaction(
             &mut self.info.forest,
             &mut self.info.roots,
             &subvols,
             &template,
         )?;
+        prepared.data = data;
         self.note_committing_pinned(
             prepared
                 .pinned
@@ -459,6 +468,8 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     fn finish_commit(&mut self, prepared: commit::PreparedCommit, nodes_written: u64) {
+        // On the device now: reads find the bytes there.
+        self.info.unwritten.written(&prepared.data);
         self.info.forest.end_commit();
         self.info.forest.alloc_mut().commit_durable(prepared.pinned);
         self.info.forest.alloc_mut().unpin(prepared.log_released);

@@ -4,8 +4,10 @@
 //! written with the lock released, and published under it again (file
 //! extent items, checksums, the written range for the tree-log). fsync's,
 //! `sync_file_range`'s, reclaim's, the flusher's, throttled writers' and
-//! the commit's early batches go this way; the commit's seal and reflink
-//! still write under the lock (the "data writeback" exemption).
+//! the commit's early batches go this way. The commit's seal and reflink's
+//! settle publish at once and leave the write to the next commit or log
+//! sync (`Unwritten`, in_flight.rs; docs/DELALLOC.md, "The seal's
+//! writeback").
 
 use super::file::WritebackBatch;
 use super::state::FsState;
