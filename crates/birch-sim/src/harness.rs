@@ -199,6 +199,7 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
         let flags = RenameFlags {
             no_replace,
             exchange,
+            whiteout: None,
         };
         self.result(self.fs().rename(od, on, nd, nn, flags), |_| Ret::Unit)
     }

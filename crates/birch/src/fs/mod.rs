@@ -570,8 +570,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         flags: RenameFlags,
     ) -> Result<()> {
         let _request = self.request();
+        // A whiteout is a new inode with a name: five more items.
+        let items = if flags.whiteout.is_some() { 15 } else { 10 };
         self.change_with(
-            |_| Ok(Need::items(10)),
+            |_| Ok(Need::items(items)),
             |s| {
                 InoSpace::same_subvolume(parent, new_parent)?;
                 if s.rename_subvolume_link(parent, name, new_parent, new_name, flags)? {

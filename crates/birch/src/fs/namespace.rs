@@ -7,7 +7,7 @@
 use super::decode::decode_item;
 use super::delayed_items::DelayedDir;
 use super::root::RootCtx;
-use super::{Attr, DirListEntry, RenameFlags};
+use super::{Attr, DirListEntry, RenameFlags, WhiteoutOwner};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
@@ -18,6 +18,14 @@ use crate::format::{
     NAME_MAX, ROOT_DIR_INO, SYMLINK_MAX,
 };
 use std::ops::ControlFlow;
+
+/// Where a plain rename moves the source's name to, and what it replaces.
+struct Move<'a> {
+    source: DirEntry,
+    new_parent: u64,
+    new_name: &'a [u8],
+    target: Option<DirEntry>,
+}
 
 /// Most links one inode may have (as ext4's EXT4_LINK_MAX).
 const LINK_MAX: u32 = 65000;
@@ -586,6 +594,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 "RENAME_EXCHANGE with RENAME_NOREPLACE",
             ));
         }
+        if flags.exchange && flags.whiteout.is_some() {
+            return Err(Error::InvalidArgument(
+                "RENAME_EXCHANGE with RENAME_WHITEOUT",
+            ));
+        }
         if name == b"." || name == b".." {
             return Err(Error::InvalidArgument("rename of \".\" or \"..\""));
         }
@@ -629,9 +642,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.ensure_space(0)?;
         if flags.exchange && parent == new_parent {
             self.require_dir_indexes(parent, 2)?;
+        } else if flags.whiteout.is_some() && parent == new_parent {
+            // The moved name and the whiteout.
+            self.require_dir_indexes(parent, 2)?;
         } else {
             self.require_dir_indexes(new_parent, 1)?;
-            if flags.exchange {
+            if flags.exchange || flags.whiteout.is_some() {
                 self.require_dir_indexes(parent, 1)?;
             }
         }
@@ -639,7 +655,13 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             let target = target.expect("checked above");
             self.rename_exchange(parent, name, source, new_parent, new_name, target)
         } else {
-            self.rename_move(parent, name, source, new_parent, new_name, target)
+            let moved = Move {
+                source,
+                new_parent,
+                new_name,
+                target,
+            };
+            self.rename_move(parent, name, moved, flags.whiteout)
         }
     }
 
@@ -677,16 +699,24 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// A plain rename once checked: the source's name moves to
-    /// `new_parent/new_name`, replacing `target` if there is one.
+    /// `new_parent/new_name`, replacing `target` if there is one. With
+    /// `whiteout`, a new whiteout takes the source's name (RENAME_WHITEOUT,
+    /// as btrfs's `btrfs_whiteout_for_rename`): it is added like any new
+    /// inode, so a logged directory logs it with the name (docs/TREE-LOG.md
+    /// "Keeping logged objects current").
     fn rename_move(
         &mut self,
         parent: u64,
         name: &[u8],
-        source: DirEntry,
-        new_parent: u64,
-        new_name: &[u8],
-        target: Option<DirEntry>,
+        moved: Move<'_>,
+        whiteout: Option<WhiteoutOwner>,
     ) -> Result<()> {
+        let Move {
+            source,
+            new_parent,
+            new_name,
+            target,
+        } = moved;
         let now = Timespec::now();
         let source_is_dir = source.file_type == FileType::Directory;
         if let Some(target) = &target {
@@ -718,6 +748,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }
         self.update_inode(source.ino, |i| i.ctime = now)?;
         self.inode(source.ino)?.log.renamed_trans = self.fs.forest.transid();
+        if let Some(owner) = whiteout {
+            // The kernel's whiteout: a character device 0:0 with no
+            // permission bits (WHITEOUT_MODE, WHITEOUT_DEV).
+            self.create_node(parent, name, libc::S_IFCHR, 0, owner.uid, owner.gid, 0)?;
+        }
         Ok(())
     }
 

@@ -245,6 +245,9 @@ impl<D: BlockDevice> FsState<D> {
         if flags.exchange {
             return Err(Error::NotSupported("RENAME_EXCHANGE of a subvolume link"));
         }
+        if flags.whiteout.is_some() {
+            return Err(Error::NotSupported("RENAME_WHITEOUT of a subvolume link"));
+        }
         if let Some(target) = &target {
             if flags.no_replace {
                 return Err(Error::Exists);
