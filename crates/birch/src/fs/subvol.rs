@@ -231,7 +231,7 @@ impl<D: BlockDevice> FsState<D> {
         let well_formed = validate_name(name).is_ok()
             && validate_name(new_name).is_ok()
             && !matches!(new_name, b"." | b"..");
-        if !well_formed || (flags.exchange && flags.no_replace) {
+        if !well_formed || (flags.exchange && (flags.no_replace || flags.whiteout.is_some())) {
             return Ok(false);
         }
         let Some(source) = ctx.find_entry(dir, name)? else {
