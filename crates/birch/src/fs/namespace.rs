@@ -398,6 +398,24 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Err(Error::TooManyLinks);
         }
         self.require_dir_indexes(parent, 1)?;
+        let ino = self.insert_new_node(parent, name, file_type, mode, umask, (uid, gid), rdev)?;
+        self.getattr(ino)
+    }
+
+    /// The changes of [`Self::create_node`] once checked (a free name, a
+    /// dir index, space): a new inode of `file_type` under `name`,
+    /// inheriting `parent`'s default ACL. Returns its number.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_new_node(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        file_type: FileType,
+        mode: u32,
+        umask: u32,
+        (uid, gid): (u32, u32),
+        rdev: u64,
+    ) -> Result<u64> {
         let (mode, acls) = self.acl_at_create(parent, mode, umask)?;
         let item = self.new_inode_item(mode, uid, gid, rdev);
         let ino = self.add_new_inode(item);
@@ -407,7 +425,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if file_type == FileType::Directory {
             self.update_inode(parent, |p| p.nlink += 1)?;
         }
-        self.getattr(ino)
+        Ok(ino)
     }
 
     pub(crate) fn symlink(
@@ -750,8 +768,17 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.inode(source.ino)?.log.renamed_trans = self.fs.forest.transid();
         if let Some(owner) = whiteout {
             // The kernel's whiteout: a character device 0:0 with no
-            // permission bits (WHITEOUT_MODE, WHITEOUT_DEV).
-            self.create_node(parent, name, libc::S_IFCHR, 0, owner.uid, owner.gid, 0)?;
+            // permission bits (WHITEOUT_MODE, WHITEOUT_DEV). `rename`
+            // checked its dir index; its space is the rename's.
+            self.insert_new_node(
+                parent,
+                name,
+                FileType::CharDevice,
+                libc::S_IFCHR,
+                0,
+                (owner.uid, owner.gid),
+                0,
+            )?;
         }
         Ok(())
     }
