@@ -284,9 +284,64 @@ fn renameat2_noreplace_and_exchange() {
     write_file(&p("x/xf"), b"");
     renameat2(&p("x"), &p("d2/file"), libc::RENAME_EXCHANGE).unwrap();
     assert!(p("x/inside").exists() && p("d2/file/xf").exists());
-    // Unknown flags (RENAME_WHITEOUT needs privileges and overlay support).
+    // Unknown flags.
     let e = err_of(renameat2(&p("b"), &p("z"), 1 << 7));
     assert_eq!(e, libc::EINVAL, "got {}", errname(e));
+}
+
+/// RENAME_WHITEOUT (overlayfs's, docs/FUSE.md "Whiteouts and overlayfs"):
+/// the source's name becomes a whiteout (character device 0:0, mode 0,
+/// the caller's owner, the set-group-ID directory's group), for a file and
+/// a directory, with RENAME_NOREPLACE too; with RENAME_EXCHANGE it is
+/// EINVAL (the kernel's check).
+#[test]
+fn renameat2_whiteout_leaves_a_whiteout() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("whiteout");
+    let p = |rel: &str| fx.path(rel);
+    let assert_whiteout = |rel: &str, gid: u32| {
+        let m = fs::symlink_metadata(p(rel)).unwrap();
+        assert!(m.file_type().is_char_device(), "{rel}: {m:?}");
+        assert_eq!((m.rdev(), m.mode() & 0o7777, m.nlink()), (0, 0, 1), "{rel}");
+        assert_eq!((m.uid(), m.gid()), (0, gid), "{rel}");
+    };
+    write_file(&p("a"), b"A");
+    renameat2(&p("a"), &p("b"), libc::RENAME_WHITEOUT).unwrap();
+    assert_eq!(read_file(&p("b")), b"A");
+    assert_whiteout("a", 0);
+    // A directory, into a set-group-ID directory with RENAME_NOREPLACE;
+    // the whiteout stays in the source directory, group and all.
+    fs::create_dir(p("sgid")).unwrap();
+    fs::set_permissions(p("sgid"), fs::Permissions::from_mode(0o2775)).unwrap();
+    std::os::unix::fs::chown(p("sgid"), None, Some(NOBODY)).unwrap();
+    fs::create_dir_all(p("sgid/d/sub")).unwrap();
+    renameat2(
+        &p("sgid/d"),
+        &p("moved"),
+        libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE,
+    )
+    .unwrap();
+    assert!(p("moved/sub").is_dir());
+    assert_whiteout("sgid/d", NOBODY);
+    assert_eq!(
+        err_of(renameat2(
+            &p("b"),
+            &p("moved"),
+            libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE
+        )),
+        libc::EEXIST
+    );
+    assert_eq!(
+        err_of(renameat2(
+            &p("b"),
+            &p("moved"),
+            libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE
+        )),
+        libc::EINVAL
+    );
+    assert_eq!(read_file(&p("b")), b"A");
 }
 
 /// Thousands of names of one file in one directory (extended refs past

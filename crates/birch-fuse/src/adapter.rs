@@ -19,7 +19,7 @@ use birch::device::BlockDevice;
 use birch::format::{tree_id, MAX_SUBVOL_INO, ROOT_DIR_INO, SECTOR_SIZE};
 use birch::fs::{
     inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, InoSpace, RenameFlags, SeekWhence,
-    SetAttr, SetTime, XattrSetMode,
+    SetAttr, SetTime, WhiteoutOwner, XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
@@ -1327,9 +1327,13 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
+    /// RENAME_WHITEOUT: the kernel checked CAP_MKNOD in the caller's
+    /// namespace and refused it with RENAME_EXCHANGE before forwarding
+    /// (`do_renameat2`); the whiteout is owned as a MKNOD from this
+    /// request would be (docs/FUSE.md "Whiteouts and overlayfs").
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1338,33 +1342,47 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         reply: ReplyEmpty,
     ) {
         self.follow_remount();
-        let known = fuser::RenameFlags::RENAME_NOREPLACE | fuser::RenameFlags::RENAME_EXCHANGE;
+        let known = fuser::RenameFlags::RENAME_NOREPLACE
+            | fuser::RenameFlags::RENAME_EXCHANGE
+            | fuser::RenameFlags::RENAME_WHITEOUT;
         if !known.contains(flags) {
-            // RENAME_WHITEOUT and anything newer.
+            // Anything newer.
             return reply.error(Errno::EINVAL);
         }
-        let flags = RenameFlags {
-            no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
-        };
         let (parent, newparent) = (
             self.ids.to_engine(parent.0),
             self.ids.to_engine(newparent.0),
         );
+        let whiteout = flags
+            .contains(fuser::RenameFlags::RENAME_WHITEOUT)
+            .then(|| {
+                self.new_owner(req, parent, libc::S_IFCHR)
+                    .map(|(uid, gid, _)| WhiteoutOwner { uid, gid })
+            })
+            .transpose();
+        let no_replace = flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
+        let exchange = flags.contains(fuser::RenameFlags::RENAME_EXCHANGE);
         let dirs: &[u64] = if parent == newparent {
             &[parent]
         } else {
             &[parent, newparent]
         };
         self.reply_empty(
-            self.fs
-                .rename(
-                    parent,
-                    name.as_bytes(),
-                    newparent,
-                    newname.as_bytes(),
-                    flags,
-                )
+            whiteout
+                .and_then(|whiteout| {
+                    let flags = RenameFlags {
+                        no_replace,
+                        exchange,
+                        whiteout,
+                    };
+                    self.fs.rename(
+                        parent,
+                        name.as_bytes(),
+                        newparent,
+                        newname.as_bytes(),
+                        flags,
+                    )
+                })
                 .and_then(|()| self.settle(dirs, None)),
             reply,
         );

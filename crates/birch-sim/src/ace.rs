@@ -176,6 +176,7 @@ pub fn core_ops() -> Vec<Vec<Op>> {
             flags: RenameFlags {
                 no_replace: false,
                 exchange: true,
+                whiteout: false,
             },
         },
         rename("A/C", "B/C"), // empty dir, across dirs

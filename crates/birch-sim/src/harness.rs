@@ -16,7 +16,7 @@ use crate::model::{
 };
 use crate::workload::Op;
 use birch::device::BlockDevice;
-use birch::fs::{Filesystem, MountOptions, RenameFlags, SetAttr, XattrSetMode};
+use birch::fs::{Filesystem, MountOptions, RenameFlags, SetAttr, WhiteoutOwner, XattrSetMode};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -187,6 +187,12 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
         self.result(self.fs().rmdir(dir, name), |_| Ret::Unit)
     }
     fn rename(&mut self, from: &Path, to: &Path, flags: MRenameFlags) -> Step<Outcome> {
+        // The kernel refuses bad flag combinations before it looks up a
+        // path (`do_renameat2`); the engine sees them only once both
+        // parents are found.
+        if flags.exchange && (flags.no_replace || flags.whiteout) {
+            return Ok(Err(libc::EINVAL));
+        }
         if from.is_empty() || to.is_empty() {
             return Ok(Err(libc::EBUSY));
         }
@@ -195,10 +201,13 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
         let MRenameFlags {
             no_replace,
             exchange,
+            whiteout,
         } = flags;
         let flags = RenameFlags {
             no_replace,
             exchange,
+            // Root's, as the model's (workloads run as root).
+            whiteout: whiteout.then_some(WhiteoutOwner { uid: 0, gid: 0 }),
         };
         self.result(self.fs().rename(od, on, nd, nn, flags), |_| Ret::Unit)
     }

@@ -97,6 +97,9 @@ impl Kind {
 pub struct RenameFlags {
     pub no_replace: bool,
     pub exchange: bool,
+    /// RENAME_WHITEOUT: the source's name becomes a whiteout (a character
+    /// device 0:0, mode 0, owned by root as the workloads run).
+    pub whiteout: bool,
 }
 
 /// `setxattr` flags.
@@ -858,7 +861,7 @@ impl Model {
 
     /// `renameat2` with the kernel's order of checks (see the module doc).
     pub fn rename(&mut self, old: &[Vec<u8>], new: &[Vec<u8>], flags: RenameFlags) -> MResult<()> {
-        if flags.exchange && flags.no_replace {
+        if flags.exchange && (flags.no_replace || flags.whiteout) {
             return Err(libc::EINVAL);
         }
         if old.is_empty() || new.is_empty() {
@@ -933,6 +936,10 @@ impl Model {
             self.node_mut(new_dir).nlink += 1;
         }
         self.set_parent(source, new_dir);
+        if flags.whiteout {
+            let whiteout = self.new_inode(Kind::CharDev, 0, 0, 0, Body::Special);
+            self.insert_new(old_dir, old_name, whiteout);
+        }
         Ok(())
     }
 
@@ -991,6 +998,9 @@ impl Model {
                 || (flags.exchange && !self.is_link(new_dir, new_name)))
         {
             return Err(libc::EXDEV);
+        }
+        if flags.whiteout {
+            return Err(libc::EOPNOTSUPP);
         }
         let trap = self.rename_trap(old_dir, new_dir);
         if flags.exchange {
@@ -1549,7 +1559,8 @@ mod tests {
                 &p("a"),
                 RenameFlags {
                     exchange: true,
-                    no_replace: false
+                    no_replace: false,
+                    whiteout: false,
                 }
             ),
             Err(libc::EINVAL)
@@ -1561,7 +1572,8 @@ mod tests {
                 &p("a/b"),
                 RenameFlags {
                     no_replace: true,
-                    exchange: false
+                    exchange: false,
+                    whiteout: false,
                 }
             ),
             Err(libc::EEXIST)
@@ -1585,6 +1597,7 @@ mod tests {
             RenameFlags {
                 exchange: true,
                 no_replace: false,
+                whiteout: false,
             },
         )
         .unwrap();

@@ -227,12 +227,19 @@ pub fn pattern(fill: u64, len: usize) -> Vec<u8> {
     out
 }
 
-fn flags_str(flags: RenameFlags) -> &'static str {
-    match (flags.no_replace, flags.exchange) {
-        (false, false) => "",
-        (true, false) => " noreplace",
-        (false, true) => " exchange",
-        (true, true) => " noreplace|exchange",
+fn flags_str(flags: RenameFlags) -> String {
+    let names: Vec<&str> = [
+        (flags.no_replace, "noreplace"),
+        (flags.exchange, "exchange"),
+        (flags.whiteout, "whiteout"),
+    ]
+    .into_iter()
+    .filter_map(|(set, name)| set.then_some(name))
+    .collect();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", names.join("|"))
     }
 }
 
@@ -360,6 +367,10 @@ pub struct WorkloadConfig {
     /// any entry. 0 keeps the op stream of a seed as it was before they
     /// existed.
     pub subvolume_rename_weight: u32,
+    /// Of 100 generated renames, how many also carry RENAME_WHITEOUT
+    /// (overlayfs's; docs/FUSE.md "Whiteouts and overlayfs"). 0 draws no
+    /// number for it, keeping the op stream of a seed as it was before.
+    pub whiteout_rename_percent: u32,
     /// Use setuid and sticky bits in modes.
     pub special_perms: bool,
     /// Allow truncates past the largest file size (EFBIG).
@@ -380,6 +391,7 @@ impl Default for WorkloadConfig {
             shape_weight: 0,
             subvolume_weight: 0,
             subvolume_rename_weight: 0,
+            whiteout_rename_percent: 0,
             special_perms: true,
             huge_truncates: true,
         }
@@ -402,6 +414,7 @@ impl WorkloadConfig {
             shape_weight: 4,
             subvolume_weight: 4,
             subvolume_rename_weight: 0,
+            whiteout_rename_percent: 0,
             special_perms: true,
             huge_truncates: true,
         }
@@ -673,10 +686,12 @@ impl Generator {
                     0 | 1 => RenameFlags {
                         no_replace: true,
                         exchange: false,
+                        whiteout: false,
                     },
                     2 | 3 => RenameFlags {
                         no_replace: false,
                         exchange: true,
+                        whiteout: false,
                     },
                     _ => RenameFlags::default(),
                 };
@@ -686,6 +701,10 @@ impl Generator {
                 } else {
                     self.new_path(model)
                 };
+                let percent = self.cfg.whiteout_rename_percent;
+                // With exchange too now and then: EINVAL, as the kernel.
+                let whiteout = percent > 0 && self.rng.gen_range(0..100) < percent;
+                let flags = RenameFlags { whiteout, ..flags };
                 Op::Rename { from, to, flags }
             }
             8 => self.write_op(model),
@@ -826,6 +845,7 @@ impl Generator {
                 let flags = RenameFlags {
                     no_replace: !exchange && self.rng.gen_ratio(1, 8),
                     exchange,
+                    ..RenameFlags::default()
                 };
                 Op::Rename { from, to, flags }
             }

@@ -76,6 +76,36 @@ fn subvolume_rename_crash_states_match_the_model() {
     assert!(total.crash_states > 0);
 }
 
+/// Crash workloads where a third of the renames carry RENAME_WHITEOUT:
+/// every crash state mounts, checks clean and matches the model, the
+/// rename whole with its whiteout or not at all; what an fsync promised
+/// (the fsync contract, docs/TREE-LOG.md "Whiteouts") holds. Seeds
+/// 1100..1106 (`BIRCH_SEED=n` replays one); each prints its seed.
+#[test]
+fn whiteout_rename_crash_states_match_the_model() {
+    let seeds: Vec<u64> = match seed_override() {
+        Some(s) => vec![s],
+        None if long_mode() => (1100..1200).collect(),
+        None => (1100..1106).collect(),
+    };
+    let mut total = CrashStats::default();
+    for seed in seeds {
+        let mut cfg = if long_mode() {
+            CrashConfig::long(seed)
+        } else {
+            CrashConfig::ci(seed)
+        };
+        cfg.workload.whiteout_rename_percent = 35;
+        let stats = run_seed(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!(
+            "seed={seed}: {} flush points, {} crash states, {:.2?}",
+            stats.flush_points, stats.crash_states, stats.elapsed
+        );
+        total.add(&stats);
+    }
+    assert!(total.crash_states > 0);
+}
+
 // ----- scripted crash cases -----
 
 fn p(s: &str) -> Path {

@@ -71,6 +71,7 @@ fn rename_noreplace_into_own_subtree_onto_existing_is_eexist() {
             RenameFlags {
                 no_replace: true,
                 exchange: false,
+                whiteout: None,
             },
         )
         .unwrap_err();
@@ -303,6 +304,7 @@ fn fsync_of_a_new_dir_under_a_renamed_parent() {
             flags: RenameFlags {
                 no_replace: false,
                 exchange: true,
+                whiteout: false,
             },
         },
         Op::Mkdir {
@@ -361,6 +363,7 @@ fn exchange_after_fsync_keeps_both_names() {
             flags: RenameFlags {
                 no_replace: false,
                 exchange: true,
+                whiteout: false,
             },
         },
         Op::FsyncDir {

@@ -108,6 +108,28 @@ fn subvolume_rename_sequences_match_the_model() {
     report("subvolume rename sequences", &runs, start);
 }
 
+/// Sequences where a third of the renames carry RENAME_WHITEOUT
+/// (docs/FUSE.md "Whiteouts and overlayfs"): the source's name becomes a
+/// whiteout in the same change, the whiteout is unlinked, renamed and
+/// replaced like any special file; with RENAME_EXCHANGE it is EINVAL, and
+/// on a subvolume link EOPNOTSUPP.
+#[test]
+fn whiteout_rename_sequences_match_the_model() {
+    let start = Instant::now();
+    let runs: Vec<ModelStats> = seeds(3200..3212)
+        .into_iter()
+        .map(|seed| {
+            let mut run = ModelRun::new(seed, 400);
+            run.cfg.whiteout_rename_percent = 35;
+            run.cfg.subvolume_weight = 4;
+            run.cfg.subvolume_rename_weight = 10;
+            run.compare_every = 10;
+            run_model("fs_model", &run).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    report("whiteout rename sequences", &runs, start);
+}
+
 /// Write-heavy sequences with big writes: multi-extent files, sparse
 /// writes at large offsets, a small dirty limit so commits land in the
 /// middle of the workload.

@@ -288,6 +288,10 @@ impl Backend for Host {
             libc::RENAME_EXCHANGE
         } else {
             0
+        }) | (if flags.whiteout {
+            libc::RENAME_WHITEOUT
+        } else {
+            0
         });
         Ok(unit(check(
             unsafe {

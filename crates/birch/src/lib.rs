@@ -55,5 +55,5 @@ pub use device::{BlockDevice, FileDevice, MemoryDevice};
 pub use error::{Corruption, Error, Result};
 pub use fs::{
     Attr, DataChecksums, FallocateMode, Filesystem, MetadataCopies, MkfsOptions, MountOptions,
-    RenameFlags, SetAttr, SetTime, XattrSetMode,
+    RenameFlags, SetAttr, SetTime, WhiteoutOwner, XattrSetMode,
 };

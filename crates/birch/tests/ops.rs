@@ -8,7 +8,10 @@
 mod common;
 
 use birch::device::RecordingDevice;
-use birch::fs::{inode_flags, FallocateMode, Filesystem, SetAttr, XattrSetMode};
+use birch::format::FileType;
+use birch::fs::{
+    inode_flags, FallocateMode, Filesystem, RenameFlags, SetAttr, WhiteoutOwner, XattrSetMode,
+};
 use birch::Error;
 use common::{assert_clean, ino, mount, Enumeration, View};
 use std::sync::Arc;
@@ -1056,4 +1059,108 @@ fn reflink_of_an_unwritten_extent_reads_its_bytes() {
             "{name} after the power cut"
         );
     }
+}
+
+/// The whiteout RENAME_WHITEOUT leaves at `dir/name`: a character device
+/// 0:0 with no permission bits, owned by `owner`, with one link.
+fn assert_whiteout<D: birch::BlockDevice + 'static>(
+    fs: &Filesystem<D>,
+    dir: u64,
+    name: &[u8],
+    owner: WhiteoutOwner,
+) {
+    let w = fs.lookup(dir, name).unwrap();
+    let shown = String::from_utf8_lossy(name);
+    assert_eq!(w.file_type, FileType::CharDevice, "{shown}: {w:?}");
+    assert_eq!((w.rdev, w.perm, w.nlink), (0, 0, 1), "{shown}: {w:?}");
+    assert_eq!((w.uid, w.gid), (owner.uid, owner.gid), "{shown}: {w:?}");
+}
+
+/// renameat2(RENAME_WHITEOUT) as the kernel and btrfs do it: the source's
+/// name becomes a new whiteout in the same change, for files and
+/// directories, within and across directories, over a target and with
+/// RENAME_NOREPLACE; with RENAME_EXCHANGE it is EINVAL; a rename between
+/// two names of one inode does nothing. A remount shows the same and
+/// `birch check` accepts the whiteouts.
+#[test]
+fn rename_whiteout_leaves_a_whiteout_at_the_source() {
+    let dev = common::memory_fs(IMAGE_BYTES, 15);
+    let fs = mount(dev.clone());
+    let root = fs.root_ino();
+    let owner = WhiteoutOwner {
+        uid: 1000,
+        gid: 100,
+    };
+    let whiteout = RenameFlags {
+        whiteout: Some(owner),
+        ..RenameFlags::default()
+    };
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().ino;
+    let a = fs.create(d, b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(a, 0, b"lower a").unwrap();
+    let sub = fs.mkdir(d, b"sub", 0o755, 0, 0).unwrap().ino;
+    fs.create(sub, b"x", 0o644, 0, 0).unwrap();
+    let replaced = fs.create(e, b"replaced", 0o644, 0, 0).unwrap().ino;
+
+    fs.rename(d, b"a", d, b"b", whiteout).unwrap();
+    assert_eq!(fs.lookup(d, b"b").unwrap().ino, a);
+    assert_whiteout(&fs, d, b"a", owner);
+    // A directory, into another directory (overlayfs's redirect_dir).
+    let nlinks = |ino| fs.getattr(ino).unwrap().nlink;
+    let (d_links, e_links) = (nlinks(d), nlinks(e));
+    fs.rename(d, b"sub", e, b"sub2", whiteout).unwrap();
+    assert_eq!(fs.lookup(e, b"sub2").unwrap().ino, sub);
+    assert_whiteout(&fs, d, b"sub", owner);
+    assert_eq!((nlinks(d), nlinks(e)), (d_links - 1, e_links + 1));
+    // Over a target, which goes.
+    fs.rename(d, b"b", e, b"replaced", whiteout).unwrap();
+    assert_eq!(fs.lookup(e, b"replaced").unwrap().ino, a);
+    assert!(matches!(fs.getattr(replaced), Err(Error::NotFound)));
+    assert_whiteout(&fs, d, b"b", owner);
+    // RENAME_NOREPLACE with it: allowed, and EEXIST over a name.
+    let no_replace = RenameFlags {
+        no_replace: true,
+        ..whiteout
+    };
+    let c = fs.create(d, b"c", 0o644, 0, 0).unwrap().ino;
+    assert!(matches!(
+        fs.rename(d, b"c", e, b"replaced", no_replace),
+        Err(Error::Exists)
+    ));
+    fs.rename(d, b"c", e, b"c", no_replace).unwrap();
+    assert_eq!(fs.lookup(e, b"c").unwrap().ino, c);
+    assert_whiteout(&fs, d, b"c", owner);
+    // RENAME_EXCHANGE with it: EINVAL, nothing changes.
+    let exchange = RenameFlags {
+        exchange: true,
+        ..whiteout
+    };
+    assert!(matches!(
+        fs.rename(e, b"c", e, b"replaced", exchange),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(fs.lookup(e, b"c").unwrap().ino, c);
+    // Two names of one inode: nothing happens, no whiteout.
+    fs.link(c, e, b"c_link").unwrap();
+    fs.rename(e, b"c", e, b"c_link", whiteout).unwrap();
+    assert_eq!(fs.lookup(e, b"c").unwrap().ino, c);
+    assert_eq!(fs.getattr(c).unwrap().nlink, 2);
+    // A whiteout is an inode like any: it can be renamed over with one.
+    fs.rename(e, b"c_link", d, b"a", whiteout).unwrap();
+    assert_eq!(fs.lookup(d, b"a").unwrap().ino, c);
+    assert_whiteout(&fs, e, b"c_link", owner);
+
+    fs.close().unwrap();
+    assert_clean(dev.as_ref(), "after whiteout renames");
+    let fs = mount(dev.clone());
+    for (dir, name) in [("d", "b"), ("d", "sub"), ("d", "c"), ("e", "c_link")] {
+        assert_whiteout(&fs, ino(&fs, dir), name.as_bytes(), owner);
+    }
+    assert_eq!(
+        fs.read_file(ino(&fs, "e/replaced"), 0, 100).unwrap(),
+        b"lower a"
+    );
+    assert_eq!(ino(&fs, "e/sub2/x"), fs.lookup(sub, b"x").unwrap().ino);
+    fs.close().unwrap();
 }

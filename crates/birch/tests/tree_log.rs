@@ -6,7 +6,8 @@
 mod common;
 
 use birch::device::{BlockDevice, RecordingDevice};
-use birch::fs::RenameFlags;
+use birch::format::FileType;
+use birch::fs::{RenameFlags, WhiteoutOwner};
 use common::{ino, mount, Enumeration, View};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1476,5 +1477,128 @@ fn linked_file_fsync_again_logs_its_directory() {
             }
         }
         Ok(())
+    });
+}
+
+/// RENAME_WHITEOUT with the owner root.
+fn whiteout() -> RenameFlags {
+    RenameFlags {
+        whiteout: Some(WhiteoutOwner { uid: 0, gid: 0 }),
+        ..RenameFlags::default()
+    }
+}
+
+/// Whether `path` is a whiteout (a character device 0:0, mode 0).
+fn is_whiteout<D: BlockDevice + 'static>(fs: &birch::fs::Filesystem<D>, path: &str) -> bool {
+    let (dir, name) = path.rsplit_once('/').expect("a path with a directory");
+    fs.lookup(ino(fs, dir), name.as_bytes())
+        .is_ok_and(|a| a.file_type == FileType::CharDevice && a.rdev == 0 && a.perm == 0)
+}
+
+/// The whiteout rename `from` → `to` of a file holding `data`, seen in one
+/// crash state: not yet (`from` is the file, no `to`) or whole (`to` is
+/// the file, `from` a whiteout), never half; whole once `synced`.
+fn require_whiteout_rename<D: BlockDevice + 'static>(
+    fs: &birch::fs::Filesystem<D>,
+    v: &View,
+    (from, to): (&str, &str),
+    data: &[u8],
+    synced: bool,
+) -> Result<(), String> {
+    let (from_key, to_key) = (format!("/{from}"), format!("/{to}"));
+    if v.get(&to_key).is_some_and(|d| d.as_slice() == data) {
+        if !is_whiteout(fs, from) {
+            return Err(format!("{to} is renamed but {from} is no whiteout"));
+        }
+        Ok(())
+    } else if synced {
+        Err(format!("the fsynced rename to {to} is gone"))
+    } else if v.contains_key(&to_key) {
+        Err(format!("{to} exists without the renamed data"))
+    } else {
+        common::require_content(v, &from_key, data)
+    }
+}
+
+/// `mkdir d e; write d/a; sync; mv --whiteout d/a e/a; fsync e/a; <cut>`
+/// → the rename and its whiteout are one change: `e/a` with the data and
+/// `d/a` a whiteout, or neither; both once the fsync returned (it logs
+/// `d`, where the file lost a committed name, with the whiteout's entry
+/// and inode).
+#[test]
+fn whiteout_rename_then_fsync_file() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    let e = fs.mkdir(fs.root_ino(), b"e", 0o755, 0, 0).unwrap().ino;
+    let data = pattern(6000, 40);
+    let a = fs.create(d, b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(a, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.rename(d, b"a", e, b"a", whiteout()).unwrap();
+    fs.fsync(a, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(40), |p, fs, v| {
+        require_whiteout_rename(fs, v, ("d/a", "e/a"), &data, p.flushes_completed >= synced)
+    });
+}
+
+/// `mkdir d; write d/a; sync; mv --whiteout d/a d/b; fsync d; <cut>` →
+/// `d/b` with the data and `d/a` a whiteout once the fsync returned (the
+/// directory's log adds the whiteout as a new inode), never one without
+/// the other.
+#[test]
+fn whiteout_rename_then_fsync_dir() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    let data = pattern(5000, 41);
+    let a = fs.create(d, b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(a, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.rename(d, b"a", d, b"b", whiteout()).unwrap();
+    fs.fsync(d, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(41), |p, fs, v| {
+        require_whiteout_rename(fs, v, ("d/a", "d/b"), &data, p.flushes_completed >= synced)
+    });
+}
+
+/// overlayfs's directory rename with redirect_dir: `mkdir d d/sub; write
+/// d/sub/x; sync; mv --whiteout d/sub e; fsync e; <cut>` → `e/x` with
+/// the data and `d/sub` a whiteout once the fsync returned, never one
+/// without the other.
+#[test]
+fn whiteout_rename_of_directory_then_fsync() {
+    let rec = recorder();
+    let fs = mount(rec.clone());
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    let sub = fs.mkdir(d, b"sub", 0o755, 0, 0).unwrap().ino;
+    let data = pattern(3000, 42);
+    let x = fs.create(sub, b"x", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(x, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    fs.rename(d, b"sub", fs.root_ino(), b"e", whiteout())
+        .unwrap();
+    fs.fsync(sub, false).unwrap();
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(42), |p, fs, v| {
+        if v.contains_key("/e") {
+            common::require_content(v, "/e/x", &data)?;
+            if !is_whiteout(fs, "d/sub") {
+                return Err("e is renamed but d/sub is no whiteout".into());
+            }
+            Ok(())
+        } else if p.flushes_completed >= synced {
+            Err("the fsynced rename to e is gone".into())
+        } else {
+            common::require_content(v, "/d/sub/x", &data)
+        }
     });
 }

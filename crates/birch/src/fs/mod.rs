@@ -630,8 +630,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         flags: RenameFlags,
     ) -> Result<()> {
         let _request = self.request();
+        // A whiteout is a new inode with a name: five more items.
+        let items = if flags.whiteout.is_some() { 15 } else { 10 };
         self.change_with(
-            |_| Ok(Need::items(10)),
+            |_| Ok(Need::items(items)),
             |s| {
                 // A subvolume link may move (and be exchanged) across
                 // subvolumes; any other inode is EXDEV there.

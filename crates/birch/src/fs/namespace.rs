@@ -7,7 +7,7 @@
 use super::decode::decode_item;
 use super::delayed_items::DelayedDir;
 use super::root::RootCtx;
-use super::{Attr, DirListEntry, RenameFlags};
+use super::{Attr, DirListEntry, RenameFlags, WhiteoutOwner};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
@@ -18,6 +18,14 @@ use crate::format::{
     NAME_MAX, ROOT_DIR_INO, SYMLINK_MAX,
 };
 use std::ops::ControlFlow;
+
+/// Where a plain rename moves the source's name to, and what it replaces.
+struct Move<'a> {
+    source: DirEntry,
+    new_parent: u64,
+    new_name: &'a [u8],
+    target: Option<DirEntry>,
+}
 
 /// Most links one inode may have (as ext4's EXT4_LINK_MAX).
 const LINK_MAX: u32 = 65000;
@@ -394,6 +402,24 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Err(Error::TooManyLinks);
         }
         self.require_dir_indexes(parent, 1)?;
+        let ino = self.insert_new_node(parent, name, file_type, mode, umask, (uid, gid), rdev)?;
+        self.getattr(ino)
+    }
+
+    /// The changes of [`Self::create_node`] once checked (a free name, a
+    /// dir index, space): a new inode of `file_type` under `name`,
+    /// inheriting `parent`'s default ACL. Returns its number.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_new_node(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        file_type: FileType,
+        mode: u32,
+        umask: u32,
+        (uid, gid): (u32, u32),
+        rdev: u64,
+    ) -> Result<u64> {
         let (mode, acls) = self.acl_at_create(parent, mode, umask)?;
         let item = self.new_inode_item(mode, uid, gid, rdev);
         let ino = self.add_new_inode(item);
@@ -403,7 +429,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if file_type == FileType::Directory {
             self.update_inode(parent, |p| p.nlink += 1)?;
         }
-        self.getattr(ino)
+        Ok(ino)
     }
 
     pub(crate) fn symlink(
@@ -590,6 +616,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 "RENAME_EXCHANGE with RENAME_NOREPLACE",
             ));
         }
+        if flags.exchange && flags.whiteout.is_some() {
+            return Err(Error::InvalidArgument(
+                "RENAME_EXCHANGE with RENAME_WHITEOUT",
+            ));
+        }
         if name == b"." || name == b".." {
             return Err(Error::InvalidArgument("rename of \".\" or \"..\""));
         }
@@ -633,9 +664,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.ensure_space(0)?;
         if flags.exchange && parent == new_parent {
             self.require_dir_indexes(parent, 2)?;
+        } else if flags.whiteout.is_some() && parent == new_parent {
+            // The moved name and the whiteout.
+            self.require_dir_indexes(parent, 2)?;
         } else {
             self.require_dir_indexes(new_parent, 1)?;
-            if flags.exchange {
+            if flags.exchange || flags.whiteout.is_some() {
                 self.require_dir_indexes(parent, 1)?;
             }
         }
@@ -643,7 +677,13 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             let target = target.expect("checked above");
             self.rename_exchange(parent, name, source, new_parent, new_name, target)
         } else {
-            self.rename_move(parent, name, source, new_parent, new_name, target)
+            let moved = Move {
+                source,
+                new_parent,
+                new_name,
+                target,
+            };
+            self.rename_move(parent, name, moved, flags.whiteout)
         }
     }
 
@@ -681,16 +721,24 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// A plain rename once checked: the source's name moves to
-    /// `new_parent/new_name`, replacing `target` if there is one.
+    /// `new_parent/new_name`, replacing `target` if there is one. With
+    /// `whiteout`, a new whiteout takes the source's name (RENAME_WHITEOUT,
+    /// as btrfs's `btrfs_whiteout_for_rename`): it is added like any new
+    /// inode, so a logged directory logs it with the name (docs/TREE-LOG.md
+    /// "Keeping logged objects current").
     fn rename_move(
         &mut self,
         parent: u64,
         name: &[u8],
-        source: DirEntry,
-        new_parent: u64,
-        new_name: &[u8],
-        target: Option<DirEntry>,
+        moved: Move<'_>,
+        whiteout: Option<WhiteoutOwner>,
     ) -> Result<()> {
+        let Move {
+            source,
+            new_parent,
+            new_name,
+            target,
+        } = moved;
         let now = Timespec::now();
         let source_is_dir = source.file_type == FileType::Directory;
         if let Some(target) = &target {
@@ -722,6 +770,20 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }
         self.update_inode(source.ino, |i| i.ctime = now)?;
         self.inode(source.ino)?.log.renamed_trans = self.fs.forest.transid();
+        if let Some(owner) = whiteout {
+            // The kernel's whiteout: a character device 0:0 with no
+            // permission bits (WHITEOUT_MODE, WHITEOUT_DEV). `rename`
+            // checked its dir index; its space is the rename's.
+            self.insert_new_node(
+                parent,
+                name,
+                FileType::CharDevice,
+                libc::S_IFCHR,
+                0,
+                (owner.uid, owner.gid),
+                0,
+            )?;
+        }
         Ok(())
     }
 

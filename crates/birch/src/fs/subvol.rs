@@ -233,7 +233,7 @@ impl<D: BlockDevice> FsState<D> {
         let well_formed = validate_name(name).is_ok()
             && validate_name(new_name).is_ok()
             && !matches!(new_name, b"." | b"..");
-        if !well_formed || (flags.exchange && flags.no_replace) {
+        if !well_formed || (flags.exchange && (flags.no_replace || flags.whiteout.is_some())) {
             return Ok(false);
         }
         let Some(source) = ctx.find_entry(dir, name)? else {
@@ -249,6 +249,9 @@ impl<D: BlockDevice> FsState<D> {
         // needs a link on both sides.
         if across && (!source.subvolume || (flags.exchange && !target_is_link)) {
             return Err(Error::CrossDevice);
+        }
+        if flags.whiteout.is_some() {
+            return Err(Error::NotSupported("RENAME_WHITEOUT of a subvolume link"));
         }
         let source_ext = entry_ext(parent_id, &source);
         if flags.exchange {

@@ -97,6 +97,20 @@ pub struct RenameFlags {
     pub no_replace: bool,
     /// RENAME_EXCHANGE: atomically swap the two names.
     pub exchange: bool,
+    /// RENAME_WHITEOUT: in the same change, the source's name is given to
+    /// a new whiteout (a character device 0:0, mode 0) owned by this
+    /// owner, as the kernel's `vfs_whiteout` and btrfs's rename make it
+    /// (docs/FUSE.md "Whiteouts and overlayfs").
+    pub whiteout: Option<WhiteoutOwner>,
+}
+
+/// Who owns the whiteout a RENAME_WHITEOUT leaves: the caller's fsuid, and
+/// its fsgid or the directory's group where the directory is set-group-ID
+/// (the kernel's `inode_init_owner`; the FUSE adapter works them out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WhiteoutOwner {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// `setxattr` flags.

@@ -57,7 +57,8 @@ pub fn assert_clean<D: BlockDevice + ?Sized>(dev: &D, when: &str) {
     assert!(report.is_clean(), "{when}:\n{report}");
 }
 
-/// Path -> contents (files), "-> target" (symlinks) or "<dir>", for the
+/// Path -> contents (files), "-> target" (symlinks), "<dir>", or "<Type
+/// rdev>" (device nodes, fifos, sockets), for the
 /// whole tree.
 pub type View = BTreeMap<String, Vec<u8>>;
 
@@ -79,7 +80,17 @@ pub fn view<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> View {
                     };
                     out.insert(path, shown);
                 }
-                _ => {
+                // Device nodes, fifos and sockets have no data to read:
+                // their type and device number stand for it (a whiteout
+                // shows as "<CharDevice 0>").
+                FileType::CharDevice
+                | FileType::BlockDevice
+                | FileType::Fifo
+                | FileType::Socket => {
+                    let rdev = fs.getattr(e.ino).unwrap().rdev;
+                    out.insert(path, format!("<{:?} {rdev}>", e.file_type).into_bytes());
+                }
+                FileType::Regular => {
                     let size = fs.getattr(e.ino).unwrap().size;
                     let data = fs.read_file(e.ino, 0, size as usize).unwrap();
                     assert_eq!(data.len() as u64, size, "{path}: short read");
