@@ -332,10 +332,18 @@ fn chattr_sync_noatime_nodump_dirsync() {
     fs::create_dir(fx.path("d")).unwrap();
     fs::write(fx.path("f"), b"").unwrap();
     let (d, f) = (fx.path("d"), fx.path("f"));
+    let ctime = |p: &std::path::Path| {
+        let m = fs::metadata(p).unwrap();
+        (m.ctime(), m.ctime_nsec())
+    };
+    let before = ctime(&f);
     assert!(chattr(&["+D", "+d", d.to_str().unwrap()]).status.success());
     assert!(chattr(&["+S", "+A", "+d", f.to_str().unwrap()])
         .status
         .success());
+    // chattr sets ctime, and stat sees it at once: the kernel's cached
+    // attributes are dropped (fstests generic/277).
+    assert_ne!(ctime(&f), before, "ctime after chattr, as stat sees it");
     let (dflags, fflags) = (lsattr(&d), lsattr(&f));
     assert!(
         dflags.contains('D') && dflags.contains('d'),

@@ -1849,7 +1849,10 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                                 self.fs.set_flags(ino, (old & inode_flags::DIRSYNC) | flags)
                             });
                             match result {
-                                Ok(()) => reply.ioctl(0, &[]),
+                                Ok(()) => {
+                                    self.forget_cached_attributes(ino);
+                                    reply.ioctl(0, &[]);
+                                }
                                 Err(e) => reply.error(self.errno(&e)),
                             }
                         }
@@ -1863,7 +1866,12 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 Some(bytes) => {
                     let flags = u32::from_ne_bytes(bytes.try_into().expect("four bytes"));
                     match self.fs.set_flags(ino, flags) {
-                        Ok(()) => reply.ioctl(0, &[]),
+                        // The change set ctime: the kernel's cached
+                        // attributes are stale (fstests generic/277).
+                        Ok(()) => {
+                            self.forget_cached_attributes(ino);
+                            reply.ioctl(0, &[]);
+                        }
                         Err(e) => reply.error(self.errno(&e)),
                     }
                 }
