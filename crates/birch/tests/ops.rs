@@ -677,6 +677,28 @@ struct PausingDevice {
 }
 
 impl PausingDevice {
+    /// A fresh image (fsid byte `fsid`) behind a device that pauses nothing
+    /// until armed; with the channel its pauses are announced on and the
+    /// one that resumes them.
+    fn new(
+        fsid: u8,
+    ) -> (
+        Arc<Self>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel();
+        let dev = Arc::new(PausingDevice {
+            inner: common::memory_fs(IMAGE_BYTES, fsid),
+            armed_len: std::sync::Mutex::new(None),
+            armed_write_len: std::sync::Mutex::new(None),
+            paused: paused_tx,
+            resume: std::sync::Mutex::new(resume_rx),
+        });
+        (dev, paused_rx, resume_tx)
+    }
+
     fn pause_if_armed(&self, armed: &std::sync::Mutex<Option<usize>>, len: usize) {
         let pause = {
             let mut armed = armed.lock().unwrap();
@@ -719,15 +741,7 @@ impl birch::device::BlockDevice for PausingDevice {
 #[test]
 fn read_racing_free_and_reuse_returns_the_old_data() {
     const READ: usize = 48 * PAGE;
-    let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
-    let (resume_tx, resume_rx) = std::sync::mpsc::channel();
-    let dev = Arc::new(PausingDevice {
-        inner: common::memory_fs(IMAGE_BYTES, 12),
-        armed_len: std::sync::Mutex::new(None),
-        armed_write_len: std::sync::Mutex::new(None),
-        paused: paused_tx,
-        resume: std::sync::Mutex::new(resume_rx),
-    });
+    let (dev, paused_rx, resume_tx) = PausingDevice::new(12);
     let fs = mount(dev.clone());
     let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
     let old = pattern(READ, 1);
@@ -784,15 +798,7 @@ fn writeback_paused(
     during: impl FnOnce(&Filesystem<Arc<PausingDevice>>, u64, u64, &Arc<PausingDevice>, &Release),
     after: impl FnOnce(&Filesystem<Arc<birch::device::MemoryDevice>>),
 ) {
-    let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
-    let (resume_tx, resume_rx) = std::sync::mpsc::channel();
-    let dev = Arc::new(PausingDevice {
-        inner: common::memory_fs(IMAGE_BYTES, 13),
-        armed_len: std::sync::Mutex::new(None),
-        armed_write_len: std::sync::Mutex::new(None),
-        paused: paused_tx,
-        resume: std::sync::Mutex::new(resume_rx),
-    });
+    let (dev, paused_rx, resume_tx) = PausingDevice::new(13);
     let fs = mount(dev.clone());
     let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
     let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
@@ -957,15 +963,7 @@ fn writeback_paused_fsync_of_another_file_completes() {
 /// cut then leaves `a` whole and `birch check` clean.
 #[test]
 fn commit_paused_in_its_data_write_serves_requests() {
-    let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
-    let (resume_tx, resume_rx) = std::sync::mpsc::channel();
-    let dev = Arc::new(PausingDevice {
-        inner: common::memory_fs(IMAGE_BYTES, 15),
-        armed_len: std::sync::Mutex::new(None),
-        armed_write_len: std::sync::Mutex::new(None),
-        paused: paused_tx,
-        resume: std::sync::Mutex::new(resume_rx),
-    });
+    let (dev, paused_rx, resume_tx) = PausingDevice::new(15);
     let fs = mount(dev.clone());
     let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
     let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
