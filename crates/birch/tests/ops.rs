@@ -994,6 +994,10 @@ fn commit_paused_in_its_data_write_serves_requests() {
             read.unwrap() == pattern(PAUSED_PAGES * PAGE, 1),
             "a read during the commit's data write returned other bytes than were written"
         );
+        // FIBMAP's answer: a block whose bytes are not on the device yet
+        // has no device block to give.
+        let mapped = without_waiting("a block map", &release, || fs.device_byte(a, 0));
+        assert_eq!(mapped.unwrap(), None, "a block of an unwritten extent");
         let n = without_waiting("a write", &release, || fs.write_file(b, 0, b"new"));
         assert_eq!(n.unwrap(), 3);
         release.release();

@@ -1161,9 +1161,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             } = extent
             {
                 if let Some(within) = offset.checked_sub(start).filter(|&w| w < num_bytes) {
-                    return Ok(disk_bytenr
+                    let byte = disk_bytenr
                         .checked_add(extent_offset)
-                        .and_then(|b| b.checked_add(within)));
+                        .and_then(|b| b.checked_add(within));
+                    // An unwritten extent's bytes are in memory until its
+                    // commit writes them: no device block holds them yet.
+                    return Ok(byte.filter(|&b| self.fs.unwritten.covering(b, 1).is_none()));
                 }
             }
         }
