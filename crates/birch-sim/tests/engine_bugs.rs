@@ -21,6 +21,75 @@ fn assert_clean(dev: &Arc<MemoryDevice>) {
     assert!(report.is_clean(), "{report}");
 }
 
+/// The scripted crash regressions: a workload written out op by op,
+/// recorded on the crash device with deterministic mounts, and judged by
+/// every oracle in the one crash state where the power goes right after a
+/// chosen op returned (its flushes done, before the unmount's commit).
+mod scripted {
+    use birch::fs::MountOptions;
+    use birch_sim::crash::{check_state, record, CrashConfig, OpSource, StateReport};
+    use birch_sim::model::RenameFlags;
+    pub use birch_sim::workload::{Op, Target};
+
+    /// `"a/b"` as path components; `""` is the root.
+    pub fn path(s: &str) -> Vec<Vec<u8>> {
+        s.split('/')
+            .filter(|c| !c.is_empty())
+            .map(|c| c.as_bytes().to_vec())
+            .collect()
+    }
+
+    pub fn mkdir(s: &str) -> Op {
+        Op::Mkdir {
+            path: path(s),
+            perm: 0o755,
+        }
+    }
+
+    pub fn create(s: &str) -> Op {
+        Op::Create {
+            path: path(s),
+            perm: 0o644,
+        }
+    }
+
+    pub fn fsync_dir(s: &str) -> Op {
+        Op::FsyncDir {
+            target: Target::Path(path(s)),
+        }
+    }
+
+    pub fn rename(from: &str, to: &str) -> Op {
+        Op::Rename {
+            from: path(from),
+            to: path(to),
+            flags: RenameFlags::default(),
+        }
+    }
+
+    /// renameat2(RENAME_EXCHANGE).
+    pub fn exchange(a: &str, b: &str) -> Op {
+        Op::Rename {
+            from: path(a),
+            to: path(b),
+            flags: RenameFlags {
+                exchange: true,
+                ..RenameFlags::default()
+            },
+        }
+    }
+
+    /// Records `script` and judges the power cut right after op `after`
+    /// (an index into `script`) returned; panics with the oracles' finding.
+    pub fn power_cut_after(script: Vec<Op>, after: usize) -> StateReport {
+        let mut cfg = CrashConfig::ci(0);
+        cfg.mount = MountOptions::deterministic();
+        let trace = record(&cfg, OpSource::Script(script)).unwrap();
+        let k = trace.ops[after].flushes_after;
+        check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
 /// Fixed. A small (inline) file that grows past the inline limit through a write
 /// that does not touch its first page keeps its inline extent next to the
 /// new regular extent; `birch check` rejects the image ("inline extent is
@@ -135,29 +204,17 @@ fn write_after_fsync_then_commit() {
 /// target ("symlink N has no target item"). Found by crash seed 17.
 #[test]
 fn fsync_dir_logs_a_new_symlinks_target() {
-    use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
-    use birch_sim::workload::{Op, Target};
-    let p = |s: &str| -> Vec<Vec<u8>> { s.split('/').map(|c| c.as_bytes().to_vec()).collect() };
-    let mut cfg = CrashConfig::ci(0);
-    cfg.mount = MountOptions::deterministic();
+    use scripted::*;
     let script = vec![
-        Op::Mkdir {
-            path: p("p"),
-            perm: 0o755,
-        },
+        mkdir("p"),
         Op::Sync,
         Op::Symlink {
-            path: p("p/c"),
+            path: path("p/c"),
             target: b"x".to_vec(),
         },
-        Op::FsyncDir {
-            target: Target::Path(p("p")),
-        },
+        fsync_dir("p"),
     ];
-    let trace = record(&cfg, OpSource::Script(script)).unwrap();
-    // Power cut right after the fsync returned (before the unmount's commit).
-    let k = trace.ops[3].flushes_after;
-    check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap();
+    power_cut_after(script, 3);
 }
 
 /// Tree log: an xattr of a directory, committed by a sync, is lost when a
@@ -166,42 +223,22 @@ fn fsync_dir_logs_a_new_symlinks_target() {
 /// seed 115.
 #[test]
 fn fsync_dir_replay_keeps_committed_xattrs() {
-    use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
-    use birch_sim::workload::{Op, Target};
-    let p = |s: &str| -> Vec<Vec<u8>> {
-        s.split('/')
-            .filter(|c| !c.is_empty())
-            .map(|c| c.as_bytes().to_vec())
-            .collect()
-    };
-    let mut cfg = CrashConfig::ci(0);
-    cfg.mount = MountOptions::deterministic();
+    use scripted::*;
     let script = vec![
-        Op::Mkdir {
-            path: p("d"),
-            perm: 0o755,
-        },
+        mkdir("d"),
         Op::SetXattr {
-            target: Target::Path(p("d")),
+            target: Target::Path(path("d")),
             name: b"user.x".to_vec(),
             value_len: 10,
             fill: 1,
             mode: Default::default(),
         },
-        Op::Create {
-            path: p("d/f"),
-            perm: 0o644,
-        },
+        create("d/f"),
         Op::Sync,
-        Op::Unlink { path: p("d/f") },
-        Op::FsyncDir {
-            target: Target::Path(p("d")),
-        },
+        Op::Unlink { path: path("d/f") },
+        fsync_dir("d"),
     ];
-    let trace = record(&cfg, OpSource::Script(script)).unwrap();
-    // Power cut right after the fsync returned (before the unmount's commit).
-    let k = trace.ops[5].flushes_after;
-    check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap();
+    power_cut_after(script, 5);
 }
 
 /// A device whose writes panic once armed (a stand-in for any engine bug
@@ -277,48 +314,16 @@ fn an_engine_panic_does_not_abort_the_process() {
 /// ancestor or fall back to a full commit. Found by crash seed 85.
 #[test]
 fn fsync_of_a_new_dir_under_a_renamed_parent() {
-    use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
-    use birch_sim::model::RenameFlags;
-    use birch_sim::workload::{Op, Target};
-    let p = |s: &str| -> Vec<Vec<u8>> {
-        s.split('/')
-            .filter(|c| !c.is_empty())
-            .map(|c| c.as_bytes().to_vec())
-            .collect()
-    };
-    let mut cfg = CrashConfig::ci(0);
-    cfg.mount = MountOptions::deterministic();
+    use scripted::*;
     let script = vec![
-        Op::Mkdir {
-            path: p("a"),
-            perm: 0o755,
-        },
-        Op::Mkdir {
-            path: p("d"),
-            perm: 0o755,
-        },
+        mkdir("a"),
+        mkdir("d"),
         Op::Sync,
-        Op::Rename {
-            from: p("a"),
-            to: p("d"),
-            flags: RenameFlags {
-                no_replace: false,
-                exchange: true,
-                whiteout: false,
-            },
-        },
-        Op::Mkdir {
-            path: p("a/b"),
-            perm: 0o755,
-        },
-        Op::FsyncDir {
-            target: Target::Path(p("a/b")),
-        },
+        exchange("a", "d"),
+        mkdir("a/b"),
+        fsync_dir("a/b"),
     ];
-    let trace = record(&cfg, OpSource::Script(script)).unwrap();
-    // Power cut right after the fsync returned (before the unmount's commit).
-    let k = trace.ops[5].flushes_after;
-    check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap();
+    power_cut_after(script, 5);
 }
 
 /// Tree log: RENAME_EXCHANGE of a logged new file with a committed file in
@@ -329,50 +334,17 @@ fn fsync_of_a_new_dir_under_a_renamed_parent() {
 /// crash seeds 34 and 35.
 #[test]
 fn exchange_after_fsync_keeps_both_names() {
-    use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
-    use birch_sim::model::RenameFlags;
-    use birch_sim::workload::{Op, Target};
-    let p = |s: &str| -> Vec<Vec<u8>> {
-        s.split('/')
-            .filter(|c| !c.is_empty())
-            .map(|c| c.as_bytes().to_vec())
-            .collect()
-    };
-    let mut cfg = CrashConfig::ci(0);
-    cfg.mount = MountOptions::deterministic();
+    use scripted::*;
     let script = vec![
-        Op::Mkdir {
-            path: p("p"),
-            perm: 0o755,
-        },
-        Op::Create {
-            path: p("p/f"),
-            perm: 0o644,
-        },
+        mkdir("p"),
+        create("p/f"),
         Op::Sync,
-        Op::Create {
-            path: p("d"),
-            perm: 0o644,
-        },
-        Op::FsyncDir {
-            target: Target::Path(p("")),
-        },
-        Op::Rename {
-            from: p("p/f"),
-            to: p("d"),
-            flags: RenameFlags {
-                no_replace: false,
-                exchange: true,
-                whiteout: false,
-            },
-        },
-        Op::FsyncDir {
-            target: Target::Path(p("p")),
-        },
+        create("d"),
+        fsync_dir(""),
+        exchange("p/f", "d"),
+        fsync_dir("p"),
     ];
-    let trace = record(&cfg, OpSource::Script(script)).unwrap();
-    let k = trace.ops[6].flushes_after;
-    check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap();
+    power_cut_after(script, 6);
 }
 
 /// Tree log: a rename that replaces an entry of an already-logged
@@ -381,45 +353,16 @@ fn exchange_after_fsync_keeps_both_names() {
 /// nor the new inode is at `/b/x`). Found by long crash seed 133.
 #[test]
 fn rename_over_an_entry_of_a_logged_directory() {
-    use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
-    use birch_sim::model::RenameFlags;
-    use birch_sim::workload::{Op, Target};
-    let p = |s: &str| -> Vec<Vec<u8>> {
-        s.split('/')
-            .filter(|c| !c.is_empty())
-            .map(|c| c.as_bytes().to_vec())
-            .collect()
-    };
-    let mut cfg = CrashConfig::ci(0);
-    cfg.mount = MountOptions::deterministic();
+    use scripted::*;
     let script = vec![
-        Op::Mkdir {
-            path: p("b"),
-            perm: 0o755,
-        },
-        Op::Create {
-            path: p("b/x"),
-            perm: 0o644,
-        },
-        Op::FsyncDir {
-            target: Target::Path(p("b")),
-        },
-        Op::Create {
-            path: p("c"),
-            perm: 0o644,
-        },
-        Op::Rename {
-            from: p("c"),
-            to: p("b/x"),
-            flags: RenameFlags::default(),
-        },
-        Op::FsyncDir {
-            target: Target::Path(p("")),
-        },
+        mkdir("b"),
+        create("b/x"),
+        fsync_dir("b"),
+        create("c"),
+        rename("c", "b/x"),
+        fsync_dir(""),
     ];
-    let trace = record(&cfg, OpSource::Script(script)).unwrap();
-    let k = trace.ops[5].flushes_after;
-    check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap();
+    power_cut_after(script, 5);
 }
 
 /// Tree log: a directory renamed onto a new name and fsynced (`rename A/C
@@ -430,40 +373,18 @@ fn rename_over_an_entry_of_a_logged_directory() {
 /// D both exist. Found by the ACE workload seq2:7857 (tests/ace.rs).
 #[test]
 fn fsynced_dir_rename_survives_replacing_the_dir() {
-    use birch_sim::crash::{check_state, record, CrashConfig, OpSource};
-    use birch_sim::model::RenameFlags as MRenameFlags;
-    use birch_sim::workload::{Op, Target};
-    let p = |s: &str| -> Vec<Vec<u8>> { s.split('/').map(|c| c.as_bytes().to_vec()).collect() };
-    let mut cfg = CrashConfig::ci(0);
-    cfg.mount = MountOptions::deterministic();
-    let mkdir = |s: &str| Op::Mkdir {
-        path: p(s),
-        perm: 0o755,
-    };
-    let rename = |a: &str, b: &str| Op::Rename {
-        from: p(a),
-        to: p(b),
-        flags: MRenameFlags::default(),
-    };
+    use scripted::*;
     let script = vec![
         mkdir("A"),
         mkdir("A/C"),
         mkdir("B"),
         Op::Sync,
         rename("A/C", "D"),
-        Op::FsyncDir {
-            target: Target::Path(p("D")),
-        },
+        fsync_dir("D"),
         rename("B", "D"),
-        Op::FsyncDir {
-            target: Target::Path(p("D")),
-        },
+        fsync_dir("D"),
     ];
-    let trace = record(&cfg, OpSource::Script(script)).unwrap();
-    // Power cut right after the second fsync returned (before the unmount's
-    // commit).
-    let k = trace.ops[7].flushes_after;
-    let report = check_state(&trace, k, &[], trace.crash_image(k, &[])).unwrap();
+    let report = power_cut_after(script, 7);
     let names: Vec<String> = report
         .view
         .entries
@@ -471,11 +392,11 @@ fn fsynced_dir_rename_survives_replacing_the_dir() {
         .map(|k| birch_sim::model::show_path(k))
         .collect();
     assert!(
-        !report.view.entries.contains_key(&p("A/C")),
+        !report.view.entries.contains_key(&path("A/C")),
         "A/C came back: {names:?}"
     );
     assert!(
-        !report.view.entries.contains_key(&p("B")),
+        !report.view.entries.contains_key(&path("B")),
         "B came back: {names:?}"
     );
 }
