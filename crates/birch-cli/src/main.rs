@@ -17,6 +17,7 @@
 mod holders;
 mod loopdev;
 mod mount;
+mod mount_again;
 mod replay;
 mod scrub;
 mod signature;

@@ -49,7 +49,9 @@ pub struct MountArgs {
     /// rescue=usebackuproot (if the newest commit cannot be read, mount the newest older
     /// one the superblock records, read-only unless `rw` is given too); and mount(8)'s
     /// generic options: nosuid, nodev, noexec, noatime, strictatime, nodiratime, sync, dirsync, ...;
-    /// subvol=PATH (from the top level) or subvolid=ID: the subvolume to show (default: the default one);
+    /// subvol=PATH (from the top level) or subvolid=ID: the subvolume to show (default: the default one;
+    /// on an image already mounted, a bind mount of it in the running mount, which then takes only
+    /// subvol=, subvolid=, ro, rw, nosuid, nodev, noexec);
     /// user_subvol_rm_allowed (any user who could rmdir a subvolume's root directory may
     /// `birch subvolume delete` it, as btrfs)
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -380,6 +382,12 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
             "{}: not a directory",
             args.mountpoint.display()
         )));
+    }
+    // A detached daemon (ready_fd) was started after this check.
+    if args.ready_fd.is_none() {
+        if let Some(code) = crate::mount_again::mount_if_served(args)? {
+            return Ok(code);
+        }
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

@@ -459,7 +459,7 @@ fn commit(dir: &File, path: &Path) -> Result<(), Failure> {
 
 /// Whether `dir` is a subvolume's root directory: GETFLAGS answers EINVAL
 /// anywhere else.
-fn is_subvolume_root(dir: &File, path: &Path) -> Result<bool, Failure> {
+pub(crate) fn is_subvolume_root(dir: &File, path: &Path) -> Result<bool, Failure> {
     let mut flags = 0u64;
     match ioctl(dir, path, BTRFS_IOC_SUBVOL_GETFLAGS, &mut flags) {
         Ok(()) => Ok(true),
@@ -527,7 +527,7 @@ fn list(args: &ListArgs) -> Result<u8, Failure> {
 }
 
 /// Pages through `BIRCH_IOC_SUBVOL_LIST` from id 0.
-fn list_mounted(path: &Path) -> Result<Vec<SubvolEntry>, Failure> {
+pub(crate) fn list_mounted(path: &Path) -> Result<Vec<SubvolEntry>, Failure> {
     let dir = open_dir(path)?;
     let mut all: Vec<SubvolEntry> = Vec::new();
     let mut cursor = 0u64;
@@ -703,7 +703,7 @@ fn show_subvolume(path: &Path, selector: Option<Selector>) -> Result<u8, Failure
 
 /// The id of the subvolume `dir` is in (`BTRFS_IOC_INO_LOOKUP` with tree 0
 /// and the root directory's number, as btrfs-progs asks).
-fn subvolume_id(dir: &File, path: &Path) -> Result<u64, Failure> {
+pub(crate) fn subvolume_id(dir: &File, path: &Path) -> Result<u64, Failure> {
     let mut args = vec![0u8; BTRFS_INO_LOOKUP_ARGS_SIZE];
     args[8..16].copy_from_slice(&birch::format::ROOT_DIR_INO.to_ne_bytes());
     ioctl(dir, path, BTRFS_IOC_INO_LOOKUP, args.as_mut_slice())
@@ -713,10 +713,16 @@ fn subvolume_id(dir: &File, path: &Path) -> Result<u64, Failure> {
     ))
 }
 
-fn get_default(path: &Path) -> Result<u8, Failure> {
-    let dir = open_dir(path)?;
+/// The id of the mount's default subvolume (what a mount without
+/// `subvol=` shows).
+pub(crate) fn default_id(dir: &File, path: &Path) -> Result<u64, Failure> {
     let mut id = 0u64;
-    ioctl(&dir, path, BIRCH_IOC_GET_DEFAULT_SUBVOL, &mut id).map_err(|e| failure(path, e, ""))?;
+    ioctl(dir, path, BIRCH_IOC_GET_DEFAULT_SUBVOL, &mut id).map_err(|e| failure(path, e, ""))?;
+    Ok(id)
+}
+
+fn get_default(path: &Path) -> Result<u8, Failure> {
+    let id = default_id(&open_dir(path)?, path)?;
     let mut out = io::stdout().lock();
     if id == birch::format::tree_id::FS {
         writeln!(out, "ID 5 (FS_TREE)").map_err(output)?;
@@ -770,7 +776,7 @@ fn set_default(args: &[String]) -> Result<u8, Failure> {
     Ok(0)
 }
 
-fn open_dir(path: &Path) -> Result<File, Failure> {
+pub(crate) fn open_dir(path: &Path) -> Result<File, Failure> {
     File::open(path).map_err(|e| Failure::new(format!("cannot access {}: {e}", path.display())))
 }
 

@@ -1952,33 +1952,6 @@ fn remount_keeps_everything() {
     assert_eq!(before, manifest(&fx.mnt));
 }
 
-#[test]
-fn second_mount_of_the_same_image_is_refused() {
-    if skip_unless_root() {
-        return;
-    }
-    let fx = Fixture::mounted("posix-second-mount");
-    write_file(&fx.path("f"), b"first mount");
-    let other = fx.scratch.path("mnt2");
-    fs::create_dir(&other).unwrap();
-    // Detached and foreground both refuse, with one line naming the image.
-    for extra in [&[][..], &["-f"][..]] {
-        let mut args = vec!["mount", fx.image_str(), other.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let out = common::birch(&args);
-        assert!(!out.status.success(), "second mount {extra:?} succeeded");
-        let err = common::text(&out.stderr);
-        assert!(err.contains("already mounted"), "{err}");
-        assert_eq!(
-            common::mount_fstype(&other),
-            None,
-            "second mount {extra:?} left a mount behind"
-        );
-    }
-    // The first mount is unharmed.
-    assert_eq!(read_file(&fx.path("f")), b"first mount");
-}
-
 /// Regression: fuser's own mount(2) dropped the subtype, so the mount
 /// showed up as plain "fuse" (and `findmnt -t fuse.birch` found nothing).
 /// As root the mount is fuseblk, over the loop device the image is
