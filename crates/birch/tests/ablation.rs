@@ -107,6 +107,11 @@ fn new_name_syncs(ablation: Ablation) -> (u64, u64) {
     // A file never logged: no sync either way.
     let other = fs.create(d, b"other", 0o644, 0, 0).unwrap().ino;
     fs.link(other, root, b"other2").unwrap();
+    // An unlink of a logged inode's name syncs nothing, and leaves nothing
+    // for the next rename to sync.
+    fs.unlink(root, b"h").unwrap();
+    fs.rename(root, b"other2", root, b"other3", RenameFlags::default())
+        .unwrap();
     (
         fs.log_stats().log_syncs - syncs,
         fs.stats().commits - commits,

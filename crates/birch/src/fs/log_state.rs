@@ -61,7 +61,8 @@ pub(crate) struct LogState {
     pub force_commit: Option<FallbackReason>,
     /// Seed 000 switched off (`Ablation::sync_log_on_new_name`): what the
     /// link or rename that changed a logged inode's names makes durable
-    /// before it returns; taken by that request.
+    /// before it returns: cleared by a link or rename before it changes
+    /// names, taken by it after (under the same hold of the state lock).
     pub new_name_sync: Option<NewNameSync>,
 }
 

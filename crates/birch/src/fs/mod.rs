@@ -585,6 +585,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.deny_if_flagged(ino, false)?;
                 root.deny_if_flagged(dir, true)?;
+                // Only this link's own new name counts (an unlink leaves
+                // one behind that nobody waits for).
+                root.fs.log.new_name_sync = None;
                 let attr = root.link(ino, dir, new_name).map(|a| root.external(a))?;
                 Ok((attr, root.fs.log.new_name_sync.take()))
             },
@@ -661,6 +664,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                         root.deny_if_flagged(new_dir, true)?;
                     }
                 }
+                root.fs.log.new_name_sync = None;
                 root.rename(dir, name, new_dir, new_name, flags)?;
                 Ok(root.fs.log.new_name_sync.take())
             },
