@@ -499,5 +499,91 @@ class Report(unittest.TestCase):
         self.assertNotIn("Subvolumes and snapshots", report.build_report(load_results("report-quick-dup"), "q"))
 
 
+class Ablation(unittest.TestCase):
+    """`bench/run --ablation` (docs/ABLATION.md): options, the alternated
+    plan, the setups' mount commands and the seeds' tables."""
+
+    def birch(self, tmp):
+        return executable(os.path.join(tmp, "birch"))
+
+    def test_options(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            o = resolve("--ablation", "--birch-bin", self.birch(tmp))
+            self.assertEqual((o.fs_list, o.workloads), (["birch"], ["ablation"]))
+            self.assertEqual(o.ablation_seeds, ["000", "001", "002", "003", "004"])
+            self.assertEqual(resolve("--ablation", "003,000", "--birch-bin", self.birch(tmp)).ablation_seeds,
+                             ["003", "000"])
+            for argv, msg in ((["--ablation", "000,007"], "unknown seed id.*007"),
+                              (["--ablation", "--fs", "btrfs"], "leave out --fs and --workloads")):
+                with self.assertRaisesRegex(options.UsageError, msg):
+                    resolve(*argv, "--birch-bin", self.birch(tmp))
+        # never part of a default run
+        self.assertNotIn("ablation", resolve().workloads)
+
+    def test_plan_pairs_each_config_and_flips_the_order(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            ctx = RunContext(resolve("--ablation", "003,004", "--birch-bin", self.birch(tmp)))
+            w = WORKLOADS["ablation"](ctx)
+            first = [(m.config, m.target, m.key_metric) for m in w.measurements()]
+            self.assertEqual(first, [
+                ("003-dirlog", "birch", "logging_s"), ("003-dirlog", "birch-ablate-003", "logging_s"),
+                ("003-dbench-S", "birch", "throughput_mb_s"),
+                ("003-dbench-S", "birch-ablate-003", "throughput_mb_s"),
+                ("004-untar-roomy", "birch", "total_s"), ("004-untar-roomy", "birch-ablate-004", "total_s"),
+                ("004-untar-tight", "birch", "total_s"), ("004-untar-tight", "birch-ablate-004", "total_s")])
+            second = [(m.config, m.target) for m in w.measurements()]
+            self.assertEqual(second[:2], [("003-dirlog", "birch-ablate-003"), ("003-dirlog", "birch")])
+
+    def test_mount_commands(self):
+        ctx = RunContext(resolve("--birch-bin", sys.executable))
+        for seed in ("000", "004"):
+            s = SETUPS["birch-ablate-" + seed]
+            self.assertEqual(s.format_argv(ctx, s.mount_bg, target="/dev/loop9", mnt="/m")[-2:],
+                             ["-o", "ablate=" + seed])
+            self.assertIsNone(s.subvolumes)
+        self.assertNotIn("-o", SETUPS["birch"].mount_bg)
+
+    def test_birch_counters(self):
+        counters = parsers.parse_birch_counters(
+            '{"uptime_seconds": 1.5, "transport": "/dev/fuse", "read_only": false, "commits": 3, '
+            '"logging_nanos": 2000000000, "fuse_requests": {"LOOKUP": 2}}')
+        self.assertEqual(counters, {"uptime_seconds": 1.5, "commits": 3, "logging_nanos": 2000000000})
+        self.assertIsNone(parsers.parse_birch_counters("not json"))
+
+    def test_seeds_tables(self):
+        def rec(config, fs, rep, metrics):
+            return {"workload": "ablation", "config": config, "fs": fs, "rep": rep, "ok": True,
+                    "metrics": metrics}
+
+        def dbench(tput, max_lat, rename_avg, log_syncs):
+            return {"throughput_mb_s": tput, "max_latency_ms": max_lat,
+                    "ops": {"Rename": {"count": 10, "avg_ms": rename_avg, "max_ms": 5.0}},
+                    "counters": {"log_syncs": log_syncs}}
+        records = [rec("000-dbench-16", "birch-ablate-000", 1, dbench(100.0, 50.0, 4.0, 900)),
+                   rec("000-dbench-16", "birch", 1, dbench(110.0, 40.0, 1.0, 300)),
+                   rec("000-dbench-16", "birch", 2, dbench(120.0, 30.0, 2.0, 310)),
+                   rec("000-dbench-16", "birch-ablate-000", 2, dbench(100.0, 50.0, 4.0, 1100)),
+                   rec("004-untar-roomy", "birch-ablate-004", 1, {"total_s": 10.0}),
+                   rec("004-untar-tight", "birch-ablate-004", 1, {"total_s": 60.0}),
+                   rec("004-untar-roomy", "birch", 1, {"total_s": 10.0}),
+                   rec("004-untar-tight", "birch", 1, {"total_s": 11.0})]
+        results = {"meta": {"fs": ["birch"], "command": "bench/run --ablation 000,004"}, "records": records}
+        text = report.build_report(results, "ablation", plot_err="test")
+        self.assertIn("## The seeds' tables", text)
+        # medians: before 100, after 115 (+15 %); max latency 50 -> 35; rename 4 -> 1.5
+        self.assertIn("| 000 | throughput | +6.5% | 100.0 (100.0–100.0) | 115.0 (110.0–120.0) | +15.0% | "
+                      "log_syncs: 1000 / 305 |", text)
+        self.assertIn("| 000 | max latency | -29.4% | 50.00 (50.00–50.00) | 35.00 (30.00–40.00) | -30.0% |", text)
+        self.assertIn("| 000 | rename latency (avg) | -75.8% | 4.00 (4.00–4.00) | 1.50 (1.00–2.00) | -62.5% |",
+                      text)
+        self.assertIn("| 004 | untar + sync, nearly full | — | 60.00 | 11.00 | -81.7% | — |", text)
+        self.assertIn("before ×6.00, after ×1.10", text)
+        self.assertNotIn("| 001 |", text)
+        # an ablation-only run has no kernel filesystem to hold ratios against
+        self.assertNotIn("## Headline", text)
+        # without ablation records, no such section
+        self.assertNotIn("The seeds' tables", report.build_report(load_results("report-quick-dup"), "q"))
+
+
 if __name__ == "__main__":
     unittest.main()

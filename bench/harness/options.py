@@ -15,8 +15,9 @@ from typing import Optional, Sequence
 
 from harness.host import GiB, MiB
 from harness.paths import BENCH_DIR, REPO_DIR
-from harness.setups import BIRCH_SETUPS, DEFAULT_SETUPS, PEER_FUSE_SETUPS, SETUPS
-from harness.workloads import WORKLOAD_NAMES
+from harness.setups import ABLATED_SETUPS, BIRCH_SETUPS, DEFAULT_SETUPS, PEER_FUSE_SETUPS, SETUPS
+from harness.setups.birch import SEED_IDS
+from harness.workloads import WORKLOAD_NAMES, WORKLOADS
 
 
 class UsageError(ValueError):
@@ -45,6 +46,9 @@ class Options:
     untar_tarball: Optional[str]
     birch_bin: Optional[str]
     birch_embedded_cmd: Optional[str]
+    # `--ablation [IDS]`: the seeds whose benchmarks run with and without
+    # their mechanism (docs/ABLATION.md); None: no ablation run.
+    ablation_seeds: Optional[list[str]] = None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,6 +60,10 @@ def parser() -> argparse.ArgumentParser:
                        ",".join(SETUPS), ",".join(DEFAULT_SETUPS), ",".join(BIRCH_SETUPS + PEER_FUSE_SETUPS)))
     p.add_argument("--workloads", default=",".join(WORKLOAD_NAMES),
                    help="comma list from: %s (default: all)" % ",".join(WORKLOAD_NAMES))
+    p.add_argument("--ablation", nargs="?", const=",".join(SEED_IDS), default=None, metavar="IDS",
+                   help="each seed's own benchmark on birch with and without that seed's mechanism "
+                        "(-o ablate=ID, docs/ABLATION.md), alternated; IDS: comma list from %s "
+                        "(default all). Runs only the ablation workload on birch" % ",".join(SEED_IDS))
     p.add_argument("--duration", type=int, default=None,
                    help="seconds per dbench run and per fio run (default 60; quick 4)")
     p.add_argument("--repeat", type=int, default=None, help="repetitions (default 3; quick 1)")
@@ -128,6 +136,17 @@ def resolve(args: argparse.Namespace, argv: Sequence[str], repo_dir: str = REPO_
         birch_bin = os.path.realpath(args.birch_bin)
         if not _executable(birch_bin):
             raise UsageError("--birch-bin %s is not an executable file" % birch_bin)
+    ablation_seeds = None
+    if args.ablation is not None:
+        ablation_seeds = _comma_list(args.ablation)
+        bad = [s for s in ablation_seeds if s not in SEED_IDS]
+        if bad or not ablation_seeds:
+            raise UsageError("--ablation %s: unknown seed id(s) %s (known: %s)" % (
+                args.ablation, ",".join(bad) or "(none given)", ",".join(SEED_IDS)))
+        if args.fs or args.workloads != ",".join(WORKLOAD_NAMES):
+            raise UsageError("--ablation runs its own workload on birch: leave out --fs and --workloads")
+        args.fs = "birch"
+        args.workloads = "ablation"
     if args.fs:
         fs_list = _comma_list(args.fs)
     else:
@@ -135,15 +154,15 @@ def resolve(args: argparse.Namespace, argv: Sequence[str], repo_dir: str = REPO_
     bad = [f for f in fs_list if f not in SETUPS]
     if bad:
         raise UsageError("unknown filesystem(s): %s (known: %s)" % (",".join(bad), ",".join(SETUPS)))
-    if any(f in BIRCH_SETUPS for f in fs_list) and not birch_bin:
+    if any(f in BIRCH_SETUPS + ABLATED_SETUPS for f in fs_list) and not birch_bin:
         birch_bin = find_birch(repo_dir)
         if not birch_bin:
             raise UsageError("--fs birch asked for but no birch binary found (give --birch-bin PATH "
                              "or build it: cargo build --release -p birch-cli)")
     workloads = _comma_list(args.workloads)
-    bad = [w for w in workloads if w not in WORKLOAD_NAMES]
+    bad = [w for w in workloads if w not in WORKLOADS]
     if bad:
-        raise UsageError("unknown workload(s): %s (known: %s)" % (",".join(bad), ",".join(WORKLOAD_NAMES)))
+        raise UsageError("unknown workload(s): %s (known: %s)" % (",".join(bad), ",".join(WORKLOADS)))
     roomy, tight = _untar_sizes(args)
     quick = args.quick
     return Options(
@@ -155,4 +174,4 @@ def resolve(args: argparse.Namespace, argv: Sequence[str], repo_dir: str = REPO_
         fio_rw=args.fio_rw, fs_list=fs_list, workloads=workloads,
         workdir=os.path.realpath(args.workdir), out=args.out, install=args.install,
         untar_tarball=args.untar_tarball, birch_bin=birch_bin,
-        birch_embedded_cmd=args.birch_embedded_cmd)
+        birch_embedded_cmd=args.birch_embedded_cmd, ablation_seeds=ablation_seeds)

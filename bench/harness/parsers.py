@@ -220,3 +220,17 @@ def parse_birch_transport(text):
         return None
     transport = stats.get("transport") if isinstance(stats, dict) else None
     return transport if isinstance(transport, str) else None
+
+
+def parse_birch_counters(text):
+    """Every numeric counter of `birch stats --json`, by name (the lines of
+    crates/birch-fuse/src/stats.rs: `commits`, `log_syncs`,
+    `logging_nanos`, ...). None if the output is not that JSON."""
+    try:
+        stats = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(stats, dict):
+        return None
+    return {k: v for k, v in stats.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}

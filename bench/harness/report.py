@@ -247,6 +247,28 @@ def make_plots(d, plot_dir):
         fig.savefig(os.path.join(plot_dir, "dirlog_phases.png"), dpi=110)
         plt.close(fig)
         made.append("dirlog_phases.png")
+
+    # the seeds' tables: the seed's claimed change beside birch's
+    rows = [r for r in ablation_changes(d) if r[3] is not None]
+    if rows:
+        fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+        ys = range(len(rows))
+        ax.barh([y + 0.2 for y in ys], [r[2] or 0 for r in rows], height=0.4, color="#7f7f7f",
+                label="the seed's claim")
+        ax.barh([y - 0.2 for y in ys], [r[3] for r in rows], height=0.4, color=COLOURS["birch"],
+                label="birch (median, same run)")
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels(["%s %s" % (r[0], r[1]) for r in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_xlabel("change with the seed's mechanism against without it (%)")
+        ax.set_title("the seeds' tables%s" % title_sfx, fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(plot_dir, "ablation_changes.png"), dpi=110)
+        plt.close(fig)
+        made.append("ablation_changes.png")
     return made
 
 
@@ -435,6 +457,9 @@ def _headline_section(d, made, plot_err):
     """One row per key metric, one column per filesystem, ratios to the base."""
     L = []
     add = L.append
+    if d.records and all(r["workload"] == "ablation" for r in d.records):
+        # birch against itself: "The seeds' tables" is the headline
+        return L
     add("## Headline: ratios against %s measured in the same run" % d.base)
     add("")
     add("Cell = median (×ratio to %s). `better` says which direction is better." % d.base)
@@ -681,7 +706,8 @@ def dup_pairs(d):
             continue
         for dup in d.fs:
             other = table.get(dup) or {}
-            if other.get("metadata") == "dup" and other.get("device") == desc.get("device"):
+            if (other.get("metadata") == "dup" and other.get("device") == desc.get("device")
+                    and not other.get("ablate")):
                 pairs.append((dup, single))
                 break
     return pairs
@@ -966,12 +992,143 @@ def _failures_section(d):
     return L
 
 
+# `bench/run --ablation` (docs/ABLATION.md): what each seed claims (its change
+# log) and the metrics that show it here: (claim, [(config, metric, label, the
+# seed's change in %, None where it gives no number)]). A metric `op:NAME:KEY`
+# is a dbench operation's column.
+ABLATION_CLAIMS = {
+    "000": ("dbench, 16 clients: +6.5% throughput, -29.4% max latency, -75.8% rename latency", [
+        ("000-dbench-16", "throughput_mb_s", "throughput", 6.5),
+        ("000-dbench-16", "max_latency_ms", "max latency", -29.4),
+        ("000-dbench-16", "op:Rename:avg_ms", "rename latency (avg)", -75.8)]),
+    "001": ("dbench, 8 clients: rename max latency 238.7 -> 4.4 ms, unlink 238.6 -> 66.1 ms, "
+            "+2.7% throughput", [
+                ("001-dbench-8", "op:Rename:max_ms", "rename max latency", -98.1),
+                ("001-dbench-8", "op:Unlink:max_ms", "unlink max latency", -72.3),
+                ("001-dbench-8", "throughput_mb_s", "throughput", 2.7)]),
+    "002": ("dbench, 64 clients: +12.7% throughput, -8.2% max latency", [
+        ("002-dbench-64", "throughput_mb_s", "throughput", 12.7),
+        ("002-dbench-64", "max_latency_ms", "max latency", -8.2)]),
+    "003": ("create/rename script: -43.1% time logging inodes; dbench -S: +25.2% throughput, "
+            "-21.5% max latency", [
+                ("003-dirlog", "logging_s", "time logging inodes", -43.1),
+                ("003-dirlog", "total_s", "script wall time", None),
+                ("003-dbench-S", "throughput_mb_s", "dbench -S throughput", 25.2),
+                ("003-dbench-S", "max_latency_ms", "dbench -S max latency", -21.5)]),
+    "004": ("untar onto a nearly full filesystem no longer 5-20x slower than onto a roomy one", [
+        ("004-untar-tight", "total_s", "untar + sync, nearly full", None),
+        ("004-untar-roomy", "total_s", "untar + sync, roomy", None)]),
+}
+
+
+def ablation_metric(metrics, key):
+    """A metric of an ablation record: a top-level number, or
+    `op:NAME:KEY`, one column of a dbench operation."""
+    if not metrics:
+        return None
+    if key.startswith("op:"):
+        _, op, col = key.split(":")
+        return ((metrics.get("ops") or {}).get(op) or {}).get(col)
+    return metrics.get(key)
+
+
+def ablation_changes(d):
+    """(seed, label, the seed's change in % or None, birch's change in % or
+    None, before, after, config, before setup) per claimed number of a
+    seed that ran: birch with the seed's mechanism switched off ("before")
+    and on ("after"), medians over repetitions."""
+    out = []
+    for seed, (_, metrics) in ABLATION_CLAIMS.items():
+        before_fs = "birch-ablate-" + seed
+        if not d.recs("ablation", fs=before_fs):
+            continue
+        for config, key, label, claimed in metrics:
+            b, a = (parsers.summarize([ablation_metric(r["metrics"], key)
+                                       for r in d.recs("ablation", config, fs)])
+                    for fs in (before_fs, "birch"))
+            delta = None
+            if a and b and b["median"]:
+                delta = 100.0 * (a["median"] - b["median"]) / b["median"]
+            out.append((seed, label, claimed, delta, b, a, config, before_fs))
+    return out
+
+
+def ablation_rows(d):
+    """The rows of the seeds' tables: seed, metric, the seed's claim,
+    birch before and after, birch's change, the switch's counter."""
+    return [[seed, label, "—" if claimed is None else "%+.1f%%" % claimed, fmt_stat(b), fmt_stat(a),
+             "—" if delta is None else "%+.1f%%" % delta, ablation_evidence(d, config, before_fs)]
+            for seed, label, claimed, delta, b, a, config, before_fs in ablation_changes(d)]
+
+
+# The counter that shows each seed's switch took its path (docs/ABLATION.md).
+ABLATION_EVIDENCE = {"000": "log_syncs", "001": "delayed_item_flushes", "002": "log_base_wait_nanos",
+                     "003": "delayed_item_flushes", "004": "reclaim_pages"}
+
+
+def ablation_evidence(d, config, before_fs):
+    """`counter: before / after` (medians per run) of the seed's counter."""
+    seed = before_fs[len("birch-ablate-"):]
+    name = ABLATION_EVIDENCE.get(seed)
+    cells = []
+    for fs in (before_fs, "birch"):
+        s = parsers.summarize([((r.get("metrics") or {}).get("counters") or {}).get(name)
+                               for r in d.recs("ablation", config, fs)])
+        cells.append(fmt_num(s["median"], 0) if s else "—")
+    if cells == ["—", "—"]:
+        return "—"
+    return "%s: %s / %s" % (name, cells[0], cells[1])
+
+
+def ablation_full_over_roomy(d):
+    """Seed 004's figure: untar time nearly full / roomy, before and after."""
+    out = []
+    for fs in ("birch-ablate-004", "birch"):
+        tight = d.stat("ablation", "004-untar-tight", fs, "total_s")
+        roomy = d.stat("ablation", "004-untar-roomy", fs, "total_s")
+        out.append(ratio(tight, roomy))
+    return out
+
+
+def _ablation_section(d, made):
+    """`bench/run --ablation`: the seeds' tables beside birch's deltas."""
+    L = []
+    add = L.append
+    rows = ablation_rows(d)
+    if not rows:
+        return L
+    add("## The seeds' tables: each seed's mechanism switched off in birch (`bench/run --ablation`)")
+    add("")
+    add("Each seed's own benchmark on `birch` (the mechanism, \"after\") and on `birch-ablate-ID` "
+        "(`-o ablate=ID`: the behaviour the seed removed, \"before\"; docs/ABLATION.md), back to back "
+        "in every repetition, the pair's order flipped each repetition. `birch's change` = after against "
+        "before, as the seeds state theirs; cells are medians (min–max). The last column is the counter "
+        "that shows the switch took its path (median per run, before / after).")
+    add("")
+    add(md_table(["seed", "metric", "seed's claim", "birch before", "birch after", "birch's change",
+                  "switch's counter"], rows, ["---", "---"] + ["--:"] * 4 + ["---"]))
+    add("")
+    if "ablation_changes.png" in made:
+        add("![ablation_changes](plots/ablation_changes.png)")
+        add("")
+    before, after = ablation_full_over_roomy(d)
+    if before is not None or after is not None:
+        add("Seed 004's figure, untar time nearly full / roomy: before %s, after %s (the seed: 5–20× "
+            "before, about ×1 after)." % (fmt_ratio(before), fmt_ratio(after)))
+        add("")
+    for seed, (claim, _) in ABLATION_CLAIMS.items():
+        if d.recs("ablation", fs="birch-ablate-" + seed):
+            add("- %s: %s." % (seed, claim))
+    add("")
+    return L
+
+
 def build_report(results, title, made=(), plot_err=None):
     """report.md's text from a results.json document (pure: no files, so
     it can be tested on recorded results).  `made`: the plot files to show;
     `plot_err`: why there are none."""
     d = Data(results)
-    sections = (_header(d, title), _headline_section(d, made, plot_err), _dbench_section(d),
+    sections = (_header(d, title), _headline_section(d, made, plot_err), _ablation_section(d, made), _dbench_section(d),
                 _dirlog_section(d), _untar_section(d), _fio_section(d), _embedded_section(d),
                 _snapshots_section(d), _dup_section(d), _requests_section(d), _floor_section(d), _failures_section(d))
     return "\n".join(line for s in sections for line in s) + "\n"

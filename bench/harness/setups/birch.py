@@ -44,14 +44,16 @@ SUBVOLUMES = SubvolumeCommands(
 
 
 class BirchSetup(FuseSetup):
-    def __init__(self, name: str, uses_loop: bool, metadata: str) -> None:
+    def __init__(self, name: str, uses_loop: bool, metadata: str, ablate: Optional[str] = None) -> None:
+        mount_bg = MOUNT_BG + (["-o", "ablate=" + ablate] if ablate else [])
         super().__init__(name, mkfs=["{birch}", "mkfs", "{target}", "--metadata", metadata],
-                         tools=["fusermount3"], uses_loop=uses_loop, mount_bg=MOUNT_BG, umount=UMOUNT,
-                         subvolumes=SUBVOLUMES)
+                         tools=["fusermount3"], uses_loop=uses_loop, mount_bg=mount_bg, umount=UMOUNT,
+                         subvolumes=None if ablate else SUBVOLUMES)
         self.metadata = metadata
+        self.ablate = ablate
 
     def describe(self) -> dict:
-        return dict(super().describe(), sync=SYNC, metadata=self.metadata)
+        return dict(super().describe(), sync=SYNC, metadata=self.metadata, ablate=self.ablate)
 
     def open(self, ctx: RunContext, size: int, tag: str) -> Mounted:
         return FuseMount(self, ctx, size, tag)
@@ -68,6 +70,16 @@ class FuseMount(DaemonMount):
         else:
             self.ctx.run(self._argv(SYNC, path), quiet=quiet, timeout=timeout)
 
+    def counters(self) -> Optional[dict]:
+        """birch's counters now (`birch stats --json`), by name; None if
+        birch cannot say."""
+        try:
+            _, out, _ = self.ctx.run([self.ctx.opts.birch_bin, "stats", "--json", self.mnt],
+                                     quiet=True, timeout=60)
+        except CmdError:
+            return None
+        return parsers.parse_birch_counters(out)
+
     def fuse_requests(self) -> Optional[dict]:
         """birch's count of the FUSE requests this mount received so far,
         by opcode (`birch stats --json`); None if birch cannot say."""
@@ -83,3 +95,9 @@ class FuseMount(DaemonMount):
 BIRCH = BirchSetup("birch", uses_loop=True, metadata="dup")
 BIRCH_FILE = BirchSetup("birch-file", uses_loop=False, metadata="dup")
 BIRCH_SINGLE = BirchSetup("birch-single", uses_loop=True, metadata="single")
+# `birch` with one seed's mechanism switched off (`-o ablate=ID`,
+# docs/ABLATION.md): the "before" side of `bench/run --ablation`. Never in a
+# default run.
+SEED_IDS = ("000", "001", "002", "003", "004")
+BIRCH_ABLATED = {seed: BirchSetup("birch-ablate-" + seed, uses_loop=True, metadata="dup", ablate=seed)
+                 for seed in SEED_IDS}

@@ -188,6 +188,13 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
                         Failure::new(format!("-o cleaner_nodes={v}: expected 1 or more"))
                     })?
             }
+            // Benchmark-only, left out of --help: restores what a seed
+            // removed (docs/ABLATION.md); ids joined by '+', repeatable.
+            ("ablate", Some(v)) => s
+                .engine
+                .ablation
+                .enable(v)
+                .map_err(|e| Failure::new(format!("-o ablate={v}: {e}")))?,
             ("memory_idle", Some(v)) => {
                 s.fuse.memory_idle = Some(seconds(key, v)?).filter(|d| !d.is_zero())
             }
@@ -388,6 +395,13 @@ pub fn mount(args: &MountArgs) -> Result<u8, Failure> {
         if let Some(code) = crate::mount_again::mount_if_served(args)? {
             return Ok(code);
         }
+    }
+    if settings.engine.ablation.any() && args.ready_fd.is_none() {
+        // Said once, before detaching: this mount is slower on purpose.
+        eprintln!(
+            "birch: ablate={}: seed mechanisms switched off for a benchmark (docs/ABLATION.md)",
+            settings.engine.ablation.seeds().join("+")
+        );
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

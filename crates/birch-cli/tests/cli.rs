@@ -424,3 +424,21 @@ fn mount_of_an_unreadable_root_suggests_the_backup_root_rescue() {
         "{err}"
     );
 }
+
+#[test]
+fn mount_refuses_an_unknown_ablation_seed() {
+    let s = Scratch::new();
+    let img = s.path("a.img");
+    let mnt = s.path("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    mkfs(&img, "64M");
+    // Refused while the options are parsed: nothing is mounted.
+    let o = birch(&["mount", &img, &mnt, "-f", "-o", "ablate=000+007"]);
+    assert_one_line_error(
+        &o,
+        1,
+        &["ablate=000+007", "'007'", "000, 001, 002, 003, 004"],
+    );
+    let o = birch(&["mount", &img, &mnt, "-f", "-o", "ablate="]);
+    assert_one_line_error(&o, 1, &["ablate=", "unknown seed id ''"]);
+}

@@ -106,6 +106,37 @@ fn whiteout_rename_crash_states_match_the_model() {
     assert!(total.crash_states > 0);
 }
 
+/// Crash workloads with one seed's mechanism switched off each
+/// (docs/ABLATION.md): the "before" paths a benchmark runs must be as
+/// crash-safe as the mechanisms. Seeds 1200..1205, one per switch (seed
+/// % 5 picks it: 000..004); the long mode runs 1200..1300.
+/// `BIRCH_SEED=n` replays one; each prints its seed and switch.
+#[test]
+fn ablation_crash_states_match_the_model() {
+    let seeds: Vec<u64> = match seed_override() {
+        Some(s) => vec![s],
+        None if long_mode() => (1200..1300).collect(),
+        None => (1200..1205).collect(),
+    };
+    let mut total = CrashStats::default();
+    for seed in seeds {
+        let mut cfg = if long_mode() {
+            CrashConfig::long(seed)
+        } else {
+            CrashConfig::ci(seed)
+        };
+        let id = birch::Ablation::SEEDS[(seed % 5) as usize];
+        cfg.mount.ablation.enable(id).unwrap();
+        let stats = run_seed(&cfg).unwrap_or_else(|e| panic!("ablate={id}: {e}"));
+        eprintln!(
+            "seed={seed} ablate={id}: {} flush points, {} crash states, {:.2?}",
+            stats.flush_points, stats.crash_states, stats.elapsed
+        );
+        total.add(&stats);
+    }
+    assert!(total.crash_states > 0);
+}
+
 // ----- scripted crash cases -----
 
 fn p(s: &str) -> Path {

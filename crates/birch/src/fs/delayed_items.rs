@@ -88,6 +88,19 @@ impl DelayedItems {
         committed
     }
 
+    /// Takes one directory's pending changes (to write them into the
+    /// tree now).
+    pub fn take_dir(&mut self, dir: u64) -> Option<DelayedDir> {
+        let d = self.dirs.remove(&dir)?;
+        self.dir_items -= d.insertions.len() + d.deletions.len();
+        Some(d)
+    }
+
+    /// Takes one inode off the dirty set; returns whether it was on it.
+    pub fn take_inode(&mut self, ino: u64) -> bool {
+        self.inodes.remove(&ino)
+    }
+
     pub fn dir(&self, dir: u64) -> Option<&DelayedDir> {
         self.dirs.get(&dir)
     }

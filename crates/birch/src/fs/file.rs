@@ -1258,9 +1258,22 @@ impl<D: BlockDevice> FsState<D> {
     /// of N inodes" — skipping inodes with a writeback in flight. Within
     /// an inode it goes on from where the last page-bounded writeback
     /// stopped, in file order, so a large file still gets long extents.
-    pub(crate) fn plan_writeback_oldest(&mut self, budget: u64) -> Result<WritebackBatch> {
+    ///
+    /// With `whole_inodes` (seed 004 switched off, docs/ABLATION.md)
+    /// `budget` counts inodes instead, each written back whole: reclaim's
+    /// behaviour before seed 004.
+    pub(crate) fn plan_writeback_oldest(
+        &mut self,
+        budget: u64,
+        whole_inodes: bool,
+    ) -> Result<WritebackBatch> {
         let mut batch = WritebackBatch::default();
-        while batch.pages < budget {
+        let mut inodes = 0u64;
+        while if whole_inodes {
+            inodes < budget
+        } else {
+            batch.pages < budget
+        } {
             let writebacks = &self.info.writebacks;
             let Some(queued) = self
                 .info
@@ -1269,7 +1282,12 @@ impl<D: BlockDevice> FsState<D> {
             else {
                 break;
             };
-            let want = (budget - batch.pages) as usize;
+            inodes += 1;
+            let want = if whole_inodes {
+                usize::MAX
+            } else {
+                (budget - batch.pages) as usize
+            };
             let cursor = self.info.space.cursor(queued);
             let (mut root, ino) = self.resolve(queued)?;
             let keys: Vec<u64> = {

@@ -59,6 +59,22 @@ pub(crate) struct LogState {
     pub filling_dirty: bool,
     /// Every fsync until the next commit must commit instead.
     pub force_commit: Option<FallbackReason>,
+    /// Seed 000 switched off (`Ablation::sync_log_on_new_name`): what the
+    /// link or rename that changed a logged inode's names makes durable
+    /// before it returns: cleared by a link or rename before it changes
+    /// names, taken by it after (under the same hold of the state lock).
+    pub new_name_sync: Option<NewNameSync>,
+}
+
+/// What a link or rename of a logged inode waits for when seed 000 is
+/// switched off (docs/ABLATION.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NewNameSync {
+    /// A sync of this log transaction.
+    Log(u64),
+    /// A commit: the log cannot be synced as it is (`force_commit`, or a
+    /// chain of new ancestors too deep to log).
+    Commit,
 }
 
 /// Counters of the fsync path. `birch stats` shows each through its line in

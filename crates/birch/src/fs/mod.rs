@@ -585,9 +585,15 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.deny_if_flagged(ino, false)?;
                 root.deny_if_flagged(dir, true)?;
-                root.link(ino, dir, new_name).map(|a| root.external(a))
+                // Only this link's own new name counts (an unlink leaves
+                // one behind that nobody waits for).
+                root.fs.log.new_name_sync = None;
+                let attr = root.link(ino, dir, new_name).map(|a| root.external(a))?;
+                Ok((attr, root.fs.log.new_name_sync.take()))
             },
         )?;
+        let (attr, new_name_sync) = attr;
+        self.sync_new_name(new_name_sync)?;
         self.sync_flagged(Some(ino), &[new_parent])?;
         Ok(attr)
     }
@@ -632,13 +638,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let _request = self.request();
         // A whiteout is a new inode with a name: five more items.
         let items = if flags.whiteout.is_some() { 15 } else { 10 };
-        self.change_with(
+        let new_name_sync = self.change_with(
             |_| Ok(Need::items(items)),
             |s| {
                 // A subvolume link may move (and be exchanged) across
                 // subvolumes; any other inode is EXDEV there.
                 if s.rename_subvolume_link(parent, name, new_parent, new_name, flags)? {
-                    return Ok(());
+                    return Ok(None);
                 }
                 InoSpace::same_subvolume(parent, new_parent)?;
                 let (_, new_dir) = InoSpace::split(new_parent);
@@ -658,10 +664,26 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                         root.deny_if_flagged(new_dir, true)?;
                     }
                 }
-                root.rename(dir, name, new_dir, new_name, flags)
+                root.fs.log.new_name_sync = None;
+                root.rename(dir, name, new_dir, new_name, flags)?;
+                Ok(root.fs.log.new_name_sync.take())
             },
         )?;
+        self.sync_new_name(new_name_sync)?;
         self.sync_flagged(None, &[parent, new_parent])
+    }
+
+    /// Seed 000 switched off (`Ablation::sync_log_on_new_name`,
+    /// docs/ABLATION.md): a link or rename that changed a logged inode's
+    /// names syncs the log before it returns, or commits when the log
+    /// cannot be synced as it is. `None` (the switch off, or no logged
+    /// inode involved) does nothing.
+    fn sync_new_name(&self, sync: Option<log_state::NewNameSync>) -> Result<()> {
+        match sync {
+            None => Ok(()),
+            Some(log_state::NewNameSync::Log(id)) => self.shared.wait_log(id),
+            Some(log_state::NewNameSync::Commit) => self.commit(),
+        }
     }
 
     /// Entries of a directory after `offset` (0 starts at the beginning;
@@ -1173,6 +1195,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         // global reserve (a reclaim commit makes it durable anyway).
         let started = Instant::now();
         let mut rounds = 0;
+        if self.lock().info.options.ablation.log_waits_for_commit {
+            self.wait_for_commit_in_flight()?;
+        }
         let outcome = loop {
             // The file's data first, written without the state lock; the
             // log then records the extents it published.
@@ -1217,6 +1242,19 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         };
         self.lock().info.log_stats.fsync_nanos += started.elapsed().as_nanos() as u64;
         durable
+    }
+
+    /// Seed 002 switched off (`Ablation::log_waits_for_commit`,
+    /// docs/ABLATION.md): before it logs anything, an fsync waits until
+    /// the commit in flight has written its superblock, as btrfs's
+    /// `start_log_trans` waited on the committing transaction's
+    /// `tree_log_mutex`. The wait is added to `log_base_wait_nanos`.
+    fn wait_for_commit_in_flight(&self) -> Result<()> {
+        let started = Instant::now();
+        let sealed = self.lock().info.forest.transid() - 1;
+        self.shared.wait_commit(sealed)?;
+        self.lock().info.log_stats.log_base_wait_nanos += started.elapsed().as_nanos() as u64;
+        Ok(())
     }
 
     /// What this mount did with the log the device held: `None` when

@@ -461,7 +461,13 @@ impl<D: BlockDevice + 'static> Shared<D> {
                     .min(MAX_RECLAIM_PAGES)
                     .min(state.info.dirty_page_bytes / PAGE);
                 let before = state.space_available(urgent);
-                let (back, written) = self.writeback_oldest(state, pages);
+                let (back, written) = if state.info.options.ablation.reclaim_whole_inodes {
+                    // Seed 004 switched off: as many whole inodes as it
+                    // would have written pages (docs/ABLATION.md).
+                    self.writeback_oldest_inodes(state, pages)
+                } else {
+                    self.writeback_oldest(state, pages)
+                };
                 state = back;
                 match written {
                     Ok(n) => state.info.space.note_reclaim_request(n),

@@ -5,7 +5,7 @@
 
 use super::decode::decode_item;
 use super::delayed_items::RetiredRecords;
-use super::log_state::{FallbackReason, LogTrees};
+use super::log_state::{FallbackReason, LogTrees, NewNameSync};
 use super::root::RootCtx;
 use super::state::FsState;
 use crate::alloc::TransactionSpace;
@@ -377,6 +377,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let log = self.inode(ino)?.log.clone();
         let first_this_trans = log.state_logged_trans != transid;
         let full = log.full_sync || (first_this_trans && self.is_new(ino)?);
+        if full && self.fs.options.ablation.flush_delayed_inode_on_full_log {
+            // Seed 001 switched off (docs/ABLATION.md): the delayed inode
+            // goes into the fs tree first; the log still takes the item
+            // from memory.
+            self.flush_delayed_inode(ino)?;
+        }
         self.log_inode_item(ino, item)?;
         self.log_xattrs(ino, !first_this_trans)?;
         let (es, ee) = full_range(ino, item_type::EXTENT_DATA);
@@ -543,18 +549,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         // transaction's record of the directory holds every entry created
         // in it (10,000 in seed 003), and copying it per fsync made a
         // directory's fsync cost grow with the directory.
-        let unlogged: Vec<(u64, Option<DirEntry>, bool)> = {
-            let indexes = self.root.delayed.take_unlogged(dir);
-            let changes = self.root.delayed.txn_changes(dir);
-            indexes
-                .into_iter()
-                .map(|index| {
-                    let inserted = changes.and_then(|c| c.insertions.get(&index)).cloned();
-                    let deleted = changes.is_some_and(|c| c.deletions.contains(&index));
-                    (index, inserted, deleted)
-                })
-                .collect()
-        };
+        let unlogged: Vec<(u64, Option<DirEntry>, bool)> =
+            if self.fs.options.ablation.flush_delayed_dir_on_log {
+                self.unlogged_entries_from_tree(dir)?
+            } else {
+                self.unlogged_entries(dir)
+            };
         let mut added = Vec::new();
         for (index, inserted, deleted) in unlogged {
             if let Some(entry) = inserted {
@@ -590,6 +590,49 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         inode.log.logged_in = filling;
         self.fs.log_stats.dir_logs += 1;
         self.log_names(dir)
+    }
+
+    /// The indexes of `dir` changed since its last log, each with the
+    /// entry to add (from the transaction's record) and whether it removed
+    /// a committed entry. Forgets them.
+    fn unlogged_entries(&mut self, dir: u64) -> Vec<(u64, Option<DirEntry>, bool)> {
+        let indexes = self.root.delayed.take_unlogged(dir);
+        let changes = self.root.delayed.txn_changes(dir);
+        indexes
+            .into_iter()
+            .map(|index| {
+                let inserted = changes.and_then(|c| c.insertions.get(&index)).cloned();
+                let deleted = changes.is_some_and(|c| c.deletions.contains(&index));
+                (index, inserted, deleted)
+            })
+            .collect()
+    }
+
+    /// [`Self::unlogged_entries`] as before seed 003 (docs/ABLATION.md):
+    /// the directory's delayed items are flushed into the fs tree, and each
+    /// changed index is looked up there; an index the tree lacks was
+    /// removed.
+    fn unlogged_entries_from_tree(
+        &mut self,
+        dir: u64,
+    ) -> Result<Vec<(u64, Option<DirEntry>, bool)>> {
+        self.flush_delayed_dir(dir)?;
+        let indexes = self.root.delayed.take_unlogged(dir);
+        let mut entries = Vec::with_capacity(indexes.len());
+        for index in indexes {
+            let key = Key::new(dir, item_type::DIR_INDEX, index);
+            let inserted = match self.fs.forest.get(&self.root.tree, &key)? {
+                Some(data) => Some(decode_item(&key, DirEntry::decode(&data))?),
+                None => None,
+            };
+            let deleted = self
+                .root
+                .delayed
+                .txn_changes(dir)
+                .is_some_and(|c| c.deletions.contains(&index));
+            entries.push((index, inserted, deleted));
+        }
+        Ok(entries)
     }
 
     /// The logging half of fsync: what must be logged for `ino`, logged.
@@ -795,7 +838,17 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }
         // A chain too deep is found again (and committed) by the next
         // fsync of this inode.
-        self.log_new_ancestors(ino)?;
+        let too_deep = self.log_new_ancestors(ino)?.is_some();
+        if self.fs.options.ablation.sync_log_on_new_name {
+            // Seed 000 switched off: the request syncs the log (or commits)
+            // before it returns (docs/ABLATION.md).
+            self.fs.log.filling_dirty = true;
+            self.fs.log.new_name_sync = Some(if too_deep || self.fs.log.force_commit.is_some() {
+                NewNameSync::Commit
+            } else {
+                NewNameSync::Log(self.fs.log.filling)
+            });
+        }
         Ok(())
     }
 

@@ -194,6 +194,93 @@ pub struct MountOptions {
     /// `DROP_NODES_PER_TRANSACTION`): bounds each commit's delayed refs.
     /// Tests lower it to see a drop span several commits.
     pub cleaner_nodes_per_transaction: usize,
+    /// Benchmark-only switches, each restoring the behaviour one seed
+    /// removed (docs/ABLATION.md). All off by default; never for a
+    /// filesystem anyone relies on for speed.
+    pub ablation: Ablation,
+}
+
+/// Which seeds' mechanisms are switched off, each replaced by the
+/// behaviour its change log removed (docs/ABLATION.md). A switch is a
+/// branch on a bool on the path it changes: off, it costs nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ablation {
+    /// Seed 000 off: a link or rename that changes a logged inode's names
+    /// syncs the log before it returns (a commit if the sync fails).
+    pub sync_log_on_new_name: bool,
+    /// Seed 001 off: a full-sync fsync of a file first writes its delayed
+    /// inode item into the fs tree.
+    pub flush_delayed_inode_on_full_log: bool,
+    /// Seed 002 off: an fsync waits for the whole commit in flight (its
+    /// superblock written) before it logs anything.
+    pub log_waits_for_commit: bool,
+    /// Seed 003 off: a directory's fsync flushes its delayed dir-index
+    /// items into the fs tree, then logs its entries from the tree.
+    pub flush_delayed_dir_on_log: bool,
+    /// Seed 004 off: space reclaim writes back whole inodes, as many as it
+    /// would have written pages, instead of about as many pages as it
+    /// needs.
+    pub reclaim_whole_inodes: bool,
+}
+
+impl Ablation {
+    /// The seed ids a switch exists for, in order.
+    pub const SEEDS: [&'static str; 5] = ["000", "001", "002", "003", "004"];
+
+    /// Every switch on.
+    pub fn all() -> Ablation {
+        Ablation {
+            sync_log_on_new_name: true,
+            flush_delayed_inode_on_full_log: true,
+            log_waits_for_commit: true,
+            flush_delayed_dir_on_log: true,
+            reclaim_whole_inodes: true,
+        }
+    }
+
+    /// The switch of seed `id` ("000" to "004").
+    fn switch(&mut self, id: &str) -> Option<&mut bool> {
+        Some(match id {
+            "000" => &mut self.sync_log_on_new_name,
+            "001" => &mut self.flush_delayed_inode_on_full_log,
+            "002" => &mut self.log_waits_for_commit,
+            "003" => &mut self.flush_delayed_dir_on_log,
+            "004" => &mut self.reclaim_whole_inodes,
+            _ => return None,
+        })
+    }
+
+    /// Turns on the switches a list of seed ids names (`000+003`; the
+    /// mount option `ablate=`). An unknown id is refused, naming it and
+    /// the ids there are.
+    pub fn enable(&mut self, list: &str) -> std::result::Result<(), String> {
+        for id in list.split('+') {
+            match self.switch(id) {
+                Some(on) => *on = true,
+                None => {
+                    return Err(format!(
+                        "unknown seed id '{id}' (switches exist for {})",
+                        Self::SEEDS.join(", ")
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The seed ids switched on, in order.
+    pub fn seeds(&self) -> Vec<&'static str> {
+        let mut copy = *self;
+        Self::SEEDS
+            .into_iter()
+            .filter(|id| copy.switch(id).is_some_and(|on| *on))
+            .collect()
+    }
+
+    /// Whether any switch is on.
+    pub fn any(&self) -> bool {
+        *self != Ablation::default()
+    }
 }
 
 /// What a mount may do when the newest commit's trees cannot be read
@@ -274,6 +361,7 @@ impl Default for MountOptions {
             atime: AtimeUpdates::Relative,
             rescue: Rescue::Off,
             cleaner_nodes_per_transaction: 4096,
+            ablation: Ablation::default(),
         }
     }
 }

@@ -47,7 +47,24 @@ impl<D: BlockDevice> Shared<D> {
         mut state: RankedGuard<'a, FsState<D>>,
         budget: u64,
     ) -> (RankedGuard<'a, FsState<D>>, Result<u64>) {
-        let planned = state.plan_writeback_oldest(budget);
+        let planned = state.plan_writeback_oldest(budget, false);
+        state.fail_on_device_error(&planned);
+        match planned {
+            Ok(batch) => self.write_and_publish(state, batch),
+            Err(e) => (state, Err(e)),
+        }
+    }
+
+    /// Seed 004 switched off (`Ablation::reclaim_whole_inodes`,
+    /// docs/ABLATION.md): every dirty page of the `inodes` oldest dirty
+    /// inodes, as reclaim wrote before seed 004. Returns the lock and the
+    /// pages written.
+    pub(super) fn writeback_oldest_inodes<'a>(
+        &'a self,
+        mut state: RankedGuard<'a, FsState<D>>,
+        inodes: u64,
+    ) -> (RankedGuard<'a, FsState<D>>, Result<u64>) {
+        let planned = state.plan_writeback_oldest(inodes, true);
         state.fail_on_device_error(&planned);
         match planned {
             Ok(batch) => self.write_and_publish(state, batch),
