@@ -527,7 +527,7 @@ fn list(args: &ListArgs) -> Result<u8, Failure> {
 }
 
 /// Pages through `BIRCH_IOC_SUBVOL_LIST` from id 0.
-fn list_mounted(path: &Path) -> Result<Vec<SubvolEntry>, Failure> {
+pub(crate) fn list_mounted(path: &Path) -> Result<Vec<SubvolEntry>, Failure> {
     let dir = open_dir(path)?;
     let mut all: Vec<SubvolEntry> = Vec::new();
     let mut cursor = 0u64;
@@ -703,7 +703,7 @@ fn show_subvolume(path: &Path, selector: Option<Selector>) -> Result<u8, Failure
 
 /// The id of the subvolume `dir` is in (`BTRFS_IOC_INO_LOOKUP` with tree 0
 /// and the root directory's number, as btrfs-progs asks).
-fn subvolume_id(dir: &File, path: &Path) -> Result<u64, Failure> {
+pub(crate) fn subvolume_id(dir: &File, path: &Path) -> Result<u64, Failure> {
     let mut args = vec![0u8; BTRFS_INO_LOOKUP_ARGS_SIZE];
     args[8..16].copy_from_slice(&birch::format::ROOT_DIR_INO.to_ne_bytes());
     ioctl(dir, path, BTRFS_IOC_INO_LOOKUP, args.as_mut_slice())
@@ -770,13 +770,13 @@ fn set_default(args: &[String]) -> Result<u8, Failure> {
     Ok(0)
 }
 
-fn open_dir(path: &Path) -> Result<File, Failure> {
+pub(crate) fn open_dir(path: &Path) -> Result<File, Failure> {
     File::open(path).map_err(|e| Failure::new(format!("cannot access {}: {e}", path.display())))
 }
 
 /// Sends `cmd` on `dir` with `arg`, which must be as long as the size the
 /// command encodes (the kernel copies that many bytes each way).
-fn ioctl<T: ?Sized>(dir: &File, path: &Path, cmd: u32, arg: &mut T) -> io::Result<()> {
+pub(crate) fn ioctl<T: ?Sized>(dir: &File, path: &Path, cmd: u32, arg: &mut T) -> io::Result<()> {
     let size = ((cmd >> 16) & 0x3fff) as usize;
     assert_eq!(
         std::mem::size_of_val(arg),
@@ -802,7 +802,7 @@ fn ioctl<T: ?Sized>(dir: &File, path: &Path, cmd: u32, arg: &mut T) -> io::Resul
 
 /// The message for a subvolume ioctl that failed on `path`. `permission`
 /// says who may, for EPERM and EACCES.
-fn failure(path: &Path, e: io::Error, permission: &str) -> Failure {
+pub(crate) fn failure(path: &Path, e: io::Error, permission: &str) -> Failure {
     let p = path.display();
     Failure::new(match e.raw_os_error() {
         Some(libc::ENOTTY) => format!("{p}: not a birch mount (or a birch without subvolumes)"),
@@ -822,7 +822,7 @@ fn failure(path: &Path, e: io::Error, permission: &str) -> Failure {
 }
 
 /// A uuid as btrfs-progs prints it, "-" when zero.
-fn uuid(u: &[u8; 16]) -> String {
+pub(crate) fn uuid(u: &[u8; 16]) -> String {
     if *u == [0; 16] {
         return "-".to_string();
     }
