@@ -300,9 +300,11 @@ fn btrfs_send_full_and_incremental_received_by_birch() {
         lb.path("s1").to_str().unwrap(),
     ]);
     sh(CHANGE, &lb.path("sv"));
-    // A directory renamed over one that was removed: d2 goes, d1 takes
-    // its name.
-    sh("mkdir d1/inner && touch -d 2020-01-01 d1/inner; rm -r d2; mv d1 d2; touch -h -d '2022-05-06 07:08:09.987654321' . d2", &lb.path("sv"));
+    // A directory renamed over one that was removed: d1-renamed (d3,
+    // with the first reflink) goes, d1 takes its name. The stream then
+    // has RENAMEs across directories, two RMDIRs, the swap and a CLONE
+    // (btrfs receive --dump).
+    sh("mkdir d1/inner && touch -d 2020-01-01 d1/inner; rm -r d1-renamed; mv d1 d1-renamed; touch -h -d '2022-05-06 07:08:09.987654321' . d1-renamed", &lb.path("sv"));
     lb.btrfs(&[
         "subvolume",
         "snapshot",
@@ -328,6 +330,13 @@ fn btrfs_send_full_and_incremental_received_by_birch() {
         incremental.to_str().unwrap(),
         lb.path("s2").to_str().unwrap(),
     ]);
+    let dump = lb.btrfs(&["receive", "--dump", "-f", incremental.to_str().unwrap()]);
+    for command in ["clone ", "rename ", "rmdir ", "link ", "remove_xattr "] {
+        assert!(
+            dump.lines().any(|l| l.starts_with(command)),
+            "no {command}in {dump}"
+        );
+    }
 
     fx.mount();
     let into = fx.path("backups");
