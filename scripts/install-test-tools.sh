@@ -3,8 +3,9 @@
 # (crates/birch-cli/tests/mount_tools.rs; docs/FUSE-TESTING.md):
 #   Debian: dbench, fio, fuse3, attr, acl, xfsprogs, util-linux (setpriv and
 #           fallocate, for mount_security.rs), e2fsprogs (chattr, for
-#           mount_ops.rs), and libacl1-dev (the headers pjdfstest builds
-#           against)
+#           mount_ops.rs), libacl1-dev (the headers pjdfstest builds
+#           against), and btrfs-progs (kernel btrfs's send streams for
+#           mount_receive.rs)
 #   crates.io: pjdfstest (the Rust port of pjd's POSIX suite) and fsx (the
 #           Rust port of the File System eXerciser), pinned versions
 #   a user and group "tests" (pjdfstest switches to nobody/nogroup and
@@ -19,7 +20,7 @@ FSX_VERSION=0.3.2
 
 need_apt=()
 for pair in dbench:dbench fio:fio fusermount3:fuse3 getfattr:attr setfacl:acl mkfs.xfs:xfsprogs \
-    setpriv:util-linux fallocate:util-linux chattr:e2fsprogs; do
+    setpriv:util-linux fallocate:util-linux chattr:e2fsprogs mkfs.btrfs:btrfs-progs; do
     command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/sys/acl.h ] || need_apt+=(libacl1-dev)

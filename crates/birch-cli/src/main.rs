@@ -18,6 +18,7 @@ mod holders;
 mod loopdev;
 mod mount;
 mod mount_again;
+mod receive;
 mod replay;
 mod scrub;
 mod signature;
@@ -73,6 +74,9 @@ enum Command {
     /// Create, list and show subvolumes, get and set the default one (as btrfs-progs)
     #[command(subcommand)]
     Subvolume(subvolume::SubvolumeCommand),
+    /// Apply a btrfs send stream (version 1) to a mounted birch: create the subvolume it carries
+    /// under DIR, read-only, with the stream's uuid as its received uuid (as btrfs receive)
+    Receive(receive::ReceiveArgs),
     /// Get or set a subvolume's property: `ro` (read-only)
     #[command(subcommand)]
     Property(subvolume::PropertyCommand),
@@ -226,6 +230,7 @@ fn main() -> ExitCode {
         Command::Scrub(args) => ("scrub", scrub(&args)),
         Command::Subvolume(command) => ("subvolume", subvolume::subvolume(&command)),
         Command::Property(command) => ("property", subvolume::property(&command)),
+        Command::Receive(args) => ("receive", receive::receive(&args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

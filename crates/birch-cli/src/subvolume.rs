@@ -782,7 +782,7 @@ pub(crate) fn open_dir(path: &Path) -> Result<File, Failure> {
 
 /// Sends `cmd` on `dir` with `arg`, which must be as long as the size the
 /// command encodes (the kernel copies that many bytes each way).
-fn ioctl<T: ?Sized>(dir: &File, path: &Path, cmd: u32, arg: &mut T) -> io::Result<()> {
+pub(crate) fn ioctl<T: ?Sized>(dir: &File, path: &Path, cmd: u32, arg: &mut T) -> io::Result<()> {
     let size = ((cmd >> 16) & 0x3fff) as usize;
     assert_eq!(
         std::mem::size_of_val(arg),
@@ -808,7 +808,7 @@ fn ioctl<T: ?Sized>(dir: &File, path: &Path, cmd: u32, arg: &mut T) -> io::Resul
 
 /// The message for a subvolume ioctl that failed on `path`. `permission`
 /// says who may, for EPERM and EACCES.
-fn failure(path: &Path, e: io::Error, permission: &str) -> Failure {
+pub(crate) fn failure(path: &Path, e: io::Error, permission: &str) -> Failure {
     let p = path.display();
     Failure::new(match e.raw_os_error() {
         Some(libc::ENOTTY) => format!("{p}: not a birch mount (or a birch without subvolumes)"),
@@ -828,7 +828,7 @@ fn failure(path: &Path, e: io::Error, permission: &str) -> Failure {
 }
 
 /// A uuid as btrfs-progs prints it, "-" when zero.
-fn uuid(u: &[u8; 16]) -> String {
+pub(crate) fn uuid(u: &[u8; 16]) -> String {
     if *u == [0; 16] {
         return "-".to_string();
     }

@@ -401,9 +401,10 @@ enum IoctlAccess {
 
 fn ioctl_access(cmd: u32) -> IoctlAccess {
     match cmd {
-        XFS_IOC_GOINGDOWN | BIRCH_IOC_SCRUB | subvol::BTRFS_IOC_DEFAULT_SUBVOL => {
-            IoctlAccess::Administrator
-        }
+        XFS_IOC_GOINGDOWN
+        | BIRCH_IOC_SCRUB
+        | subvol::BTRFS_IOC_DEFAULT_SUBVOL
+        | subvol::BTRFS_IOC_SET_RECEIVED_SUBVOL => IoctlAccess::Administrator,
         FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR => IoctlAccess::CheckedByKernel,
         subvol::BTRFS_IOC_SUBVOL_CREATE
         | subvol::BIRCH_IOC_SNAP_CREATE
@@ -963,6 +964,33 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                     .set_subvolume_readonly(id, flags & subvol::BTRFS_SUBVOL_RDONLY != 0)
                     .map_err(errno)?;
                 Ok(Vec::new())
+            })(),
+            subvol::BTRFS_IOC_SET_RECEIVED_SUBVOL => (|| {
+                let id = subvolume_root()?;
+                let args = in_data
+                    .get(..subvol::BTRFS_RECEIVED_SUBVOL_ARGS_SIZE)
+                    .ok_or(Errno::EINVAL)?;
+                let u64_at =
+                    |at: usize| u64::from_ne_bytes(args[at..at + 8].try_into().expect("8"));
+                let uuid: [u8; 16] = args[..16].try_into().expect("sixteen bytes");
+                let stransid = u64_at(16);
+                let stime = birch::format::Timespec {
+                    sec: i64::try_from(u64_at(32)).map_err(|_| Errno::EINVAL)?,
+                    nsec: u32::from_ne_bytes(args[40..44].try_into().expect("4")),
+                };
+                if stime.nsec >= 1_000_000_000 {
+                    return Err(Errno::EINVAL);
+                }
+                self.follow_remount();
+                let (rtransid, rtime) = self
+                    .fs
+                    .set_received_subvolume(id, uuid, stransid, stime)
+                    .map_err(errno)?;
+                let mut out = args.to_vec();
+                out[24..32].copy_from_slice(&rtransid.to_ne_bytes());
+                out[48..56].copy_from_slice(&(rtime.sec as u64).to_ne_bytes());
+                out[56..60].copy_from_slice(&rtime.nsec.to_ne_bytes());
+                Ok(out)
             })(),
             subvol::BTRFS_IOC_DEFAULT_SUBVOL => (|| {
                 let id = match word()? {
@@ -2072,6 +2100,7 @@ mod tests {
             XFS_IOC_GOINGDOWN,
             BIRCH_IOC_SCRUB,
             subvol::BTRFS_IOC_DEFAULT_SUBVOL,
+            subvol::BTRFS_IOC_SET_RECEIVED_SUBVOL,
         ] {
             assert_eq!(ioctl_access(cmd), IoctlAccess::Administrator);
         }

@@ -69,6 +69,22 @@ pub const BIRCH_SNAP_ARGS_SIZE: usize = 4096;
 /// snapshot subvolume `source` as `name` in it.
 pub const BIRCH_IOC_SNAP_CREATE: u32 = ioc(IOC_WRITE, b'b', 6, BIRCH_SNAP_ARGS_SIZE);
 
+/// `struct btrfs_ioctl_received_subvol_args`: `char uuid[16]; __u64
+/// stransid, rtransid; struct btrfs_ioctl_timespec stime, rtime` (u64
+/// seconds, u32 nanoseconds, 4 bytes of padding each); `__u64 flags,
+/// reserved[16]`.
+pub const BTRFS_RECEIVED_SUBVOL_ARGS_SIZE: usize = 200;
+/// `_IOWR(0x94, 37, struct btrfs_ioctl_received_subvol_args)`, on a
+/// subvolume's root directory: record it as received (uuid, stransid,
+/// stime in; rtransid, rtime out). Root or the mount's owner only
+/// (docs/SEND.md).
+pub const BTRFS_IOC_SET_RECEIVED_SUBVOL: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    BTRFS_IOCTL_MAGIC,
+    37,
+    BTRFS_RECEIVED_SUBVOL_ARGS_SIZE,
+);
+
 /// `_IO('b', 7)`: returns once the cleaner has dropped every deleted
 /// subvolume (`birch subvolume sync`; btrfs-progs polls with a tree
 /// search). The cleaner runs in the caller's request, a bounded
@@ -450,6 +466,7 @@ mod tests {
         assert_eq!(BTRFS_IOC_SUBVOL_GETFLAGS, 0x8008_9419);
         assert_eq!(BTRFS_IOC_SUBVOL_SETFLAGS, 0x4008_941a);
         assert_eq!(BTRFS_IOC_SNAP_DESTROY, 0x5000_940f);
+        assert_eq!(BTRFS_IOC_SET_RECEIVED_SUBVOL, 0xc0c8_9425);
     }
 
     #[test]

@@ -359,6 +359,37 @@ fn fsync_in_subvolume_survives_power_cut() {
     }
 }
 
+/// `set_received_subvolume` (what `birch receive` sends at END,
+/// docs/SEND.md): durable at its return, the sender's uuid, ctransid and
+/// time and this transaction recorded; refused (EROFS) on a read-only
+/// subvolume, as btrfs, so receive records it before setting the flag.
+#[test]
+fn set_received_subvolume_commits_and_refuses_read_only() {
+    let dev = memory_fs(32 << 20, 0x68);
+    let fs = mount(dev.clone());
+    let sv = fs.create_subvolume(fs.root_ino(), b"sv", 0, 0).unwrap();
+    let stime = birch::format::Timespec {
+        sec: 1_600_000_000,
+        nsec: 7,
+    };
+    let (rtransid, _) = fs.set_received_subvolume(sv, [9; 16], 42, stime).unwrap();
+    let after = Arc::new(MemoryDevice::from_bytes(dev.snapshot()));
+    assert_clean(&after, "after set received");
+    let copy = mount(after);
+    let listed = copy.list_subvolumes().unwrap();
+    let item = listed.iter().find(|i| i.id == sv).unwrap().item.unwrap();
+    assert_eq!(
+        (item.received_uuid, item.stransid, item.stime, item.rtransid),
+        ([9; 16], 42, stime, rtransid)
+    );
+    assert!(rtransid > 0);
+    fs.set_subvolume_readonly(sv, true).unwrap();
+    assert!(matches!(
+        fs.set_received_subvolume(sv, [1; 16], 1, stime),
+        Err(Error::ReadOnly)
+    ));
+}
+
 /// `set_subvolume_readonly` (what `birch property set PATH ro` sends):
 /// durable at its return (it commits: the device copy taken right after
 /// shows it), every change in the subvolume EROFS until cleared, and the

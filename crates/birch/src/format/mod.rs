@@ -10,6 +10,7 @@ mod csum;
 mod items;
 mod key;
 pub mod node;
+pub mod send_stream;
 mod superblock;
 
 pub use acl::{

@@ -48,7 +48,7 @@ pub use types::*;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::{Superblock, SECTOR_SIZE};
+use crate::format::{Superblock, Timespec, SECTOR_SIZE};
 use crate::lock_order::{
     HoldHistogram, LockRank, RankedCondvar, RankedGuard, RankedMutex, RequestHold,
 };
@@ -1455,6 +1455,29 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             |s| s.set_subvolume_readonly(id, readonly),
         )?;
         self.commit()
+    }
+
+    /// Records that subvolume `id` was received from a send stream
+    /// (btrfs's `BTRFS_IOC_SET_RECEIVED_SUBVOL`, docs/SEND.md): its
+    /// `received_uuid`, `stransid` and `stime` become the sender's, its
+    /// `rtransid` and `rtime` this transaction and now; then commits.
+    /// EROFS on a read-only subvolume (receive sets the flag after this).
+    /// Returns the rtransid and rtime.
+    pub fn set_received_subvolume(
+        &self,
+        id: u64,
+        received_uuid: [u8; 16],
+        stransid: u64,
+        stime: Timespec,
+    ) -> Result<(u64, Timespec)> {
+        let _request = self.request();
+        let now = Timespec::now();
+        let rtransid = self.change_with(
+            |_| Ok(Need::items(1)),
+            |s| s.set_received_subvolume(id, received_uuid, stransid, stime, now),
+        )?;
+        self.commit()?;
+        Ok((rtransid, now))
     }
 
     /// Adds a scrub's progress to the `scrub_nodes` and `scrub_data_bytes`

@@ -539,11 +539,56 @@ impl<D: BlockDevice> FsState<D> {
     }
 
     /// Sets or clears subvolume `id`'s `SUBVOL_RDONLY` flag (`birch
-    /// property set PATH ro`). Tree 5 on an image without subvolumes gets
-    /// its long root item here, as in [`create_subvolume`](Self::create_subvolume).
-    /// The item is written into the root tree now (the seal writes it
-    /// again) so that the commit that follows has a change to write.
+    /// property set PATH ro`).
     pub(super) fn set_subvolume_readonly(&mut self, id: u64, readonly: bool) -> Result<()> {
+        self.edit_root_item(id, |item| {
+            if readonly {
+                item.flags |= SUBVOL_RDONLY;
+            } else {
+                item.flags &= !SUBVOL_RDONLY;
+            }
+            Ok(())
+        })
+    }
+
+    /// Records that subvolume `id` was received (btrfs's
+    /// `BTRFS_IOC_SET_RECEIVED_SUBVOL`, docs/SEND.md): the sender's uuid,
+    /// ctransid and time, this transaction and `now` as when. A read-only
+    /// subvolume is refused (EROFS), as btrfs does: receive records this
+    /// before it sets the flag. Returns the rtransid.
+    pub(super) fn set_received_subvolume(
+        &mut self,
+        id: u64,
+        received_uuid: [u8; 16],
+        stransid: u64,
+        stime: Timespec,
+        now: Timespec,
+    ) -> Result<u64> {
+        let rtransid = self.info.forest.transid();
+        self.edit_root_item(id, |item| {
+            if item.flags & SUBVOL_RDONLY != 0 {
+                return Err(Error::ReadOnly);
+            }
+            item.received_uuid = received_uuid;
+            item.stransid = stransid;
+            item.stime = stime;
+            item.rtransid = rtransid;
+            item.rtime = now;
+            Ok(())
+        })?;
+        Ok(rtransid)
+    }
+
+    /// Changes subvolume `id`'s long root item with `edit`. Tree 5 on an
+    /// image without subvolumes gets its long root item here, as in
+    /// [`create_subvolume`](Self::create_subvolume). The item is written
+    /// into the root tree now (the seal writes it again) so that the
+    /// commit that follows has a change to write.
+    fn edit_root_item(
+        &mut self,
+        id: u64,
+        edit: impl FnOnce(&mut SubvolRootItem) -> Result<()>,
+    ) -> Result<()> {
         if !tree_id::is_subvolume(id) {
             return Err(Error::NotFound);
         }
@@ -560,11 +605,7 @@ impl<D: BlockDevice> FsState<D> {
             otime: Timespec::default(),
             ..fresh
         });
-        if readonly {
-            item.flags |= SUBVOL_RDONLY;
-        } else {
-            item.flags &= !SUBVOL_RDONLY;
-        }
+        edit(item)?;
         let record = ctx.root.record();
         let roots = &mut self.info.roots;
         self.info.forest.put(
