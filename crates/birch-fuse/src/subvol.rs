@@ -69,12 +69,14 @@ pub const BIRCH_SNAP_ARGS_SIZE: usize = 4096;
 /// snapshot subvolume `source` as `name` in it.
 pub const BIRCH_IOC_SNAP_CREATE: u32 = ioc(IOC_WRITE, b'b', 6, BIRCH_SNAP_ARGS_SIZE);
 
-/// `_IO('b', 7)`: returns once the cleaner has dropped every deleted
-/// subvolume (`birch subvolume sync`; btrfs-progs polls with a tree
+/// `_IOR('b', 7, __u64)`: returns once the cleaner has dropped every
+/// deleted subvolume it may drop, with the number of those it waits for
+/// because their inodes are still in use (`birch subvolume sync` asks
+/// again each second until none is left; btrfs-progs polls with a tree
 /// search). The cleaner runs in the caller's request, a bounded
 /// transaction at a time, also on a mount without a background worker
 /// (`commit=0`).
-pub const BIRCH_IOC_SUBVOL_SYNC: u32 = ioc(0, b'b', 7, 0);
+pub const BIRCH_IOC_SUBVOL_SYNC: u32 = ioc(IOC_READ, b'b', 7, 8);
 
 /// A decoded [`BIRCH_IOC_SNAP_CREATE`] argument.
 #[derive(Debug, PartialEq, Eq)]
