@@ -609,7 +609,7 @@ fn power_cut_after_last_close_of_deleted_subvolume() {
     let before = settled_free_blocks(&fs);
     let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
     let sv = fs.lookup(root, b"sv").unwrap().ino;
-    fill(&fs, sv, 6, 60);
+    fill(&fs, sv, 20, 60);
     let f = fs.create(sv, b"f", 0o644, 0, 0).unwrap().ino;
     fs.write_file(f, 0, &[0x44; 4 * 4096]).unwrap();
     fs.sync().unwrap();
