@@ -163,9 +163,18 @@ pub fn subvolume(command: &SubvolumeCommand) -> Result<u8, Failure> {
         } => delete(paths, *commit_after, *commit_each),
         SubvolumeCommand::Sync { path } => {
             let dir = open_dir(path)?;
-            ioctl(&dir, path, BIRCH_IOC_SUBVOL_SYNC, &mut [0u8; 0])
-                .map_err(|e| failure(path, e, ""))?;
-            Ok(0)
+            // As btrfs-progs: every deleted subvolume, also one whose
+            // files are still open (the cleaner drops it after their last
+            // close), asking once a second.
+            loop {
+                let mut held = 0u64;
+                ioctl(&dir, path, BIRCH_IOC_SUBVOL_SYNC, &mut held)
+                    .map_err(|e| failure(path, e, ""))?;
+                if held == 0 {
+                    return Ok(0);
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
         }
         SubvolumeCommand::List(args) => list(args),
         SubvolumeCommand::Show { rootid, uuid, path } => {

@@ -794,30 +794,40 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
 
     /// Makes the kernel drop its dentry of `name` in directory `dir`
     /// (FUSE_NOTIFY_INVAL_ENTRY) after a subvolume ioctl added or removed
-    /// that name behind its back. The kernel takes `dir`'s inode lock to
-    /// do it. The ioctl's caller does not hold it (vfs_ioctl takes no
-    /// inode lock), but another caller may, in a request on `dir` (a
-    /// mkdir, a lookup) waiting for a daemon thread: with every thread
-    /// here waiting on the lock, nothing would answer it. So the
-    /// notification goes from a thread of its own, and the reply waits
-    /// for it at most a second: normally the name is gone from the
-    /// kernel's cache before the caller's next `ls`.
+    /// that name behind its back.
     fn forget_cached_entry(&self, dir: u64, name: &[u8]) {
+        self.forget_cached_entries(vec![(dir, name.to_vec())]);
+    }
+
+    /// [`forget_cached_entry`](Self::forget_cached_entry) for each
+    /// (directory, name), in order. The kernel takes the directory's
+    /// inode lock to do it. The ioctl's caller does not hold it
+    /// (vfs_ioctl takes no inode lock), but another caller may, in a
+    /// request on that directory (a mkdir, a lookup) waiting for a daemon
+    /// thread: with every thread here waiting on the lock, nothing would
+    /// answer it. So the notifications go from a thread of their own, and
+    /// the reply waits for them at most a second: normally the names are
+    /// gone from the kernel's cache before the caller's next `ls`.
+    fn forget_cached_entries(&self, entries: Vec<(u64, Vec<u8>)>) {
         let Some(notifier) = self.notifier.get().cloned() else {
             return;
         };
-        let parent = self.ids.to_fuse(dir);
-        let name = name.to_vec();
+        let entries: Vec<(u64, INodeNo, Vec<u8>)> = entries
+            .into_iter()
+            .map(|(dir, name)| (dir, self.ids.to_fuse(dir), name))
+            .collect();
         let fsname = self.options.fsname.clone();
         let (done, sent) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            match notifier.inval_entry(parent, OsStr::from_bytes(&name)) {
-                // ENOENT: the kernel holds nothing of the name.
-                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => eprintln!(
-                    "birch: {fsname}: \"{}\" in directory {dir}: cannot invalidate the kernel's cached entry: {e}",
-                    String::from_utf8_lossy(&name)
-                ),
-                _ => {}
+            for (dir, parent, name) in entries {
+                match notifier.inval_entry(parent, OsStr::from_bytes(&name)) {
+                    // ENOENT: the kernel holds nothing of the name.
+                    Err(e) if e.raw_os_error() != Some(libc::ENOENT) => eprintln!(
+                        "birch: {fsname}: \"{}\" in directory {dir}: cannot invalidate the kernel's cached entry: {e}",
+                        String::from_utf8_lossy(&name)
+                    ),
+                    _ => {}
+                }
             }
             let _ = done.send(());
         });
@@ -929,17 +939,30 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                         &victim,
                     )?;
                 }
-                self.fs.delete_subvolume(ino, name).map_err(errno)?;
+                let id = self.fs.delete_subvolume(ino, name).map_err(errno)?;
                 // The kernel's dentry would keep showing the name (and
-                // its cached inodes answer stat) until it expires.
-                self.forget_cached_entry(ino, name);
+                // its cached inodes answer stat) until it expires. The
+                // entries of the subvolume's inodes still in use go too:
+                // unhashed, each is forgotten at its last close, and the
+                // last forget hands the tree to the cleaner (btrfs drops
+                // a deleted subvolume's dentries at their last use).
+                let mut entries = vec![(ino, name.to_vec())];
+                match self.fs.held_names_in_deleted_subvolume(id) {
+                    Ok(held) => entries.extend(held),
+                    Err(e) => eprintln!(
+                        "birch: {}: deleted subvolume {id}: its open files' names: {e}",
+                        self.options.fsname
+                    ),
+                }
+                self.forget_cached_entries(entries);
                 self.forget_cached_attributes(ino);
                 Ok(Vec::new())
             })(),
             subvol::BIRCH_IOC_SUBVOL_SYNC => (|| {
                 self.follow_remount();
                 while self.fs.run_cleaner().map_err(errno)? {}
-                Ok(Vec::new())
+                let held = self.fs.held_deleted_subvolumes().len() as u64;
+                Ok(held.to_ne_bytes().to_vec())
             })(),
             subvol::BTRFS_IOC_SUBVOL_GETFLAGS => (|| {
                 let id = subvolume_root()?;

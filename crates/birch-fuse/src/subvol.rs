@@ -85,12 +85,14 @@ pub const BTRFS_IOC_SET_RECEIVED_SUBVOL: u32 = ioc(
     BTRFS_RECEIVED_SUBVOL_ARGS_SIZE,
 );
 
-/// `_IO('b', 7)`: returns once the cleaner has dropped every deleted
-/// subvolume (`birch subvolume sync`; btrfs-progs polls with a tree
+/// `_IOR('b', 7, __u64)`: returns once the cleaner has dropped every
+/// deleted subvolume it may drop, with the number of those it waits for
+/// because their inodes are still in use (`birch subvolume sync` asks
+/// again each second until none is left; btrfs-progs polls with a tree
 /// search). The cleaner runs in the caller's request, a bounded
 /// transaction at a time, also on a mount without a background worker
 /// (`commit=0`).
-pub const BIRCH_IOC_SUBVOL_SYNC: u32 = ioc(0, b'b', 7, 0);
+pub const BIRCH_IOC_SUBVOL_SYNC: u32 = ioc(IOC_READ, b'b', 7, 8);
 
 /// A decoded [`BIRCH_IOC_SNAP_CREATE`] argument.
 #[derive(Debug, PartialEq, Eq)]

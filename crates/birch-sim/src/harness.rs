@@ -297,8 +297,9 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
             .map_err(|e| format!("open_inode({ino}): {e}"))?;
         Ok(Ok(*ino))
     }
-    /// A handle into a deleted subvolume is stale: its release finds
-    /// nothing (ENOENT), which is no failure.
+    /// A handle keeps its deleted subvolume loaded until released
+    /// (docs/SNAPSHOTS.md (d) step 3); ENOENT (a handle whose subvolume
+    /// the engine already dropped) would be no failure of the release.
     fn release(&mut self, handle: &u64) -> Step<()> {
         match self.fs().release(*handle) {
             Err(e) if e.errno() == libc::ENOENT => Ok(()),

@@ -303,6 +303,11 @@ pub struct Model {
     /// Inodes of deleted subvolumes: an open handle on one gets ENOENT,
     /// as the engine's do (docs/SNAPSHOTS.md, step 9).
     dead: HashSet<MIno>,
+    /// Deleted subvolumes with inodes open: all their inodes stay
+    /// (unreachable) and work through the handles until the last release,
+    /// but the root directory lists nothing (ENOENT), as the engine's
+    /// (docs/SNAPSHOTS.md (d) step 3).
+    held_deleted: BTreeMap<u64, Subvol>,
 }
 
 impl Default for Model {
@@ -348,6 +353,7 @@ impl Model {
             )]),
             next_subvol: 256,
             dead: HashSet::new(),
+            held_deleted: BTreeMap::new(),
         }
     }
 
@@ -361,8 +367,7 @@ impl Model {
 
     /// EROFS when `ino`'s subvolume is read-only.
     pub fn check_writable(&self, ino: MIno) -> MResult<()> {
-        let id = self.node(ino).subvol;
-        if self.subvols[&id].readonly {
+        if self.subvol_of(ino).readonly {
             Err(libc::EROFS)
         } else {
             Ok(())
@@ -371,7 +376,16 @@ impl Model {
 
     /// Whether `ino` is the root directory of a subvolume.
     pub fn is_subvol_root(&self, ino: MIno) -> bool {
-        self.subvols[&self.node(ino).subvol].root == ino
+        self.subvol_of(ino).root == ino
+    }
+
+    /// `ino`'s subvolume: a live one, or a deleted one still held.
+    fn subvol_of(&self, ino: MIno) -> &Subvol {
+        let id = self.node(ino).subvol;
+        self.subvols
+            .get(&id)
+            .or_else(|| self.held_deleted.get(&id))
+            .unwrap_or_else(|| panic!("model inode {ino}: subvolume {id} is gone"))
     }
 
     /// Whether entry `name` of `dir` is a subvolume link (a valid name
@@ -536,6 +550,20 @@ impl Model {
         }
         self.node_mut(dir).entries_mut().remove(name);
         self.node_mut(dir).nlink -= 1;
+        let subvol = self.subvols.remove(&id).expect("a live subvolume");
+        self.held_deleted.insert(id, subvol);
+        self.drop_unheld_subvolume(id);
+        Ok(())
+    }
+
+    /// Drops every inode of deleted subvolume `id` once none is open.
+    fn drop_unheld_subvolume(&mut self, id: u64) {
+        if !self.held_deleted.contains_key(&id)
+            || self.inodes.values().any(|n| n.subvol == id && n.open > 0)
+        {
+            return;
+        }
+        self.held_deleted.remove(&id);
         let gone: Vec<MIno> = self
             .inodes
             .iter()
@@ -546,8 +574,6 @@ impl Model {
             self.inodes.remove(&ino);
             self.dead.insert(ino);
         }
-        self.subvols.remove(&id);
-        Ok(())
     }
 
     pub fn inode(&self, ino: MIno) -> Option<&Inode> {
@@ -1088,6 +1114,14 @@ impl Model {
         if n.kind != Kind::Dir {
             return Err(libc::ENOTDIR);
         }
+        // A deleted subvolume's root directory is a removed directory.
+        if self
+            .held_deleted
+            .get(&n.subvol)
+            .is_some_and(|s| s.root == ino)
+        {
+            return Err(libc::ENOENT);
+        }
         Ok(n.entries()
             .iter()
             .map(|(name, &child)| (name.clone(), self.node(child).kind))
@@ -1204,9 +1238,11 @@ impl Model {
         let n = self.node_mut(ino);
         assert!(n.open > 0, "release of model inode {ino} that is not open");
         n.open -= 1;
+        let id = n.subvol;
         if n.open == 0 && n.nlink == 0 {
             self.inodes.remove(&ino);
         }
+        self.drop_unheld_subvolume(id);
     }
 
     /// What a remount or crash leaves: every handle closed.

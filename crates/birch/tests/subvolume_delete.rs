@@ -521,56 +521,271 @@ fn delete_source_keeps_its_snapshot() {
     assert!(fs.lookup(dir5, b"file-with-a-longer-name-39").is_ok());
 }
 
-/// Crash case: `subvolume create sv; write sv/f; sync; delete sv; sync;
-/// write sv/f (open); fsync sv/f; write g; fsync g; <cut>` → `g` has its
-/// data and `sv` is gone: an fsync in a deleted subvolume logs nothing
-/// (its root is dead, and a log naming a root that is not live in the
-/// base commit would make replay discard every root's log, `g`'s with
-/// it).
+/// Crash case: `subvolume create sv; write sv/f; sync; open sv/f; delete
+/// sv; write f; fsync f; write f; fsync f; sync; write g; fsync g; close
+/// f; <cut>` → `sv` gone at every state from the first fsync's return
+/// (it committed the delete: `fallback_subvolume`), `g` has its data
+/// once its fsync returned, check clean, and the mount's cleaner drops
+/// the tree and gives its space back. The second fsync neither commits
+/// nor logs: the deletion is durable, and a log naming a root that is
+/// not live in its base commit would make replay discard every root's
+/// log, `g`'s with it. The `sync` commits the open file's new data into
+/// the deleted tree, which check must find whole.
 #[test]
 fn fsync_in_deleted_subvolume_is_a_no_op() {
     let rec = recorder(32 << 20, 0x78);
     let fs = mount(rec.clone());
     let root = fs.root_ino();
-    fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let before = settled_free_blocks(&fs);
+    let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
     let sv = fs.lookup(root, b"sv").unwrap().ino;
     let f = fs.create(sv, b"f", 0o644, 0, 0).unwrap().ino;
-    fs.write_file(f, 0, b"before").unwrap();
+    fs.write_file(f, 0, &[1; 8192]).unwrap();
     let g = fs.create(root, b"g", 0o644, 0, 0).unwrap().ino;
     fs.sync().unwrap();
+    fs.open_inode(f).unwrap();
     fs.delete_subvolume(root, b"sv").unwrap();
+    fs.write_file(f, 0, b"after the delete").unwrap();
+    let commits = fs.stats().commits;
+    fs.fsync(f, false).unwrap();
+    assert_eq!(fs.stats().commits, commits + 1, "the first fsync committed");
+    let deleted = rec.flush_count();
+    fs.write_file(f, 8192, &[2; 8192]).unwrap();
+    let log_syncs = fs.log_stats().log_syncs;
+    let noop_fsyncs = fs.log_stats().noop_fsyncs;
+    fs.fsync(f, false).unwrap();
+    assert_eq!(fs.stats().commits, commits + 1, "the second did not commit");
+    assert_eq!(fs.log_stats().log_syncs, log_syncs, "nor log");
+    assert_eq!(fs.log_stats().noop_fsyncs, noop_fsyncs + 1);
     fs.sync().unwrap();
-    // Whatever the deleted subvolume's inode answers (its tree may still
-    // be there until the cleaner drops it), nothing of it may reach a log.
-    // Today both answer ENOENT; an open file that stays usable (as in
-    // btrfs) must still not log.
-    let _ = fs.write_file(f, 0, b"after the delete");
-    let _ = fs.fsync(f, false);
+    let mut expected = b"after the delete".to_vec();
+    expected.resize(8192, 1);
+    expected.extend_from_slice(&[2; 8192]);
+    assert_eq!(fs.read_file(f, 0, 1 << 20).unwrap(), expected);
     fs.write_file(g, 0, b"g's data").unwrap();
     let commits = fs.stats().commits;
     fs.fsync(g, false).unwrap();
     assert_eq!(fs.stats().commits, commits, "g's fsync logged");
     let synced = rec.flush_count();
+    fs.release(f).unwrap();
     fs.shut_down();
     drop(fs);
-    for point in crash_points(&rec, synced, &Enumeration::thorough(0x78)) {
-        let view = common::crash_view(&rec, &point);
-        assert!(!view.contains_key("/sv"), "{point:?}: {view:?}");
-        assert_eq!(
-            view.get("/g").map(Vec::as_slice),
-            Some(&b"g's data"[..]),
-            "{point:?}: {view:?}"
-        );
+    for point in crash_points(&rec, deleted, &Enumeration::thorough(0x78)) {
+        crash_mount(&rec, &point, |fs| {
+            let root = fs.root_ino();
+            assert_eq!(
+                fs.lookup(root, b"sv").unwrap_err().errno(),
+                libc::ENOENT,
+                "{point:?}"
+            );
+            assert_eq!(fs.deleted_subvolumes(), [id], "{point:?}");
+            if point.flushes_completed >= synced {
+                let g = fs.lookup(root, b"g").unwrap().ino;
+                assert_eq!(fs.read_file(g, 0, 100).unwrap(), b"g's data", "{point:?}");
+            }
+            clean_all(fs);
+            let after = settled_free_blocks(fs);
+            assert!(
+                after + 8 >= before && after <= before,
+                "{point:?}: free blocks {after}, {before} before the create"
+            );
+        });
     }
 }
 
-/// A deleted subvolume's inodes are gone at once (docs/SNAPSHOTS.md (d),
-/// "Differs from (d)"): a number the kernel still holds (a cached inode,
-/// a file handle, an open file) answers ENOENT for getattr, lookup,
-/// listing, open, read and write from the delete on, before the cleaner
-/// has dropped a node. Its holds went with the root: a release or forget
-/// finds nothing (ENOENT, which the FUSE adapter ignores for a forget and
-/// never sends for a release in its no-open mode).
+/// Crash case: `subvolume create sv; fill sv; sync; open sv/f; delete sv
+/// -c; write f; close f; <the cleaner's first two transactions>; <cut at
+/// every flush point from the delete's commit>` → `sv` gone in every
+/// state, check clean (the tree as the delete left it, with what the
+/// open file wrote into it once committed, or a drop in progress), and
+/// the mount's cleaner finishes the drop and gives the space back: the
+/// last close hands the tree to the cleaner with its delayed items
+/// flushed and the file's dirty pages discarded.
+#[test]
+fn power_cut_after_last_close_of_deleted_subvolume() {
+    let rec = recorder(64 << 20, 0x7d);
+    let fs = Filesystem::open(rec.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let before = settled_free_blocks(&fs);
+    let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 20, 60);
+    let f = fs.create(sv, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &[0x44; 4 * 4096]).unwrap();
+    fs.sync().unwrap();
+    fs.open_inode(f).unwrap();
+    fs.delete_subvolume(root, b"sv").unwrap();
+    fs.commit().unwrap();
+    let deleted = rec.flush_count();
+    fs.write_file(f, 4 * 4096, &[0x55; 4 * 4096]).unwrap();
+    fs.sync().unwrap();
+    fs.write_file(f, 0, &[0x66; 4096]).unwrap();
+    assert_eq!(fs.deleted_subvolumes(), [id]);
+    assert!(!fs.run_cleaner().unwrap(), "held: nothing to drop");
+    fs.release(f).unwrap();
+    for _ in 0..2 {
+        assert!(
+            fs.run_cleaner().unwrap(),
+            "the drop takes more than two commits"
+        );
+    }
+    fs.shut_down();
+    drop(fs);
+    let points = crash_points(&rec, deleted, &Enumeration::budgeted(40, 0x7d));
+    for point in &points {
+        crash_mount(&rec, point, |fs| {
+            assert_eq!(
+                fs.lookup(fs.root_ino(), b"sv").unwrap_err().errno(),
+                libc::ENOENT,
+                "{point:?}"
+            );
+            assert_eq!(fs.deleted_subvolumes(), vec![id], "{point:?}");
+            clean_all(fs);
+            let after = settled_free_blocks(fs);
+            assert!(
+                after + 8 >= before && after <= before,
+                "{point:?}: free blocks {after}, {before} before the create"
+            );
+        });
+    }
+}
+
+/// What btrfs keeps of a subvolume deleted while inodes of it are held
+/// (docs/SNAPSHOTS.md (d) step 3): the held inodes keep reading and
+/// writing, its other directories keep working, its root directory is a
+/// removed one (ENOENT), nothing new links into it, the cleaner leaves it
+/// alone; the last release hands it to the cleaner, which gives its space
+/// back, and `birch check` is clean.
+#[test]
+fn open_files_of_deleted_subvolume_stay_usable() {
+    let dev = memory_fs(64 << 20, 0x7b);
+    let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let before = settled_free_blocks(&fs);
+    let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 4, 60);
+    let d = fs.mkdir(sv, b"d", 0o755, 0, 0).unwrap().ino;
+    let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(f, 0, &[0x11; 3 * 4096]).unwrap();
+    let u = fs.create(d, b"u", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(u, 0, &[0x22; 4096]).unwrap();
+    fs.sync().unwrap();
+    for ino in [d, f, u] {
+        fs.open_inode(ino).unwrap();
+    }
+    fs.delete_subvolume(root, b"sv").unwrap();
+    assert_eq!(fs.deleted_subvolumes(), [id]);
+    let enoent = |what: &str, r: birch::error::Result<()>| {
+        assert_eq!(r.map_err(|e| e.errno()), Err(libc::ENOENT), "{what}");
+    };
+    enoent("lookup of the link", fs.lookup(root, b"sv").map(drop));
+    enoent("lookup in its root", fs.lookup(sv, b"d").map(drop));
+    enoent("readdir of its root", fs.readdir(sv, 0, 10).map(drop));
+    enoent(
+        "create in its root",
+        fs.create(sv, b"x", 0o644, 0, 0).map(drop),
+    );
+    // The held inodes, and what is reached through them, work.
+    assert_eq!(fs.read_file(f, 0, 4).unwrap(), [0x11; 4]);
+    fs.write_file(f, 4096, b"written after the delete").unwrap();
+    fs.truncate(f, 2 * 4096).unwrap();
+    fs.setxattr(f, b"user.k", b"v", birch::fs::XattrSetMode::CreateOrReplace)
+        .unwrap();
+    assert_eq!(fs.getxattr(f, b"user.k").unwrap(), b"v");
+    assert_eq!(fs.getattr(f).unwrap().size, 2 * 4096);
+    assert_eq!(fs.lookup(d, b"f").unwrap().ino, f);
+    let g = fs.create(d, b"g", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(g, 0, b"new in a deleted subvolume").unwrap();
+    fs.rename(d, b"g", d, b"h", Default::default()).unwrap();
+    fs.unlink(d, b"u").unwrap();
+    assert_eq!(fs.read_file(u, 0, 4).unwrap(), [0x22; 4]);
+    fs.fsync(f, false).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(
+        &fs.read_file(f, 4096, 24).unwrap()[..],
+        b"written after the delete"
+    );
+    // Nothing new links into it, nor is it a snapshot's source.
+    enoent(
+        "subvolume in it",
+        fs.create_subvolume(d, b"s", 0, 0).map(drop),
+    );
+    enoent(
+        "snapshot into it",
+        fs.create_snapshot(5, d, b"s", false).map(drop),
+    );
+    enoent(
+        "snapshot of it",
+        fs.create_snapshot(id, root, b"s", false).map(drop),
+    );
+    // The cleaner waits for the last hold.
+    assert!(!fs.run_cleaner().unwrap(), "nothing it may drop yet");
+    assert_eq!(fs.deleted_subvolumes(), [id]);
+    assert!(fs.getattr(f).is_ok());
+    fs.release(u).unwrap();
+    fs.forget(d, 1).unwrap();
+    assert_eq!(fs.deleted_subvolumes(), [id]);
+    assert!(fs.getattr(f).is_ok(), "f is held still");
+    fs.release(f).unwrap();
+    enoent("getattr after the last release", fs.getattr(f).map(drop));
+    assert_eq!(fs.deleted_subvolumes(), [id], "the cleaner has it now");
+    clean_all(&fs);
+    let after = settled_free_blocks(&fs);
+    assert!(
+        after + 8 >= before && after <= before,
+        "free blocks back: {before} before the create, {after} after the drop"
+    );
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the drop");
+}
+
+/// A subvolume deleted while an inode of it is held, then the mount
+/// closed before the last release (an unmount with a file open in it, a
+/// crash): the next mount finds it deleted, the cleaner drops it, and its
+/// space comes back. `birch check` is clean in between.
+#[test]
+fn deleted_subvolume_held_at_unmount_is_dropped_at_next_mount() {
+    let dev = memory_fs(64 << 20, 0x7c);
+    let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
+    let root = fs.root_ino();
+    let before = settled_free_blocks(&fs);
+    let id = fs.create_subvolume(root, b"sv", 0, 0).unwrap();
+    let sv = fs.lookup(root, b"sv").unwrap().ino;
+    fill(&fs, sv, 4, 60);
+    let f = fs.create(sv, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    fs.open_inode(f).unwrap();
+    fs.delete_subvolume(root, b"sv").unwrap();
+    fs.write_file(f, 0, &[0x33; 5 * 4096]).unwrap();
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "closed with the deleted subvolume held");
+    let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
+    assert_eq!(fs.deleted_subvolumes(), [id]);
+    enoent_lookup(&fs, b"sv");
+    clean_all(&fs);
+    let after = settled_free_blocks(&fs);
+    assert!(
+        after + 8 >= before && after <= before,
+        "free blocks back: {before} before the create, {after} after the drop"
+    );
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the drop");
+}
+
+fn enoent_lookup<D: BlockDevice + 'static>(fs: &Filesystem<D>, name: &[u8]) {
+    assert_eq!(
+        fs.lookup(fs.root_ino(), name).unwrap_err().errno(),
+        libc::ENOENT
+    );
+}
+
+/// A deleted subvolume none of whose inodes is held goes to the cleaner
+/// at once (docs/SNAPSHOTS.md (d) step 3): a number nobody holds (a file
+/// handle, a number the kernel forgot) answers ENOENT for getattr,
+/// lookup, listing, open, read and write from the delete on, before the
+/// cleaner has dropped a node; a forget finds nothing (ENOENT, which the
+/// FUSE adapter ignores).
 #[test]
 fn deleted_subvolume_inodes_are_enoent_at_once() {
     let dev = memory_fs(32 << 20, 0x7a);
@@ -581,7 +796,6 @@ fn deleted_subvolume_inodes_are_enoent_at_once() {
     let d = fs.mkdir(sv_root, b"d", 0o755, 0, 0).unwrap().ino;
     let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
     fs.write_file(f, 0, b"data").unwrap();
-    fs.open_inode(f).unwrap();
     fs.sync().unwrap();
     fs.delete_subvolume(root, b"sv").unwrap();
     let enoent = |what: &str, r: birch::error::Result<()>| {
@@ -597,7 +811,6 @@ fn deleted_subvolume_inodes_are_enoent_at_once() {
     enoent("read", fs.read_file(f, 0, 4).map(drop));
     enoent("write", fs.write_file(f, 0, b"x").map(drop));
     enoent("create", fs.create(d, b"g", 0o644, 0, 0).map(drop));
-    enoent("release", fs.release(f));
     enoent("forget", fs.forget(f, 1));
     assert_eq!(fs.deleted_subvolumes().len(), 1);
     clean_all(&fs);

@@ -16,7 +16,7 @@ use super::types::InoSpace;
 use crate::btree::DropStep;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
-use crate::format::{item_type, tree_id, Key, RootRef, Timespec, ROOT_DIR_INO};
+use crate::format::{item_type, tree_id, Key, RootRef, SubvolRootItem, Timespec, ROOT_DIR_INO};
 
 /// Nodes the cleaner releases per hold of the state lock: what a request
 /// may wait for behind it.
@@ -63,27 +63,12 @@ impl<D: BlockDevice> FsState<D> {
             )))
         };
         let rr = self.info.link_root_ref(parent_id, dir, name, id)?;
-        // Loads the subvolume's root item before anything changes, and
-        // puts what its delayed items hold (a link removed from it, dir
-        // indexes, inode items) into its tree: the dead tree is then what
-        // `birch check` reads, whole, until the cleaner releases it.
-        let mut child = self.ctx(id)?;
-        let item = child
+        // Loads the subvolume's root item before anything changes.
+        let item = self
+            .ctx(id)?
             .root
             .item
             .ok_or_else(|| corrupt("a subvolume with a short root item"))?;
-        child.flush_delayed_items()?;
-        // Its dirty pages would be written into a tree being dropped, and
-        // the queue would name a root that no longer resolves: they go
-        // now, with their reservations (as an unlinked inode's do).
-        let mut queued_inodes = child.fs.space.dirty_inodes();
-        queued_inodes.extend(child.fs.writebacks.inodes());
-        for queued in queued_inodes {
-            let (root_id, ino) = InoSpace::split(queued);
-            if root_id == id {
-                child.discard_dirty_pages(ino)?;
-            }
-        }
         self.writable(parent_id)?
             .remove_subvolume_link(dir, name, id, rr.index)?;
         let roots = &mut self.info.roots;
@@ -96,12 +81,54 @@ impl<D: BlockDevice> FsState<D> {
         self.info
             .forest
             .insert(&mut roots.root, Key::orphan_root(id), Vec::new())?;
-        // Its inodes, delayed items and cached state go: nothing can reach
-        // them now, and the dead tree must not change under the cleaner.
+        // Deleted from here on: the seal writes its root item with refs 0
+        // whether it goes to the cleaner now or stays loaded for the
+        // inodes a front end holds (btrfs orphans the root the same way
+        // and adds it to the dead roots when its last inode is evicted).
+        let root = self.subvols.others.get_mut(&id).ok_or(Error::NotFound)?;
+        root.item = Some(SubvolRootItem {
+            refs: 0,
+            drop_progress: Key::MIN,
+            ..item
+        });
+        // A log of this transaction would copy the parent directory
+        // without the link while the ROOT_REF pair stayed: fsyncs commit
+        // until the next commit (seed 000's snapshot-destroy rule).
+        self.info.log.force_commit = Some(FallbackReason::Subvolume);
+        self.retire_if_unheld(id)?;
+        Ok(id)
+    }
+
+    /// Hands deleted subvolume `id` to the cleaner once no inode of it is
+    /// held (at the delete, or at the release or forget of its last held
+    /// inode; docs/SNAPSHOTS.md (d) step 3); a live or still-held root,
+    /// or one no longer loaded, stays as it is. What its delayed items
+    /// hold goes into its tree first, so the dead tree is whole for
+    /// `birch check` until the cleaner releases it; its dirty pages and
+    /// cached inodes go (nothing can reach them now, and the dead tree
+    /// must not change under the cleaner).
+    pub(super) fn retire_if_unheld(&mut self, id: u64) -> Result<()> {
+        let Some(root) = self.subvols.others.get(&id) else {
+            return Ok(());
+        };
+        if !root.is_deleted() || root.is_held() {
+            return Ok(());
+        }
+        let mut child = self.ctx(id)?;
+        child.flush_delayed_items()?;
+        // Its dirty pages would be written into a tree being dropped, and
+        // the queue would name a root that no longer resolves: they go
+        // now, with their reservations (as an unlinked inode's do).
+        let mut queued_inodes = child.fs.space.dirty_inodes();
+        queued_inodes.extend(child.fs.writebacks.inodes());
+        for queued in queued_inodes {
+            let (root_id, ino) = InoSpace::split(queued);
+            if root_id == id {
+                child.discard_dirty_pages(ino)?;
+            }
+        }
         let root = self.subvols.others.remove(&id).ok_or(Error::NotFound)?;
-        let mut item = item;
-        item.refs = 0;
-        item.drop_progress = Key::MIN;
+        let item = root.item.ok_or(Error::NotFound)?;
         self.subvols.dead.insert(
             id,
             DeadRoot {
@@ -109,11 +136,7 @@ impl<D: BlockDevice> FsState<D> {
                 item,
             },
         );
-        // A log of this transaction would copy the parent directory
-        // without the link while the ROOT_REF pair stayed: fsyncs commit
-        // until the next commit (seed 000's snapshot-destroy rule).
-        self.info.log.force_commit = Some(FallbackReason::Subvolume);
-        Ok(id)
+        Ok(())
     }
 
     /// Whether `name` in directory `parent` (external) is a subvolume link.
@@ -184,9 +207,44 @@ impl<D: BlockDevice> FsState<D> {
         Ok(())
     }
 
-    /// The deleted subvolumes the cleaner has not finished dropping.
+    /// The deleted subvolumes the cleaner has not finished dropping,
+    /// those still held by open inodes included.
     pub(super) fn dead_subvolumes(&self) -> Vec<u64> {
-        self.subvols.dead.keys().copied().collect()
+        let held = self.held_deleted_subvolumes();
+        let mut ids: Vec<u64> = self.subvols.dead.keys().copied().chain(held).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The deleted subvolumes still loaded for inodes a front end holds.
+    pub(super) fn held_deleted_subvolumes(&self) -> Vec<u64> {
+        let held = self.subvols.others.iter();
+        held.filter(|(_, root)| root.is_deleted())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// The names (directory, name; external numbers) of the held inodes
+    /// of deleted subvolume `id`, its root directory left out (its link
+    /// is gone already); empty for any other subvolume.
+    pub(super) fn held_names_in_deleted(&mut self, id: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+        let held: Vec<u64> = match self.subvols.others.get(&id) {
+            Some(root) if root.is_deleted() => root
+                .inodes
+                .iter()
+                .filter(|&(&ino, inode)| inode.open_count > 0 && ino != ROOT_DIR_INO)
+                .map(|(&ino, _)| ino)
+                .collect(),
+            _ => return Ok(Vec::new()),
+        };
+        let ctx = self.ctx(id)?;
+        let mut names = Vec::new();
+        for ino in held {
+            for (dir, name) in ctx.names_of(ino)? {
+                names.push((InoSpace::join(id, dir), name));
+            }
+        }
+        Ok(names)
     }
 
     /// Releases up to `budget` nodes of the front dead root: its progress

@@ -735,20 +735,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         })
     }
 
+    /// Drops a hold taken with [`open_inode`](Self::open_inode). The
+    /// last hold of an unlinked inode destroys it; the last hold of any
+    /// inode of a deleted subvolume hands its tree to the cleaner
+    /// (docs/SNAPSHOTS.md (d) step 3).
     pub fn release(&self, ino: u64) -> Result<()> {
-        let _request = self.request();
-        self.read_once(|s| {
-            let r = s
-                .resolve(ino)
-                .and_then(|(mut root, ino)| root.release_inode(ino));
-            s.fail_on_device_error(&r);
-            self.shared.space_changed(s);
-            r
-        })
+        self.forget(ino, 1)
     }
 
     /// Drops `count` holds taken with [`open_inode`](Self::open_inode)
-    /// (FUSE's forget: the kernel's lookup count).
+    /// (FUSE's forget: the kernel's lookup count), as
+    /// [`release`](Self::release) drops one.
     pub fn forget(&self, ino: u64, count: u64) -> Result<()> {
         let _request = self.request();
         self.read_once(|s| {
@@ -760,6 +757,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 if r.is_err() {
                     break;
                 }
+            }
+            if r.is_ok() {
+                r = s.retire_if_unheld(InoSpace::split(ino).0);
             }
             s.fail_on_device_error(&r);
             self.shared.space_changed(s);
@@ -1416,16 +1416,37 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     /// Runs the cleaner for one transaction (a bounded part of the drop of
     /// deleted subvolumes, then a commit), as the background worker does;
-    /// returns whether deleted subvolumes remain to be dropped.
+    /// returns whether deleted subvolumes remain that it may drop (not
+    /// those whose inodes are held: [`held_deleted_subvolumes`](Self::held_deleted_subvolumes)).
     pub fn run_cleaner(&self) -> Result<bool> {
         self.shared.check_not_poisoned()?;
         self.shared.clean_one_transaction()
     }
 
     /// The deleted subvolumes whose trees the cleaner has not finished
-    /// dropping, by id.
+    /// dropping, by id: those it may drop, and those it waits for because
+    /// inodes of them are held ([`open_inode`](Self::open_inode)).
     pub fn deleted_subvolumes(&self) -> Vec<u64> {
         self.lock().dead_subvolumes()
+    }
+
+    /// The deleted subvolumes the cleaner waits for: inodes of them are
+    /// held, and keep working until their last
+    /// [`release`](Self::release) or [`forget`](Self::forget)
+    /// (docs/SNAPSHOTS.md (d) step 3).
+    pub fn held_deleted_subvolumes(&self) -> Vec<u64> {
+        self.lock().held_deleted_subvolumes()
+    }
+
+    /// The names (directory, name) of the held inodes of deleted
+    /// subvolume `id`, its root directory left out; empty for any other
+    /// subvolume. The FUSE adapter makes the kernel drop its entries of
+    /// them after a delete, so that the kernel forgets each inode at its
+    /// last close, as btrfs drops a deleted subvolume's dentries then
+    /// (`btrfs_dentry_delete`).
+    pub fn held_names_in_deleted_subvolume(&self, id: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+        let _request = self.request();
+        self.read(|s| s.held_names_in_deleted(id))
     }
 
     /// The live subvolumes, tree 5 first.

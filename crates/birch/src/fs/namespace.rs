@@ -61,9 +61,21 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(())
     }
 
+    /// The root directory of a deleted subvolume is a removed directory,
+    /// as the kernel marks one (`S_DEAD`) after rmdir and btrfs's delete:
+    /// no lookup, listing, new name or removal in it (ENOENT). Its other
+    /// directories, reached through inodes still held, work as before.
+    fn require_live_dir(&mut self, dir: u64) -> Result<()> {
+        self.require_dir(dir)?;
+        if dir == ROOT_DIR_INO && self.root.is_deleted() {
+            return Err(Error::NotFound);
+        }
+        Ok(())
+    }
+
     /// The entry `name` in directory `dir`, if any.
     pub(crate) fn find_entry(&mut self, dir: u64, name: &[u8]) -> Result<Option<DirEntry>> {
-        self.require_dir(dir)?;
+        self.require_live_dir(dir)?;
         validate_name(name)?;
         let key = Key::new(dir, item_type::DIR_ITEM, name_hash(name));
         let Some(data) = self.fs.forest.get(&self.root.tree, &key)? else {
@@ -793,7 +805,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         offset: u64,
         limit: usize,
     ) -> Result<Vec<DirListEntry>> {
-        self.require_dir(dir)?;
+        self.require_live_dir(dir)?;
         let start = offset.max(FIRST_DIR_INDEX);
         let empty = DelayedDir::default();
         let pending = self.root.delayed.dir(dir).unwrap_or(&empty);

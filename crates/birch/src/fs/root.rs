@@ -62,6 +62,18 @@ impl Root {
     pub(super) fn is_readonly(&self) -> bool {
         self.item.is_some_and(|i| i.is_readonly())
     }
+
+    /// Deleted (refs 0, an orphan-root item) while inodes of it were held:
+    /// loaded still, for those inodes (docs/SNAPSHOTS.md (d) step 3).
+    pub(super) fn is_deleted(&self) -> bool {
+        self.item.is_some_and(|i| i.refs == 0)
+    }
+
+    /// Whether a front end holds an inode of this root (an open handle, a
+    /// lookup the kernel has not forgotten: `open_inode`).
+    pub(super) fn is_held(&self) -> bool {
+        self.inodes.values().any(|i| i.open_count > 0)
+    }
 }
 
 /// A subvolume's fs tree and the rest of its long root item, for the seal.

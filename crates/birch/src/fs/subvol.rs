@@ -185,6 +185,11 @@ impl<D: BlockDevice> FsState<D> {
     /// index for it.
     fn check_new_link(&mut self, parent_id: u64, dir: u64, name: &[u8]) -> Result<()> {
         let mut ctx = self.writable(parent_id)?;
+        // Nothing new links into a deleted subvolume, still loaded for
+        // its open inodes (btrfs_mksubvol: ENOENT); its tree is dropped.
+        if ctx.root.is_deleted() {
+            return Err(Error::NotFound);
+        }
         super::namespace::validate_name(name)?;
         if matches!(name, b"." | b"..") {
             return Err(Error::Exists);
@@ -243,6 +248,12 @@ impl<D: BlockDevice> FsState<D> {
         let target_is_link = target.as_ref().is_some_and(|t| t.subvolume);
         if !source.subvolume && !target_is_link {
             return Ok(false);
+        }
+        // A deleted subvolume holds no link (delete refuses one holding
+        // any), so this is a link moving into one: ENOENT, as btrfs
+        // refuses a new link there.
+        if self.ctx(new_parent_id)?.root.is_deleted() {
+            return Err(Error::NotFound);
         }
         let across = parent_id != new_parent_id;
         // btrfs: across subvolumes only a link moves, and an exchange
@@ -508,9 +519,9 @@ impl<D: BlockDevice> FsState<D> {
         name: &[u8],
         readonly: bool,
     ) -> Result<u64> {
-        // A dead subvolume (refs 0, waiting for the cleaner) has no link:
-        // it cannot be named as a source.
-        if self.ctx(source)?.root.item.is_some_and(|i| i.refs == 0) {
+        // A deleted subvolume (refs 0, waiting for the cleaner or for its
+        // open inodes' release) cannot be a source, as in btrfs.
+        if self.ctx(source)?.root.is_deleted() {
             return Err(Error::NotFound);
         }
         let (dest_root, dir) = InoSpace::split(dest_dir);
@@ -651,7 +662,18 @@ impl<D: BlockDevice> FsState<D> {
     /// reason waits in `refused_snapshots` for the caller.
     fn make_snapshot(&mut self, pending: &PendingSnapshot) -> Result<()> {
         {
-            let mut dest = self.ctx(pending.dest_root)?;
+            // A destination subvolume deleted since (dropped, or loaded
+            // only for its open inodes) refuses it too.
+            let mut dest = match self.ctx(pending.dest_root) {
+                Ok(dest) if !dest.root.is_deleted() => dest,
+                Ok(_) | Err(Error::NotFound) => {
+                    self.info
+                        .refused_snapshots
+                        .insert(pending.id, Error::NotFound);
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
             let refusal = match dest.require_dir(pending.dest_dir) {
                 Err(e @ (Error::Io(_) | Error::Corrupt(_))) => return Err(e),
                 Err(e) => Some(e),
@@ -663,6 +685,17 @@ impl<D: BlockDevice> FsState<D> {
                 self.info.refused_snapshots.insert(pending.id, e);
                 return Ok(());
             }
+        }
+        // A source deleted since the snapshot was asked for refuses it.
+        match self.ctx(pending.source) {
+            Ok(source) if !source.root.is_deleted() => {}
+            Ok(_) | Err(Error::NotFound) => {
+                self.info
+                    .refused_snapshots
+                    .insert(pending.id, Error::NotFound);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         }
         // A no-op unless an earlier snapshot of this seal linked into it.
         self.ctx(pending.source)?.flush_delayed_items()?;

@@ -649,6 +649,16 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             self.count_fallback(reason);
             return Ok(LogOutcome::NeedCommit);
         }
+        if self.root.is_deleted() {
+            // A deleted subvolume's inode, still open: the deletion is in
+            // the last sealed commit (in the running transaction it forced
+            // the commit above), which the caller waits for, and nothing
+            // of this tree will ever be seen again. A log of it would name
+            // a root that is not live (replay refuses such a log), and a
+            // commit would only write a tree the cleaner drops.
+            self.fs.log_stats.noop_fsyncs += 1;
+            return Ok(LogOutcome::Nothing);
+        }
         if self.created_after_log_base() {
             self.count_fallback(FallbackReason::Subvolume);
             return Ok(LogOutcome::NeedCommit);
