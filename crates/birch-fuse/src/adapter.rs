@@ -452,7 +452,7 @@ fn may_write_and_search(caller: &Caller, dir: &Attr) -> Option<bool> {
         return Some(true);
     } else if uid == dir.uid {
         perm >> 6
-    } else if caller.in_group(dir.gid) == Some(true) {
+    } else if caller.in_group(dir.gid) {
         perm >> 3
     } else {
         perm
@@ -558,15 +558,13 @@ fn whiteout_ids(req: &Request) -> (u32, u32) {
 /// when the file is group-executable, or when the caller is neither in the
 /// file's group nor privileged (without group-execute the bit would let the
 /// caller keep a group it does not have). `privileged` stands for
-/// CAP_FSETID, which FUSE does not pass: root's uid. A caller whose ids
-/// the request does not carry (FUSE_ALLOW_IDMAP) loses set-group-ID only
-/// from a group-executable file, as `FUSE_HANDLE_KILLPRIV_V2` in the
-/// kernel's fuse.h describes the server's part; without group-execute
-/// the bit grants nothing at exec. None if nothing changes.
+/// CAP_FSETID ([`Caller::may_keep_set_id`]). For a caller whose ids the
+/// request does not carry (FUSE_ALLOW_IDMAP), group membership is its
+/// process's ([`Caller::in_group`]). None if nothing changes.
 fn dropped_mode(attr: &Attr, caller: &Caller, privileged: bool) -> Option<u32> {
     let perm = u32::from(attr.perm);
     let mut kill = libc::S_ISUID;
-    let may_keep_group = privileged || caller.in_group(attr.gid).unwrap_or(true);
+    let may_keep_group = privileged || caller.in_group(attr.gid);
     if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !may_keep_group) {
         kill |= libc::S_ISGID;
     }
@@ -1272,7 +1270,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 };
                 if applies {
                     let caller = Caller::of(req);
-                    changes.mode = dropped_mode(&current, &caller, chown && caller.uid == Some(0));
+                    changes.mode =
+                        dropped_mode(&current, &caller, chown && caller.may_keep_set_id());
                 }
             }
             let attr = self.fs.setattr(ino, &changes)?;
@@ -2224,14 +2223,14 @@ mod tests {
             ),
             Err(Errno::EPERM)
         );
-        // Set-ID bits: set-user-ID goes, set-group-ID only from a
-        // group-executable file (fuse.h, FUSE_HANDLE_KILLPRIV_V2).
-        assert_eq!(
-            dropped_mode(&dir(1, INVALID_ID, 0o6755), &unknown, false),
-            Some(0o755)
-        );
+        // Set-ID bits: an unknown caller's group membership is no, even
+        // in a group "-1": both go.
         assert_eq!(
             dropped_mode(&dir(1, INVALID_ID, 0o6745), &unknown, false),
+            Some(0o745)
+        );
+        assert_eq!(
+            dropped_mode(&dir(1, INVALID_ID, 0o6745), &unknown, true),
             Some(0o2745)
         );
         // A known caller outside the file's group loses both.

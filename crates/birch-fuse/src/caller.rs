@@ -39,26 +39,42 @@ impl Caller {
 
     /// Whether the caller is in group `gid`: its own group, or one of its
     /// supplementary groups (FUSE sends only the first; the rest are read
-    /// from /proc, in the daemon's user namespace, which is the
-    /// filesystem's when the ids are known: FUSE_ALLOW_IDMAP off). If they
-    /// cannot be read the answer is no, which only ever drops a
-    /// set-group-ID bit the kernel might have kept. `None` when the
-    /// request carries no gid: its groups through the mount it used are
-    /// unknowable here.
-    pub(crate) fn in_group(&self, gid: u32) -> Option<bool> {
-        let own = self.gid?;
-        if own == gid {
-            return Some(true);
+    /// from /proc). A request without ids is judged by its process's
+    /// filesystem gid and groups, if it runs in the daemon's user
+    /// namespace ([`ProcessCreds::of_process`]): through an idmapped
+    /// mount those are its unmapped ids, the best there is. Whatever
+    /// cannot be read answers no, which only ever drops a set-group-ID
+    /// bit the kernel might have kept.
+    pub(crate) fn in_group(&self, gid: u32) -> bool {
+        match self.gid {
+            Some(own) if own == gid => true,
+            Some(_) => std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+                .is_ok_and(|status| groups(&status).contains(&gid)),
+            None => ProcessCreds::of_process(self.pid)
+                .is_some_and(|p| p.fsgid == gid || p.groups.contains(&gid)),
         }
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
-            return Some(false);
-        };
-        Some(status_field(&status, "Groups:").is_some_and(|groups| {
-            groups
-                .split_whitespace()
-                .any(|g| g.parse::<u32>() == Ok(gid))
-        }))
     }
+
+    /// Whether the caller has CAP_FSETID, which FUSE does not pass: uid 0
+    /// stands for it; a request without ids is judged by its process
+    /// ([`ProcessCreds::of_process`]; no if /proc cannot tell).
+    pub(crate) fn may_keep_set_id(&self) -> bool {
+        match self.uid {
+            Some(uid) => uid == 0,
+            None => ProcessCreds::of_process(self.pid).is_some_and(|p| p.cap_fsetid),
+        }
+    }
+}
+
+/// The supplementary groups in a `/proc/PID/status`.
+fn groups(status: &str) -> Vec<u32> {
+    status_field(status, "Groups:")
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|g| g.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The value of a `/proc/PID/status` line starting with `key`.
@@ -66,16 +82,20 @@ fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
     status.lines().find_map(|l| l.strip_prefix(key))
 }
 
-/// CAP_SYS_ADMIN's bit in `CapEff`.
+/// CAP_FSETID's and CAP_SYS_ADMIN's bits in `CapEff`.
+const CAP_FSETID: u32 = 4;
 const CAP_SYS_ADMIN: u32 = 21;
 
 /// What `/proc/PID/status` says of a process: its filesystem uid and
-/// gid, and whether it has CAP_SYS_ADMIN.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// gid, supplementary groups, and whether it has CAP_SYS_ADMIN and
+/// CAP_FSETID.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProcessCreds {
     pub fsuid: u32,
     pub fsgid: u32,
+    pub groups: Vec<u32>,
     pub cap_sys_admin: bool,
+    pub cap_fsetid: bool,
 }
 
 impl ProcessCreds {
@@ -94,7 +114,9 @@ impl ProcessCreds {
         Some(ProcessCreds {
             fsuid: fs_id("Uid:")?,
             fsgid: fs_id("Gid:")?,
+            groups: groups(status),
             cap_sys_admin: cap_eff & (1 << CAP_SYS_ADMIN) != 0,
+            cap_fsetid: cap_eff & (1 << CAP_FSETID) != 0,
         })
     }
 
@@ -130,27 +152,35 @@ mod tests {
     fn invalid_ids_are_nobodys() {
         let c = Caller::from_ids(INVALID_ID, INVALID_ID, 7);
         assert_eq!((c.uid, c.gid), (None, None));
-        assert_eq!(c.in_group(INVALID_ID), None);
-        assert_eq!(c.in_group(0), None);
+        // Pid 0: no process to ask, so in no group and without CAP_FSETID.
+        let c = Caller::from_ids(INVALID_ID, INVALID_ID, 0);
+        assert!(!c.in_group(INVALID_ID));
+        assert!(!c.in_group(0));
+        assert!(!c.may_keep_set_id());
         let c = Caller::from_ids(1000, 100, 7);
         assert_eq!((c.uid, c.gid), (Some(1000), Some(100)));
-        assert_eq!(c.in_group(100), Some(true));
+        assert!(c.in_group(100));
+        assert!(!c.may_keep_set_id());
+        assert!(Caller::from_ids(0, 0, 7).may_keep_set_id());
     }
 
     #[test]
     fn process_creds_from_status() {
         let status = "Name:\tx\nUid:\t1000\t1001\t1002\t1003\nGid:\t50\t51\t52\t53\n\
-                      CapEff:\t0000000000200000\n";
+                      Groups:\t7 8 \nCapEff:\t0000000000200000\n";
         assert_eq!(
             ProcessCreds::parse(status),
             Some(ProcessCreds {
                 fsuid: 1003,
                 fsgid: 53,
-                cap_sys_admin: true
+                groups: vec![7, 8],
+                cap_sys_admin: true,
+                cap_fsetid: false,
             })
         );
         let status = "Uid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nCapEff:\t00000000001fffff\n";
-        assert!(!ProcessCreds::parse(status).unwrap().cap_sys_admin);
+        let p = ProcessCreds::parse(status).unwrap();
+        assert!(!p.cap_sys_admin && p.cap_fsetid && p.groups.is_empty());
         assert_eq!(ProcessCreds::parse("Uid:\t0\t0\nGid:\t0\t0\t0\t0\n"), None);
     }
 
