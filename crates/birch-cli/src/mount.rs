@@ -236,6 +236,8 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
             ("dirsync", None) => s.fuse.dirsync = true,
             ("subvol", Some(v)) => s.fuse.subvolume.path = Some(v.to_string()),
             ("user_subvol_rm_allowed", None) => s.fuse.user_subvol_rm_allowed = true,
+            ("idmap", None) => s.fuse.idmap = true,
+            ("noidmap", None) => s.fuse.idmap = false,
             ("subvolid", Some(v)) => {
                 s.fuse.subvolume.id = Some(v.parse().map_err(|_| {
                     Failure::new(format!("-o subvolid={v}: expected a subvolume id"))

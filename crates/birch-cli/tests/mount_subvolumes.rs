@@ -28,6 +28,17 @@ fn fixture(tag: &str) -> Fixture {
     fx
 }
 
+/// A mount whose requests carry every caller's ids (`-o noidmap`): with
+/// idmapped mounts on, a subvolume ioctl names no caller and birch lets
+/// only administrators through (`mount_idmap` tests that side), so the
+/// tests of what a user may do turn them off.
+fn fixture_with_user_ids(tag: &str) -> Fixture {
+    let mut fx = Fixture::new(tag, "256M");
+    fx.options = vec!["commit=0".into(), "noidmap".into()];
+    fx.mount();
+    fx
+}
+
 fn ok(args: &[&str]) -> String {
     let out = birch(args);
     assert!(
@@ -404,7 +415,7 @@ fn subvolume_unprivileged_caller_refused() {
     if skip_unless_root() {
         return;
     }
-    let fx = fixture("subvol-perm");
+    let fx = fixture_with_user_ids("subvol-perm");
     let mnt = fx.mnt.clone();
     fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755)).unwrap();
     ok(&["subvolume", "create", s(&fx.path("roots"))]);
@@ -750,7 +761,7 @@ fn subvolume_snapshot_and_delete_unprivileged_refused() {
     if skip_unless_root() {
         return;
     }
-    let fx = fixture("subvol-snap-perm");
+    let fx = fixture_with_user_ids("subvol-snap-perm");
     let mnt = fx.mnt.clone();
     fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755)).unwrap();
     let roots = fx.path("roots");
@@ -814,7 +825,12 @@ fn subvolume_delete_user_subvol_rm_allowed() {
         return;
     }
     let mut fx = Fixture::new("subvol-user-rm", "256M");
-    fx.options = vec!["commit=0".into(), "user_subvol_rm_allowed".into()];
+    fx.options = vec![
+        "commit=0".into(),
+        "user_subvol_rm_allowed".into(),
+        // User checks need the caller's ids (`fixture_with_user_ids`).
+        "noidmap".into(),
+    ];
     fx.mount();
     let mnt = fx.mnt.clone();
     fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755)).unwrap();

@@ -9,6 +9,7 @@
 //! kernel then stops asking and keeps its page cache across opens).
 
 use crate::attr::{from_request_time, NodeIds};
+use crate::caller::{Caller, ProcessCreds};
 use crate::listing::{self, Listed};
 use crate::remount::RemountWatch;
 use crate::requests::RequestCounts;
@@ -172,6 +173,12 @@ pub struct FuseOptions {
     /// `BTRFS_IOC_SNAP_DESTROY` when it could rmdir the subvolume's root
     /// directory ([`may_destroy_subvolume`]).
     pub user_subvol_rm_allowed: bool,
+    /// Offer idmapped mounts (FUSE_ALLOW_IDMAP) where the kernel can
+    /// (Linux 6.12+). The kernel then sends the caller's ids only with
+    /// requests that create an inode, so the checks birch makes itself
+    /// for a subvolume ioctl pass only administrators (`noidmap` keeps
+    /// them for every user; docs/FUSE.md, "Idmapped mounts").
+    pub idmap: bool,
 }
 
 impl Default for FuseOptions {
@@ -201,6 +208,7 @@ impl Default for FuseOptions {
             dirsync: false,
             subvolume: Default::default(),
             user_subvol_rm_allowed: false,
+            idmap: true,
         }
     }
 }
@@ -430,23 +438,27 @@ fn vol_args_name(in_data: &[u8]) -> Result<&[u8], Errno> {
     Ok(name)
 }
 
-/// Whether `req`'s caller may add a name to directory `dir`: write and
+/// Whether `caller` may add a name to directory `dir`: write and
 /// search permission by its mode bits, for the owner, the group or
 /// others, as mkdir(2) asks (btrfs's `btrfs_may_create`); root always.
 /// The kernel checks mkdir itself (default_permissions) but passes an
 /// ioctl on unchecked. ACL entries beyond the mode bits are not read.
-fn may_write_and_search(req: &Request, dir: &Attr) -> bool {
+/// `None` for a caller whose ids the request does not carry
+/// (FUSE_ALLOW_IDMAP): its ids through the mount it used are unknown, so
+/// no owner, group or other class can be chosen.
+fn may_write_and_search(caller: &Caller, dir: &Attr) -> Option<bool> {
+    let uid = caller.uid?;
     let perm = u32::from(dir.perm);
-    let class = if req.uid() == 0 {
-        return true;
-    } else if req.uid() == dir.uid {
+    let class = if uid == 0 {
+        return Some(true);
+    } else if uid == dir.uid {
         perm >> 6
-    } else if in_group(req, dir.gid) {
+    } else if caller.in_group(dir.gid) {
         perm >> 3
     } else {
         perm
     };
-    class & 0o3 == 0o3
+    Some(class & 0o3 == 0o3)
 }
 
 /// Whether `req`'s caller, neither root nor the mount's owner, may delete
@@ -458,20 +470,24 @@ fn may_write_and_search(req: &Request, dir: &Attr) -> bool {
 /// `parent`, the caller must own `parent` or the subvolume
 /// (`btrfs_check_sticky`, EPERM). btrfs checks neither that the
 /// subvolume is empty nor what the caller could delete inside it.
+/// A caller whose ids the request does not carry gets EPERM: none of
+/// these checks can be made for it.
 fn may_destroy_subvolume(
-    req: &Request,
+    caller: &Caller,
     allowed: bool,
     parent: &Attr,
     victim: &Attr,
 ) -> Result<(), Errno> {
-    if !allowed {
+    let Some(uid) = caller.uid.filter(|_| allowed) else {
         return Err(Errno::EPERM);
-    }
-    if !may_write_and_search(req, victim) || !may_write_and_search(req, parent) {
+    };
+    if may_write_and_search(caller, victim) != Some(true)
+        || may_write_and_search(caller, parent) != Some(true)
+    {
         return Err(Errno::EACCES);
     }
     let sticky = u32::from(parent.perm) & libc::S_ISVTX != 0;
-    if sticky && req.uid() != parent.uid && req.uid() != victim.uid {
+    if sticky && uid != parent.uid && uid != victim.uid {
         return Err(Errno::EPERM);
     }
     Ok(())
@@ -483,8 +499,34 @@ fn may_destroy_subvolume(
 /// unprivileged mount may stop or scrub what it serves anyway (it can kill
 /// its daemon), and gains nothing over anyone else's mount: each daemon
 /// knows only its own owner.
-fn may_administer(caller: u32, owner: u32) -> bool {
-    caller == 0 || caller == owner
+///
+/// A request without the caller's ids (FUSE_ALLOW_IDMAP) is judged by
+/// its process instead: CAP_SYS_ADMIN, or a filesystem uid of root or
+/// the owner, read from /proc if the process runs in the daemon's user
+/// namespace, where those mean what they say (CAP_SYS_ADMIN is not
+/// mapped by a mount's idmap: btrfs asks `capable()` too). Anything /proc
+/// cannot tell is refused.
+fn may_administer(caller: &Caller, owner: u32) -> bool {
+    match caller.uid {
+        Some(uid) => uid == 0 || uid == owner,
+        None => ProcessCreds::of_process(caller.pid)
+            .is_some_and(|p| p.cap_sys_admin || p.fsuid == 0 || p.fsuid == owner),
+    }
+}
+
+/// The owner and group of an inode a request creates: the ids the kernel
+/// sent, mapped through the mount's idmap when FUSE_ALLOW_IDMAP is in
+/// force. The kernel fills them in every creating request (and refuses
+/// the creation itself when the caller's ids have no mapping), so an
+/// invalid one is refused here rather than stored as an owner.
+fn creator(req: &Request) -> birch::Result<(u32, u32)> {
+    let caller = Caller::of(req);
+    match (caller.uid, caller.gid) {
+        (Some(uid), Some(gid)) => Ok((uid, gid)),
+        _ => Err(birch::Error::InvalidArgument(
+            "a creating request without the caller's uid and gid",
+        )),
+    }
 }
 
 fn set_time(t: TimeOrNow) -> SetTime {
@@ -501,43 +543,33 @@ const DIRECT_WRITE_HANDLE: FileHandle = FileHandle(1);
 /// The file capability xattr the kernel removes on a write.
 const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
-/// The mode left when a change by `req`'s caller drops set-ID bits from a
+/// The owner and group of the whiteout a RENAME_WHITEOUT leaves, before a
+/// set-group-ID directory's group: the caller's, as a MKNOD of the
+/// request would be. With FUSE_ALLOW_IDMAP a rename carries no ids; the
+/// kernel let it through only for a caller with CAP_MKNOD (checked with
+/// `capable()`, in the initial user namespace), so root's ids stand in.
+fn whiteout_ids(req: &Request) -> (u32, u32) {
+    let caller = Caller::of(req);
+    (caller.uid.unwrap_or(0), caller.gid.unwrap_or(0))
+}
+
+/// The mode left when a change by `caller` drops set-ID bits from a
 /// file with `attr`, by the kernel's rules (`setattr_should_drop_suidgid`,
 /// `setattr_should_drop_sgid`): set-user-ID always goes; set-group-ID goes
 /// when the file is group-executable, or when the caller is neither in the
 /// file's group nor privileged (without group-execute the bit would let the
 /// caller keep a group it does not have). `privileged` stands for
-/// CAP_FSETID, which FUSE does not pass: root's uid. None if nothing changes.
-fn dropped_mode(attr: &Attr, req: &Request, privileged: bool) -> Option<u32> {
+/// CAP_FSETID ([`Caller::may_keep_set_id`]). For a caller whose ids the
+/// request does not carry (FUSE_ALLOW_IDMAP), group membership is its
+/// process's ([`Caller::in_group`]). None if nothing changes.
+fn dropped_mode(attr: &Attr, caller: &Caller, privileged: bool) -> Option<u32> {
     let perm = u32::from(attr.perm);
     let mut kill = libc::S_ISUID;
-    if perm & libc::S_ISGID != 0
-        && (perm & libc::S_IXGRP != 0 || (!privileged && !in_group(req, attr.gid)))
-    {
+    let may_keep_group = privileged || caller.in_group(attr.gid);
+    if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !may_keep_group) {
         kill |= libc::S_ISGID;
     }
     (perm & kill != 0).then_some(perm & !kill)
-}
-
-/// Whether the caller of `req` is in group `gid`: its own group, or one of
-/// its supplementary groups (FUSE sends only the first; the rest are read
-/// from /proc). If they cannot be read the answer is no, which only ever
-/// drops a set-group-ID bit the kernel might have kept.
-fn in_group(req: &Request, gid: u32) -> bool {
-    if req.gid() == gid {
-        return true;
-    }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .is_some_and(|groups| {
-            groups
-                .split_whitespace()
-                .any(|g| g.parse::<u32>() == Ok(gid))
-        })
 }
 
 impl<D: BlockDevice + 'static> BirchFuse<D> {
@@ -732,7 +764,12 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
     /// Owner and group of a new inode in `parent`: the caller's, except
     /// that a set-group-ID directory passes on its group (and, to new
     /// directories, the set-group-ID bit).
-    fn new_owner(&self, req: &Request, parent: u64, mode: u32) -> birch::Result<(u32, u32, u32)> {
+    fn new_owner(
+        &self,
+        (uid, gid): (u32, u32),
+        parent: u64,
+        mode: u32,
+    ) -> birch::Result<(u32, u32, u32)> {
         let dir = self.fs.getattr(parent)?;
         if u32::from(dir.perm) & libc::S_ISGID != 0 {
             let mode = if mode & libc::S_IFMT == libc::S_IFDIR {
@@ -740,9 +777,9 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             } else {
                 mode
             };
-            Ok((req.uid(), dir.gid, mode))
+            Ok((uid, dir.gid, mode))
         } else {
-            Ok((req.uid(), req.gid(), mode))
+            Ok((uid, gid, mode))
         }
     }
 
@@ -858,6 +895,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
         out_size: u32,
     ) -> Option<Result<Vec<u8>, Errno>> {
         let errno = |e: birch::Error| self.errno(&e);
+        let caller = Caller::of(req);
         let word = || {
             in_data
                 .get(..8)
@@ -878,11 +916,24 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 let name = vol_args_name(in_data)?;
                 self.follow_remount();
                 let parent = self.fs.getattr(ino).map_err(errno)?;
-                if !may_write_and_search(req, &parent) {
-                    return Err(Errno::EACCES);
-                }
+                // A caller without ids in the request (FUSE_ALLOW_IDMAP)
+                // creates only as an administrator, and its subvolume is
+                // owned by its process's filesystem ids: what it would
+                // get through a mount without an idmap.
+                let ids = match (caller.uid, caller.gid) {
+                    (Some(uid), Some(gid)) => {
+                        if may_write_and_search(&caller, &parent) != Some(true) {
+                            return Err(Errno::EACCES);
+                        }
+                        (uid, gid)
+                    }
+                    _ => match ProcessCreds::of_process(caller.pid) {
+                        Some(p) if may_administer(&caller, self.owner) => (p.fsuid, p.fsgid),
+                        _ => return Err(Errno::EACCES),
+                    },
+                };
                 let (uid, gid, _) = self
-                    .new_owner(req, ino, libc::S_IFDIR | 0o755)
+                    .new_owner(ids, ino, libc::S_IFDIR | 0o755)
                     .map_err(errno)?;
                 self.fs
                     .create_subvolume(ino, name, uid, gid)
@@ -902,7 +953,9 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 }
                 self.follow_remount();
                 let dest = self.fs.getattr(ino).map_err(errno)?;
-                if !may_write_and_search(req, &dest) {
+                let may_write = may_write_and_search(&caller, &dest)
+                    .unwrap_or_else(|| may_administer(&caller, self.owner));
+                if !may_write {
                     return Err(Errno::EACCES);
                 }
                 // btrfs: inode_owner_or_capable on the source's root
@@ -910,7 +963,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 // stands for the fd, so ownership is all that is checked).
                 let source_root = InoSpace::join(args.source, ROOT_DIR_INO);
                 let owner = self.fs.getattr(source_root).map_err(errno)?.uid;
-                if req.uid() != owner && !may_administer(req.uid(), self.owner) {
+                if caller.uid != Some(owner) && !may_administer(&caller, self.owner) {
                     return Err(Errno::EPERM);
                 }
                 self.fs
@@ -923,7 +976,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             subvol::BTRFS_IOC_SNAP_DESTROY => (|| {
                 let name = vol_args_name(in_data)?;
                 self.follow_remount();
-                if !may_administer(req.uid(), self.owner) {
+                if !may_administer(&caller, self.owner) {
                     let parent = self.fs.getattr(ino).map_err(errno)?;
                     let victim = self.fs.lookup(ino, name).map_err(errno)?;
                     // btrfs: EINVAL when the name is not a subvolume's
@@ -933,7 +986,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                         return Err(Errno::EINVAL);
                     }
                     may_destroy_subvolume(
-                        req,
+                        &caller,
                         self.options.user_subvol_rm_allowed,
                         &parent,
                         &victim,
@@ -979,7 +1032,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 // btrfs: the owner of the subvolume's root directory, or
                 // CAP_FOWNER.
                 let owner = self.fs.getattr(ino).map_err(errno)?.uid;
-                if req.uid() != owner && !may_administer(req.uid(), self.owner) {
+                if caller.uid != Some(owner) && !may_administer(&caller, self.owner) {
                     return Err(Errno::EPERM);
                 }
                 self.follow_remount();
@@ -1048,7 +1101,7 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
                 }
                 // btrfs answers "which subvolume is this" to anyone, a
                 // directory's path only to CAP_SYS_ADMIN.
-                if objectid != ROOT_DIR_INO && !may_administer(req.uid(), self.owner) {
+                if objectid != ROOT_DIR_INO && !may_administer(&caller, self.owner) {
                     return Err(Errno::EPERM);
                 }
                 let path = subvol::dir_path(&self.fs, lookup_tree, objectid).map_err(errno)?;
@@ -1136,6 +1189,18 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             wanted |= InitFlags::FUSE_NO_OPEN_SUPPORT;
         }
         let offered = config.capabilities();
+        // Idmapped mounts (docs/FUSE.md, "Idmapped mounts"). The kernel
+        // also needs default_permissions, which every birch mount has.
+        if self.options.idmap {
+            wanted |= InitFlags::FUSE_ALLOW_IDMAP;
+            if !offered.contains(InitFlags::FUSE_ALLOW_IDMAP) {
+                eprintln!(
+                    "birch: {}: idmapped mounts are off: this kernel does not offer \
+                     FUSE_ALLOW_IDMAP (Linux 6.12 and later do)",
+                    self.options.fsname
+                );
+            }
+        }
         self.negotiated = wanted & offered;
         self.mounted_at = Instant::now();
         let _ = config.add_capabilities(self.negotiated);
@@ -1215,6 +1280,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         _chgtime: Option<std::time::SystemTime>,
         _bkuptime: Option<std::time::SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         self.follow_remount();
@@ -1232,8 +1298,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             // With HANDLE_KILLPRIV_V2 the kernel leaves clearing set-ID bits
             // to us (docs/FUSE.md). It asks in three shapes: a chown of a
             // non-directory; a truncate by a caller without CAP_FSETID
-            // (flagged FATTR_KILL_SUIDGID, which fuser does not pass: a
-            // non-root caller stands for it); and a SETATTR that changes
+            // (flagged FATTR_KILL_SUIDGID); and a SETATTR that changes
             // nothing, which is the kernel's file_remove_privs() (before a
             // write, a fallocate, a write into the writeback cache) or a
             // chown(-1, -1), both of which drop the bits. Clearing them in
@@ -1247,7 +1312,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 && mtime.is_none()
                 && ctime.is_none();
             let chown = uid.is_some() || gid.is_some() || nothing;
-            if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
+            if mode.is_none() && (chown || (size.is_some() && kill_suidgid)) {
                 let current = self.fs.getattr(ino)?;
                 let applies = match current.file_type {
                     birch::format::FileType::Regular => true,
@@ -1255,7 +1320,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                     _ => !nothing,
                 };
                 if applies {
-                    changes.mode = dropped_mode(&current, req, chown && req.uid() == 0);
+                    let caller = Caller::of(req);
+                    changes.mode =
+                        dropped_mode(&current, &caller, chown && caller.may_keep_set_id());
                 }
             }
             let attr = self.fs.setattr(ino, &changes)?;
@@ -1302,8 +1369,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         self.follow_remount();
         let parent = self.ids.to_engine(parent.0);
-        let result = self
-            .new_owner(req, parent, mode)
+        let result = creator(req)
+            .and_then(|ids| self.new_owner(ids, parent, mode))
             .and_then(|(uid, gid, mode)| {
                 let rdev = u64::from(rdev);
                 self.fs
@@ -1323,12 +1390,12 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         self.follow_remount();
         let parent = self.ids.to_engine(parent.0);
-        let result =
-            self.new_owner(req, parent, libc::S_IFDIR | mode)
-                .and_then(|(uid, gid, mode)| {
-                    self.fs
-                        .make_node(parent, name.as_bytes(), mode, umask, uid, gid, 0)
-                });
+        let result = creator(req)
+            .and_then(|ids| self.new_owner(ids, parent, libc::S_IFDIR | mode))
+            .and_then(|(uid, gid, mode)| {
+                self.fs
+                    .make_node(parent, name.as_bytes(), mode, umask, uid, gid, 0)
+            });
         self.reply_entry(self.settle_entry(parent, result), reply);
     }
 
@@ -1364,8 +1431,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         self.follow_remount();
         let parent = self.ids.to_engine(parent.0);
-        let result = self
-            .new_owner(req, parent, libc::S_IFLNK)
+        let result = creator(req)
+            .and_then(|ids| self.new_owner(ids, parent, libc::S_IFLNK))
             .and_then(|(uid, gid, _)| {
                 self.fs.symlink(
                     parent,
@@ -1407,7 +1474,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let whiteout = flags
             .contains(fuser::RenameFlags::RENAME_WHITEOUT)
             .then(|| {
-                self.new_owner(req, parent, libc::S_IFCHR)
+                self.new_owner(whiteout_ids(req), parent, libc::S_IFCHR)
                     .map(|(uid, gid, _)| WhiteoutOwner { uid, gid })
             })
             .transpose();
@@ -1514,7 +1581,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             // Writes through a direct-I/O handle (see open_reply) always
             // arrive so, with no SETATTR before them.
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-                if let Some(mode) = dropped_mode(&self.fs.getattr(ino)?, req, false) {
+                if let Some(mode) = dropped_mode(&self.fs.getattr(ino)?, &Caller::of(req), false) {
                     self.fs.setattr(
                         ino,
                         &SetAttr {
@@ -1782,8 +1849,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         self.follow_remount();
         let parent = self.ids.to_engine(parent.0);
-        let result = self
-            .new_owner(req, parent, mode)
+        let result = creator(req)
+            .and_then(|ids| self.new_owner(ids, parent, mode))
             .and_then(|(uid, gid, mode)| {
                 let name = name.as_bytes();
                 let created = self.fs.make_node(parent, name, mode, umask, uid, gid, 0);
@@ -1818,12 +1885,11 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
     ) {
         self.follow_remount();
         let parent = self.ids.to_engine(parent.0);
-        // With FUSE_DONT_MASK the umask is ours to apply. An O_TMPFILE
-        // inode does not inherit the directory's default ACL (not built:
-        // docs/FUSE.md, "POSIX ACLs").
-        let result = self
-            .new_owner(req, parent, mode & !(umask & 0o777))
-            .and_then(|(uid, gid, mode)| self.fs.tmpfile(parent, mode, uid, gid));
+        // With FUSE_DONT_MASK the umask is ours to apply, or the
+        // directory's default ACL instead, as at a named create.
+        let result = creator(req)
+            .and_then(|ids| self.new_owner(ids, parent, mode))
+            .and_then(|(uid, gid, mode)| self.fs.tmpfile(parent, mode, umask, uid, gid));
         match result {
             Ok(attr) => reply.created(
                 &self.options.entry_ttl,
@@ -1850,7 +1916,8 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         // Any user who can open a file of the mount (root's mounts are
         // allow_other) can send any ioctl number: the kernel passes FUSE
         // the ones it does not handle itself unchecked.
-        if ioctl_access(cmd) == IoctlAccess::Administrator && !may_administer(req.uid(), self.owner)
+        if ioctl_access(cmd) == IoctlAccess::Administrator
+            && !may_administer(&Caller::of(req), self.owner)
         {
             return reply.error(Errno::EPERM);
         }
@@ -2148,12 +2215,78 @@ mod tests {
         for cmd in [FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR] {
             assert_eq!(ioctl_access(cmd), IoctlAccess::CheckedByKernel);
         }
+        let by = |uid| Caller::from_ids(uid, uid, 0);
         // Root's mount: root only.
-        assert!(may_administer(0, 0));
-        assert!(!may_administer(65534, 0));
+        assert!(may_administer(&by(0), 0));
+        assert!(!may_administer(&by(65534), 0));
         // A user's mount: the user and root, nobody else.
-        assert!(may_administer(1000, 1000));
-        assert!(may_administer(0, 1000));
-        assert!(!may_administer(1001, 1000));
+        assert!(may_administer(&by(1000), 1000));
+        assert!(may_administer(&by(0), 1000));
+        assert!(!may_administer(&by(1001), 1000));
+    }
+
+    fn test_attr() -> Attr {
+        let t = birch::format::Timespec { sec: 0, nsec: 0 };
+        Attr {
+            ino: 257,
+            size: 0,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            file_type: birch::format::FileType::Directory,
+            perm: 0o755,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            generation: 1,
+        }
+    }
+
+    /// With FUSE_ALLOW_IDMAP a request that creates nothing carries uid and
+    /// gid (u32)-1: never anyone's id, never root's.
+    #[test]
+    fn unknown_ids_are_no_ones() {
+        use crate::caller::INVALID_ID;
+        // A pid /proc cannot resolve: refused, whoever the owner is.
+        let unknown = Caller::from_ids(INVALID_ID, INVALID_ID, 0);
+        assert!(!may_administer(&unknown, 0));
+        assert!(!may_administer(&unknown, INVALID_ID));
+        let dir = |uid, gid, perm| Attr {
+            uid,
+            gid,
+            perm,
+            ..test_attr()
+        };
+        // A directory owned by "uid -1" with write for its owner only.
+        assert_eq!(
+            may_write_and_search(&unknown, &dir(INVALID_ID, INVALID_ID, 0o700)),
+            None
+        );
+        assert_eq!(
+            may_destroy_subvolume(
+                &unknown,
+                true,
+                &dir(INVALID_ID, INVALID_ID, 0o1777),
+                &dir(INVALID_ID, INVALID_ID, 0o777)
+            ),
+            Err(Errno::EPERM)
+        );
+        // Set-ID bits: an unknown caller's group membership is no, even
+        // in a group "-1": both go.
+        assert_eq!(
+            dropped_mode(&dir(1, INVALID_ID, 0o6745), &unknown, false),
+            Some(0o745)
+        );
+        assert_eq!(
+            dropped_mode(&dir(1, INVALID_ID, 0o6745), &unknown, true),
+            Some(0o2745)
+        );
+        // A known caller outside the file's group loses both.
+        let other = Caller::from_ids(1000, 1000, 0);
+        assert_eq!(dropped_mode(&dir(1, 5, 0o6745), &other, false), Some(0o745));
     }
 }

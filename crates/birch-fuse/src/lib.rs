@@ -5,6 +5,7 @@
 
 mod adapter;
 mod attr;
+mod caller;
 mod fuseblk;
 mod listing;
 mod memory;

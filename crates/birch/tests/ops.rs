@@ -42,7 +42,7 @@ fn tmpfile_linked_then_fsync() {
     let rec = recorder();
     let fs = mount(rec.clone());
     let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
-    let t = fs.tmpfile(d, 0o600, 0, 0).unwrap();
+    let t = fs.tmpfile(d, 0o600, 0, 0, 0).unwrap();
     assert_eq!(t.nlink, 0);
     let data = pattern(3 * PAGE + 77, 1);
     fs.write_file(t.ino, 0, &data).unwrap();
@@ -66,7 +66,7 @@ fn tmpfile_linked_then_fsync() {
 fn tmpfile_without_name_is_gone_after_crash() {
     let rec = recorder();
     let fs = mount(rec.clone());
-    let t = fs.tmpfile(fs.root_ino(), 0o600, 0, 0).unwrap();
+    let t = fs.tmpfile(fs.root_ino(), 0o600, 0, 0, 0).unwrap();
     fs.write_file(t.ino, 0, &pattern(5 * PAGE, 2)).unwrap();
     fs.sync().unwrap();
     let committed = rec.flush_count();

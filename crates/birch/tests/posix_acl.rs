@@ -190,6 +190,28 @@ fn default_acl_is_inherited_at_create_and_mkdir_with_mode_masking() {
     assert_eq!(stored(&fs, g.ino, ACL_ACCESS_XATTR), None);
 }
 
+/// An O_TMPFILE inode inherits its directory's default ACL as a named
+/// create does, and keeps it when linked in (fstests generic/389); the
+/// umask applies only without one.
+#[test]
+fn tmpfile_inherits_the_default_acl() {
+    let fs = new_fs();
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    set(&fs, d, ACL_DEFAULT_XATTR, &nobody_may_read(7));
+    let t = fs.tmpfile(d, 0o666, 0o022, 0, 0).unwrap();
+    assert_eq!(t.perm & 0o777, 0o660, "the default ACL, not the umask");
+    let ta = stored(&fs, t.ino, ACL_ACCESS_XATTR).unwrap();
+    assert_eq!(perm_of(&ta, ACL_USER), 4);
+    fs.link(t.ino, d, b"linked").unwrap();
+    let linked = ino(&fs, "/d/linked");
+    assert_eq!(fs.getattr(linked).unwrap().perm & 0o777, 0o660);
+    assert!(stored(&fs, linked, ACL_ACCESS_XATTR).is_some());
+    let u = fs.tmpfile(root, 0o666, 0o022, 0, 0).unwrap();
+    assert_eq!(u.perm & 0o777, 0o644);
+    assert_eq!(stored(&fs, u.ino, ACL_ACCESS_XATTR), None);
+}
+
 /// A minimal default ACL passes on no access ACL: the new inode's mode
 /// says everything (posix_acl_create stores none then).
 #[test]

@@ -249,7 +249,7 @@ fn read_only_subvolume_refuses_changes_to_its_files() {
         "rename",
         fs.rename(sv, b"f", d, b"f", RenameFlags::default()),
     );
-    erofs("tmpfile", fs.tmpfile(d, 0o644, 0, 0).map(|_| ()));
+    erofs("tmpfile", fs.tmpfile(d, 0o644, 0, 0, 0).map(|_| ()));
     erofs("subvolume", fs.create_subvolume(d, b"n", 0, 0).map(|_| ()));
     erofs(
         "reflink into",
@@ -500,7 +500,7 @@ fn file_life_in_subvolume_survives_power_cut() {
     let r = fs.create(a, b"r", 0o644, 0, 0).unwrap().ino;
     assert_eq!(fs.copy_file_range(f.ino, 0, r, 0, 30_000).unwrap(), 30_000);
     assert_eq!(fs.read_file(r, 0, 30_000).unwrap(), data[..30_000]);
-    let tmp = fs.tmpfile(a, 0o644, 0, 0).unwrap();
+    let tmp = fs.tmpfile(a, 0o644, 0, 0, 0).unwrap();
     assert_eq!(InoSpace::split(tmp.ino).0, id);
     fs.write_file(tmp.ino, 0, b"named later").unwrap();
     fs.link(tmp.ino, a, b"t").unwrap();

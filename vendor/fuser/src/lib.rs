@@ -462,6 +462,11 @@ pub trait Filesystem: Send + Sync + 'static {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         flags: Option<BsdFileFlags>,
+        // birch patch: FATTR_KILL_SUIDGID: the kernel (with
+        // FUSE_HANDLE_KILLPRIV_V2) asks to clear set-user-ID, and
+        // set-group-ID if group-executable, for a truncate by a caller
+        // without CAP_FSETID.
+        _kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         warn!(

@@ -104,10 +104,19 @@ impl<'a> RequestWithSender<'a> {
     ) -> Result<Option<ResponseData>, Errno> {
         let op = self.request.operation().map_err(|_| Errno::ENOSYS)?;
         // Implement allow_root & access check for auto_unmount
+        // birch patch: with FUSE_ALLOW_IDMAP the kernel sends uid (u32)-1
+        // (FUSE_INVALID_UIDGID) in every request that creates no inode.
+        // Without allow_other the kernel itself lets only the mount's
+        // owner in (fuse_allow_current_process), so the Owner check has
+        // nothing to add for such a request; RootAndOwner cannot tell and
+        // still refuses it.
+        let unknown_caller = self.request.uid().as_raw() == u32::MAX;
         if (se.allowed == SessionACL::RootAndOwner
             && self.request.uid() != se.session_owner
             && !self.request.uid().is_root())
-            || (se.allowed == SessionACL::Owner && self.request.uid() != se.session_owner)
+            || (se.allowed == SessionACL::Owner
+                && self.request.uid() != se.session_owner
+                && !unknown_caller)
         {
             {
                 match op {
@@ -190,6 +199,8 @@ impl<'a> RequestWithSender<'a> {
                     x.chgtime(),
                     x.bkuptime(),
                     x.flags(),
+                    // birch patch: FATTR_KILL_SUIDGID.
+                    x.kill_suidgid(),
                     self.reply(),
                 );
             }

@@ -87,15 +87,26 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// A new inode with no name, held once (the caller's open handle),
     /// recorded as an orphan so a crash before it is linked or released
     /// cannot leak it. `link` gives it a name (and drops the orphan item).
-    pub(crate) fn tmpfile(&mut self, dir: u64, mode: u32, uid: u32, gid: u32) -> Result<u64> {
+    pub(crate) fn tmpfile(
+        &mut self,
+        dir: u64,
+        mode: u32,
+        umask: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<u64> {
         if self.inode(dir)?.item.file_type() != FileType::Directory {
             return Err(Error::NotDir);
         }
         self.deny_if_flagged(dir, true)?;
         self.ensure_space(0)?;
-        let mut item = self.new_inode_item(libc::S_IFREG | (mode & 0o7777), uid, gid, 0);
+        // As a named create: the directory's default ACL, or the umask
+        // (fstests generic/389).
+        let (mode, acls) = self.acl_at_create(dir, libc::S_IFREG | (mode & 0o7777), umask)?;
+        let mut item = self.new_inode_item(mode, uid, gid, 0);
         item.nlink = 0;
         let ino = self.add_new_inode(item);
+        self.store_inherited_acls(ino, acls)?;
         self.open_inode(ino)?;
         self.inode_unlinked(ino)?;
         Ok(ino)

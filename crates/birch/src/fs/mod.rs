@@ -1063,14 +1063,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (drop the hold with [`release`](Self::release) or
     /// [`forget`](Self::forget); it is then freed unless
     /// [`link`](Self::link) gave it a name). A crash before either leaves
-    /// nothing behind.
-    pub fn tmpfile(&self, dir: u64, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+    /// nothing behind. Like [`make_node`](Self::make_node), `dir`'s
+    /// default ACL, if it has one, is inherited and masks `mode`;
+    /// otherwise `umask` does.
+    pub fn tmpfile(&self, dir: u64, mode: u32, umask: u32, uid: u32, gid: u32) -> Result<Attr> {
         let _request = self.request();
         self.change_with(
-            |_| Ok(Need::items(4)),
+            // The inode, its orphan item, and an inherited access ACL.
+            |_| Ok(Need::items(5)),
             |s| {
                 let (mut root, dir) = s.resolve_writable(dir)?;
-                let ino = root.tmpfile(dir, mode, uid, gid)?;
+                let ino = root.tmpfile(dir, mode, umask, uid, gid)?;
                 root.getattr(ino).map(|a| root.external(a))
             },
         )

@@ -373,6 +373,12 @@ mod op {
                 None
             }
         }
+        /// birch patch: FATTR_KILL_SUIDGID, set by the kernel (with
+        /// FUSE_HANDLE_KILLPRIV_V2) on a truncate by a caller without
+        /// CAP_FSETID.
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn size(&self) -> Option<u64> {
             if self.valid().contains(FattrFlags::FATTR_SIZE) {
                 Some(self.arg.size)
