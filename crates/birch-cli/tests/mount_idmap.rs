@@ -182,7 +182,9 @@ fn idmapped_bind_mount_maps_owners_and_permissions() {
     if skip_unless_root() {
         return;
     }
-    let fx = Fixture::mounted("idmap");
+    let mut fx = Fixture::new("idmap", "1G");
+    fx.options = vec!["idmap".into()];
+    fx.mount();
     assert!(
         init_flags(&fx.mnt).iter().any(|f| f == "ALLOW_IDMAP"),
         "FUSE_ALLOW_IDMAP not negotiated: {:?}",
@@ -300,17 +302,16 @@ fn idmapped_bind_mount_maps_owners_and_permissions() {
     drop(idm);
 }
 
-/// With `-o noidmap` birch does not offer FUSE_ALLOW_IDMAP: the kernel
-/// refuses an idmap on the mount (EINVAL), and requests keep the caller's
-/// ids, so a user's subvolume create is checked by its permissions.
+/// Without `-o idmap` (the default, or `noidmap`) birch does not offer
+/// FUSE_ALLOW_IDMAP: the kernel refuses an idmap on the mount (EINVAL),
+/// and requests keep the caller's ids, so a user's subvolume create is
+/// checked by its permissions.
 #[test]
-fn noidmap_refuses_idmapped_mounts() {
+fn without_idmap_idmapped_mounts_are_refused() {
     if skip_unless_root() {
         return;
     }
-    let mut fx = Fixture::new("noidmap", "1G");
-    fx.options = vec!["noidmap".into()];
-    fx.mount();
+    let fx = Fixture::mounted("noidmap");
     assert!(!init_flags(&fx.mnt).iter().any(|f| f == "ALLOW_IDMAP"));
     let target = fx.scratch.path("idmapped");
     fs::create_dir(&target).unwrap();

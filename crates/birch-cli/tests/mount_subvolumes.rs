@@ -28,10 +28,10 @@ fn fixture(tag: &str) -> Fixture {
     fx
 }
 
-/// A mount whose requests carry every caller's ids (`-o noidmap`): with
-/// idmapped mounts on, a subvolume ioctl names no caller and birch lets
-/// only administrators through (`mount_idmap` tests that side), so the
-/// tests of what a user may do turn them off.
+/// A mount whose requests carry every caller's ids (`-o noidmap`, the
+/// default, said here because the tests of what a user may do depend on
+/// it: with `-o idmap` a subvolume ioctl names no caller and birch lets
+/// only administrators through, which `mount_idmap` tests).
 fn fixture_with_user_ids(tag: &str) -> Fixture {
     let mut fx = Fixture::new(tag, "256M");
     fx.options = vec!["commit=0".into(), "noidmap".into()];

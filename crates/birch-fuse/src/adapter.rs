@@ -174,10 +174,11 @@ pub struct FuseOptions {
     /// directory ([`may_destroy_subvolume`]).
     pub user_subvol_rm_allowed: bool,
     /// Offer idmapped mounts (FUSE_ALLOW_IDMAP) where the kernel can
-    /// (Linux 6.12+). The kernel then sends the caller's ids only with
-    /// requests that create an inode, so the checks birch makes itself
-    /// for a subvolume ioctl pass only administrators (`noidmap` keeps
-    /// them for every user; docs/FUSE.md, "Idmapped mounts").
+    /// (Linux 6.12+; `-o idmap`). Off by default: the kernel then sends
+    /// the caller's ids only with requests that create an inode, so the
+    /// checks birch makes itself for a subvolume ioctl pass only
+    /// administrators, and users would lose the subvolume rights btrfs
+    /// gives them (docs/FUSE.md, "Idmapped mounts").
     pub idmap: bool,
 }
 
@@ -208,7 +209,7 @@ impl Default for FuseOptions {
             dirsync: false,
             subvolume: Default::default(),
             user_subvol_rm_allowed: false,
-            idmap: true,
+            idmap: false,
         }
     }
 }

@@ -501,7 +501,7 @@ pub(crate) fn describe_options(o: &FuseOptions) -> String {
         (o.sync, "sync"),
         (o.dirsync, "dirsync"),
         (o.user_subvol_rm_allowed, "user_subvol_rm_allowed"),
-        (!o.idmap, "noidmap"),
+        (o.idmap, "idmap"),
     ];
     parts.extend(flags.iter().filter(|f| f.0).map(|f| f.1.to_string()));
     parts.push(
