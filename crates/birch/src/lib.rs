@@ -54,6 +54,6 @@ pub mod scrub;
 pub use device::{BlockDevice, FileDevice, MemoryDevice};
 pub use error::{Corruption, Error, Result};
 pub use fs::{
-    Attr, DataChecksums, FallocateMode, Filesystem, MetadataCopies, MkfsOptions, MountOptions,
-    RenameFlags, SetAttr, SetTime, WhiteoutOwner, XattrSetMode,
+    Attr, CompressOption, DataChecksums, FallocateMode, Filesystem, MetadataCopies, MkfsOptions,
+    MountOptions, RenameFlags, SetAttr, SetTime, WhiteoutOwner, XattrSetMode,
 };

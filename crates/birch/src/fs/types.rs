@@ -194,6 +194,61 @@ pub struct MountOptions {
     /// `DROP_NODES_PER_TRANSACTION`): bounds each commit's delayed refs.
     /// Tests lower it to see a drop span several commits.
     pub cleaner_nodes_per_transaction: usize,
+    /// `compress=` / `compress-force=`: how writeback compresses file
+    /// data (docs/COMPRESSION.md). Off by default, as in btrfs.
+    pub compress: CompressOption,
+}
+
+/// The `compress=ALG[:LEVEL]|no` and `compress-force=...` mount options
+/// (btrfs's names; lz4 stands in for btrfs's lzo).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompressOption {
+    /// `None`: `compress=no`, data is stored as written.
+    pub algorithm: Option<crate::format::Compression>,
+    /// zstd's level (1..=15); 0 for lz4 and `no`.
+    pub level: i32,
+    /// `compress-force`: try every chunk, even of a file whose data did
+    /// not shrink before (a chunk that does not shrink is still stored
+    /// as it is).
+    pub force: bool,
+}
+
+impl CompressOption {
+    /// Parses the value of `compress=` (`force` false) or
+    /// `compress-force=` (`force` true): `zstd`, `zstd:LEVEL` (1..=15),
+    /// `lz4` or `no`. The error names what is wrong.
+    pub fn parse(value: &str, force: bool) -> std::result::Result<CompressOption, String> {
+        use crate::format::compression::{DEFAULT_ZSTD_LEVEL, MAX_ZSTD_LEVEL};
+        use crate::format::Compression;
+        let (name, level) = match value.split_once(':') {
+            Some((name, level)) => (name, Some(level)),
+            None => (value, None),
+        };
+        let option = match (name, level) {
+            ("zstd", None) => CompressOption {
+                algorithm: Some(Compression::Zstd),
+                level: DEFAULT_ZSTD_LEVEL,
+                force,
+            },
+            ("zstd", Some(level)) => CompressOption {
+                algorithm: Some(Compression::Zstd),
+                level: level
+                    .parse()
+                    .ok()
+                    .filter(|l| (1..=MAX_ZSTD_LEVEL).contains(l))
+                    .ok_or_else(|| format!("zstd level {level}: expected 1..={MAX_ZSTD_LEVEL}"))?,
+                force,
+            },
+            ("lz4", None) => CompressOption {
+                algorithm: Some(Compression::Lz4),
+                level: 0,
+                force,
+            },
+            ("no", None) => CompressOption::default(),
+            _ => return Err(format!("{value}: expected zstd, zstd:LEVEL, lz4 or no")),
+        };
+        Ok(option)
+    }
 }
 
 /// What a mount may do when the newest commit's trees cannot be read
@@ -274,6 +329,7 @@ impl Default for MountOptions {
             atime: AtimeUpdates::Relative,
             rescue: Rescue::Off,
             cleaner_nodes_per_transaction: 4096,
+            compress: CompressOption::default(),
         }
     }
 }
@@ -326,6 +382,12 @@ pub struct FsStats {
     /// Data blocks whose checksum did not match when read (each read
     /// failed with EIO; docs/DATA-CHECKSUMS.md).
     pub data_csum_errors: u64,
+    /// Compression (docs/COMPRESSION.md): file bytes that went into
+    /// compressed extents, the bytes those take on disk, and chunks that
+    /// were tried and did not shrink (written as they are).
+    pub compressed_bytes_in: u64,
+    pub compressed_bytes_out: u64,
+    pub compress_attempts_failed: u64,
     /// Scrubs of the mounted filesystem (`scrub::scrub_filesystem`): tree nodes
     /// scrubbed and bytes of data extents read, counted as they go, so
     /// that another thread can show a scrub's progress.
