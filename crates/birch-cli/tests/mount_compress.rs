@@ -1,6 +1,7 @@
 //! `-o compress=zstd` through a real mount (docs/COMPRESSION.md): a
 //! compressible and an incompressible file written, synced, read back
-//! after a remount; `du`'s blocks show what compression saved; `birch
+//! after a remount; `du`'s blocks show what compression saved; `chattr
+//! +c` on a directory compresses what is created in it; `birch
 //! check` (at drop) and `birch scrub` of the image are clean.
 //!
 //! Run: `cargo test -p birch-cli --test mount_compress` as root
@@ -111,6 +112,28 @@ fn compress_zstd_shrinks_text_keeps_noise_and_reads_back_after_remount() {
     assert!(
         du_kib * 1024 < (text_data.len() / 4) as u64,
         "du -k: {du_kib}"
+    );
+    // chattr +c on a directory of this mount (no compress= now): files
+    // created in it inherit the flag and are compressed.
+    fs::create_dir(fx.path("c")).unwrap();
+    common::run_ok(
+        std::process::Command::new("chattr")
+            .arg("+c")
+            .arg(fx.path("c")),
+    );
+    fs::write(fx.path("c/f"), &text_data).unwrap();
+    let lsattr = common::run_ok(std::process::Command::new("lsattr").arg(fx.path("c/f")));
+    let shown = text(&lsattr.stdout);
+    assert!(
+        shown.split_whitespace().next().unwrap().contains('c'),
+        "lsattr: {shown}"
+    );
+    let out = birch(&["sync", fx.mnt.to_str().unwrap()]);
+    assert!(out.status.success(), "birch sync: {}", text(&out.stderr));
+    assert!(counter(&fx, "compressed_bytes_in") >= 8 * MIB as u64);
+    assert!(
+        fs::read(fx.path("c/f")).unwrap() == text_data,
+        "c/f differs"
     );
     fx.unmount();
 

@@ -432,3 +432,41 @@ fn compressed_truncate_and_punch_fsync_crash() {
         });
     assert!(states > 2);
 }
+
+/// `chattr +c` (FS_COMPR_FL) on a mount without `compress=`: the file is
+/// compressed (zstd), a `+c` directory passes the flag to what is created
+/// in it, and other files stay as written.
+#[test]
+fn chattr_c_compresses_and_new_files_in_a_c_directory_inherit_it() {
+    use birch::fs::inode_flags::COMPR;
+    let dev = memory_fs(DataChecksums::On);
+    let fs = common::mount(dev.clone());
+    let root = fs.root_ino();
+    let plain = create(&fs, "plain", &text(16, 256 << 10));
+    let flagged = create(&fs, "flagged", b"");
+    fs.set_flags(flagged, COMPR).unwrap();
+    fs.write_file(flagged, 0, &text(17, 256 << 10)).unwrap();
+    let dir = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.set_flags(dir, COMPR).unwrap();
+    let child = fs.create(dir, b"child", 0o644, 0, 0).unwrap().ino;
+    let subdir = fs.mkdir(dir, b"sub", 0o755, 0, 0).unwrap().ino;
+    assert_eq!(fs.get_flags(child).unwrap(), COMPR);
+    assert_eq!(fs.get_flags(subdir).unwrap(), COMPR);
+    fs.write_file(child, 0, &text(18, 256 << 10)).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().compressed_bytes_in, 512 << 10);
+    fs.close().unwrap();
+    assert!(extents_of(&dev, plain)
+        .iter()
+        .all(|e| e.starts_with("extent regular ")));
+    for ino in [flagged, child] {
+        let extents = extents_of(&dev, ino);
+        assert!(
+            extents
+                .iter()
+                .all(|e| e.starts_with("extent compressed zstd ")),
+            "{extents:?}"
+        );
+    }
+    assert_clean(dev.as_ref(), "after chattr +c");
+}

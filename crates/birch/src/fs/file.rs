@@ -18,11 +18,12 @@ use super::in_flight::{Chunk, ChunkWrite, InFlight};
 use super::root::RootCtx;
 use super::space_info::Need;
 use super::state::FsState;
-use super::types::InoSpace;
+use super::types::{inode_flags, InoSpace};
 use super::{FallocateMode, SeekWhence};
 use crate::alloc::{ReaderTicket, TransactionSpace};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
+use crate::format::compression::DEFAULT_ZSTD_LEVEL;
 use crate::format::{
     item_type, CompressedRef, Compression, DiskRef, FileExtent, FileType, Key, Timespec,
     MAX_COMPRESSED_RAM, MAX_EXTENT_BYTES, MAX_FILE_SIZE, MAX_INLINE_DATA, SECTOR_SIZE,
@@ -804,17 +805,22 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// Whether and how the writeback of `ino` compresses: as the
-    /// `compress=` option says, unless a chunk of the file did not shrink
+    /// `compress=` option says, or with zstd for a file with `chattr +c`
+    /// on a mount without one, unless a chunk of the file did not shrink
     /// since its last truncate (`compress-force` tries anyway).
     fn compression_for(&mut self, ino: u64) -> Result<Option<(Compression, i32)>> {
         let option = self.fs.options.compress;
-        let Some(algorithm) = option.algorithm else {
-            return Ok(None);
+        let inode = self.inode(ino)?;
+        let flagged = inode.item.flags & u64::from(inode_flags::COMPR) != 0;
+        let (algorithm, level) = match option.algorithm {
+            Some(algorithm) => (algorithm, option.level),
+            None if flagged => (Compression::Zstd, DEFAULT_ZSTD_LEVEL),
+            None => return Ok(None),
         };
-        if self.inode(ino)?.incompressible && !option.force {
+        if inode.incompressible && !option.force {
             return Ok(None);
         }
-        Ok(Some((algorithm, option.level)))
+        Ok(Some((algorithm, level)))
     }
 
     /// Allocates the extents for `runs` (file offset, bytes): one chunk

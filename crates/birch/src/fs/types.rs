@@ -523,6 +523,11 @@ pub mod inode_flags {
     /// call returns; on a directory also every change of its entries
     /// (the VFS's IS_DIRSYNC counts both flags).
     pub const SYNC: u32 = 0x8;
+    /// FS_COMPR_FL (`c`): writeback compresses the file's data (with the
+    /// `compress=` algorithm, zstd when the mount has none), as btrfs's
+    /// `chattr +c`; a directory passes it to every inode created in it
+    /// (docs/COMPRESSION.md).
+    pub const COMPR: u32 = 0x4;
     /// FS_IMMUTABLE_FL: no change at all (data, attributes, names, xattrs).
     pub const IMMUTABLE: u32 = 0x10;
     /// FS_APPEND_FL: data may only be appended; no other change.
@@ -538,7 +543,7 @@ pub mod inode_flags {
     pub const DIRSYNC: u32 = 0x1_0000;
     /// Every flag birch honours; setting any other fails (EOPNOTSUPP), and
     /// `birch check` reports any other bit in an inode item.
-    pub const SUPPORTED: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | DIRSYNC;
+    pub const SUPPORTED: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | DIRSYNC | COMPR;
 }
 
 /// `lseek` whence values that look at the file's layout.
