@@ -182,6 +182,15 @@ fn parse_options(args: &MountArgs) -> Result<Settings, Failure> {
                         Failure::new(format!("-o dirty_limit={v}: expected 1M or more"))
                     })?
             }
+            // btrfs's names; lz4 stands in for lzo (docs/COMPRESSION.md).
+            ("compress", Some(v)) | ("compress-force", Some(v)) => {
+                s.engine.compress = birch::CompressOption::parse(v, key == "compress-force")
+                    .map_err(|e| Failure::new(format!("-o {key}={v}: {e}")))?
+            }
+            ("compress", None) | ("compress-force", None) => {
+                s.engine.compress = birch::CompressOption::parse("zstd", key == "compress-force")
+                    .map_err(|e| Failure::new(format!("-o {key}: {e}")))?
+            }
             ("cleaner_nodes", Some(v)) => {
                 s.engine.cleaner_nodes_per_transaction =
                     v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {

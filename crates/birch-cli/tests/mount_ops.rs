@@ -353,7 +353,7 @@ fn chattr_sync_noatime_nodump_dirsync() {
         assert!(fflags.contains(flag), "lsattr f: {fflags} lacks {flag}");
     }
     // A flag birch does not honour is still refused.
-    assert!(!chattr(&["+c", f.to_str().unwrap()]).status.success());
+    assert!(!chattr(&["+C", f.to_str().unwrap()]).status.success());
 
     let data = pattern(3 * 4096 + 11, 7);
     OpenOptions::new()

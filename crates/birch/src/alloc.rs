@@ -844,6 +844,12 @@ pub trait TransactionSpace {
     /// checksums now, so the commit has nothing left to do for it.
     fn drop_data_ref(&mut self, bytenr: u64, num_bytes: u64, owner: u64) -> bool;
 
+    /// Shrinks the data extent at `bytenr`, allocated in this transaction
+    /// with `len` bytes and not referenced yet, to its first `keep` bytes
+    /// (a compressed writeback needs fewer than it allocated): the rest is
+    /// released, pinned like any extent freed in its own transaction.
+    fn shrink_new_data(&mut self, bytenr: u64, len: u64, keep: u64);
+
     /// Takes the pending extent changes, lowest bytenr first.
     fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)>;
 
@@ -1025,6 +1031,20 @@ impl TransactionSpace for Allocator {
         self.delayed_refs.remove(&bytenr);
         self.extent_released(bytenr, num_bytes);
         true
+    }
+
+    fn shrink_new_data(&mut self, bytenr: u64, len: u64, keep: u64) {
+        assert!(keep > 0 && keep < len && keep.is_multiple_of(SECTOR_SIZE));
+        let entry = self
+            .delayed_refs
+            .get_mut(&bytenr)
+            .expect("a new data extent has its delayed ref");
+        assert!(
+            entry.created && entry.ref_delta == 0 && entry.num_bytes == len,
+            "data extent {bytenr} shrunk after it was referenced"
+        );
+        entry.num_bytes = keep;
+        self.extent_released(bytenr + keep, len - keep);
     }
 
     fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)> {

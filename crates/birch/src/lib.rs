@@ -54,6 +54,6 @@ pub mod scrub;
 pub use device::{BlockDevice, FileDevice, MemoryDevice};
 pub use error::{Corruption, Error, Result};
 pub use fs::{
-    Ablation, Attr, DataChecksums, FallocateMode, Filesystem, MetadataCopies, MkfsOptions,
-    MountOptions, RenameFlags, SetAttr, SetTime, WhiteoutOwner, XattrSetMode,
+    Ablation, Attr, CompressOption, DataChecksums, FallocateMode, Filesystem, MetadataCopies,
+    MkfsOptions, MountOptions, RenameFlags, SetAttr, SetTime, WhiteoutOwner, XattrSetMode,
 };

@@ -145,6 +145,13 @@ pub fn superblock(sb: &Superblock, copy_bytenr: u64) -> String {
             crate::format::INCOMPAT_SUBVOLUMES
         );
     }
+    if sb.compression {
+        let _ = writeln!(
+            s,
+            "\tcompression on (incompat_flags {:#x})",
+            crate::format::INCOMPAT_COMPRESSION
+        );
+    }
     let _ = match sb.metadata_profile {
         crate::format::MetadataProfile::Single => writeln!(s, "\tmetadata single"),
         crate::format::MetadataProfile::Dup { mirror_offset } => writeln!(
@@ -407,6 +414,17 @@ pub fn file_extent(e: &FileExtent) -> String {
             num_bytes,
         } => {
             format!("extent prealloc disk_bytenr {disk_bytenr} disk_num_bytes {disk_num_bytes} offset {offset} num_bytes {num_bytes}")
+        }
+        FileExtent::Compressed {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+            ram_bytes,
+            compressed_len,
+            compression,
+        } => {
+            format!("extent compressed {compression} disk_bytenr {disk_bytenr} disk_num_bytes {disk_num_bytes} compressed_len {compressed_len} ram_bytes {ram_bytes} offset {offset} num_bytes {num_bytes}")
         }
     }
 }
@@ -700,6 +718,7 @@ mod tests {
             data_checksums: false,
             log_manifest: None,
             subvolumes: true,
+            compression: false,
         };
         assert!(superblock(&sb, 65536).contains("subvolumes on (incompat_flags 0x8)"));
     }

@@ -441,6 +441,8 @@ fn scrub_node<D: BlockDevice + ?Sized>(
 /// A file extent of a subvolume tree's leaf: which disk bytes it maps to
 /// which file bytes.
 struct FileUse {
+    /// A compressed extent: any of its disk blocks is all of its range.
+    compressed: bool,
     disk_bytenr: u64,
     offset: u64,
     len: u64,
@@ -499,14 +501,21 @@ impl DataMaps {
                     }
                 }
                 (tree, item_type::EXTENT_DATA) if tree_id::is_subvolume(tree) => {
-                    if let Some(d) = FileExtent::decode_at(&key, &item.data)
-                        .ok()
-                        .and_then(|e| e.disk_ref())
-                    {
+                    let extent = FileExtent::decode_at(&key, &item.data).ok();
+                    if let Some((e, d)) = extent.and_then(|e| e.disk_ref().map(|d| (e, d))) {
+                        // A compressed extent's file bytes come from all
+                        // of its disk extent: a bad block hits the item's
+                        // whole range (reported at its first byte).
+                        let compressed = e.compressed_ref().is_some();
+                        let (offset, len) = match compressed {
+                            true => (0, d.disk_num_bytes),
+                            false => (d.offset, d.num_bytes),
+                        };
                         self.file_extents.push(FileUse {
+                            compressed,
                             disk_bytenr: d.disk_bytenr,
-                            offset: d.offset,
-                            len: d.num_bytes,
+                            offset,
+                            len,
                             ino: key.objectid,
                             file_offset: key.offset,
                             leaf,
@@ -601,7 +610,10 @@ impl DataMaps {
             if !(start..start.saturating_add(f.len)).contains(&bytenr) {
                 continue;
             }
-            let at = f.file_offset.saturating_add(bytenr - start);
+            let at = match f.compressed {
+                true => f.file_offset,
+                false => f.file_offset.saturating_add(bytenr - start),
+            };
             for tree in self.subvolumes_reaching(f.leaf) {
                 let subvolume = if tree == tree_id::FS {
                     String::new()

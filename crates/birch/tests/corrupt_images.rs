@@ -1039,18 +1039,18 @@ fn malformed_acl_xattr() {
     assert_eq!(report.faults.len(), 2, "{report}");
 }
 
-/// An inode flag bit birch never sets (FS_COMPR_FL here) is a fault naming
-/// the inode; the chattr flags birch has (`SiadAD`) are clean.
+/// An inode flag bit birch never sets (FS_NOCOW_FL here) is a fault naming
+/// the inode; the chattr flags birch has (`SiadADc`) are clean.
 #[test]
 fn unknown_inode_flag_bits() {
     use birch::fs::inode_flags;
     let mut b = sample();
-    b.inode_mut(A).flags = u64::from(inode_flags::SYNC | 0x4);
+    b.inode_mut(A).flags = u64::from(inode_flags::SYNC | 0x0080_0000);
     b.inode_mut(D).flags = u64::from(inode_flags::SUPPORTED);
     let report = check(&b.build());
     let f = expect_fault(&report, FaultId::InodeFlagsUnknown, |f| {
         f.key == Some(Key::new(A, item_type::INODE_ITEM, 0))
     });
-    assert!(f.reason.contains("0x4"), "{report}");
+    assert!(f.reason.contains("0x800000"), "{report}");
     assert_eq!(report.faults.len(), 1, "{report}");
 }

@@ -1,6 +1,6 @@
 //! Structure-aware image fuzzer: a small valid image built by the engine
-//! (files, a directory, xattrs, hard links, a symlink, inline and regular
-//! extents, data checksums, and an fsync log not yet committed, so that
+//! (files, a directory, xattrs, hard links, a symlink, inline, regular and
+//! compressed extents, data checksums, and an fsync log not yet committed, so that
 //! every open replays it), then, per case, one field of one node header,
 //! item header, item body or superblock set to an edge value (or, one
 //! case in eight, a second pointer to a child another slot names and/or a
@@ -177,7 +177,13 @@ fn build_base() -> Base {
         },
     )
     .expect("mkfs");
-    let fs = Filesystem::open(dev.clone(), MountOptions::deterministic()).expect("open");
+    // compress=zstd: runs of two pages or more become compressed extents
+    // (docs/COMPRESSION.md), single pages stay regular.
+    let options = MountOptions {
+        compress: birch::fs::CompressOption::parse("zstd", false).unwrap(),
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev.clone(), options).expect("open");
     let root = fs.root_ino();
     let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
     let small = fs.create(d, b"small", 0o644, 0, 0).unwrap().ino;
@@ -215,6 +221,7 @@ fn build_base() -> Base {
     drop(fs);
     let sb = read_superblock(&MemoryDevice::from_bytes(bytes.clone())).expect("superblock");
     assert_ne!(sb.log_root_bytenr, 0, "the base image has an fsync log");
+    assert!(sb.compression, "the base image has compressed extents");
     let nodes = live_nodes(&bytes, &sb);
     assert!(
         nodes
@@ -345,6 +352,10 @@ fn item_body_fields(
             ("extent.disk_num_bytes", 9, 8),
             ("extent.offset", 17, 8),
             ("extent.num_bytes", 25, 8),
+            // A compressed extent's own fields (type 3).
+            ("extent.ram_bytes", 33, 8),
+            ("extent.compressed_len", 41, 8),
+            ("extent.algorithm", 49, 1),
         ],
         item_type::ROOT_ITEM => &[
             ("root.bytenr", 0, 8),

@@ -463,6 +463,7 @@ fn check_device_on_random_images() {
                 data_checksums: rng.gen_bool(0.5),
                 log_manifest: None,
                 subvolumes: rng.gen_bool(0.5),
+                compression: rng.gen_bool(0.5),
             };
             let off = SUPERBLOCK_OFFSETS[0] as usize;
             image[off..off + SUPERBLOCK_SIZE].copy_from_slice(&sb.encode(SUPERBLOCK_OFFSETS[0]));

@@ -332,7 +332,7 @@ fn inode_flags_then_fsync() {
     );
 }
 
-/// chattr `S`, `A`, `d` and `D` are stored and read back (lsattr), alone
+/// chattr `S`, `A`, `d`, `D` and `c` are stored and read back (lsattr), alone
 /// and together with `i` / `a`, and a flag birch does not honour is still
 /// refused.
 #[test]
@@ -351,7 +351,7 @@ fn sync_noatime_nodump_dirsync_are_stored() {
         assert_eq!(fs.get_flags(d).unwrap(), flags);
     }
     assert!(matches!(
-        fs.set_flags(d, inode_flags::NODUMP | 0x4), // FS_COMPR_FL
+        fs.set_flags(d, inode_flags::NODUMP | 0x0080_0000), // FS_NOCOW_FL
         Err(Error::NotSupported(_))
     ));
     assert_eq!(fs.get_flags(d).unwrap(), 0);

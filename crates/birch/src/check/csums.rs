@@ -157,7 +157,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     let mut referenced: Vec<u64> = c
         .all_file_extents()
         .filter_map(|f| match f.kind {
-            FileExtentKind::Regular(d) => Some(d.disk_bytenr),
+            FileExtentKind::Regular(d) | FileExtentKind::Compressed(d, _) => Some(d.disk_bytenr),
             _ => None,
         })
         .collect();

@@ -1,6 +1,6 @@
 //! Pass `extent-refs`: the extent tree against what references it.
 
-use super::{Checker, ExtentKind, ExtentRec, FaultId, FileExtentKind, Loc, NodeRec, PassStatus};
+use super::{Checker, ExtentKind, ExtentRec, FaultId, Loc, NodeRec, PassStatus};
 use crate::format::tree_name;
 use crate::format::{
     item_type, tree_id, Key, Superblock, FIRST_ALLOCATABLE_BYTE, NODE_SIZE, SECTOR_SIZE,
@@ -275,9 +275,8 @@ fn check_data_refs(c: &mut Checker<'_>, extents: &[ExtentRec]) {
     let mut counted: HashMap<usize, (u64, Vec<u64>)> = HashMap::new();
     let mut bad: Vec<(Loc, FaultId, String)> = Vec::new();
     for fe in c.all_file_extents() {
-        let d = match fe.kind {
-            FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d,
-            FileExtentKind::Inline { .. } => continue,
+        let Some(d) = fe.kind.disk() else {
+            continue;
         };
         match data.get(&d.disk_bytenr) {
             None => bad.push((

@@ -287,6 +287,8 @@ fault_ids! {
     pass_id::FILE_EXTENTS => {
         /// nbytes differs from what the file extents hold.
         Nbytes = "nbytes",
+        /// A compressed file extent on an image without INCOMPAT_COMPRESSION.
+        CompressedWithoutFeature = "compressed-without-feature",
         /// A symlink without its inline extent.
         SymlinkWithoutExtent = "symlink-without-extent",
         /// A symlink target length other than the inode size.

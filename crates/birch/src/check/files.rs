@@ -22,6 +22,16 @@ fn check_tree(c: &mut Checker<'_>, fs: &FsRecords) {
         by_ino.entry(fe.ino).or_default().push(fe);
     }
     let mut faults: Found = Vec::new();
+    let compression = c.sb.as_ref().is_some_and(|sb| sb.compression);
+    for fe in &fs.file_extents {
+        if matches!(fe.kind, FileExtentKind::Compressed(..)) && !compression {
+            faults.push((
+                fe.loc,
+                FaultId::CompressedWithoutFeature,
+                "compressed file extent on an image without INCOMPAT_COMPRESSION".into(),
+            ));
+        }
+    }
     for (&ino, inode) in &fs.inodes {
         let mut extents = by_ino.remove(&ino).unwrap_or_default();
         extents.sort_by_key(|fe| fe.file_offset);
@@ -42,15 +52,13 @@ fn check_tree(c: &mut Checker<'_>, fs: &FsRecords) {
     }
 }
 
-/// nbytes is the sum of the extents' lengths.
+/// nbytes is the sum of what the extents add (`FileExtent::nbytes`: their
+/// lengths, a compressed extent's share of its disk extent).
 fn check_nbytes(inode: &InodeRec, extents: &[&FileExtentRec], faults: &mut Found) {
     let item = &inode.item;
     let mut nbytes: u64 = 0;
     for fe in extents {
-        nbytes = nbytes.saturating_add(match fe.kind {
-            FileExtentKind::Inline { len } => len,
-            FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d.num_bytes,
-        });
+        nbytes = nbytes.saturating_add(fe.kind.nbytes());
     }
     if nbytes != item.nbytes {
         faults.push((
@@ -168,7 +176,9 @@ fn check_regular_extents(inode: &InodeRec, extents: &[&FileExtentRec], faults: &
                     ));
                 }
             }
-            FileExtentKind::Regular(_) | FileExtentKind::Prealloc(_) => {
+            FileExtentKind::Regular(_)
+            | FileExtentKind::Prealloc(_)
+            | FileExtentKind::Compressed(..) => {
                 if !fe.file_offset.is_multiple_of(SECTOR_SIZE) {
                     faults.push((
                         fe.loc,
@@ -179,7 +189,7 @@ fn check_regular_extents(inode: &InodeRec, extents: &[&FileExtentRec], faults: &
                         ),
                     ));
                 }
-                if matches!(fe.kind, FileExtentKind::Regular(_)) && fe.file_offset >= size_end {
+                if !matches!(fe.kind, FileExtentKind::Prealloc(_)) && fe.file_offset >= size_end {
                     faults.push((
                         fe.loc,
                         FaultId::RegularPastEof,
@@ -193,7 +203,9 @@ fn check_regular_extents(inode: &InodeRec, extents: &[&FileExtentRec], faults: &
         }
         let len = match fe.kind {
             FileExtentKind::Inline { len } => len,
-            FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d.num_bytes,
+            FileExtentKind::Regular(d)
+            | FileExtentKind::Prealloc(d)
+            | FileExtentKind::Compressed(d, _) => d.num_bytes,
         };
         if let Some(end) = prev_end {
             if fe.file_offset < end {

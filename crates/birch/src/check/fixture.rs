@@ -729,6 +729,7 @@ impl FsBuilder {
             data_checksums: false,
             log_manifest: None,
             subvolumes: self.subvolumes,
+            compression: false,
         };
         let mut fx = Fixture {
             image: vec![0; self.total_bytes as usize],

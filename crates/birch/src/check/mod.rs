@@ -504,6 +504,30 @@ pub(crate) enum FileExtentKind {
     Inline { len: u64 },
     Regular(crate::format::DiskRef),
     Prealloc(crate::format::DiskRef),
+    Compressed(crate::format::DiskRef, crate::format::CompressedRef),
+}
+
+impl FileExtentKind {
+    /// The disk extent range, of any but an inline extent.
+    pub fn disk(&self) -> Option<crate::format::DiskRef> {
+        match *self {
+            FileExtentKind::Inline { .. } => None,
+            FileExtentKind::Regular(d)
+            | FileExtentKind::Prealloc(d)
+            | FileExtentKind::Compressed(d, _) => Some(d),
+        }
+    }
+
+    /// What the item adds to `nbytes` (`FileExtent::nbytes`).
+    pub fn nbytes(&self) -> u64 {
+        match *self {
+            FileExtentKind::Inline { len } => len,
+            FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d.num_bytes,
+            FileExtentKind::Compressed(d, c) => {
+                crate::format::compressed_share(d.disk_num_bytes, d.num_bytes, c.ram_bytes)
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -893,6 +893,11 @@ impl Checker<'_> {
             FileExtent::Prealloc { .. } => {
                 FileExtentKind::Prealloc(e.disk_ref().expect("prealloc extent has a disk ref"))
             }
+            FileExtent::Compressed { .. } => FileExtentKind::Compressed(
+                e.disk_ref().expect("compressed extent has a disk ref"),
+                e.compressed_ref()
+                    .expect("compressed extent has its compression"),
+            ),
         };
         if !self.recording_shared_copy {
             self.report.summary.file_extent_items += 1;

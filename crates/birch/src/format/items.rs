@@ -3,6 +3,7 @@
 //! says which field is wrong, never a panic.
 
 use super::bytes::{put_i64, put_u16, put_u32, put_u64, Reader, ShortRead};
+use super::compression::{Compression, MAX_COMPRESSED_RAM};
 use super::{ItemType, CSUMS_PER_ITEM, CSUM_SIZE, NAME_MAX, SECTOR_SIZE};
 use std::fmt;
 
@@ -432,11 +433,35 @@ pub enum FileExtent {
         offset: u64,
         num_bytes: u64,
     },
+    /// Like `Regular`, but the disk extent holds `compressed_len` bytes of
+    /// `compression` data (zero padded to `disk_num_bytes`) that
+    /// decompress to `ram_bytes`; `offset` and `num_bytes` are a range of
+    /// the decompressed bytes (docs/COMPRESSION.md).
+    Compressed {
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        offset: u64,
+        num_bytes: u64,
+        ram_bytes: u64,
+        compressed_len: u64,
+        compression: Compression,
+    },
 }
 
 const EXTENT_INLINE: u8 = 0;
 const EXTENT_REGULAR: u8 = 1;
 const EXTENT_PREALLOC: u8 = 2;
+const EXTENT_COMPRESSED: u8 = 3;
+
+/// What a compressed extent records beyond its [`DiskRef`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompressedRef {
+    pub compression: Compression,
+    /// The compressed bytes at the start of the disk extent.
+    pub compressed_len: u64,
+    /// What they decompress to.
+    pub ram_bytes: u64,
+}
 
 /// Where a non-inline file extent points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -477,6 +502,24 @@ impl FileExtent {
                 put_u64(&mut out, *offset);
                 put_u64(&mut out, *num_bytes);
             }
+            FileExtent::Compressed {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+                ram_bytes,
+                compressed_len,
+                compression,
+            } => {
+                out.push(EXTENT_COMPRESSED);
+                put_u64(&mut out, *disk_bytenr);
+                put_u64(&mut out, *disk_num_bytes);
+                put_u64(&mut out, *offset);
+                put_u64(&mut out, *num_bytes);
+                put_u64(&mut out, *ram_bytes);
+                put_u64(&mut out, *compressed_len);
+                out.push(compression.to_byte());
+            }
         }
         out
     }
@@ -497,7 +540,28 @@ impl FileExtent {
             offset: r.u64()?,
             num_bytes: r.u64()?,
         };
+        let compressed = if kind == EXTENT_COMPRESSED {
+            let ram_bytes = r.u64()?;
+            let compressed_len = r.u64()?;
+            let algorithm = r.u8()?;
+            let compression = Compression::from_byte(algorithm).ok_or_else(|| {
+                ItemError(format!(
+                    "compressed file extent at disk bytenr {}: unknown algorithm {algorithm}",
+                    disk.disk_bytenr
+                ))
+            })?;
+            Some(CompressedRef {
+                compression,
+                compressed_len,
+                ram_bytes,
+            })
+        } else {
+            None
+        };
         finish(&r, "file extent")?;
+        // The range is one of the decompressed bytes for a compressed
+        // extent, of the disk extent's otherwise.
+        let range_limit = compressed.map_or(disk.disk_num_bytes, |c| c.ram_bytes);
         let aligned = |v: u64| v.is_multiple_of(SECTOR_SIZE);
         if disk.num_bytes == 0
             || !aligned(disk.disk_bytenr)
@@ -507,17 +571,21 @@ impl FileExtent {
             || disk
                 .offset
                 .checked_add(disk.num_bytes)
-                .is_none_or(|end| end > disk.disk_num_bytes)
+                .is_none_or(|end| end > range_limit)
             || disk.disk_bytenr.checked_add(disk.disk_num_bytes).is_none()
         {
             return Err(ItemError(format!(
-                "file extent: range offset {} + {} does not fit disk extent {}+{}, the disk extent ends past the address space, or it is not sector aligned",
-                disk.offset, disk.num_bytes, disk.disk_bytenr, disk.disk_num_bytes
+                "file extent: range offset {} + {} does not fit its extent ({} bytes; disk extent {}+{}), the disk extent ends past the address space, or it is not sector aligned",
+                disk.offset, disk.num_bytes, range_limit, disk.disk_bytenr, disk.disk_num_bytes
             )));
         }
-        match kind {
-            EXTENT_REGULAR => Ok(FileExtent::regular(disk)),
-            EXTENT_PREALLOC => Ok(FileExtent::prealloc(disk)),
+        match (kind, compressed) {
+            (EXTENT_REGULAR, None) => Ok(FileExtent::regular(disk)),
+            (EXTENT_PREALLOC, None) => Ok(FileExtent::prealloc(disk)),
+            (EXTENT_COMPRESSED, Some(c)) => {
+                validate_compressed(&disk, &c)?;
+                Ok(FileExtent::compressed(disk, c))
+            }
             _ => Err(ItemError(format!("file extent: unknown type {kind}"))),
         }
     }
@@ -572,6 +640,67 @@ impl FileExtent {
         }
     }
 
+    pub fn compressed(d: DiskRef, c: CompressedRef) -> FileExtent {
+        FileExtent::Compressed {
+            disk_bytenr: d.disk_bytenr,
+            disk_num_bytes: d.disk_num_bytes,
+            offset: d.offset,
+            num_bytes: d.num_bytes,
+            ram_bytes: c.ram_bytes,
+            compressed_len: c.compressed_len,
+            compression: c.compression,
+        }
+    }
+
+    /// The compression of a compressed extent.
+    pub fn compressed_ref(&self) -> Option<CompressedRef> {
+        match *self {
+            FileExtent::Compressed {
+                ram_bytes,
+                compressed_len,
+                compression,
+                ..
+            } => Some(CompressedRef {
+                compression,
+                compressed_len,
+                ram_bytes,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The same kind of extent (regular, preallocated or compressed, with
+    /// its compression) over another range `d` of the same disk extent:
+    /// the pieces a split, punch, truncate or reflink leaves.
+    pub fn with_disk(&self, d: DiskRef) -> FileExtent {
+        match self {
+            FileExtent::Prealloc { .. } => FileExtent::prealloc(d),
+            FileExtent::Compressed { .. } => {
+                FileExtent::compressed(d, self.compressed_ref().expect("compressed"))
+            }
+            // An inline extent has no disk range; a caller that has one
+            // made it regular.
+            FileExtent::Regular { .. } | FileExtent::Inline { .. } => FileExtent::regular(d),
+        }
+    }
+
+    /// What the item adds to its inode's `nbytes` (what `stat` reports as
+    /// blocks): its length, but for a compressed extent its share of the
+    /// disk extent, `num_bytes / ram_bytes` of it rounded up to a sector
+    /// (the whole extent: `disk_num_bytes`), so that `du` shows what
+    /// compression saved (docs/COMPRESSION.md).
+    pub fn nbytes(&self) -> u64 {
+        match *self {
+            FileExtent::Compressed {
+                disk_num_bytes,
+                num_bytes,
+                ram_bytes,
+                ..
+            } => compressed_share(disk_num_bytes, num_bytes, ram_bytes),
+            _ => self.len(),
+        }
+    }
+
     /// The disk extent behind this file extent, if any.
     pub fn disk_ref(&self) -> Option<DiskRef> {
         match *self {
@@ -587,6 +716,13 @@ impl FileExtent {
                 disk_num_bytes,
                 offset,
                 num_bytes,
+            }
+            | FileExtent::Compressed {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+                ..
             } => Some(DiskRef {
                 disk_bytenr,
                 disk_num_bytes,
@@ -600,15 +736,51 @@ impl FileExtent {
     pub fn len(&self) -> u64 {
         match self {
             FileExtent::Inline { data } => data.len() as u64,
-            FileExtent::Regular { num_bytes, .. } | FileExtent::Prealloc { num_bytes, .. } => {
-                *num_bytes
-            }
+            FileExtent::Regular { num_bytes, .. }
+            | FileExtent::Prealloc { num_bytes, .. }
+            | FileExtent::Compressed { num_bytes, .. } => *num_bytes,
         }
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A compressed extent's own rules (its range is checked by the caller):
+/// a known algorithm (decoded already), at most [`MAX_COMPRESSED_RAM`]
+/// sector-aligned bytes of file data, compressed bytes that fill the disk
+/// extent but for its last sector's padding, and a disk extent at least a
+/// sector smaller than the data (else it would be stored uncompressed).
+fn validate_compressed(disk: &DiskRef, c: &CompressedRef) -> Result<(), ItemError> {
+    let padded = c.compressed_len.checked_next_multiple_of(SECTOR_SIZE);
+    let saves_a_sector = disk
+        .disk_num_bytes
+        .checked_add(SECTOR_SIZE)
+        .is_some_and(|v| v <= c.ram_bytes);
+    if c.ram_bytes == 0
+        || c.ram_bytes > MAX_COMPRESSED_RAM
+        || !c.ram_bytes.is_multiple_of(SECTOR_SIZE)
+        || c.compressed_len == 0
+        || padded != Some(disk.disk_num_bytes)
+        || !saves_a_sector
+    {
+        return Err(ItemError(format!(
+            "compressed file extent at disk bytenr {}: {} bytes of {} on a disk extent of {} decompressing to {} (at most {MAX_COMPRESSED_RAM}, sector aligned, the disk extent the compressed bytes rounded up to a sector and at least a sector smaller)",
+            disk.disk_bytenr, c.compressed_len, c.compression, disk.disk_num_bytes, c.ram_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// A compressed item's share of its disk extent for `nbytes`
+/// ([`FileExtent::nbytes`]); the arguments are a decoded item's, so the
+/// product fits (both at most `MAX_COMPRESSED_RAM`).
+pub fn compressed_share(disk_num_bytes: u64, num_bytes: u64, ram_bytes: u64) -> u64 {
+    debug_assert!(ram_bytes > 0 && ram_bytes <= MAX_COMPRESSED_RAM);
+    (disk_num_bytes * num_bytes)
+        .div_ceil(ram_bytes)
+        .next_multiple_of(SECTOR_SIZE)
 }
 
 /// `(tree_id, ROOT_ITEM, 0)` in the root tree: where a tree's root node is.
@@ -1085,6 +1257,85 @@ mod tests {
             num_bytes: 4096,
         };
         assert!(FileExtent::decode(&past_the_end.encode()).is_err());
+    }
+
+    #[test]
+    fn compressed_extent_round_trips_and_refuses_bad_lengths() {
+        let good = FileExtent::Compressed {
+            disk_bytenr: 1 << 20,
+            disk_num_bytes: 8192,
+            offset: 4096,
+            num_bytes: 64 << 10,
+            ram_bytes: 128 << 10,
+            compressed_len: 5000,
+            compression: Compression::Zstd,
+        };
+        assert_eq!(good.encode().len(), 50);
+        assert_eq!(FileExtent::decode(&good.encode()).unwrap(), good);
+        // Half the data: half the disk extent, rounded up to a sector.
+        assert_eq!(good.nbytes(), 4096);
+        let bad = |f: &dyn Fn(&mut FileExtent)| {
+            let mut e = good.clone();
+            f(&mut e);
+            FileExtent::decode(&e.encode()).unwrap_err().to_string()
+        };
+        let set = |e: &mut FileExtent, field: &str, v: u64| {
+            let FileExtent::Compressed {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+                ram_bytes,
+                compressed_len,
+                ..
+            } = e
+            else {
+                unreachable!()
+            };
+            *match field {
+                "disk_bytenr" => disk_bytenr,
+                "disk_num_bytes" => disk_num_bytes,
+                "offset" => offset,
+                "num_bytes" => num_bytes,
+                "ram_bytes" => ram_bytes,
+                _ => compressed_len,
+            } = v;
+        };
+        for (field, v) in [
+            ("ram_bytes", 0),
+            ("ram_bytes", 256 << 10),
+            ("ram_bytes", u64::MAX - 4095),
+            ("compressed_len", 0),
+            ("compressed_len", 4096),
+            ("compressed_len", 8193),
+            ("compressed_len", u64::MAX),
+            ("disk_num_bytes", 128 << 10),
+            ("disk_num_bytes", u64::MAX - 4095),
+            ("offset", u64::MAX - 4095),
+            ("num_bytes", 128 << 10),
+            ("disk_bytenr", u64::MAX - 4095),
+        ] {
+            let why = bad(&|e| set(e, field, v));
+            assert!(why.contains("extent"), "{field} = {v}: {why}");
+        }
+        let mut unknown = good.encode();
+        *unknown.last_mut().unwrap() = 9;
+        assert!(FileExtent::decode(&unknown)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown algorithm 9"));
+        // A regular item's length with the compressed type: too short.
+        let mut short = FileExtent::regular(good.disk_ref().unwrap()).encode();
+        short[0] = EXTENT_COMPRESSED;
+        assert!(FileExtent::decode(&short).is_err());
+        // Pieces keep the compression.
+        let piece = good.with_disk(DiskRef {
+            offset: 0,
+            num_bytes: 4096,
+            ..good.disk_ref().unwrap()
+        });
+        assert_eq!(piece.compressed_ref(), good.compressed_ref());
+        assert_eq!(piece.nbytes(), 4096);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 mod acl;
 mod bytes;
+pub mod compression;
 mod csum;
 mod items;
 mod key;
@@ -17,14 +18,16 @@ pub use acl::{
     Acl, AclEntry, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK,
     ACL_OTHER, ACL_USER, ACL_USER_OBJ,
 };
+pub use compression::{Compression, MAX_COMPRESSED_RAM};
 pub use csum::*;
 pub use items::*;
 pub use key::{item_type, item_type_name, ItemType, Key, TreeKind, UnknownItemType};
 pub use node::{KeyPtr, LeafItem, Node, NodeBody, NodeError};
 pub use superblock::{
     BackupRoot, LogManifest, LogRootRef, MetadataProfile, Superblock, SuperblockError,
-    BACKUP_ROOTS_OFFSET, BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_DATA_CSUMS,
-    INCOMPAT_LOG_MANIFEST, INCOMPAT_METADATA_DUP, INCOMPAT_SUBVOLUMES, MAX_LOG_MANIFEST_NODES,
+    BACKUP_ROOTS_OFFSET, BACKUP_ROOT_COUNT, BACKUP_ROOT_SIZE, INCOMPAT_COMPRESSION,
+    INCOMPAT_DATA_CSUMS, INCOMPAT_LOG_MANIFEST, INCOMPAT_METADATA_DUP, INCOMPAT_SUBVOLUMES,
+    MAX_LOG_MANIFEST_NODES,
 };
 
 /// Allocation unit for data and metadata.

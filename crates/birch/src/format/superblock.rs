@@ -18,7 +18,8 @@
 //! 96  log_root_level    u8   (+7 pad)
 //! 104 log_generation    u64  log transaction that wrote the log root
 //! 112 incompat_flags    u64  INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS
-//!                            | INCOMPAT_LOG_MANIFEST | INCOMPAT_SUBVOLUMES,
+//!                            | INCOMPAT_LOG_MANIFEST | INCOMPAT_SUBVOLUMES
+//!                            | INCOMPAT_COMPRESSION,
 //!                            or 0
 //! 120 metadata_mirror_offset u64  DUP: every node also lives this far
 //!                                 above its address; single: 0
@@ -68,9 +69,19 @@ pub const INCOMPAT_LOG_MANIFEST: u64 = 4;
 /// commit that creates a subvolume; never cleared.
 pub const INCOMPAT_SUBVOLUMES: u64 = 8;
 
+/// Incompat flag: file extents may be compressed (docs/COMPRESSION.md).
+/// A birch that does not know it must refuse the image: it could not read
+/// compressed extents. Set in memory when the first compressed extent is
+/// published, so that the commit or log sync that makes the extent
+/// durable writes it; never cleared.
+pub const INCOMPAT_COMPRESSION: u64 = 16;
+
 /// Every incompat flag this version knows.
-const KNOWN_INCOMPAT: u64 =
-    INCOMPAT_METADATA_DUP | INCOMPAT_DATA_CSUMS | INCOMPAT_LOG_MANIFEST | INCOMPAT_SUBVOLUMES;
+const KNOWN_INCOMPAT: u64 = INCOMPAT_METADATA_DUP
+    | INCOMPAT_DATA_CSUMS
+    | INCOMPAT_LOG_MANIFEST
+    | INCOMPAT_SUBVOLUMES
+    | INCOMPAT_COMPRESSION;
 
 /// Where the log manifest's fields start (bytes 128..256 hold them).
 const LOG_MANIFEST_FIELDS_OFFSET: usize = 128;
@@ -317,6 +328,9 @@ pub struct Superblock {
     pub log_manifest: Option<LogManifest>,
     /// `INCOMPAT_SUBVOLUMES`: subvolume items may exist (docs/SNAPSHOTS.md).
     pub subvolumes: bool,
+    /// `INCOMPAT_COMPRESSION`: file extents may be compressed
+    /// (docs/COMPRESSION.md).
+    pub compression: bool,
 }
 
 impl Superblock {
@@ -398,6 +412,10 @@ impl Superblock {
             0
         } | if self.subvolumes {
             INCOMPAT_SUBVOLUMES
+        } else {
+            0
+        } | if self.compression {
+            INCOMPAT_COMPRESSION
         } else {
             0
         };
@@ -538,6 +556,7 @@ impl Superblock {
             data_checksums: incompat & INCOMPAT_DATA_CSUMS != 0,
             log_manifest,
             subvolumes: incompat & INCOMPAT_SUBVOLUMES != 0,
+            compression: incompat & INCOMPAT_COMPRESSION != 0,
         })
     }
 
@@ -630,6 +649,7 @@ mod tests {
             data_checksums: false,
             log_manifest: None,
             subvolumes: false,
+            compression: false,
         };
         let bytes = sb.encode(65536);
         assert!(bytes[120..BACKUP_ROOTS_OFFSET].iter().all(|&b| b == 0));
@@ -735,6 +755,7 @@ mod tests {
             data_checksums: true,
             log_manifest: None,
             subvolumes: false,
+            compression: false,
         }
     }
 
@@ -752,9 +773,16 @@ mod tests {
             (INCOMPAT_SUBVOLUMES | INCOMPAT_DATA_CSUMS) as u8
         );
         assert_eq!(Superblock::decode(&bytes, 65536).unwrap(), sb);
+        let compressed = Superblock {
+            compression: true,
+            ..sb.clone()
+        };
+        let bytes_c = compressed.encode(65536);
+        assert_eq!(bytes_c[112] & INCOMPAT_COMPRESSION as u8, 16);
+        assert_eq!(Superblock::decode(&bytes_c, 65536).unwrap(), compressed);
         // The next bit is still unknown: refused, named.
         let mut unknown = bytes.clone();
-        unknown[112] |= 16;
+        unknown[112] |= 32;
         let csum = crc32c::crc32c(&unknown[4..]);
         unknown[0..4].copy_from_slice(&csum.to_le_bytes());
         assert!(matches!(

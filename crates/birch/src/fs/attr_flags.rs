@@ -1,6 +1,9 @@
 //! Inode flags (`chattr` / `lsattr`: FS_IOC_GETFLAGS, FS_IOC_SETFLAGS) and
 //! unnamed files (`O_TMPFILE`).
 //!
+//! `c` (compress) is kept and inherited by new inodes of a `+c` directory
+//! (docs/COMPRESSION.md).
+//!
 //! Only the flags birch enforces exist: immutable and append-only, kept in
 //! the inode item's `flags` (so fsync logs them with the inode). The VFS
 //! enforces them for kernel filesystems from `inode->i_flags`, which FUSE
@@ -8,7 +11,7 @@
 //! the engine.
 
 use super::root::RootCtx;
-use super::types::inode_flags::{APPEND, IMMUTABLE, SUPPORTED};
+use super::types::inode_flags::{APPEND, COMPR, IMMUTABLE, SUPPORTED};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{item_type, FileType, Key, ORPHAN_OBJECTID};
@@ -29,6 +32,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             i.flags = u64::from(flags);
             i.ctime = now;
         })
+    }
+
+    /// The flags an inode created in directory `dir` takes from it:
+    /// `c` (FS_COMPR_FL), as btrfs's `btrfs_inherit_iflags`.
+    pub(crate) fn inherited_flags(&mut self, dir: u64) -> Result<u64> {
+        Ok(self.inode(dir)?.item.flags & u64::from(COMPR))
     }
 
     /// Fails with EPERM if `ino` is immutable, or append-only and the
@@ -104,6 +113,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         // (fstests generic/389).
         let (mode, acls) = self.acl_at_create(dir, libc::S_IFREG | (mode & 0o7777), umask)?;
         let mut item = self.new_inode_item(mode, uid, gid, 0);
+        item.flags |= self.inherited_flags(dir)?;
         item.nlink = 0;
         let ino = self.add_new_inode(item);
         self.store_inherited_acls(ino, acls)?;

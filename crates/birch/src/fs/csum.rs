@@ -11,7 +11,7 @@ use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{
     block_csum, csum_item_span, csum_key, decode_csums_at, encode_csums, item_type, tree_id,
-    FileExtent, Key, CSUMS_PER_ITEM, EXTENT_CSUM_OBJECTID, SECTOR_SIZE,
+    CompressedRef, DiskRef, FileExtent, Key, CSUMS_PER_ITEM, EXTENT_CSUM_OBJECTID, SECTOR_SIZE,
 };
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -169,6 +169,7 @@ impl<D: BlockDevice> FsInfo<D> {
                 disk_bytenr,
                 sums: None,
                 unwritten: Some(unwritten),
+                compressed: None,
             });
         }
         let sums = match self.roots.csum {
@@ -187,7 +188,37 @@ impl<D: BlockDevice> FsInfo<D> {
             disk_bytenr,
             sums,
             unwritten: None,
+            compressed: None,
         })
+    }
+
+    /// Plans the read of `len` bytes of a compressed extent's data (file
+    /// offset `file_offset`), from `from` bytes into what it decompresses
+    /// to, into `at` of a buffer:
+    /// the whole disk extent is read (and verified: its checksums cover
+    /// the compressed bytes) and decompressed (docs/COMPRESSION.md).
+    pub(super) fn plan_compressed_read(
+        &self,
+        file_offset: u64,
+        disk: DiskRef,
+        compressed: CompressedRef,
+        from: u64,
+        (at, len): (usize, usize),
+    ) -> Result<ExtentRead> {
+        let mut read = self.plan_data_read(
+            file_offset,
+            disk.disk_bytenr,
+            0,
+            disk.disk_num_bytes as usize,
+        )?;
+        read.at = at;
+        read.len = len;
+        read.compressed = Some(CompressedRead {
+            compressed,
+            disk_len: disk.disk_num_bytes as usize,
+            from: from as usize,
+        });
+        Ok(read)
     }
 
     /// The checksum items to log with the file extent item `key`/`data`:
@@ -199,7 +230,9 @@ impl<D: BlockDevice> FsInfo<D> {
             return Ok(Vec::new());
         };
         let extent = decode_item(key, FileExtent::decode_at(key, data))?;
-        let (FileExtent::Regular { .. }, Some(disk)) = (&extent, extent.disk_ref()) else {
+        let (FileExtent::Regular { .. } | FileExtent::Compressed { .. }, Some(disk)) =
+            (&extent, extent.disk_ref())
+        else {
             return Ok(Vec::new());
         };
         let extent_key = Key::new(
@@ -268,6 +301,19 @@ pub(crate) struct ExtentRead {
     /// The extent's bytes and where this read starts in them, when its
     /// data is not written yet (`Unwritten`): copied, not read.
     unwritten: Option<(Arc<[u8]>, usize)>,
+    /// A compressed extent: the whole disk extent is read and verified,
+    /// then decompressed, and `len` bytes from `from` are the read's.
+    compressed: Option<CompressedRead>,
+}
+
+/// The part of an [`ExtentRead`] only a compressed extent has.
+#[derive(Debug)]
+struct CompressedRead {
+    compressed: CompressedRef,
+    /// Bytes of the disk extent (`disk_num_bytes`).
+    disk_len: usize,
+    /// Where the read's bytes start in the decompressed data.
+    from: usize,
 }
 
 /// Reads the planned extents of file `ino` into `buf` and verifies each
@@ -284,6 +330,10 @@ pub(crate) fn read_planned<Dev: BlockDevice + ?Sized>(
 ) -> Result<()> {
     for read in reads {
         let dst = &mut buf[read.at..read.at + read.len];
+        if let Some(c) = &read.compressed {
+            read_compressed(dev, ino, read, c, dst)?;
+            continue;
+        }
         if let Some((bytes, at)) = &read.unwritten {
             dst.copy_from_slice(&bytes[*at..*at + read.len]);
             continue;
@@ -306,5 +356,60 @@ pub(crate) fn read_planned<Dev: BlockDevice + ?Sized>(
         eprintln!("birch: data checksum error: {what}");
         return Err(Error::BadData(what));
     }
+    Ok(())
+}
+
+/// One compressed extent's part of [`read_planned`]: reads the disk extent
+/// (or copies it, unwritten), verifies it against its checksums, and
+/// decompresses it into `dst`. Damaged compressed data (an algorithm that
+/// fails, a length that does not match) is a corruption naming the extent;
+/// a checksum mismatch is [`Error::BadData`], as for any extent.
+fn read_compressed<Dev: BlockDevice + ?Sized>(
+    dev: &Dev,
+    ino: u64,
+    read: &ExtentRead,
+    c: &CompressedRead,
+    dst: &mut [u8],
+) -> Result<()> {
+    let mut disk = vec![0u8; c.disk_len];
+    match &read.unwritten {
+        Some((bytes, at)) => disk.copy_from_slice(&bytes[*at..*at + c.disk_len]),
+        None => dev.read_at(&mut disk, read.disk_bytenr)?,
+    }
+    let where_ = |what: String| {
+        format!(
+            "inode {ino} file offset {} disk bytenr {}: {what}",
+            read.file_offset, read.disk_bytenr
+        )
+    };
+    if let Some(sums) = &read.sums {
+        if let Some((i, recorded)) = first_bad_block(&disk, sums) {
+            let at = i as u64 * SECTOR_SIZE;
+            let block = &disk[at as usize..(at + SECTOR_SIZE) as usize];
+            let what = format!(
+                "inode {ino} compressed extent at file offset {} disk bytenr {}: {}",
+                read.file_offset,
+                read.disk_bytenr + at,
+                mismatch(recorded, block)
+            );
+            eprintln!("birch: data checksum error: {what}");
+            return Err(Error::BadData(what));
+        }
+    }
+    // The item's decode bounded both lengths (at most MAX_COMPRESSED_RAM,
+    // compressed_len within the disk extent).
+    let mut ram = vec![0u8; c.compressed.ram_bytes as usize];
+    let src = &disk[..c.compressed.compressed_len as usize];
+    crate::format::compression::decompress(c.compressed.compression, src, &mut ram).map_err(
+        |e| {
+            Error::corrupt(Corruption {
+                tree: None,
+                block: None,
+                slot: None,
+                reason: where_(format!("compressed extent does not decompress: {e}")),
+            })
+        },
+    )?;
+    dst.copy_from_slice(&ram[c.from..c.from + dst.len()]);
     Ok(())
 }

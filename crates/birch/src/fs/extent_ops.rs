@@ -101,10 +101,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             let Some(disk) = extent.disk_ref() else {
                 continue;
             };
-            let rebuild = |d| match extent {
-                FileExtent::Prealloc { .. } => FileExtent::prealloc(d),
-                _ => FileExtent::regular(d),
-            };
+            let rebuild = |d| extent.with_disk(d);
             self.fs.forest.delete(
                 &mut self.root.tree,
                 &Key::new(ino, item_type::EXTENT_DATA, file_offset),
@@ -122,8 +119,15 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 num_bytes: disk.num_bytes - (at - file_offset),
                 ..disk
             };
-            self.insert_file_extent(ino, file_offset, rebuild(head))?;
-            self.insert_file_extent(ino, at, rebuild(tail))?;
+            let (head, tail) = (rebuild(head), rebuild(tail));
+            // A compressed extent's pieces each count their share of it,
+            // rounded up: the two may count more than the whole.
+            let grown = head.nbytes() + tail.nbytes() - extent.nbytes();
+            self.insert_file_extent(ino, file_offset, head)?;
+            self.insert_file_extent(ino, at, tail)?;
+            if grown > 0 {
+                self.update_inode(ino, |i| i.nbytes += grown)?;
+            }
         }
         Ok(())
     }
@@ -272,18 +276,15 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             let from = file_offset.max(share_start);
             let to = (file_offset + extent.len()).min(share_end);
             match extent {
-                FileExtent::Regular { .. } => {
+                FileExtent::Regular { .. } | FileExtent::Compressed { .. } => {
                     let disk = extent.disk_ref().expect("regular extent has a disk ref");
-                    self.insert_file_extent(
-                        dst,
-                        shift(from),
-                        FileExtent::regular(DiskRef {
-                            offset: disk.offset + (from - file_offset),
-                            num_bytes: to - from,
-                            ..disk
-                        }),
-                    )?;
-                    added += to - from;
+                    let shared = extent.with_disk(DiskRef {
+                        offset: disk.offset + (from - file_offset),
+                        num_bytes: to - from,
+                        ..disk
+                    });
+                    added += shared.nbytes();
+                    self.insert_file_extent(dst, shift(from), shared)?;
                 }
                 // Unwritten space reads as zeros: a hole says the same.
                 FileExtent::Prealloc { .. } => {}

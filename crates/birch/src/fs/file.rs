@@ -14,18 +14,19 @@
 
 use super::csum::{read_planned, ExtentRead};
 use super::decode::decode_item;
-use super::in_flight::{Chunk, InFlight};
+use super::in_flight::{Chunk, ChunkWrite, InFlight};
 use super::root::RootCtx;
 use super::space_info::Need;
 use super::state::FsState;
-use super::types::InoSpace;
+use super::types::{inode_flags, InoSpace};
 use super::{FallocateMode, SeekWhence};
 use crate::alloc::{ReaderTicket, TransactionSpace};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
+use crate::format::compression::DEFAULT_ZSTD_LEVEL;
 use crate::format::{
-    item_type, DiskRef, FileExtent, FileType, Key, Timespec, MAX_EXTENT_BYTES, MAX_FILE_SIZE,
-    MAX_INLINE_DATA, SECTOR_SIZE,
+    item_type, CompressedRef, Compression, DiskRef, FileExtent, FileType, Key, Timespec,
+    MAX_COMPRESSED_RAM, MAX_EXTENT_BYTES, MAX_FILE_SIZE, MAX_INLINE_DATA, SECTOR_SIZE,
 };
 use crate::lock_order::allow_io_under_state_lock;
 use std::collections::BTreeMap;
@@ -125,6 +126,16 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                     dst.len(),
                 )?),
                 FileExtent::Prealloc { .. } => dst.fill(0),
+                FileExtent::Compressed { .. } => {
+                    let disk = extent.disk_ref().expect("compressed extent has a disk ref");
+                    reads.push(self.fs.plan_compressed_read(
+                        ov_start,
+                        disk,
+                        extent.compressed_ref().expect("compressed extent"),
+                        disk.offset + (ov_start - file_offset),
+                        (at, dst.len()),
+                    )?)
+                }
             }
         }
         Ok(reads)
@@ -457,6 +468,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Err(Error::FileTooBig);
         }
         let old_size = self.inode(ino)?.item.size;
+        // Rewritten data may compress again (btrfs's NOCOMPRESS is
+        // cleared the same way).
+        self.inode(ino)?.incompressible = false;
         if new_size < old_size {
             self.cancel_writeback(ino)?;
             let keep_pages = new_size.div_ceil(PAGE);
@@ -492,7 +506,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 &mut self.root.tree,
                 &Key::new(ino, item_type::EXTENT_DATA, file_offset),
             )?;
-            nbytes_delta -= extent.len() as i64;
+            nbytes_delta -= extent.nbytes() as i64;
             match &extent {
                 FileExtent::Inline { data } => {
                     if file_offset < start {
@@ -505,31 +519,26 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                         )?;
                     }
                 }
-                FileExtent::Regular { .. } | FileExtent::Prealloc { .. } => {
+                FileExtent::Regular { .. }
+                | FileExtent::Prealloc { .. }
+                | FileExtent::Compressed { .. } => {
                     let disk = extent.disk_ref().expect("non-inline extent has a disk ref");
-                    let rebuild = |d| {
-                        if matches!(extent, FileExtent::Regular { .. }) {
-                            FileExtent::regular(d)
-                        } else {
-                            FileExtent::prealloc(d)
-                        }
-                    };
                     if file_offset < start {
-                        let head = DiskRef {
+                        let head = extent.with_disk(DiskRef {
                             num_bytes: start - file_offset,
                             ..disk
-                        };
-                        self.insert_file_extent(ino, file_offset, rebuild(head))?;
-                        nbytes_delta += head.num_bytes as i64;
+                        });
+                        nbytes_delta += head.nbytes() as i64;
+                        self.insert_file_extent(ino, file_offset, head)?;
                     }
                     if ext_end > end {
-                        let tail = DiskRef {
+                        let tail = extent.with_disk(DiskRef {
                             offset: disk.offset + (end - file_offset),
                             num_bytes: ext_end - end,
                             ..disk
-                        };
-                        self.insert_file_extent(ino, end, rebuild(tail))?;
-                        nbytes_delta += tail.num_bytes as i64;
+                        });
+                        nbytes_delta += tail.nbytes() as i64;
+                        self.insert_file_extent(ino, end, tail)?;
                     }
                     // After the head and tail took their references, so
                     // that the count reaches zero only if nothing is left.
@@ -645,11 +654,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let Some(runs) = self.runs_to_write(ino, pages)? else {
             return Ok(written);
         };
-        let chunks = self.allocate_chunks(ino, &runs)?;
+        let chunks = self.allocate_chunks(ino, &runs, MAX_EXTENT_BYTES)?;
         let transid = self.fs.forest.transid();
         let mut added = 0;
         for (at, chunk) in chunks.iter().enumerate() {
-            if let Err(e) = self.publish_chunk(ino, chunk) {
+            if let Err(e) = self.publish_chunk(ino, chunk, &ChunkWrite::Plain) {
                 // The caller fails the filesystem, which still serves
                 // reads: the pages not published are dirty again.
                 self.update_inode(ino, |i| i.nbytes += added)?;
@@ -778,23 +787,53 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let Some(runs) = self.runs_to_write(ino, pages)? else {
             return Ok(None);
         };
-        let chunks = self.allocate_chunks(ino, &runs)?;
+        let compress = self.compression_for(ino)?;
+        // Compressed extents hold at most MAX_COMPRESSED_RAM of the file.
+        let most = match compress {
+            Some(_) => MAX_COMPRESSED_RAM,
+            None => MAX_EXTENT_BYTES,
+        };
+        let chunks = self.allocate_chunks(ino, &runs, most)?;
         let writes = chunks.iter().map(|c| (c.bytenr, c.bytes.clone())).collect();
         let id = self.fs.writebacks.start(queued, chunks);
-        Ok(Some(PlannedWrite { queued, id, writes }))
+        Ok(Some(PlannedWrite {
+            queued,
+            id,
+            writes,
+            compress,
+        }))
+    }
+
+    /// Whether and how the writeback of `ino` compresses: as the
+    /// `compress=` option says, or with zstd for a file with `chattr +c`
+    /// on a mount without one, unless a chunk of the file did not shrink
+    /// since its last truncate (`compress-force` tries anyway).
+    fn compression_for(&mut self, ino: u64) -> Result<Option<(Compression, i32)>> {
+        let option = self.fs.options.compress;
+        let inode = self.inode(ino)?;
+        let flagged = inode.item.flags & u64::from(inode_flags::COMPR) != 0;
+        let (algorithm, level) = match option.algorithm {
+            Some(algorithm) => (algorithm, option.level),
+            None if flagged => (Compression::Zstd, DEFAULT_ZSTD_LEVEL),
+            None => return Ok(None),
+        };
+        if inode.incompressible && !option.force {
+            return Ok(None);
+        }
+        Ok(Some((algorithm, level)))
     }
 
     /// Allocates the extents for `runs` (file offset, bytes): one chunk
-    /// per allocation. On failure nothing is allocated and the runs' pages
-    /// are dirty again.
-    fn allocate_chunks(&mut self, ino: u64, runs: &[Run]) -> Result<Vec<Chunk>> {
+    /// per allocation, of at most `most` bytes. On failure nothing is
+    /// allocated and the runs' pages are dirty again.
+    fn allocate_chunks(&mut self, ino: u64, runs: &[Run], most: u64) -> Result<Vec<Chunk>> {
         let mut chunks = Vec::new();
         let mut failed = None;
         'runs: for (start, bytes) in runs {
             let mut done = 0;
             while done < bytes.len() as u64 {
                 let keep = self.nodes_promised();
-                let want = bytes.len() as u64 - done;
+                let want = (bytes.len() as u64 - done).min(most);
                 match self.fs.forest.alloc_mut().alloc_data(want, ino, keep) {
                     Ok((bytenr, got)) => {
                         chunks.push(Chunk {
@@ -836,18 +875,24 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         &mut self,
         ino: u64,
         id: u64,
-        written: Result<()>,
+        written: Result<Vec<ChunkWrite>>,
     ) -> Result<u64> {
         let Some(in_flight) = self.fs.writebacks.finish(self.queued(ino), id) else {
-            return written.map(|()| 0);
+            return written.map(|_| 0);
         };
-        if let Err(e) = written {
-            self.unwind_writeback(ino, in_flight)?;
-            return Err(e);
-        }
+        let outcomes = match written {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                self.unwind_writeback(ino, in_flight)?;
+                return Err(e);
+            }
+        };
+        debug_assert_eq!(outcomes.len(), in_flight.chunks.len());
         let mut added = 0;
-        for (at, chunk) in in_flight.chunks.iter().enumerate() {
-            if let Err(e) = self.publish_chunk(ino, chunk) {
+        let mut pages = 0;
+        for (at, (chunk, outcome)) in in_flight.chunks.iter().zip(&outcomes).enumerate() {
+            let published = self.publish_chunk(ino, chunk, outcome);
+            if let Err(e) = published {
                 // The caller fails the filesystem, which still serves
                 // reads: the pages not published are dirty again, so that
                 // reads show what the application wrote.
@@ -857,29 +902,68 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 }
                 return Err(e);
             }
-            added += chunk.bytes.len() as u64;
+            added += published?;
+            pages += chunk.bytes.len() as u64 / PAGE;
         }
         self.update_inode(ino, |i| i.nbytes += added)?;
-        Ok(added / PAGE)
+        Ok(pages)
     }
 
-    /// Makes one written chunk the file's extent, with its checksums.
-    fn publish_chunk(&mut self, ino: u64, chunk: &Chunk) -> Result<()> {
+    /// Makes one written chunk the file's extent, with its checksums (of
+    /// the bytes on disk: compressed ones for a compressed extent). Returns
+    /// what it adds to `nbytes`.
+    fn publish_chunk(&mut self, ino: u64, chunk: &Chunk, outcome: &ChunkWrite) -> Result<u64> {
         let got = chunk.bytes.len() as u64;
         let file_offset = chunk.file_offset;
-        self.fs.record_data_extent(chunk.bytenr, &chunk.bytes)?;
+        let disk = DiskRef {
+            disk_bytenr: chunk.bytenr,
+            disk_num_bytes: got,
+            offset: 0,
+            num_bytes: got,
+        };
+        let extent = match outcome {
+            ChunkWrite::Compressed {
+                compression,
+                compressed_len,
+                bytes,
+            } => {
+                let on_disk = bytes.len() as u64;
+                self.fs
+                    .forest
+                    .alloc_mut()
+                    .shrink_new_data(chunk.bytenr, got, on_disk);
+                self.fs.record_data_extent(chunk.bytenr, bytes)?;
+                self.fs.stats.compressed_bytes_in += got;
+                self.fs.stats.compressed_bytes_out += on_disk;
+                // The commit or log sync that makes this extent durable
+                // writes the flag (docs/COMPRESSION.md, C1).
+                self.fs.superblock.compression = true;
+                FileExtent::compressed(
+                    DiskRef {
+                        disk_num_bytes: on_disk,
+                        ..disk
+                    },
+                    CompressedRef {
+                        compression: *compression,
+                        compressed_len: *compressed_len,
+                        ram_bytes: got,
+                    },
+                )
+            }
+            ChunkWrite::DidNotShrink | ChunkWrite::Plain => {
+                if matches!(outcome, ChunkWrite::DidNotShrink) {
+                    self.fs.stats.compress_attempts_failed += 1;
+                    self.inode(ino)?.incompressible = true;
+                }
+                self.fs.record_data_extent(chunk.bytenr, &chunk.bytes)?;
+                FileExtent::regular(disk)
+            }
+        };
+        let added = extent.nbytes();
         self.drop_extents(ino, file_offset, file_offset + got)?;
-        self.insert_file_extent(
-            ino,
-            file_offset,
-            FileExtent::regular(DiskRef {
-                disk_bytenr: chunk.bytenr,
-                disk_num_bytes: got,
-                offset: 0,
-                num_bytes: got,
-            }),
-        )?;
-        self.note_written_range(ino, file_offset, file_offset + got)
+        self.insert_file_extent(ino, file_offset, extent)?;
+        self.note_written_range(ino, file_offset, file_offset + got)?;
+        Ok(added)
     }
 
     /// Puts a chunk's pages back into the dirty set, but for those dirtied
@@ -1345,7 +1429,7 @@ impl<D: BlockDevice> FsState<D> {
     pub(crate) fn publish_batch(
         &mut self,
         batch: WritebackBatch,
-        written: Vec<Result<()>>,
+        written: Vec<Result<Vec<ChunkWrite>>>,
     ) -> Result<u64> {
         let mut first_error = None;
         for (planned, written) in batch.writes.into_iter().zip(written) {
@@ -1368,7 +1452,7 @@ impl<D: BlockDevice> FsState<D> {
             } else {
                 // Cancelled (its pages dirty again, its extents freed):
                 // only an error is left to report.
-                written.map(|()| 0)
+                written.map(|_| 0)
             };
             if let Err(e) = published {
                 first_error.get_or_insert(e);
@@ -1381,11 +1465,13 @@ impl<D: BlockDevice> FsState<D> {
     }
 }
 
-/// One inode's planned writeback: where each chunk's bytes go.
+/// One inode's planned writeback: where each chunk's bytes go, and the
+/// compression (algorithm, level) to try on each, without the state lock.
 pub(crate) struct PlannedWrite {
     queued: u64,
     id: u64,
     writes: Vec<(u64, Arc<[u8]>)>,
+    compress: Option<(Compression, i32)>,
 }
 
 /// Writebacks planned under the state lock, to be written without it
@@ -1413,17 +1499,55 @@ impl WritebackBatch {
         self.writes.is_empty()
     }
 
-    /// Writes the planned data to `dev`, without the state lock: one
-    /// outcome per inode, a failed chunk ending that inode's writes.
-    pub(crate) fn write<Dev: BlockDevice + ?Sized>(&self, dev: &Dev) -> Vec<Result<()>> {
+    /// Compresses (when planned so) and writes the planned data to `dev`,
+    /// without the state lock: one outcome per inode, how each chunk went
+    /// or the error that ended that inode's writes.
+    pub(crate) fn write<Dev: BlockDevice + ?Sized>(
+        &self,
+        dev: &Dev,
+    ) -> Vec<Result<Vec<ChunkWrite>>> {
         self.writes
             .iter()
             .map(|planned| {
-                planned.writes.iter().try_for_each(|(bytenr, bytes)| {
-                    dev.write_at(bytes, *bytenr).map_err(Error::from)
-                })
+                planned
+                    .writes
+                    .iter()
+                    .map(|(bytenr, bytes)| {
+                        let outcome = compress_chunk(planned.compress, bytes);
+                        let on_disk = match &outcome {
+                            ChunkWrite::Compressed { bytes, .. } => bytes,
+                            ChunkWrite::Plain | ChunkWrite::DidNotShrink => bytes,
+                        };
+                        dev.write_at(on_disk, *bytenr)?;
+                        Ok(outcome)
+                    })
+                    .collect()
             })
             .collect()
+    }
+}
+
+/// Compresses one chunk of a writeback as planned (docs/COMPRESSION.md):
+/// CPU work, done without the state lock. A single page cannot save a
+/// sector and is not tried (nor held against the file).
+fn compress_chunk(compress: Option<(Compression, i32)>, bytes: &[u8]) -> ChunkWrite {
+    let Some((compression, level)) = compress else {
+        return ChunkWrite::Plain;
+    };
+    if bytes.len() as u64 <= PAGE {
+        return ChunkWrite::Plain;
+    }
+    match crate::format::compression::compress(compression, level, bytes) {
+        Some(mut packed) => {
+            let compressed_len = packed.len() as u64;
+            packed.resize(compressed_len.next_multiple_of(PAGE) as usize, 0);
+            ChunkWrite::Compressed {
+                compression,
+                compressed_len,
+                bytes: packed.into(),
+            }
+        }
+        None => ChunkWrite::DidNotShrink,
     }
 }
 

@@ -15,6 +15,24 @@ pub(crate) struct Chunk {
     pub(crate) bytes: Arc<[u8]>,
 }
 
+/// How a chunk's write went without the state lock: as planned, or
+/// compressed (docs/COMPRESSION.md). Its publish makes the extent of it.
+pub(crate) enum ChunkWrite {
+    /// Written as it is (compression off, or a single page, which cannot
+    /// save a sector).
+    Plain,
+    /// Compression was tried and did not save a sector: written as it is,
+    /// and the inode stops trying.
+    DidNotShrink,
+    /// `bytes` (the compressed data, zero padded to a sector) went to the
+    /// chunk's address; the rest of its allocation goes back at publish.
+    Compressed {
+        compression: crate::format::Compression,
+        compressed_len: u64,
+        bytes: Arc<[u8]>,
+    },
+}
+
 /// One inode's writeback in flight.
 pub(crate) struct InFlight {
     /// Tells this writeback from a later one of the same inode: a publish

@@ -175,14 +175,21 @@ fn validate_log_tree<D: BlockDevice + ?Sized>(
             let bad = |what: String| corrupt_at(tree_id::LOG, block, format!("{key}: {what}"));
             match key.item_type {
                 item_type::EXTENT_DATA => {
-                    if let FileExtent::Regular {
-                        disk_bytenr,
-                        disk_num_bytes,
-                        offset,
-                        num_bytes,
-                    } = FileExtent::decode_at(key, data).map_err(|e| bad(e.to_string()))?
-                    {
-                        extents.push((*key, disk_bytenr, disk_num_bytes, offset, num_bytes));
+                    match FileExtent::decode_at(key, data).map_err(|e| bad(e.to_string()))? {
+                        FileExtent::Regular {
+                            disk_bytenr,
+                            disk_num_bytes,
+                            offset,
+                            num_bytes,
+                        } => extents.push((*key, disk_bytenr, disk_num_bytes, offset, num_bytes)),
+                        // Its checksums cover the compressed bytes: the
+                        // whole disk extent is validated.
+                        FileExtent::Compressed {
+                            disk_bytenr,
+                            disk_num_bytes,
+                            ..
+                        } => extents.push((*key, disk_bytenr, disk_num_bytes, 0, disk_num_bytes)),
+                        FileExtent::Inline { .. } | FileExtent::Prealloc { .. } => {}
                     }
                 }
                 item_type::EXTENT_CSUM => {

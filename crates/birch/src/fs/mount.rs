@@ -113,6 +113,7 @@ pub(crate) fn mkfs<D: BlockDevice>(dev: &D, options: &MkfsOptions) -> Result<()>
         data_checksums: roots.csum.is_some(),
         log_manifest: None,
         subvolumes: false,
+        compression: false,
     };
     let top = SubvolRecord {
         tree: top,

@@ -433,7 +433,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         rdev: u64,
     ) -> Result<u64> {
         let (mode, acls) = self.acl_at_create(parent, mode, umask)?;
-        let item = self.new_inode_item(mode, uid, gid, rdev);
+        let mut item = self.new_inode_item(mode, uid, gid, rdev);
+        item.flags |= self.inherited_flags(parent)?;
         let ino = self.add_new_inode(item);
         // Before the name: a logged parent logs the new inode with it.
         self.store_inherited_acls(ino, acls)?;

@@ -472,6 +472,7 @@ impl<D: BlockDevice> FsState<D> {
                             next_index: None,
                             pages: BTreeMap::new(),
                             change_seq: 0,
+                            incompressible: false,
                             log: Default::default(),
                         },
                     );
@@ -813,7 +814,7 @@ impl<D: BlockDevice> FsState<D> {
             Key::new(ino, item_type::EXTENT_DATA, 0),
             Key::new(ino, item_type::EXTENT_DATA, u64::MAX),
         )? {
-            nbytes += decode_item(&key, FileExtent::decode_at(&key, &data))?.len();
+            nbytes += decode_item(&key, FileExtent::decode_at(&key, &data))?.nbytes();
         }
         self.ctx(subvol)?.update_inode(ino, |i| {
             i.nlink = names;

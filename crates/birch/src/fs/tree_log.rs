@@ -32,7 +32,7 @@ pub(super) fn tree_kind(tree: u64) -> TreeKind {
 }
 
 /// The data extent reference a leaf item of a subvolume tree holds: a
-/// Regular or Prealloc `EXTENT_DATA` (an undecodable one holds none, and
+/// Regular, Prealloc or Compressed `EXTENT_DATA` (an undecodable one holds none, and
 /// `birch check` reports it).
 pub(super) fn leaf_data_ref(item: &LeafItem) -> Option<DataRef> {
     if item.key.item_type != item_type::EXTENT_DATA {
@@ -45,6 +45,11 @@ pub(super) fn leaf_data_ref(item: &LeafItem) -> Option<DataRef> {
             ..
         }
         | FileExtent::Prealloc {
+            disk_bytenr,
+            disk_num_bytes,
+            ..
+        }
+        | FileExtent::Compressed {
             disk_bytenr,
             disk_num_bytes,
             ..

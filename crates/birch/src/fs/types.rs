@@ -198,6 +198,9 @@ pub struct MountOptions {
     /// removed (docs/ABLATION.md). All off by default; never for a
     /// filesystem anyone relies on for speed.
     pub ablation: Ablation,
+    /// `compress=` / `compress-force=`: how writeback compresses file
+    /// data (docs/COMPRESSION.md). Off by default, as in btrfs.
+    pub compress: CompressOption,
 }
 
 /// Which seeds' mechanisms are switched off, each replaced by the
@@ -283,6 +286,58 @@ impl Ablation {
     }
 }
 
+/// The `compress=ALG[:LEVEL]|no` and `compress-force=...` mount options
+/// (btrfs's names; lz4 stands in for btrfs's lzo).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompressOption {
+    /// `None`: `compress=no`, data is stored as written.
+    pub algorithm: Option<crate::format::Compression>,
+    /// zstd's level (1..=15); 0 for lz4 and `no`.
+    pub level: i32,
+    /// `compress-force`: try every chunk, even of a file whose data did
+    /// not shrink before (a chunk that does not shrink is still stored
+    /// as it is).
+    pub force: bool,
+}
+
+impl CompressOption {
+    /// Parses the value of `compress=` (`force` false) or
+    /// `compress-force=` (`force` true): `zstd`, `zstd:LEVEL` (1..=15),
+    /// `lz4` or `no`. The error names what is wrong.
+    pub fn parse(value: &str, force: bool) -> std::result::Result<CompressOption, String> {
+        use crate::format::compression::{DEFAULT_ZSTD_LEVEL, MAX_ZSTD_LEVEL};
+        use crate::format::Compression;
+        let (name, level) = match value.split_once(':') {
+            Some((name, level)) => (name, Some(level)),
+            None => (value, None),
+        };
+        let option = match (name, level) {
+            ("zstd", None) => CompressOption {
+                algorithm: Some(Compression::Zstd),
+                level: DEFAULT_ZSTD_LEVEL,
+                force,
+            },
+            ("zstd", Some(level)) => CompressOption {
+                algorithm: Some(Compression::Zstd),
+                level: level
+                    .parse()
+                    .ok()
+                    .filter(|l| (1..=MAX_ZSTD_LEVEL).contains(l))
+                    .ok_or_else(|| format!("zstd level {level}: expected 1..={MAX_ZSTD_LEVEL}"))?,
+                force,
+            },
+            ("lz4", None) => CompressOption {
+                algorithm: Some(Compression::Lz4),
+                level: 0,
+                force,
+            },
+            ("no", None) => CompressOption::default(),
+            _ => return Err(format!("{value}: expected zstd, zstd:LEVEL, lz4 or no")),
+        };
+        Ok(option)
+    }
+}
+
 /// What a mount may do when the newest commit's trees cannot be read
 /// (docs/BACKUP-ROOTS.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -362,6 +417,7 @@ impl Default for MountOptions {
             rescue: Rescue::Off,
             cleaner_nodes_per_transaction: 4096,
             ablation: Ablation::default(),
+            compress: CompressOption::default(),
         }
     }
 }
@@ -414,6 +470,12 @@ pub struct FsStats {
     /// Data blocks whose checksum did not match when read (each read
     /// failed with EIO; docs/DATA-CHECKSUMS.md).
     pub data_csum_errors: u64,
+    /// Compression (docs/COMPRESSION.md): file bytes that went into
+    /// compressed extents, the bytes those take on disk, and chunks that
+    /// were tried and did not shrink (written as they are).
+    pub compressed_bytes_in: u64,
+    pub compressed_bytes_out: u64,
+    pub compress_attempts_failed: u64,
     /// Scrubs of the mounted filesystem (`scrub::scrub_filesystem`): tree nodes
     /// scrubbed and bytes of data extents read, counted as they go, so
     /// that another thread can show a scrub's progress.
@@ -549,6 +611,11 @@ pub mod inode_flags {
     /// call returns; on a directory also every change of its entries
     /// (the VFS's IS_DIRSYNC counts both flags).
     pub const SYNC: u32 = 0x8;
+    /// FS_COMPR_FL (`c`): writeback compresses the file's data (with the
+    /// `compress=` algorithm, zstd when the mount has none), as btrfs's
+    /// `chattr +c`; a directory passes it to every inode created in it
+    /// (docs/COMPRESSION.md).
+    pub const COMPR: u32 = 0x4;
     /// FS_IMMUTABLE_FL: no change at all (data, attributes, names, xattrs).
     pub const IMMUTABLE: u32 = 0x10;
     /// FS_APPEND_FL: data may only be appended; no other change.
@@ -564,7 +631,7 @@ pub mod inode_flags {
     pub const DIRSYNC: u32 = 0x1_0000;
     /// Every flag birch honours; setting any other fails (EOPNOTSUPP), and
     /// `birch check` reports any other bit in an inode item.
-    pub const SUPPORTED: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | DIRSYNC;
+    pub const SUPPORTED: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | DIRSYNC | COMPR;
 }
 
 /// `lseek` whence values that look at the file's layout.

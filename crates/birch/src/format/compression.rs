@@ -1,0 +1,138 @@
+//! The codecs of compressed file extents (docs/COMPRESSION.md): zstd and
+//! lz4 (block format), through maintained crates. This module turns bytes
+//! into bytes; which data is compressed, and when, is the engine's.
+
+use super::SECTOR_SIZE;
+use std::fmt;
+
+/// Most file bytes one compressed extent holds (as btrfs): a read of one
+/// block decompresses at most this much.
+pub const MAX_COMPRESSED_RAM: u64 = 128 * 1024;
+
+/// Highest zstd level the `compress=zstd:LEVEL` option takes (btrfs's).
+pub const MAX_ZSTD_LEVEL: i32 = 15;
+/// The zstd level without `:LEVEL` (btrfs's default).
+pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+
+/// A compressed extent's algorithm, as its item records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Compression {
+    /// zstd, one frame.
+    Zstd,
+    /// lz4 block format (no frame).
+    Lz4,
+}
+
+impl Compression {
+    /// The byte the item stores.
+    pub fn to_byte(self) -> u8 {
+        match self {
+            Compression::Zstd => 1,
+            Compression::Lz4 => 2,
+        }
+    }
+
+    pub fn from_byte(byte: u8) -> Option<Compression> {
+        match byte {
+            1 => Some(Compression::Zstd),
+            2 => Some(Compression::Lz4),
+            _ => None,
+        }
+    }
+
+    /// The name the mount option, the property and `birch dump` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Zstd => "zstd",
+            Compression::Lz4 => "lz4",
+        }
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Compresses `data` (at most [`MAX_COMPRESSED_RAM`] bytes, sector
+/// aligned) with `algorithm` at `level` (zstd only). `None` when the
+/// result does not save at least one sector: the data is then stored as
+/// it is (btrfs's rule), and the caller counts the attempt.
+pub fn compress(algorithm: Compression, level: i32, data: &[u8]) -> Option<Vec<u8>> {
+    debug_assert!(data.len() as u64 <= MAX_COMPRESSED_RAM);
+    let out = match algorithm {
+        Compression::Zstd => zstd::bulk::compress(data, level).ok()?,
+        Compression::Lz4 => lz4_flex::block::compress(data),
+    };
+    let on_disk = (out.len() as u64).next_multiple_of(SECTOR_SIZE);
+    (!out.is_empty() && on_disk + SECTOR_SIZE <= data.len() as u64).then_some(out)
+}
+
+/// Decompresses `src` (the compressed bytes, exactly) into `dst`, which
+/// must come out exactly full. An error names what is wrong, for a
+/// corruption report: the bytes come from the disk.
+pub fn decompress(algorithm: Compression, src: &[u8], dst: &mut [u8]) -> Result<(), String> {
+    let got = match algorithm {
+        Compression::Zstd => zstd::bulk::Decompressor::new()
+            .and_then(|mut d| d.decompress_to_buffer(src, dst))
+            .map_err(|e| format!("zstd: {e}"))?,
+        Compression::Lz4 => {
+            lz4_flex::block::decompress_into(src, dst).map_err(|e| format!("lz4: {e}"))?
+        }
+    };
+    if got != dst.len() {
+        return Err(format!(
+            "{algorithm} data decompresses to {got} bytes, not the recorded {}",
+            dst.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_codecs_round_trip_and_refuse_what_does_not_shrink() {
+        let text: Vec<u8> = b"birch compresses text well. "
+            .iter()
+            .cycle()
+            .take(MAX_COMPRESSED_RAM as usize)
+            .copied()
+            .collect();
+        let mut noise = vec![0u8; MAX_COMPRESSED_RAM as usize];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for b in noise.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        for algorithm in [Compression::Zstd, Compression::Lz4] {
+            let packed = compress(algorithm, DEFAULT_ZSTD_LEVEL, &text).unwrap();
+            assert!(packed.len() < text.len() / 4, "{algorithm}");
+            let mut back = vec![0u8; text.len()];
+            decompress(algorithm, &packed, &mut back).unwrap();
+            assert_eq!(back, text);
+            assert!(compress(algorithm, DEFAULT_ZSTD_LEVEL, &noise).is_none());
+            // A recorded length that does not match, or damaged bytes, is
+            // an error, never a panic.
+            let mut short = vec![0u8; text.len() - 4096];
+            assert!(decompress(algorithm, &packed, &mut short).is_err());
+            let mut long = vec![0u8; text.len() + 4096];
+            assert!(decompress(algorithm, &packed, &mut long).is_err());
+            let mut damaged = packed.clone();
+            for b in damaged.iter_mut().take(16) {
+                *b ^= 0x5a;
+            }
+            let _ = decompress(algorithm, &damaged, &mut back);
+            assert!(decompress(algorithm, &packed[..packed.len() / 2], &mut back).is_err());
+        }
+        assert_eq!(Compression::from_byte(3), None);
+        for c in [Compression::Zstd, Compression::Lz4] {
+            assert_eq!(Compression::from_byte(c.to_byte()), Some(c));
+        }
+    }
+}

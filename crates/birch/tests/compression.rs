@@ -1,0 +1,472 @@
+//! Transparent compression (docs/COMPRESSION.md): compressed extents are
+//! written by writeback under `compress=` / `compress-force=`, read back
+//! through decompression, split by punch, truncate, overwrite and reflink,
+//! logged and replayed as they are; incompressible data is stored as it
+//! is and the file stops being tried; damaged compressed data is a
+//! corruption error, never a panic; and the crash cases named in the doc,
+//! each checked at every flush point.
+
+mod common;
+
+use birch::device::{BlockDevice, MemoryDevice, RecordingDevice};
+use birch::error::Error;
+use birch::format::{tree_id, SECTOR_SIZE};
+use birch::fs::{
+    read_superblock, CompressOption, DataChecksums, FallocateMode, Filesystem, MkfsOptions,
+    MountOptions,
+};
+use common::{assert_clean, for_every_crash_mount_after, Enumeration};
+use std::sync::Arc;
+
+const IMAGE_BYTES: u64 = 64 << 20;
+const BLOCK: usize = SECTOR_SIZE as usize;
+
+fn memory_fs(checksums: DataChecksums) -> Arc<MemoryDevice> {
+    let dev = Arc::new(MemoryDevice::new(IMAGE_BYTES));
+    Filesystem::mkfs(
+        dev.as_ref(),
+        &MkfsOptions {
+            fsid: Some([0xc0; 16]),
+            data_checksums: checksums,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    dev
+}
+
+fn options(compress: &str) -> MountOptions {
+    let (value, force) = match compress.strip_prefix("force:") {
+        Some(v) => (v, true),
+        None => (compress, false),
+    };
+    MountOptions {
+        compress: CompressOption::parse(value, force).unwrap(),
+        ..MountOptions::deterministic()
+    }
+}
+
+fn mount_with<D: BlockDevice + 'static>(dev: D, compress: &str) -> Filesystem<D> {
+    Filesystem::open(dev, options(compress)).unwrap()
+}
+
+/// Text-like bytes that compress well, different for each `seed`.
+fn text(seed: u8, len: usize) -> Vec<u8> {
+    let words: [&[u8]; 6] = [
+        b"birch ", b"extent ", b"tree ", b"node ", b"commit ", b"log\n",
+    ];
+    let mut out = Vec::with_capacity(len);
+    let mut i = seed as usize;
+    while out.len() < len {
+        out.extend_from_slice(words[i % words.len()]);
+        out.push(b'0' + (i % 10) as u8);
+        i = i.wrapping_mul(7).wrapping_add(3 + seed as usize);
+    }
+    out.truncate(len);
+    out
+}
+
+/// Bytes that do not compress.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn create<D: BlockDevice + 'static>(fs: &Filesystem<D>, name: &str, data: &[u8]) -> u64 {
+    let ino = fs
+        .create(fs.root_ino(), name.as_bytes(), 0o644, 0, 0)
+        .unwrap()
+        .ino;
+    fs.write_file(ino, 0, data).unwrap();
+    ino
+}
+
+fn read_all<D: BlockDevice + 'static>(fs: &Filesystem<D>, ino: u64) -> Vec<u8> {
+    let size = fs.getattr(ino).unwrap().size;
+    fs.read_file(ino, 0, size as usize).unwrap()
+}
+
+/// The file extent items of `ino` in the committed fs tree, as `birch
+/// dump` prints them (which shows a compressed extent's algorithm and
+/// lengths).
+fn extents_of(dev: &MemoryDevice, ino: u64) -> Vec<String> {
+    let sb = read_superblock(dev).unwrap();
+    let (roots, _) = birch::check::tree_roots(dev, &sb);
+    let fs_root = roots.iter().find(|r| r.tree == tree_id::FS).unwrap();
+    let mut out = Vec::new();
+    birch::print::tree(
+        &mut out,
+        dev,
+        &sb.fsid,
+        fs_root.tree,
+        fs_root.bytenr,
+        fs_root.level,
+        fs_root.generation,
+    )
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let mut lines = text.lines();
+    let mut extents = Vec::new();
+    let wanted = format!("key ({ino} EXTENT_DATA ");
+    while let Some(line) = lines.next() {
+        if line.contains(&wanted) {
+            extents.push(lines.next().unwrap().trim().to_string());
+        }
+    }
+    extents
+}
+
+/// A number after `field ` in a dumped item.
+fn field(item: &str, field: &str) -> u64 {
+    let at = item.find(&format!("{field} ")).unwrap() + field.len() + 1;
+    item[at..].split(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn compressed_files_read_back_after_remount_and_use_fewer_blocks() {
+    for algorithm in ["zstd", "zstd:9", "lz4"] {
+        let dev = memory_fs(DataChecksums::On);
+        let fs = mount_with(dev.clone(), algorithm);
+        let plain = text(1, 1 << 20);
+        let random = noise(2, 1 << 20);
+        let a = create(&fs, "text", &plain);
+        let b = create(&fs, "noise", &random);
+        fs.sync().unwrap();
+        let stats = fs.stats();
+        assert_eq!(stats.compressed_bytes_in, 1 << 20, "{algorithm}");
+        assert!(
+            stats.compressed_bytes_out < (1 << 20) / 2,
+            "{algorithm}: {stats:?}"
+        );
+        assert!(stats.compress_attempts_failed > 0, "{algorithm}");
+        // du: the compressed file's blocks are what it takes on disk.
+        let blocks = fs.getattr(a).unwrap().blocks;
+        assert_eq!(blocks * 512, stats.compressed_bytes_out, "{algorithm}");
+        assert_eq!(fs.getattr(b).unwrap().blocks * 512, 1 << 20, "{algorithm}");
+        assert_eq!(read_all(&fs, a), plain);
+        assert_eq!(read_all(&fs, b), random);
+        fs.close().unwrap();
+        assert_clean(dev.as_ref(), algorithm);
+        assert!(read_superblock(dev.as_ref()).unwrap().compression);
+        let extents = extents_of(&dev, a);
+        assert_eq!(extents.len(), 8, "{algorithm}: 128 KiB chunks: {extents:?}");
+        let name = algorithm.split(':').next().unwrap();
+        for e in &extents {
+            assert!(
+                e.starts_with(&format!("extent compressed {name} ")),
+                "{algorithm}: {e}"
+            );
+            assert_eq!(field(e, "ram_bytes"), 128 << 10, "{e}");
+            assert!(
+                field(e, "compressed_len") <= field(e, "disk_num_bytes"),
+                "{e}"
+            );
+        }
+        assert!(extents_of(&dev, b)
+            .iter()
+            .all(|e| e.starts_with("extent regular ")));
+        // Read back by a mount without the option (reading needs none).
+        let fs = common::mount(dev.clone());
+        assert_eq!(read_all(&fs, a), plain);
+        assert_eq!(read_all(&fs, b), random);
+        // A read in the middle decompresses one chunk.
+        assert_eq!(
+            fs.read_file(a, 300_000, 5000).unwrap(),
+            plain[300_000..305_000]
+        );
+        fs.close().unwrap();
+    }
+}
+
+#[test]
+fn image_without_compression_keeps_its_flag_clear() {
+    let dev = memory_fs(DataChecksums::On);
+    let fs = mount_with(dev.clone(), "zstd");
+    create(&fs, "small", &noise(3, 256 << 10));
+    fs.sync().unwrap();
+    fs.close().unwrap();
+    // Nothing shrank: no compressed extent, no flag, as before.
+    assert!(!read_superblock(dev.as_ref()).unwrap().compression);
+    assert_clean(dev.as_ref(), "incompressible only");
+}
+
+#[test]
+fn incompressible_file_stops_being_tried_until_truncated() {
+    let dev = memory_fs(DataChecksums::On);
+    let fs = mount_with(dev.clone(), "zstd");
+    let ino = create(&fs, "f", &noise(4, 512 << 10));
+    fs.sync().unwrap();
+    let tried = fs.stats().compress_attempts_failed;
+    assert_eq!(tried, 4, "each 128 KiB chunk of the first writeback");
+    // More of it: not tried, even if it would compress.
+    fs.write_file(ino, 512 << 10, &text(5, 256 << 10)).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().compress_attempts_failed, tried);
+    assert_eq!(fs.stats().compressed_bytes_in, 0);
+    // Truncated and rewritten: tried again.
+    fs.truncate(ino, 0).unwrap();
+    fs.write_file(ino, 0, &text(6, 256 << 10)).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().compressed_bytes_in, 256 << 10);
+    fs.close().unwrap();
+
+    // compress-force tries every writeback.
+    let fs = mount_with(dev.clone(), "force:zstd");
+    let ino = create(&fs, "g", &noise(7, 256 << 10));
+    fs.sync().unwrap();
+    let tried = fs.stats().compress_attempts_failed;
+    fs.write_file(ino, 256 << 10, &text(8, 256 << 10)).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().compress_attempts_failed, tried);
+    assert_eq!(fs.stats().compressed_bytes_in, 256 << 10);
+    fs.close().unwrap();
+    assert_clean(dev.as_ref(), "after force");
+}
+
+/// Punch, truncate into, overwrite part of, reflink from, preallocate
+/// beside and zero part of compressed extents: every result against a
+/// model of the file, then after a remount, `birch check` clean.
+#[test]
+fn punch_truncate_overwrite_reflink_and_fallocate_on_compressed_extents() {
+    let dev = memory_fs(DataChecksums::On);
+    let fs = mount_with(dev.clone(), "zstd");
+    let mut model = text(9, 512 << 10);
+    let a = create(&fs, "a", &model);
+    fs.sync().unwrap();
+    // Punch a hole inside the first chunk.
+    fs.fallocate(
+        a,
+        8 * BLOCK as u64,
+        3 * BLOCK as u64,
+        FallocateMode::PunchHole,
+    )
+    .unwrap();
+    model[8 * BLOCK..11 * BLOCK].fill(0);
+    // Overwrite part of the second chunk, unaligned.
+    let patch = b"overwritten in the middle of a compressed extent";
+    let at = (128 << 10) + 1000;
+    fs.write_file(a, at as u64, patch).unwrap();
+    model[at..at + patch.len()].copy_from_slice(patch);
+    // Zero a range across the second and third chunks.
+    let (z0, z1) = (250 << 10, 270 << 10);
+    fs.fallocate(
+        a,
+        z0 as u64,
+        (z1 - z0) as u64,
+        FallocateMode::ZeroRangeKeepSize,
+    )
+    .unwrap();
+    model[z0..z1].fill(0);
+    assert!(read_all(&fs, a) == model, "a after punch, overwrite, zero");
+    fs.sync().unwrap();
+    assert!(read_all(&fs, a) == model, "a after the sync");
+    // Reflink a range that starts and ends inside compressed extents.
+    let b = create(&fs, "b", b"");
+    let (r0, r1) = (20 * BLOCK, 90 * BLOCK);
+    assert_eq!(
+        fs.copy_file_range(a, r0 as u64, b, 0, (r1 - r0) as u64)
+            .unwrap(),
+        (r1 - r0) as u64
+    );
+    let b_model = model[r0..r1].to_vec();
+    assert!(read_all(&fs, b) == b_model, "b after the reflink");
+    // Truncate into the third compressed chunk, then grow again.
+    let cut = (300 << 10) + 123;
+    fs.truncate(a, cut as u64).unwrap();
+    model.truncate(cut);
+    fs.fallocate(a, cut as u64, 64 << 10, FallocateMode::Allocate)
+        .unwrap();
+    model.resize(cut + (64 << 10), 0);
+    assert!(read_all(&fs, a) == model, "a after truncate and fallocate");
+    fs.sync().unwrap();
+    fs.close().unwrap();
+    assert_clean(dev.as_ref(), "after the changes");
+
+    let fs = common::mount(dev.clone());
+    assert!(read_all(&fs, a) == model, "a after the remount");
+    assert!(read_all(&fs, b) == b_model, "b after the remount");
+    fs.close().unwrap();
+}
+
+#[test]
+fn damaged_compressed_data_is_a_corruption_naming_the_extent() {
+    // Without data checksums the damage reaches the decompressor.
+    let dev = memory_fs(DataChecksums::Off);
+    let fs = mount_with(dev.clone(), "zstd");
+    let ino = create(&fs, "f", &text(10, 128 << 10));
+    fs.close().unwrap();
+    let extents = extents_of(&dev, ino);
+    assert!(extents[0].starts_with("extent compressed"), "{extents:?}");
+    let disk_bytenr = field(&extents[0], "disk_bytenr");
+    dev.write_at(&[0xa5; 64], disk_bytenr).unwrap();
+    let fs = common::mount(dev.clone());
+    let err = fs.read_file(ino, 4096, 10).unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+    let what = err.to_string();
+    assert!(
+        what.contains(&format!(
+            "inode {ino} file offset 4096 disk bytenr {disk_bytenr}"
+        )),
+        "{what}"
+    );
+    fs.close().unwrap();
+
+    // With them, a bad block is EIO before decompression, as for any extent.
+    let dev = memory_fs(DataChecksums::On);
+    let fs = mount_with(dev.clone(), "lz4");
+    let ino = create(&fs, "f", &text(11, 128 << 10));
+    fs.close().unwrap();
+    let extents = extents_of(&dev, ino);
+    assert!(extents[0].starts_with("extent compressed"), "{extents:?}");
+    let disk_bytenr = field(&extents[0], "disk_bytenr");
+    dev.write_at(&[0xa5; 64], disk_bytenr).unwrap();
+    let fs = common::mount(dev.clone());
+    let err = fs.read_file(ino, 0, 10).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert_eq!(fs.stats().data_csum_errors, 1);
+    fs.close().unwrap();
+}
+
+fn recorder() -> Arc<RecordingDevice> {
+    Arc::new(RecordingDevice::new(
+        memory_fs(DataChecksums::On).snapshot(),
+    ))
+}
+
+fn content_is(v: &common::View, path: &str, wanted: &[&[u8]]) -> Result<(), String> {
+    match v.get(path) {
+        Some(d) if wanted.contains(&d.as_slice()) => Ok(()),
+        None if wanted.is_empty() => Ok(()),
+        Some(d) => Err(format!("{path}: {} bytes of unexpected content", d.len())),
+        None => Err(format!("{path} missing")),
+    }
+}
+
+/// Crash case `compressed_write_commit_crash`.
+#[test]
+fn compressed_write_commit_crash() {
+    let rec = recorder();
+    let fs = mount_with(rec.clone(), "zstd");
+    fs.sync().unwrap();
+    let from = rec.flush_count();
+    let data = text(12, 300 << 10);
+    create(&fs, "f", &data);
+    fs.sync().unwrap();
+    assert!(fs.stats().compressed_bytes_in > 0);
+    std::mem::forget(fs);
+    let states = for_every_crash_mount_after(&rec, from, &Enumeration::thorough(21), |_, _, v| {
+        content_is(v, "/f", &[&data]).or_else(|_| content_is(v, "/f", &[]))
+    });
+    assert!(states > 4);
+}
+
+/// Crash case `compressed_fsync_crash`: the log copies the compressed
+/// extent (and its checksums) as it is; replay puts it back.
+#[test]
+fn compressed_fsync_crash() {
+    let rec = recorder();
+    let fs = mount_with(rec.clone(), "lz4");
+    let old = text(13, 256 << 10);
+    let ino = create(&fs, "f", &old);
+    fs.sync().unwrap();
+    let from = rec.flush_count();
+    let more = text(14, 200 << 10);
+    fs.write_file(ino, 100 << 10, &more).unwrap();
+    fs.fsync(ino, false).unwrap();
+    let fsynced = rec.flush_count();
+    assert!(fs.stats().compressed_bytes_in > 256 << 10);
+    std::mem::forget(fs);
+    let mut new = old.clone();
+    new.resize(300 << 10, 0);
+    new[100 << 10..].copy_from_slice(&more);
+    let replayed = std::sync::atomic::AtomicUsize::new(0);
+    let states =
+        for_every_crash_mount_after(&rec, from, &Enumeration::thorough(22), |point, fs, v| {
+            if fs.replay_outcome().is_some() {
+                replayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            if point.flushes_completed >= fsynced {
+                content_is(v, "/f", &[&new])
+            } else {
+                content_is(v, "/f", &[&old, &new])
+            }
+        });
+    assert!(states > 4);
+    assert!(replayed.into_inner() > 0, "no crash state replayed the log");
+}
+
+/// Crash case `compressed_truncate_and_punch_fsync_crash`: a truncate
+/// into a compressed extent and a punch inside one, fsynced: the log
+/// holds the pieces, each a range of the same compressed extent.
+#[test]
+fn compressed_truncate_and_punch_fsync_crash() {
+    let rec = recorder();
+    let fs = mount_with(rec.clone(), "zstd");
+    let old = text(15, 384 << 10);
+    let ino = create(&fs, "f", &old);
+    fs.sync().unwrap();
+    let from = rec.flush_count();
+    fs.fallocate(ino, 40 << 10, 8 << 10, FallocateMode::PunchHole)
+        .unwrap();
+    fs.truncate(ino, (200 << 10) + 77).unwrap();
+    fs.fsync(ino, false).unwrap();
+    let fsynced = rec.flush_count();
+    std::mem::forget(fs);
+    let mut new = old.clone();
+    new[40 << 10..48 << 10].fill(0);
+    new.truncate((200 << 10) + 77);
+    let states =
+        for_every_crash_mount_after(&rec, from, &Enumeration::thorough(23), |point, _, v| {
+            if point.flushes_completed >= fsynced {
+                content_is(v, "/f", &[&new])
+            } else {
+                content_is(v, "/f", &[&old, &new])
+            }
+        });
+    assert!(states > 2);
+}
+
+/// `chattr +c` (FS_COMPR_FL) on a mount without `compress=`: the file is
+/// compressed (zstd), a `+c` directory passes the flag to what is created
+/// in it, and other files stay as written.
+#[test]
+fn chattr_c_compresses_and_new_files_in_a_c_directory_inherit_it() {
+    use birch::fs::inode_flags::COMPR;
+    let dev = memory_fs(DataChecksums::On);
+    let fs = common::mount(dev.clone());
+    let root = fs.root_ino();
+    let plain = create(&fs, "plain", &text(16, 256 << 10));
+    let flagged = create(&fs, "flagged", b"");
+    fs.set_flags(flagged, COMPR).unwrap();
+    fs.write_file(flagged, 0, &text(17, 256 << 10)).unwrap();
+    let dir = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.set_flags(dir, COMPR).unwrap();
+    let child = fs.create(dir, b"child", 0o644, 0, 0).unwrap().ino;
+    let subdir = fs.mkdir(dir, b"sub", 0o755, 0, 0).unwrap().ino;
+    assert_eq!(fs.get_flags(child).unwrap(), COMPR);
+    assert_eq!(fs.get_flags(subdir).unwrap(), COMPR);
+    fs.write_file(child, 0, &text(18, 256 << 10)).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().compressed_bytes_in, 512 << 10);
+    fs.close().unwrap();
+    assert!(extents_of(&dev, plain)
+        .iter()
+        .all(|e| e.starts_with("extent regular ")));
+    for ino in [flagged, child] {
+        let extents = extents_of(&dev, ino);
+        assert!(
+            extents
+                .iter()
+                .all(|e| e.starts_with("extent compressed zstd ")),
+            "{extents:?}"
+        );
+    }
+    assert_clean(dev.as_ref(), "after chattr +c");
+}
