@@ -139,6 +139,10 @@ pub enum PropertyCommand {
     },
     /// Set a property of the subvolume at PATH: `ro true|false`
     Set {
+        /// Make a received subvolume writable, clearing its received uuid
+        /// (incremental receives can no longer use it as a parent)
+        #[arg(short = 'f', long)]
+        force: bool,
         #[arg(value_name = "PATH")]
         path: PathBuf,
         #[arg(value_name = "NAME")]
@@ -200,7 +204,12 @@ pub fn property(command: &PropertyCommand) -> Result<u8, Failure> {
             writeln!(io::stdout(), "ro={readonly}").map_err(output)?;
             Ok(0)
         }
-        PropertyCommand::Set { path, name, value } => {
+        PropertyCommand::Set {
+            force,
+            path,
+            name,
+            value,
+        } => {
             known_property(name)?;
             let readonly = match value.as_str() {
                 "true" => true,
@@ -212,12 +221,45 @@ pub fn property(command: &PropertyCommand) -> Result<u8, Failure> {
                 }
             };
             let dir = open_dir(path)?;
+            // As btrfs-progs: a received subvolume made writable no longer
+            // holds what was received, so its received uuid must go, and
+            // only when asked with -f.
+            let clear_received = !readonly && readonly_flag(path)? && is_received(&dir, path)?;
+            if clear_received && !force {
+                return Err(Failure::new(format!(
+                    "{}: cannot flip ro->rw with received_uuid set: incremental receives \
+                     match it; use -f to make it writable and clear it (or snapshot it instead)",
+                    path.display()
+                )));
+            }
             let mut flags = subvol::btrfs_flags(readonly);
             ioctl(&dir, path, BTRFS_IOC_SUBVOL_SETFLAGS, &mut flags)
                 .map_err(|e| failure(path, e, "setting ro needs root or the subvolume's owner"))?;
+            if clear_received {
+                // A zero uuid and stransid: what btrfs-progs sends to forget it.
+                let mut args = vec![0u8; subvol::BTRFS_RECEIVED_SUBVOL_ARGS_SIZE];
+                ioctl(
+                    &dir,
+                    path,
+                    subvol::BTRFS_IOC_SET_RECEIVED_SUBVOL,
+                    args.as_mut_slice(),
+                )
+                .map_err(|e| failure(path, e, "clearing received_uuid needs root"))?;
+            }
             Ok(0)
         }
     }
+}
+
+/// Whether the subvolume whose root is `dir` has a received uuid.
+fn is_received(dir: &File, path: &Path) -> Result<bool, Failure> {
+    let id = subvolume_id(dir, path)?;
+    let listed = list_mounted(path)?;
+    let entry = listed
+        .iter()
+        .find(|e| e.id == id)
+        .ok_or_else(|| Failure::new(format!("{}: subvolume {id} is not listed", path.display())))?;
+    Ok(entry.received_uuid != [0; 16])
 }
 
 fn known_property(name: &str) -> Result<(), Failure> {

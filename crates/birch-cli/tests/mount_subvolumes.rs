@@ -1074,3 +1074,49 @@ fn wait_at_most(child: &mut std::process::Child, seconds: u64) -> std::process::
     let _ = child.kill();
     panic!("still running after {seconds} s");
 }
+
+/// `property set ro false` on a received subvolume is refused unless
+/// forced; with -f the subvolume becomes writable and its received uuid
+/// goes (btrfs-progs' rule: incremental receives match that uuid).
+#[test]
+fn property_set_rw_of_a_received_subvolume_needs_force() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = fixture("subvol-received");
+    let a = fx.path("a");
+    ok(&["subvolume", "create", s(&a)]);
+    // What `birch receive` does at END: BTRFS_IOC_SET_RECEIVED_SUBVOL.
+    let mut args = vec![0u8; birch_fuse::subvol::BTRFS_RECEIVED_SUBVOL_ARGS_SIZE];
+    args[..16].copy_from_slice(&[0x5a; 16]);
+    args[16..24].copy_from_slice(&7u64.to_ne_bytes());
+    let dir = fs::File::open(&a).unwrap();
+    // SAFETY: `args` is as long as the command's size.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            birch_fuse::subvol::BTRFS_IOC_SET_RECEIVED_SUBVOL as libc::c_ulong,
+            args.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    ok(&["property", "set", s(&a), "ro", "true"]);
+    let received = |fx: &Fixture| {
+        ok(&["subvolume", "show", s(&fx.path("a"))])
+            .lines()
+            .find(|l| l.contains("Received UUID"))
+            .map(|l| l.split_whitespace().last().unwrap_or("").to_string())
+            .unwrap()
+    };
+    assert_eq!(received(&fx), "5a5a5a5a-5a5a-5a5a-5a5a-5a5a5a5a5a5a");
+
+    let err = fails(&["property", "set", s(&a), "ro", "false"]);
+    assert!(err.contains("received_uuid") && err.contains("-f"), "{err}");
+    assert_eq!(ok(&["property", "get", s(&a), "ro"]), "ro=true\n");
+    assert_eq!(received(&fx), "5a5a5a5a-5a5a-5a5a-5a5a-5a5a5a5a5a5a");
+
+    ok(&["property", "set", "-f", s(&a), "ro", "false"]);
+    assert_eq!(ok(&["property", "get", s(&a), "ro"]), "ro=false\n");
+    assert_eq!(received(&fx), "-");
+    fs::create_dir(a.join("writable")).unwrap();
+}
