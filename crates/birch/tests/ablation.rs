@@ -8,9 +8,9 @@ mod common;
 
 use birch::device::{BlockDevice, RecordingDevice};
 use birch::fs::{Ablation, Filesystem, MountOptions, RenameFlags};
-use common::{assert_clean, ino, Enumeration, View};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use common::{assert_clean, ino, Enumeration, GatedDevice, View};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 const IMAGE_BYTES: u64 = 32 << 20;
 
@@ -233,51 +233,6 @@ fn full_fsync_after_delayed_inode_flush_survives() {
 
 // ----- seed 002: an fsync waits for the whole commit in flight -----
 
-/// A device whose next flush (armed) blocks until released, counting the
-/// log nodes written meanwhile.
-struct GatedDevice {
-    inner: Arc<RecordingDevice>,
-    armed: AtomicBool,
-    held: Mutex<bool>,
-    released: Condvar,
-    log_node_writes_while_held: AtomicUsize,
-}
-
-impl BlockDevice for GatedDevice {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        // A node of a log tree (header: magic at 4, owner at 24).
-        let owner = buf
-            .get(24..32)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap()));
-        let log_node = buf.get(4..8) == Some(&birch::format::NODE_MAGIC.to_le_bytes()[..])
-            && matches!(
-                owner,
-                Some(birch::format::tree_id::LOG | birch::format::tree_id::LOG_ROOT)
-            );
-        if log_node && *self.held.lock().unwrap() {
-            self.log_node_writes_while_held
-                .fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            let mut held = self.held.lock().unwrap();
-            *held = true;
-            while *held {
-                held = self.released.wait(held).unwrap();
-            }
-        }
-        self.inner.flush()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-}
-
 /// `write a; commit (held in its node flush); create b; write b; fsync b;
 /// <release>; <cut>` with seed 002 switched off: the fsync logs nothing
 /// while the commit writes (no log node written, nothing logged), then
@@ -285,13 +240,7 @@ impl BlockDevice for GatedDevice {
 #[test]
 fn fsync_waits_for_the_commit_with_seed_002_off() {
     let rec = recorder();
-    let dev = Arc::new(GatedDevice {
-        inner: rec.clone(),
-        armed: AtomicBool::new(false),
-        held: Mutex::new(false),
-        released: Condvar::new(),
-        log_node_writes_while_held: AtomicUsize::new(0),
-    });
+    let dev = Arc::new(GatedDevice::new(rec.clone()));
     let fs = Arc::new(mount_with(dev.clone(), seed_002()));
     let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
     fs.write_file(a, 0, &[1; 9000]).unwrap();

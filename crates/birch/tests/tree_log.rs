@@ -8,7 +8,7 @@ mod common;
 use birch::device::{BlockDevice, RecordingDevice};
 use birch::format::FileType;
 use birch::fs::{RenameFlags, WhiteoutOwner};
-use common::{ino, mount, Enumeration, View};
+use common::{ino, mount, Enumeration, GatedDevice, View};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -444,59 +444,9 @@ fn removed_directory_falls_back_to_commit() {
 /// points at a log based on an older commit than the one before it.
 #[test]
 fn commit_during_log_write() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::{Condvar, Mutex};
-
-    struct GatedDevice {
-        inner: Arc<RecordingDevice>,
-        armed: AtomicBool,
-        held: Mutex<bool>,
-        released: Condvar,
-        log_node_writes_while_held: AtomicUsize,
-    }
-    impl BlockDevice for GatedDevice {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-            self.inner.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-            // A node of a log tree (header: magic at 4, owner at 24).
-            let owner = buf
-                .get(24..32)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap()));
-            let log_node = buf.get(4..8) == Some(&birch::format::NODE_MAGIC.to_le_bytes()[..])
-                && matches!(
-                    owner,
-                    Some(birch::format::tree_id::LOG | birch::format::tree_id::LOG_ROOT)
-                );
-            if log_node && *self.held.lock().unwrap() {
-                self.log_node_writes_while_held
-                    .fetch_add(1, Ordering::SeqCst);
-            }
-            self.inner.write_at(buf, offset)
-        }
-        fn flush(&self) -> std::io::Result<()> {
-            if self.armed.swap(false, Ordering::SeqCst) {
-                let mut held = self.held.lock().unwrap();
-                *held = true;
-                while *held {
-                    held = self.released.wait(held).unwrap();
-                }
-            }
-            self.inner.flush()
-        }
-        fn size_bytes(&self) -> u64 {
-            self.inner.size_bytes()
-        }
-    }
-
+    use std::sync::atomic::Ordering;
     let rec = recorder();
-    let dev = Arc::new(GatedDevice {
-        inner: rec.clone(),
-        armed: AtomicBool::new(false),
-        held: Mutex::new(false),
-        released: Condvar::new(),
-        log_node_writes_while_held: AtomicUsize::new(0),
-    });
+    let dev = Arc::new(GatedDevice::new(rec.clone()));
     let fs = Arc::new(mount(dev.clone()));
     let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
     fs.write_file(a, 0, &[1; 9000]).unwrap();

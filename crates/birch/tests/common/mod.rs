@@ -316,3 +316,62 @@ pub fn require_content(v: &View, path: &str, data: &[u8]) -> Result<(), String> 
         None => Err(format!("{path} missing")),
     }
 }
+
+/// A device whose next flush, once armed, blocks until released, counting
+/// the log-tree nodes written meanwhile: a commit held in its node flush
+/// while an fsync runs (seed 002's tests).
+pub struct GatedDevice {
+    pub inner: Arc<RecordingDevice>,
+    pub armed: std::sync::atomic::AtomicBool,
+    pub held: std::sync::Mutex<bool>,
+    pub released: std::sync::Condvar,
+    pub log_node_writes_while_held: std::sync::atomic::AtomicUsize,
+}
+
+impl GatedDevice {
+    pub fn new(inner: Arc<RecordingDevice>) -> GatedDevice {
+        GatedDevice {
+            inner,
+            armed: Default::default(),
+            held: Default::default(),
+            released: Default::default(),
+            log_node_writes_while_held: Default::default(),
+        }
+    }
+}
+
+impl BlockDevice for GatedDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        // A node of a log tree (header: magic at 4, owner at 24).
+        let owner = buf
+            .get(24..32)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+        let log_node = buf.get(4..8) == Some(&birch::format::NODE_MAGIC.to_le_bytes()[..])
+            && matches!(
+                owner,
+                Some(birch::format::tree_id::LOG | birch::format::tree_id::LOG_ROOT)
+            );
+        if log_node && *self.held.lock().unwrap() {
+            self.log_node_writes_while_held
+                .fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let mut held = self.held.lock().unwrap();
+            *held = true;
+            while *held {
+                held = self.released.wait(held).unwrap();
+            }
+        }
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
