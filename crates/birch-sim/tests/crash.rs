@@ -18,44 +18,19 @@ fn long_mode() -> bool {
     std::env::var("BIRCH_CRASH_LONG").is_ok_and(|v| v != "0" && !v.is_empty())
 }
 
-#[test]
-fn every_crash_state_mounts_checks_clean_and_matches_the_model() {
+/// Explores the seeds `ci` (`long` in the long mode; the one of
+/// `BIRCH_SEED` when set), each configured by `shape`, which returns what
+/// its report line adds after the seed; panics naming the seed on the
+/// first failure, and checks that some crash states were judged.
+fn explore_seeds(
+    ci: std::ops::Range<u64>,
+    long: std::ops::Range<u64>,
+    shape: impl Fn(u64, &mut CrashConfig) -> String,
+) -> CrashStats {
     let seeds: Vec<u64> = match seed_override() {
         Some(s) => vec![s],
-        None if long_mode() => (0..300).collect(),
-        None => (0..60).collect(),
-    };
-    let mut total = CrashStats::default();
-    for seed in seeds {
-        let cfg = if long_mode() {
-            CrashConfig::long(seed)
-        } else {
-            CrashConfig::ci(seed)
-        };
-        let stats = run_seed(&cfg).unwrap_or_else(|e| panic!("{e}"));
-        eprintln!(
-            "seed={seed}: {} flush points, {} crash states (largest window {} writes), {} guarantee facts, {:.2?}",
-            stats.flush_points, stats.crash_states, stats.largest_window, stats.guarantee_facts, stats.elapsed
-        );
-        total.add(&stats);
-    }
-    eprintln!(
-        "{} workloads ({} ops), {} flush points, {} crash states, {} guarantee facts checked, {:.2?}",
-        total.workloads, total.ops, total.flush_points, total.crash_states, total.guarantee_facts, total.elapsed
-    );
-    assert!(total.crash_states > 0);
-}
-
-/// Crash workloads with renames of subvolume links among the subvolume
-/// ops (docs/SNAPSHOTS.md (g)): every crash state mounts, checks clean
-/// and matches the model, the link at its old or its new name, whole.
-/// Seeds 1000..1006 (`BIRCH_SEED=n` replays one); each prints its seed.
-#[test]
-fn subvolume_rename_crash_states_match_the_model() {
-    let seeds: Vec<u64> = match seed_override() {
-        Some(s) => vec![s],
-        None if long_mode() => (1000..1100).collect(),
-        None => (1000..1006).collect(),
+        None if long_mode() => long.collect(),
+        None => ci.collect(),
     };
     let mut total = CrashStats::default();
     for seed in seeds {
@@ -64,16 +39,38 @@ fn subvolume_rename_crash_states_match_the_model() {
         } else {
             CrashConfig::ci(seed)
         };
-        cfg.workload.subvolume_weight = 12;
-        cfg.workload.subvolume_rename_weight = 12;
-        let stats = run_seed(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let label = shape(seed, &mut cfg);
+        let stats = run_seed(&cfg).unwrap_or_else(|e| panic!("seed={seed}{label}: {e}"));
         eprintln!(
-            "seed={seed}: {} flush points, {} crash states, {:.2?}",
-            stats.flush_points, stats.crash_states, stats.elapsed
+            "seed={seed}{label}: {} flush points, {} crash states (largest window {} writes), {} guarantee facts, {:.2?}",
+            stats.flush_points, stats.crash_states, stats.largest_window, stats.guarantee_facts, stats.elapsed
         );
         total.add(&stats);
     }
     assert!(total.crash_states > 0);
+    total
+}
+
+#[test]
+fn every_crash_state_mounts_checks_clean_and_matches_the_model() {
+    let total = explore_seeds(0..60, 0..300, |_, _| String::new());
+    eprintln!(
+        "{} workloads ({} ops), {} flush points, {} crash states, {} guarantee facts checked, {:.2?}",
+        total.workloads, total.ops, total.flush_points, total.crash_states, total.guarantee_facts, total.elapsed
+    );
+}
+
+/// Crash workloads with renames of subvolume links among the subvolume
+/// ops (docs/SNAPSHOTS.md (g)): every crash state mounts, checks clean
+/// and matches the model, the link at its old or its new name, whole.
+/// Seeds 1000..1006 (`BIRCH_SEED=n` replays one); each prints its seed.
+#[test]
+fn subvolume_rename_crash_states_match_the_model() {
+    explore_seeds(1000..1006, 1000..1100, |_, cfg| {
+        cfg.workload.subvolume_weight = 12;
+        cfg.workload.subvolume_rename_weight = 12;
+        String::new()
+    });
 }
 
 /// Crash workloads where a third of the renames carry RENAME_WHITEOUT:
@@ -83,27 +80,10 @@ fn subvolume_rename_crash_states_match_the_model() {
 /// 1100..1106 (`BIRCH_SEED=n` replays one); each prints its seed.
 #[test]
 fn whiteout_rename_crash_states_match_the_model() {
-    let seeds: Vec<u64> = match seed_override() {
-        Some(s) => vec![s],
-        None if long_mode() => (1100..1200).collect(),
-        None => (1100..1106).collect(),
-    };
-    let mut total = CrashStats::default();
-    for seed in seeds {
-        let mut cfg = if long_mode() {
-            CrashConfig::long(seed)
-        } else {
-            CrashConfig::ci(seed)
-        };
+    explore_seeds(1100..1106, 1100..1200, |_, cfg| {
         cfg.workload.whiteout_rename_percent = 35;
-        let stats = run_seed(&cfg).unwrap_or_else(|e| panic!("{e}"));
-        eprintln!(
-            "seed={seed}: {} flush points, {} crash states, {:.2?}",
-            stats.flush_points, stats.crash_states, stats.elapsed
-        );
-        total.add(&stats);
-    }
-    assert!(total.crash_states > 0);
+        String::new()
+    });
 }
 
 /// Crash workloads with one seed's mechanism switched off each
@@ -113,28 +93,11 @@ fn whiteout_rename_crash_states_match_the_model() {
 /// `BIRCH_SEED=n` replays one; each prints its seed and switch.
 #[test]
 fn ablation_crash_states_match_the_model() {
-    let seeds: Vec<u64> = match seed_override() {
-        Some(s) => vec![s],
-        None if long_mode() => (1200..1300).collect(),
-        None => (1200..1205).collect(),
-    };
-    let mut total = CrashStats::default();
-    for seed in seeds {
-        let mut cfg = if long_mode() {
-            CrashConfig::long(seed)
-        } else {
-            CrashConfig::ci(seed)
-        };
+    explore_seeds(1200..1205, 1200..1300, |seed, cfg| {
         let id = birch::Ablation::SEEDS[(seed % 5) as usize];
         cfg.mount.ablation.enable(id).unwrap();
-        let stats = run_seed(&cfg).unwrap_or_else(|e| panic!("ablate={id}: {e}"));
-        eprintln!(
-            "seed={seed} ablate={id}: {} flush points, {} crash states, {:.2?}",
-            stats.flush_points, stats.crash_states, stats.elapsed
-        );
-        total.add(&stats);
-    }
-    assert!(total.crash_states > 0);
+        format!(" ablate={id}")
+    });
 }
 
 // ----- scripted crash cases -----
