@@ -59,6 +59,17 @@ fn clean_all<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> usize {
     rounds
 }
 
+/// Runs the cleaner to the end and checks the free blocks are back to
+/// `before` (within the 8 blocks a tree's own commits may move).
+fn assert_space_back<D: BlockDevice + 'static>(fs: &Filesystem<D>, before: u64, context: &str) {
+    clean_all(fs);
+    let after = settled_free_blocks(fs);
+    assert!(
+        after + 8 >= before && after <= before,
+        "{context}: free blocks {after} after the drop, {before} before the create"
+    );
+}
+
 /// Free blocks once the space freed by the last commits is back: freed
 /// space is held until the commit after the one that freed it is durable.
 fn settled_free_blocks<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> u64 {
@@ -239,12 +250,7 @@ fn crash_mid_deletion_resumes() {
                 "{point:?}"
             );
             assert_eq!(fs.deleted_subvolumes(), vec![id], "{point:?}");
-            clean_all(fs);
-            let after = settled_free_blocks(fs);
-            assert!(
-                after + 8 >= before && after <= before,
-                "{point:?}: free blocks {after}, {before} before the create"
-            );
+            assert_space_back(fs, before, &format!("{point:?}"));
         });
         let image = MemoryDevice::from_bytes(rec.crash_image(point));
         let report = check_device(&image);
@@ -438,12 +444,7 @@ fn delete_with_dirty_pages_discards_them() {
     write_files(&fs, sv, 40, 0x5a);
     fs.delete_subvolume(root, b"sv").unwrap();
     fs.sync().unwrap();
-    clean_all(&fs);
-    let after = settled_free_blocks(&fs);
-    assert!(
-        after + 8 >= before && after <= before,
-        "free blocks back: {before} before, {after} after the drop"
-    );
+    assert_space_back(&fs, before, "sv");
     fs.close().unwrap();
     common::assert_clean(dev.as_ref(), "after the drop");
 }
@@ -583,12 +584,7 @@ fn fsync_in_deleted_subvolume_is_a_no_op() {
                 let g = fs.lookup(root, b"g").unwrap().ino;
                 assert_eq!(fs.read_file(g, 0, 100).unwrap(), b"g's data", "{point:?}");
             }
-            clean_all(fs);
-            let after = settled_free_blocks(fs);
-            assert!(
-                after + 8 >= before && after <= before,
-                "{point:?}: free blocks {after}, {before} before the create"
-            );
+            assert_space_back(fs, before, &format!("{point:?}"));
         });
     }
 }
@@ -640,12 +636,7 @@ fn power_cut_after_last_close_of_deleted_subvolume() {
                 "{point:?}"
             );
             assert_eq!(fs.deleted_subvolumes(), vec![id], "{point:?}");
-            clean_all(fs);
-            let after = settled_free_blocks(fs);
-            assert!(
-                after + 8 >= before && after <= before,
-                "{point:?}: free blocks {after}, {before} before the create"
-            );
+            assert_space_back(fs, before, &format!("{point:?}"));
         });
     }
 }
@@ -730,12 +721,7 @@ fn open_files_of_deleted_subvolume_stay_usable() {
     fs.release(f).unwrap();
     enoent("getattr after the last release", fs.getattr(f).map(drop));
     assert_eq!(fs.deleted_subvolumes(), [id], "the cleaner has it now");
-    clean_all(&fs);
-    let after = settled_free_blocks(&fs);
-    assert!(
-        after + 8 >= before && after <= before,
-        "free blocks back: {before} before the create, {after} after the drop"
-    );
+    assert_space_back(&fs, before, "sv");
     fs.close().unwrap();
     common::assert_clean(dev.as_ref(), "after the drop");
 }
@@ -763,12 +749,7 @@ fn deleted_subvolume_held_at_unmount_is_dropped_at_next_mount() {
     let fs = Filesystem::open(dev.clone(), small_steps()).unwrap();
     assert_eq!(fs.deleted_subvolumes(), [id]);
     enoent_lookup(&fs, b"sv");
-    clean_all(&fs);
-    let after = settled_free_blocks(&fs);
-    assert!(
-        after + 8 >= before && after <= before,
-        "free blocks back: {before} before the create, {after} after the drop"
-    );
+    assert_space_back(&fs, before, "sv");
     fs.close().unwrap();
     common::assert_clean(dev.as_ref(), "after the drop");
 }
