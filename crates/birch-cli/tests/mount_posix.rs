@@ -2074,6 +2074,73 @@ fn posix_acl_grants_access_and_the_mask_limits_it() {
     assert_eq!(nobody_opens(&fx.path("f")), libc::EACCES);
 }
 
+/// `setfacl ARGS PATH` as uid 65534 with primary group `gid` and no
+/// supplementary groups; fails the test if setfacl does.
+fn setfacl_as_nobody(path: &Path, gid: u32, args: &[&str]) {
+    use std::os::unix::process::CommandExt;
+    common::run_ok(
+        std::process::Command::new("setfacl")
+            .args(args)
+            .arg(path)
+            .uid(NOBODY)
+            .gid(gid),
+    );
+}
+
+fn mode_of(path: &Path) -> u32 {
+    fs::metadata(path).unwrap().mode() & 0o7777
+}
+
+/// fstests generic/375: an access ACL set by a caller outside the file's
+/// group and without CAP_FSETID clears set-group-ID, as the kernel's
+/// posix_acl_update_mode does for a local filesystem; FUSE passes that as
+/// FUSE_SETXATTR_ACL_KILL_SGID (docs/FUSE.md, "POSIX ACLs"). The owner in
+/// the group, and root outside it, keep the bit; a default ACL changes no
+/// mode.
+#[test]
+fn posix_acl_set_outside_the_group_clears_set_group_id() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::mounted("posix-acl-sgid");
+    write_file(&fx.path("f"), b"x");
+    fs::create_dir(fx.path("d")).unwrap();
+    for name in ["f", "d"] {
+        let path = fx.path(name);
+        // Owned by nobody, group nogroup: nobody is in the group.
+        std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o2755)).unwrap();
+        setfacl_as_nobody(&path, NOBODY, &["-m", "u::rwx,g::rwx,o::rwx"]);
+        assert_eq!(mode_of(&path), 0o2777, "{name}: owner in the group");
+        // Group root: nobody is outside it.
+        std::os::unix::fs::chown(&path, None, Some(0)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o2755)).unwrap();
+        setfacl_as_nobody(&path, NOBODY, &["-m", "u::rwx,g::rwx,o::rwx"]);
+        assert_eq!(mode_of(&path), 0o777, "{name}: owner outside the group");
+        // An ACL with a named entry (stored, not folded into the mode).
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o2750)).unwrap();
+        setfacl_as_nobody(&path, NOBODY, &["-m", "u:root:r"]);
+        assert_eq!(mode_of(&path), 0o750, "{name}: named entry, outside");
+        // Root is outside the group nogroup but has CAP_FSETID.
+        std::os::unix::fs::chown(&path, None, Some(NOBODY)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o2750)).unwrap();
+        acl_tool(&fx.path(""), "setfacl", &["-m", "u:root:rw", name]);
+        assert_eq!(mode_of(&path), 0o2770, "{name}: root");
+    }
+    // A default ACL set from outside the group leaves the mode alone.
+    let d = fx.path("d");
+    std::os::unix::fs::chown(&d, None, Some(0)).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o2755)).unwrap();
+    setfacl_as_nobody(&d, NOBODY, &["-d", "-m", "u:root:rwx"]);
+    assert_eq!(mode_of(&d), 0o2755, "default ACL");
+    // The cleared bit is on disk, not just in the kernel's cache.
+    std::os::unix::fs::chown(fx.path("f"), None, Some(0)).unwrap();
+    fs::set_permissions(fx.path("f"), fs::Permissions::from_mode(0o2755)).unwrap();
+    setfacl_as_nobody(&fx.path("f"), NOBODY, &["-m", "u:root:r"]);
+    fx.remount();
+    assert_eq!(mode_of(&fx.path("f")), 0o755, "after a remount");
+}
+
 /// A default ACL is inherited through the mount, replacing the umask
 /// (which the server applies with FUSE_DONT_MASK when there is none).
 #[test]

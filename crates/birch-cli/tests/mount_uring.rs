@@ -130,6 +130,26 @@ fn serves_a_workload_over_io_uring() {
     };
     check(&fx);
 
+    // The extended SETXATTR (fuser patch 0007) through a ring entry: a
+    // setfacl by the owner outside the group clears set-group-ID.
+    {
+        use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+        use std::os::unix::process::CommandExt;
+        const NOBODY: u32 = 65534;
+        let sgid = fx.path("sgid");
+        File::create(&sgid).unwrap();
+        chown(&sgid, Some(NOBODY), Some(0)).unwrap();
+        fs::set_permissions(&sgid, fs::Permissions::from_mode(0o2755)).unwrap();
+        common::run_ok(
+            std::process::Command::new("setfacl")
+                .args(["-m", "u:root:r"])
+                .arg(&sgid)
+                .uid(NOBODY)
+                .gid(NOBODY),
+        );
+        assert_eq!(fs::metadata(&sgid).unwrap().mode() & 0o7777, 0o755);
+    }
+
     fx.unmount();
     fx.mount();
     assert!(transport(&fx).starts_with("io_uring ("));

@@ -1182,7 +1182,12 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             // replaces it: the engine applies one or the other at create
             // (docs/FUSE.md, "POSIX ACLs").
             | InitFlags::FUSE_POSIX_ACL
-            | InitFlags::FUSE_DONT_MASK;
+            | InitFlags::FUSE_DONT_MASK
+            // The extended SETXATTR, whose FUSE_SETXATTR_ACL_KILL_SGID
+            // asks to clear set-group-ID with an access ACL set by a
+            // caller outside the file's group (the kernel's
+            // posix_acl_update_mode; fstests generic/375).
+            | InitFlags::FUSE_SETXATTR_EXT;
         if self.options.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -1766,6 +1771,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         value: &[u8],
         flags: i32,
         _position: u32,
+        acl_kill_sgid: bool,
         reply: ReplyEmpty,
     ) {
         self.follow_remount();
@@ -1781,7 +1787,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
         let ino = self.ids.to_engine(ino.0);
         self.reply_empty(
             self.fs
-                .setxattr(ino, name.as_bytes(), value, mode)
+                .setxattr_kill_sgid(ino, name.as_bytes(), value, mode, acl_kill_sgid)
                 .and_then(|()| self.settle(&[], Some(ino))),
             reply,
         );

@@ -1,5 +1,5 @@
 //! POSIX ACLs in the engine (docs/FUSE.md "POSIX ACLs", docs/TREE-LOG.md
-//! crash cases A1 and A2): the server's share of what the kernel's
+//! crash cases A1 to A3): the server's share of what the kernel's
 //! fs/posix_acl.c does for local filesystems.
 
 mod common;
@@ -111,6 +111,35 @@ fn equivalent_access_acl_collapses_into_the_mode() {
         "the mode carries it"
     );
     assert_eq!(fs.getattr(f).unwrap().perm & 0o777, 0o754);
+}
+
+/// FUSE_SETXATTR_ACL_KILL_SGID (fstests generic/375): an access ACL set
+/// with `kill_sgid` clears set-group-ID, stored or folded into the mode,
+/// and leaves set-user-ID and sticky; a default ACL and any other name
+/// ignore it, and without it the bit stays.
+#[test]
+fn access_acl_with_kill_sgid_clears_set_group_id_only() {
+    let fs = new_fs();
+    let root = fs.root_ino();
+    let f = fs.create(root, b"f", 0o6750, 0, 0).unwrap().ino;
+    let d = fs.mkdir(root, b"d", 0o3755, 0, 0).unwrap().ino;
+    let mode_of = |ino| u32::from(fs.getattr(ino).unwrap().perm);
+    let kill = |ino, name: &[u8], value: &[u8], kill_sgid| {
+        fs.setxattr_kill_sgid(ino, name, value, XattrSetMode::default(), kill_sgid)
+            .unwrap()
+    };
+    kill(f, ACL_ACCESS_XATTR, &nobody_may_read(4).encode(), false);
+    assert_eq!(mode_of(f), 0o6640, "no kill: the bit stays");
+    kill(f, b"user.x", b"v", true);
+    assert_eq!(mode_of(f), 0o6640, "not an ACL");
+    kill(f, ACL_ACCESS_XATTR, &nobody_may_read(4).encode(), true);
+    assert_eq!(mode_of(f), 0o4640, "stored ACL");
+    assert!(stored(&fs, f, ACL_ACCESS_XATTR).is_some());
+    kill(d, ACL_DEFAULT_XATTR, &nobody_may_read(7).encode(), true);
+    assert_eq!(mode_of(d), 0o3755, "a default ACL changes no mode");
+    kill(d, ACL_ACCESS_XATTR, &Acl::from_mode(0o777).encode(), true);
+    assert_eq!(mode_of(d), 0o1777, "folded into the mode");
+    assert_eq!(stored(&fs, d, ACL_ACCESS_XATTR), None);
 }
 
 #[test]
@@ -296,6 +325,43 @@ fn chmod_mask_survives_fsync_and_power_cut() {
             (0o600, 0) => Ok(()),
             (0o640, 4) if p.flushes_completed < synced => Ok(()),
             _ => Err(format!("mode {mode:o} with mask {mask}")),
+        }
+    });
+}
+
+/// Crash case A3 (docs/TREE-LOG.md): `chmod 2750 f; sync; setfacl -m
+/// u:nobody:r f` by the owner outside f's group (KILL_SGID); `fsync f;
+/// <cut>` → in every state f is 02750 without an ACL or 0750 with it,
+/// never one change without the other; after the fsync, the second.
+#[test]
+fn acl_kill_sgid_survives_fsync_and_power_cut() {
+    let rec = common::recorder(IMAGE_BYTES, 5);
+    let fs = mount(rec.clone());
+    let f = fs.create(fs.root_ino(), b"f", 0o2750, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let start = rec.flush_count();
+    // What `setfacl -m u:nobody:r` makes of mode 0750.
+    let value = acl(&[
+        (ACL_USER_OBJ, 7, 0),
+        (ACL_USER, 4, NOBODY),
+        (ACL_GROUP_OBJ, 5, 0),
+        (ACL_MASK, 5, 0),
+        (ACL_OTHER, 0, 0),
+    ])
+    .encode();
+    fs.setxattr_kill_sgid(f, ACL_ACCESS_XATTR, &value, XattrSetMode::default(), true)
+        .unwrap();
+    fs.fsync(f, false).unwrap();
+    assert_eq!(fs.stats().commits, 1, "answered by the log");
+    let synced = rec.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_mount_after(&rec, start, &Enumeration::sampled(41), |p, fs, _| {
+        let f = ino(fs, "f");
+        let mode = u32::from(fs.getattr(f).unwrap().perm);
+        match (mode, stored(fs, f, ACL_ACCESS_XATTR)) {
+            (0o750, Some(_)) => Ok(()),
+            (0o2750, None) if p.flushes_completed < synced => Ok(()),
+            (mode, acl) => Err(format!("mode {mode:o} with ACL {acl:?}")),
         }
     });
 }

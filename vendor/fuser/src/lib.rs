@@ -853,6 +853,12 @@ pub trait Filesystem: Send + Sync + 'static {
         _value: &[u8],
         flags: i32,
         position: u32,
+        // birch patch: FUSE_SETXATTR_ACL_KILL_SGID (with FUSE_SETXATTR_EXT):
+        // the kernel asks to clear set-group-ID along with setting
+        // system.posix_acl_access, for a caller neither in the file's group
+        // nor with CAP_FSETID (what posix_acl_update_mode does for a local
+        // filesystem).
+        _acl_kill_sgid: bool,
         reply: ReplyEmpty,
     ) {
         warn!(

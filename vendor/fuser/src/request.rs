@@ -43,9 +43,14 @@ pub(crate) struct RequestWithSender<'a> {
 
 impl<'a> RequestWithSender<'a> {
     /// Create a new request from the given data
-    pub(crate) fn new(ch: ChannelSender, data: &'a [u8]) -> Option<RequestWithSender<'a>> {
+    // birch patch: `setxattr_ext`, the session's FUSE_SETXATTR_EXT.
+    pub(crate) fn new(
+        ch: ChannelSender,
+        data: &'a [u8],
+        setxattr_ext: bool,
+    ) -> Option<RequestWithSender<'a>> {
         let request = match ll::AnyRequest::try_from(data) {
-            Ok(request) => request,
+            Ok(request) => request.with_setxattr_ext(setxattr_ext),
             Err(err) => {
                 error!("{err}");
                 return None;
@@ -65,8 +70,9 @@ impl<'a> RequestWithSender<'a> {
         ch: ChannelSender,
         ring_reply: crate::uring::RingReply,
         data: &'a [u8],
+        setxattr_ext: bool, // birch patch: FUSE_SETXATTR_EXT
     ) -> Option<RequestWithSender<'a>> {
-        let mut req = Self::new(ch, data)?;
+        let mut req = Self::new(ch, data, setxattr_ext)?;
         req.ring_reply = Some(ring_reply);
         Some(req)
     }
@@ -386,6 +392,8 @@ impl<'a> RequestWithSender<'a> {
                     x.value(),
                     x.flags(),
                     x.position(),
+                    // birch patch: FUSE_SETXATTR_ACL_KILL_SGID.
+                    x.acl_kill_sgid(),
                     self.reply(),
                 );
             }

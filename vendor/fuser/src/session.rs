@@ -148,6 +148,9 @@ pub struct Session<FS: Filesystem> {
     /// birch patch: the threads serving registered io_uring entries,
     /// started by `run`.
     ring_threads: Vec<RingThread<FS>>,
+    /// birch patch: FUSE_SETXATTR_EXT is in the INIT reply, so SETXATTR
+    /// requests carry the extended fuse_setxattr_in.
+    setxattr_ext: bool,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -197,6 +200,7 @@ impl<FS: Filesystem> Session<FS> {
             config: options.clone(),
             transport: Transport::DevFuse(DevFuseReason::NotRequested),
             ring_threads: Vec::new(),
+            setxattr_ext: false, // birch patch
         };
 
         session.handshake()?;
@@ -227,6 +231,7 @@ impl<FS: Filesystem> Session<FS> {
             config,
             transport: Transport::DevFuse(DevFuseReason::NotRequested),
             ring_threads: Vec::new(),
+            setxattr_ext: false, // birch patch
         };
 
         session.handshake()?;
@@ -267,6 +272,7 @@ impl<FS: Filesystem> Session<FS> {
             config,
             transport: _,
             ring_threads,
+            setxattr_ext, // birch patch
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -316,6 +322,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                setxattr_ext, // birch patch
             };
             threads.push(
                 thread::Builder::new()
@@ -333,6 +340,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch: ch_for_rings.clone(),
                 allowed,
                 session_owner,
+                setxattr_ext, // birch patch
             }));
         }
 
@@ -520,6 +528,11 @@ impl<FS: Filesystem> Session<FS> {
                 },
             };
 
+            // birch patch: the kernel sizes fuse_setxattr_in by the flags
+            // of this reply (which are requested & offered).
+            self.setxattr_ext = (init.capabilities() & config.requested)
+                .contains(InitFlags::FUSE_SETXATTR_EXT);
+
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
@@ -591,6 +604,8 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// birch patch: FUSE_SETXATTR_EXT was negotiated.
+    pub(crate) setxattr_ext: bool,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -603,7 +618,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(
+                    self.ch.sender(),
+                    &buf[..size],
+                    // birch patch: FUSE_SETXATTR_EXT.
+                    self.setxattr_ext,
+                ) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {

@@ -453,6 +453,7 @@ impl ServedEntry {
                     event_loop.ch.sender(),
                     reply.clone(),
                     &request_bytes[..len],
+                    event_loop.setxattr_ext,
                 )
             });
             match parsed {

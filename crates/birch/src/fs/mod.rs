@@ -1090,13 +1090,32 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
+        self.setxattr_kill_sgid(ino, name, value, mode, false)
+    }
+
+    /// `setxattr`, and with `kill_sgid` an access ACL
+    /// (`system.posix_acl_access`) also clears the set-group-ID bit in the
+    /// same change, as the kernel's posix_acl_update_mode does when the
+    /// caller is neither in the file's group nor has CAP_FSETID. FUSE
+    /// leaves that decision to the kernel, which passes it as
+    /// FUSE_SETXATTR_ACL_KILL_SGID (docs/FUSE.md, "POSIX ACLs"); other
+    /// names, the default ACL included, ignore it, as local filesystems
+    /// do.
+    pub fn setxattr_kill_sgid(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrSetMode,
+        kill_sgid: bool,
+    ) -> Result<()> {
         let _request = self.request();
         self.change_with(
             |_| Ok(Need::items(3)),
             |s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.deny_if_flagged(ino, false)?;
-                root.setxattr(ino, name, value, mode)
+                root.setxattr(ino, name, value, mode, kill_sgid)
             },
         )?;
         self.sync_flagged(Some(ino), &[])

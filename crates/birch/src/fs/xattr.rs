@@ -53,10 +53,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         name: &[u8],
         value: &[u8],
         mode: XattrSetMode,
+        kill_sgid: bool,
     ) -> Result<()> {
         validate_xattr_name(name)?;
         if name == ACL_ACCESS_XATTR || name == ACL_DEFAULT_XATTR {
-            return self.set_acl(ino, name, value);
+            return self.set_acl(ino, name, value, kill_sgid);
         }
         self.store_xattr(ino, name, value, mode)
     }
@@ -139,9 +140,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// Sets an ACL xattr after validating it (a malformed one is EINVAL
     /// and never stored). As the kernel's posix_acl_update_mode, an access
     /// ACL sets the mode's rwx bits, and one that says no more than they
-    /// can is not stored at all: the mode carries it. The VFS ignores
-    /// XATTR_CREATE and XATTR_REPLACE for ACLs, and so does this.
-    fn set_acl(&mut self, ino: u64, name: &[u8], value: &[u8]) -> Result<()> {
+    /// can is not stored at all: the mode carries it. With `kill_sgid`
+    /// an access ACL also clears set-group-ID (whether or not the ACL is
+    /// stored, as posix_acl_update_mode); a default ACL changes no mode.
+    /// The VFS ignores XATTR_CREATE and XATTR_REPLACE for ACLs, and so
+    /// does this.
+    fn set_acl(&mut self, ino: u64, name: &[u8], value: &[u8], kill_sgid: bool) -> Result<()> {
         let acl = Acl::decode(value).map_err(|_| Error::InvalidArgument("malformed POSIX ACL"))?;
         let item = self.inode_item(ino)?;
         if name == ACL_DEFAULT_XATTR {
@@ -150,7 +154,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
             return self.store_xattr(ino, name, value, XattrSetMode::CreateOrReplace);
         }
-        let (mode, extended) = acl.equiv_mode(item.mode);
+        let (mut mode, extended) = acl.equiv_mode(item.mode);
+        if kill_sgid {
+            mode &= !libc::S_ISGID;
+        }
         if extended {
             self.store_xattr(ino, name, value, XattrSetMode::CreateOrReplace)?;
         } else {

@@ -522,6 +522,21 @@ pub(crate) struct fuse_setxattr_in {
     pub(crate) padding: u32,
 }
 
+// birch patch: with FUSE_SETXATTR_EXT (protocol 7.33) the kernel's
+// fuse_setxattr_in is 16 bytes: these 8 follow the 8 above
+// (FUSE_COMPAT_SETXATTR_IN_SIZE), which is all it sends without the flag.
+#[repr(C)]
+#[derive(Debug, FromBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_setxattr_in_ext {
+    pub(crate) setxattr_flags: u32,
+    pub(crate) padding: u32,
+}
+
+// birch patch: setxattr_flags: clear set-group-ID when
+// system.posix_acl_access is set (the caller is neither in the file's
+// group nor has CAP_FSETID).
+pub(crate) const FUSE_SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
+
 #[repr(C)]
 #[derive(Debug, FromBytes, KnownLayout, Immutable)]
 pub(crate) struct fuse_getxattr_in {

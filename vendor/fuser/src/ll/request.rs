@@ -838,10 +838,20 @@ mod op {
         #[expect(dead_code)]
         header: &'a fuse_in_header,
         arg: &'a fuse_setxattr_in,
+        // birch patch: present when FUSE_SETXATTR_EXT was negotiated.
+        ext: Option<&'a fuse_setxattr_in_ext>,
         name: &'a OsStr,
         value: &'a [u8],
     }
     impl<'a> SetXAttr<'a> {
+        /// birch patch: FUSE_SETXATTR_ACL_KILL_SGID: the kernel (with
+        /// FUSE_SETXATTR_EXT) asks to clear set-group-ID along with setting
+        /// the POSIX ACL, for a caller neither in the file's group nor with
+        /// CAP_FSETID.
+        pub(crate) fn acl_kill_sgid(&self) -> bool {
+            self.ext
+                .is_some_and(|ext| ext.setxattr_flags & FUSE_SETXATTR_ACL_KILL_SGID != 0)
+        }
         pub(crate) fn name(&self) -> &'a OsStr {
             self.name
         }
@@ -1697,6 +1707,9 @@ mod op {
         header: &'a fuse_in_header,
         opcode: &fuse_opcode,
         data: &'a [u8],
+        // birch patch: whether FUSE_SETXATTR_EXT was negotiated, which
+        // decides the length of fuse_setxattr_in.
+        setxattr_ext: bool,
     ) -> Option<Operation<'a>> {
         let mut data = ArgumentIterator::new(data);
         Some(match opcode {
@@ -1782,6 +1795,12 @@ mod op {
                 let out = SetXAttr {
                     header,
                     arg: data.fetch()?,
+                    // birch patch: the extended fuse_setxattr_in.
+                    ext: if setxattr_ext {
+                        Some(data.fetch()?)
+                    } else {
+                        None
+                    },
                     name: data.fetch_str()?,
                     value: data.fetch_all(),
                 };
@@ -2072,12 +2091,14 @@ impl fmt::Display for Operation<'_> {
                 x.file_handle(),
                 x.fdatasync()
             ),
+            // birch patch: acl_kill_sgid printed.
             Operation::SetXAttr(x) => write!(
                 f,
-                "SETXATTR name {:?}, size {}, flags {:#x}",
+                "SETXATTR name {:?}, size {}, flags {:#x}, acl_kill_sgid {}",
                 x.name(),
                 x.value().len(),
-                x.flags()
+                x.flags(),
+                x.acl_kill_sgid()
             ),
             Operation::GetXAttr(x) => {
                 write!(f, "GETXATTR name {:?}, size {:?}", x.name(), x.size())
@@ -2204,6 +2225,8 @@ impl fmt::Display for Operation<'_> {
 pub(crate) struct AnyRequest<'a> {
     header: &'a fuse_in_header,
     data: &'a [u8],
+    // birch patch: whether FUSE_SETXATTR_EXT was negotiated at INIT.
+    setxattr_ext: bool,
 }
 
 impl<'a> AnyRequest<'a> {
@@ -2244,7 +2267,17 @@ impl<'a> AnyRequest<'a> {
             |e: num_enum::TryFromPrimitiveError<_>| RequestError::UnknownOperation(e.number),
         )?;
         // Parse/check operation arguments
-        op::parse(self.header, &opcode, self.data).ok_or(RequestError::InsufficientData)
+        // birch patch: setxattr_ext.
+        op::parse(self.header, &opcode, self.data, self.setxattr_ext)
+            .ok_or(RequestError::InsufficientData)
+    }
+
+    /// birch patch: SETXATTR requests of this connection carry the
+    /// extended fuse_setxattr_in (FUSE_SETXATTR_EXT was in the INIT
+    /// reply), 16 bytes instead of 8.
+    pub(crate) fn with_setxattr_ext(mut self, setxattr_ext: bool) -> Self {
+        self.setxattr_ext = setxattr_ext;
+        self
     }
 
     pub(crate) fn header(&self) -> &fuse_in_header {
@@ -2289,6 +2322,8 @@ impl<'a> TryFrom<&'a [u8]> for AnyRequest<'a> {
         Ok(Self {
             header,
             data: &data[size_of::<fuse_in_header>()..header.len as usize],
+            // birch patch: set by `with_setxattr_ext`.
+            setxattr_ext: false,
         })
     }
 }
