@@ -43,7 +43,7 @@ fn sample_size() -> usize {
 }
 
 /// How many seq-2 workloads CI samples.
-const SEQ2_SAMPLE: usize = 1000;
+const SEQ2_SAMPLE: usize = 500;
 
 fn run_all(label: &str, workloads: &[AceWorkload]) -> CrashStats {
     let cfg = ci_config();
