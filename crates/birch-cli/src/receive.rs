@@ -179,10 +179,17 @@ impl Receiver {
     }
 
     /// Starts receiving subvolume `name` under its hidden name.
-    fn begin(&mut self, name: &StreamPath, uuid: [u8; 16], ctransid: u64) -> Result<(), String> {
+    /// A stream of several subvolumes (`send A B`) has one END, after
+    /// the last: a SUBVOL or SNAPSHOT publishes the subvolume before it,
+    /// as btrfs-progs does (its parent may be that one).
+    fn finish_previous(&mut self) -> Result<(), String> {
         if self.current.is_some() {
-            return Err("a subvolume begins before the last one's END".into());
+            self.finish()?;
         }
+        Ok(())
+    }
+
+    fn begin(&mut self, name: &StreamPath, uuid: [u8; 16], ctransid: u64) -> Result<(), String> {
         let final_path = self.dir.join(OsStr::from_bytes(name.as_bytes()));
         if std::fs::symlink_metadata(&final_path).is_ok() {
             return Err(format!(
@@ -219,6 +226,7 @@ impl Receiver {
                 uuid,
                 ctransid,
             } => {
+                self.finish_previous()?;
                 self.begin(&path, uuid, ctransid)?;
                 let hidden = hidden_name(path.as_bytes());
                 if let Err(e) = self.vol_ioctl(BTRFS_IOC_SUBVOL_CREATE, &hidden) {
@@ -234,6 +242,7 @@ impl Receiver {
                 clone_uuid,
                 clone_ctransid,
             } => {
+                self.finish_previous()?;
                 let source = self.find_subvolume(&clone_uuid, clone_ctransid)?;
                 self.begin(&path, uuid, ctransid)?;
                 let hidden = hidden_name(path.as_bytes());

@@ -11,11 +11,11 @@ use birch::format::{tree_id, Timespec, ROOT_DIR_INO};
 use birch::fs::{Filesystem, InoSpace, SubvolInfo};
 use std::collections::HashMap;
 
-const fn ioc(dir: u32, kind: u8, nr: u8, size: usize) -> u32 {
+pub(crate) const fn ioc(dir: u32, kind: u8, nr: u8, size: usize) -> u32 {
     dir << 30 | (size as u32) << 16 | (kind as u32) << 8 | nr as u32
 }
-const IOC_WRITE: u32 = 1;
-const IOC_READ: u32 = 2;
+pub(crate) const IOC_WRITE: u32 = 1;
+pub(crate) const IOC_READ: u32 = 2;
 const BTRFS_IOCTL_MAGIC: u8 = 0x94;
 
 /// `struct btrfs_ioctl_vol_args`: `__s64 fd; char name[4088]` (the name
