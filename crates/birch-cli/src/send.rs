@@ -359,8 +359,9 @@ impl Write for CountingWriter<'_> {
 // ----- what the user sees -----
 
 /// "At subvol PATH" on standard error for each snapshot (btrfs-progs'
-/// line), and on a terminal a progress line redrawn at most twice a
-/// second: bytes of stream and, from an image, inodes.
+/// line) and its totals after it, and on a terminal a progress line
+/// redrawn at most twice a second: bytes of stream and, from an image,
+/// inodes.
 struct Progress {
     quiet: bool,
     terminal: bool,
@@ -420,9 +421,10 @@ impl Progress {
         self.drawn = true;
     }
 
-    /// The totals of one snapshot's stream, on a terminal only.
+    /// The totals of one snapshot's stream, unless quiet (btrfs-progs has
+    /// no such line; scripts and bench/run read the tree nodes read).
     fn sent(&mut self, stats: &SendStats, bytes: u64) {
-        if !self.terminal {
+        if self.quiet {
             return;
         }
         self.clear();

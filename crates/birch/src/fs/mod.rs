@@ -29,6 +29,7 @@ mod mount;
 mod namespace;
 mod replay;
 mod root;
+mod send;
 mod space;
 mod space_info;
 mod spare_pages;
@@ -42,6 +43,7 @@ mod xattr;
 
 pub use commit::read_superblock;
 pub use log_state::{FallbackReason, LogStats};
+pub use send::{SendOptions, SendStats};
 pub use types::SubvolInfo;
 pub use types::*;
 
