@@ -274,7 +274,7 @@ class Options(unittest.TestCase):
         self.assertEqual((full.duration, full.repeat, full.dirlog_files), (60, 3, 10000))
         self.assertEqual((full.roomy_size, full.tight_size), (4096 << 20, 1843 << 20))
         self.assertEqual(full.fs_list, ["btrfs", "ext4", "xfs"])
-        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded", "snapshots"])
+        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded", "snapshots", "send"])
         self.assertIsNone(full.birch_bin)
         quick = resolve("--quick", "--repeat", "2")
         self.assertEqual((quick.duration, quick.repeat, quick.dirlog_files), (4, 2, 1000))
@@ -399,6 +399,37 @@ class Setups(unittest.TestCase):
         self.assertEqual(SETUPS["btrfs"].subvolumes.delete[-2:], ["-c", "{path}"])
         self.assertEqual(SETUPS["birch"].subvolumes.delete[-2:], ["-c", "{path}"])
         self.assertIsNone(SETUPS["ext4"].subvolumes)
+
+    def test_send_commands(self):
+        """The send workload runs the same command line on both, but for
+        the binary: btrfs-progs' options, which birch's send takes."""
+        ctx = RunContext(resolve("--birch-bin", sys.executable))
+        for name, tool in (("btrfs", "btrfs"), ("birch", ctx.opts.birch_bin)):
+            s = SETUPS[name]
+            self.assertEqual(s.format_argv(ctx, s.subvolumes.send_incremental, parent="/m/s1", out="/dev/null",
+                                           snap="/m/s2"),
+                             [tool, "send", "-p", "/m/s1", "-f", "/dev/null", "/m/s2"])
+            self.assertEqual(s.format_argv(ctx, s.subvolumes.receive, stream="/w/full.stream", dir="/m/r"),
+                             [tool, "receive", "-f", "/w/full.stream", "/m/r"])
+            self.assertEqual(s.format_argv(ctx, s.subvolumes.snapshot_ro, src="/m/sv", dst="/m/s1"),
+                             [tool, "subvolume", "snapshot", "-r", "/m/sv", "/m/s1"])
+
+    def test_send_workload_helpers(self):
+        from harness.workloads import send
+        self.assertEqual(send.nodes_read("At subvol /m/s2\n0.0 MiB, 10 inodes, 52 commands, 7 tree nodes read\n"), 7)
+        self.assertIsNone(send.nodes_read("At subvol /m/s2\n"))
+        with tempfile.TemporaryDirectory() as tmp:
+            for d, names in (("b", ["z", "y"]), ("a", ["empty", "x"])):
+                os.mkdir(os.path.join(tmp, d))
+                for n in names:
+                    with open(os.path.join(tmp, d, n), "w") as f:
+                        f.write("" if n == "empty" else "data")
+            # sorted walk, empty files skipped: a/x, then b/y
+            self.assertEqual(send.append_to_files(tmp, 2, 3), [os.path.join(tmp, "a", "x"), os.path.join(tmp, "b", "y")])
+            with open(os.path.join(tmp, "a", "x")) as f:
+                self.assertEqual(f.read(), "datasss")
+            with self.assertRaisesRegex(Exception, "only 3 non-empty files"):
+                send.append_to_files(tmp, 5, 1)
 
     def test_descriptions_pair_dup_with_single(self):
         table = {n: s.describe() for n, s in SETUPS.items()}
