@@ -391,20 +391,37 @@ impl Receiver {
     }
 
     /// The subvolume id and root path of the subvolume received as (or,
-    /// failing that, sent with) `uuid`: btrfs-progs' search by received
-    /// uuid, then by uuid.
-    fn find_subvolume(&self, uuid: &[u8; 16], _ctransid: u64) -> Result<(u64, PathBuf), String> {
+    /// failing that, sent with) `uuid` at `ctransid`: btrfs-progs' search
+    /// by received uuid (matching its stransid), then by uuid (matching its
+    /// ctransid). A subvolume with that uuid whose transid differs has
+    /// changed since the stream's sender saw it (made writable and written,
+    /// or another one received under the same uuid): applying a stream on
+    /// top of it would build something the sender never had, so it is
+    /// refused by name.
+    fn find_subvolume(&self, uuid: &[u8; 16], ctransid: u64) -> Result<(u64, PathBuf), String> {
         let all = list_mounted(&self.dir).map_err(|f| f.message)?;
-        let found = all
-            .iter()
-            .find(|e| &e.received_uuid == uuid)
-            .or_else(|| all.iter().find(|e| &e.uuid == uuid))
-            .ok_or_else(|| {
-                format!(
+        let by_received = || all.iter().filter(|e| &e.received_uuid == uuid);
+        let by_uuid = || all.iter().filter(|e| &e.uuid == uuid);
+        let found = by_received()
+            .find(|e| e.stransid == ctransid)
+            .or_else(|| by_uuid().find(|e| e.ctransid == ctransid));
+        let Some(found) = found else {
+            let changed = by_received()
+                .map(|e| (e, e.stransid))
+                .chain(by_uuid().map(|e| (e, e.ctransid)))
+                .next();
+            return Err(match changed {
+                Some((e, transid)) => format!(
+                    "parent subvolume {} is {} at transid {transid}, the stream needs transid {ctransid}: it changed since it was sent",
+                    String::from_utf8_lossy(&e.path),
+                    crate::subvolume::uuid(uuid)
+                ),
+                None => format!(
                     "cannot find the parent subvolume: no subvolume of this mount was received as (or is) {}",
                     crate::subvolume::uuid(uuid)
-                )
-            })?;
+                ),
+            });
+        };
         Ok((
             found.id,
             self.mount_top.join(OsStr::from_bytes(&found.path)),

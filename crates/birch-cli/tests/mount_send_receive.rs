@@ -503,6 +503,85 @@ fn birch_uuid(path: &Path) -> String {
         .to_string()
 }
 
+/// An incremental stream names its parent by uuid and transid; a
+/// subvolume received under that uuid at another transid is not the
+/// parent the sender had (btrfs-progs' search matches the transid too):
+/// the receive fails naming both transids and publishes nothing, and the
+/// stream as sent then applies.
+#[test]
+fn incremental_stream_refuses_a_parent_at_another_transid() {
+    if skip_unless_root() || tools_missing() {
+        return;
+    }
+    use birch::format::send_stream::{Command as StreamCommand, StreamReader, StreamWriter};
+    let mut fx = Fixture::new("receive-transid", "256M");
+    let lb = LoopBtrfs::new(&fx.scratch);
+    lb.btrfs(&["subvolume", "create", lb.path("sv").to_str().unwrap()]);
+    sh("echo one > a", &lb.path("sv"));
+    let snapshot = |name: &str| {
+        lb.btrfs(&[
+            "subvolume",
+            "snapshot",
+            "-r",
+            lb.path("sv").to_str().unwrap(),
+            lb.path(name).to_str().unwrap(),
+        ])
+    };
+    snapshot("s1");
+    sh("echo two >> a", &lb.path("sv"));
+    snapshot("s2");
+    let full = fx.scratch.path("full.stream");
+    let incremental = fx.scratch.path("incremental.stream");
+    lb.btrfs(&[
+        "send",
+        "-q",
+        "-f",
+        full.to_str().unwrap(),
+        lb.path("s1").to_str().unwrap(),
+    ]);
+    lb.btrfs(&[
+        "send",
+        "-q",
+        "-p",
+        lb.path("s1").to_str().unwrap(),
+        "-f",
+        incremental.to_str().unwrap(),
+        lb.path("s2").to_str().unwrap(),
+    ]);
+    // The same stream, its SNAPSHOT naming the parent at the next transid.
+    let moved = fx.scratch.path("moved.stream");
+    let mut reader = StreamReader::new(fs::File::open(&incremental).unwrap()).unwrap();
+    let mut writer = StreamWriter::new(fs::File::create(&moved).unwrap()).unwrap();
+    let mut wanted = None;
+    while let Some((_, mut command)) = reader.next_command().unwrap() {
+        if let StreamCommand::Snapshot { clone_ctransid, .. } = &mut command {
+            *clone_ctransid += 1;
+            wanted = Some(*clone_ctransid);
+        }
+        writer.write(&command).unwrap();
+    }
+    let wanted = wanted.expect("an incremental stream begins with SNAPSHOT");
+    drop(writer);
+
+    fx.mount();
+    let dest = fx.mnt.to_str().unwrap().to_string();
+    birch_ok(&["receive", "-f", full.to_str().unwrap(), &dest]);
+    let out = birch(&["receive", "-f", moved.to_str().unwrap(), &dest]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        err.contains(&format!("the stream needs transid {wanted}"))
+            && err.contains("parent subvolume s1")
+            && err.contains("SNAPSHOT at byte"),
+        "{err}"
+    );
+    assert!(!fx.path("s2").exists() && !fx.path(".birch-receive.s2").exists());
+    birch_ok(&["receive", "-f", incremental.to_str().unwrap(), &dest]);
+    assert_same_tree(&lb.path("s2"), &fx.path("s2"));
+    fx.unmount();
+    fx.assert_clean();
+}
+
 /// `birch send` of a birch tree, full and incremental, received by kernel
 /// btrfs and by birch: every received tree compares equal to its
 /// snapshot; btrfs records birch's uuids as received uuids; the full
