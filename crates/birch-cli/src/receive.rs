@@ -143,7 +143,7 @@ impl Receiver {
     fn abandon(&mut self) {
         self.open_write = None;
         if let Some(current) = self.current.take() {
-            let hidden = hidden_name(&current.name);
+            let hidden = hidden_name(&current.uuid);
             if let Err(e) = self.vol_ioctl(BTRFS_IOC_SNAP_DESTROY, &hidden) {
                 eprintln!(
                     "birch receive: could not delete the partly received {}: {e}",
@@ -197,7 +197,7 @@ impl Receiver {
                 final_path.display()
             ));
         }
-        let hidden = hidden_name(name.as_bytes());
+        let hidden = hidden_name(&uuid);
         let root = self.dir.join(OsStr::from_bytes(&hidden));
         if std::fs::symlink_metadata(&root).is_ok() {
             return Err(format!(
@@ -228,7 +228,7 @@ impl Receiver {
             } => {
                 self.finish_previous()?;
                 self.begin(&path, uuid, ctransid)?;
-                let hidden = hidden_name(path.as_bytes());
+                let hidden = hidden_name(&uuid);
                 if let Err(e) = self.vol_ioctl(BTRFS_IOC_SUBVOL_CREATE, &hidden) {
                     self.current = None;
                     return Err(e);
@@ -245,7 +245,7 @@ impl Receiver {
                 self.finish_previous()?;
                 let source = self.find_subvolume(&clone_uuid, clone_ctransid)?;
                 self.begin(&path, uuid, ctransid)?;
-                let hidden = hidden_name(path.as_bytes());
+                let hidden = hidden_name(&uuid);
                 let mut args = SnapArgs::encode(source.0, false, &hidden)
                     .ok_or_else(|| "name too long".to_string())?;
                 if let Err(e) = ioctl(
@@ -534,8 +534,14 @@ impl Receiver {
     }
 }
 
-fn hidden_name(name: &[u8]) -> Vec<u8> {
+/// `.birch-receive.UUID` (32 hex digits of the stream's uuid): named by
+/// the stream, not by NAME, so that any NAME up to 255 bytes can be
+/// received and a retry of the same stream finds what a killed receive
+/// left.
+fn hidden_name(uuid: &[u8; 16]) -> Vec<u8> {
     let mut hidden = HIDDEN_PREFIX.as_bytes().to_vec();
-    hidden.extend_from_slice(name);
+    for b in uuid {
+        hidden.extend_from_slice(format!("{b:02x}").as_bytes());
+    }
     hidden
 }

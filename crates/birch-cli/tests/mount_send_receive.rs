@@ -575,9 +575,53 @@ fn incremental_stream_refuses_a_parent_at_another_transid() {
             && err.contains("SNAPSHOT at byte"),
         "{err}"
     );
-    assert!(!fx.path("s2").exists() && !fx.path(".birch-receive.s2").exists());
+    let left: Vec<_> = fs::read_dir(&fx.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["s1"], "left behind");
     birch_ok(&["receive", "-f", incremental.to_str().unwrap(), &dest]);
     assert_same_tree(&lb.path("s2"), &fx.path("s2"));
+    fx.unmount();
+    fx.assert_clean();
+}
+
+/// A subvolume name of 255 bytes (the most a name may have) is received:
+/// the hidden name it is built under is the stream's uuid, not NAME with
+/// a prefix.
+#[test]
+fn a_subvolume_named_with_255_bytes_is_received() {
+    if skip_unless_root() || tools_missing() {
+        return;
+    }
+    let mut fx = Fixture::new("receive-long-name", "256M");
+    let lb = LoopBtrfs::new(&fx.scratch);
+    lb.btrfs(&["subvolume", "create", lb.path("sv").to_str().unwrap()]);
+    sh("echo data > f && mkdir d && ln -s f d/link", &lb.path("sv"));
+    let name = "n".repeat(255);
+    lb.btrfs(&[
+        "subvolume",
+        "snapshot",
+        "-r",
+        lb.path("sv").to_str().unwrap(),
+        lb.path(&name).to_str().unwrap(),
+    ]);
+    let stream = fx.scratch.path("long.stream");
+    lb.btrfs(&[
+        "send",
+        "-q",
+        "-f",
+        stream.to_str().unwrap(),
+        lb.path(&name).to_str().unwrap(),
+    ]);
+    fx.mount();
+    birch_ok(&[
+        "receive",
+        "-f",
+        stream.to_str().unwrap(),
+        fx.mnt.to_str().unwrap(),
+    ]);
+    assert_same_tree(&lb.path(&name), &fx.path(&name));
     fx.unmount();
     fx.assert_clean();
 }
