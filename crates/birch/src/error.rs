@@ -80,6 +80,11 @@ pub enum Error {
     /// read-only (EROFS).
     DeviceReadOnly,
     NotPermitted,
+    /// EPERM with why: a send refused a subvolume that is not read-only,
+    /// or a delete or `ro=false` refused one a send holds.
+    Refused(String),
+    /// ENAMETOOLONG with what was too long (a path a send would write).
+    PathTooLong(String),
     /// A rename or link between two subvolumes (EXDEV).
     CrossDevice,
     /// SEEK_DATA / SEEK_HOLE past the end of the file (ENXIO).
@@ -124,7 +129,8 @@ impl Error {
             Error::Range => libc::ERANGE,
             Error::FileTooBig => libc::EFBIG,
             Error::ReadOnly | Error::DeviceReadOnly => libc::EROFS,
-            Error::NotPermitted => libc::EPERM,
+            Error::NotPermitted | Error::Refused(_) => libc::EPERM,
+            Error::PathTooLong(_) => libc::ENAMETOOLONG,
             Error::CrossDevice => libc::EXDEV,
             Error::NoSuchOffset => libc::ENXIO,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
@@ -160,6 +166,8 @@ impl fmt::Display for Error {
                 f.write_str("the device was opened read-only (it is not writable here)")
             }
             Error::NotPermitted => f.write_str("operation not permitted"),
+            Error::Refused(why) => write!(f, "operation not permitted: {why}"),
+            Error::PathTooLong(what) => write!(f, "path too long: {what}"),
             Error::CrossDevice => f.write_str("rename or link across subvolumes"),
             Error::NoSuchOffset => f.write_str("no such offset (no more data or holes)"),
             Error::NotSupported(what) => write!(f, "not supported: {what}"),

@@ -46,6 +46,7 @@ impl<D: BlockDevice> FsState<D> {
         if self.default_subvolume()? == id {
             return Err(Error::NotPermitted);
         }
+        self.info.refuse_during_send(id, "delete")?;
         let root_tree = &self.info.roots.root;
         let children = self.info.forest.collect_range(
             root_tree,

@@ -60,6 +60,10 @@ pub(crate) struct FsInfo<D> {
     /// logged inode item (or stay as committed), so the names replay adds
     /// and removes leave them alone, as btrfs's `BTRFS_FS_LOG_RECOVERING`.
     pub(super) replaying_log: bool,
+    /// Subvolumes a send is reading (as the snapshot or the parent), with
+    /// how many sends: they cannot be deleted or made writable until the
+    /// sends end (docs/SEND.md "Design: send"; btrfs's `send_in_progress`).
+    pub(super) sending: BTreeMap<u64, u32>,
 }
 
 /// A snapshot waiting for the seal of the running transaction: its id is
@@ -92,5 +96,19 @@ impl Roots {
     /// The fs-wide trees recorded by root items in the root tree.
     pub(super) fn recorded(&self) -> Vec<TreeRoot> {
         std::iter::once(self.extent).chain(self.csum).collect()
+    }
+}
+
+impl<D> FsInfo<D> {
+    /// EPERM while a send reads subvolume `id`: `what` (a delete, making
+    /// it writable) would change a tree the send walks without the state
+    /// lock.
+    pub(super) fn refuse_during_send(&self, id: u64, what: &str) -> crate::error::Result<()> {
+        if self.sending.get(&id).is_some_and(|&n| n > 0) {
+            return Err(Error::Refused(format!(
+                "cannot {what} subvolume {id} during send"
+            )));
+        }
+        Ok(())
     }
 }

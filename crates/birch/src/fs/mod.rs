@@ -1506,6 +1506,59 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         Ok((rtransid, now))
     }
 
+    /// Writes the send stream (btrfs's version 1, docs/SEND.md "Design:
+    /// send") of read-only subvolume `snapshot` to `out`: full, or
+    /// incremental against read-only subvolume `options.parent`.
+    /// `progress` is called after each inode with the running totals.
+    /// EPERM ([`Error::Refused`]) for a subvolume that is not read-only,
+    /// NotFound for an unknown id, `Error::Io` for a failed write to
+    /// `out`. While it runs, neither subvolume can be deleted or made
+    /// writable (EPERM, as btrfs). The trees are read without the state
+    /// lock; file data through the checked read path, as `read_file`.
+    pub fn send(
+        &self,
+        snapshot: u64,
+        options: &SendOptions,
+        out: &mut dyn std::io::Write,
+        progress: &mut dyn FnMut(&SendStats),
+    ) -> Result<SendStats> {
+        let _request = self.request();
+        let (roots, _hold) = self.hold_for_send(snapshot, options.parent)?;
+        let source = SendSource {
+            fs: self,
+            subvol: snapshot,
+        };
+        send::write_stream(&roots, options, &source, &source, out, progress)
+    }
+
+    /// The roots a send reads, held against delete and `ro=false` until
+    /// the hold drops; commits first when either tree has changes not yet
+    /// on disk (their nodes must be readable without the state lock).
+    fn hold_for_send(
+        &self,
+        snapshot: u64,
+        parent: Option<u64>,
+    ) -> Result<(send::SendRoots, SendHold<'_, D>)> {
+        for attempt in 0..2 {
+            let mut state = self.lock();
+            let (roots, durable) = state.send_roots(snapshot, parent)?;
+            if durable {
+                let ids: Vec<u64> = std::iter::once(snapshot).chain(parent).collect();
+                for id in &ids {
+                    *state.info.sending.entry(*id).or_default() += 1;
+                }
+                return Ok((roots, SendHold { fs: self, ids }));
+            }
+            drop(state);
+            if attempt == 0 {
+                self.commit()?;
+            }
+        }
+        Err(Error::Refused(format!(
+            "subvolume {snapshot} or its parent has changes that are not committed (a read-only mount cannot commit them)"
+        )))
+    }
+
     /// Adds a scrub's progress to the `scrub_nodes` and `scrub_data_bytes`
     /// counters, which [`Self::stats`] shows while it runs.
     pub fn count_scrub_progress(&self, nodes: u64, data_bytes: u64) {
@@ -1607,5 +1660,50 @@ impl<D: BlockDevice + 'static> Drop for Filesystem<D> {
         if let Err(e) = self.close_inner() {
             eprintln!("birch: commit at close failed: {e}");
         }
+    }
+}
+
+/// A send's hold on its subvolumes ([`Filesystem::send`]): released when
+/// the send ends, also by an error or a panic.
+struct SendHold<'a, D: BlockDevice + 'static> {
+    fs: &'a Filesystem<D>,
+    ids: Vec<u64>,
+}
+
+impl<D: BlockDevice + 'static> Drop for SendHold<'_, D> {
+    fn drop(&mut self) {
+        let mut state = self.fs.lock();
+        for id in &self.ids {
+            if let Some(n) = state.info.sending.get_mut(id) {
+                *n -= 1;
+                if *n == 0 {
+                    state.info.sending.remove(id);
+                }
+            }
+        }
+    }
+}
+
+/// Where a send's nodes and data come from: the node store without the
+/// state lock, and `read_file`'s checked path.
+struct SendSource<'a, D: BlockDevice + 'static> {
+    fs: &'a Filesystem<D>,
+    subvol: u64,
+}
+
+impl<D: BlockDevice + 'static> send::NodeSource for SendSource<'_, D> {
+    fn read_node(
+        &self,
+        bytenr: u64,
+        expect: crate::btree::NodeExpectation,
+    ) -> Result<Arc<crate::format::Node>> {
+        self.fs.shared.store.read(bytenr, expect)
+    }
+}
+
+impl<D: BlockDevice + 'static> send::DataSource for SendSource<'_, D> {
+    fn read_data(&self, ino: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.fs
+            .read_file(InoSpace::join(self.subvol, ino), offset, len)
     }
 }

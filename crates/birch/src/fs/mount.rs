@@ -203,6 +203,7 @@ pub(crate) fn open<D: BlockDevice>(dev: Arc<D>, options: MountOptions) -> Result
         pending_snapshots: Vec::new(),
         refused_snapshots: Default::default(),
         replaying_log: false,
+        sending: Default::default(),
     };
     let mut state = FsState::new(info, Root::new(top.tree, top.item, next_ino));
     state.queue_orphan_roots()?;

@@ -10,9 +10,11 @@ use super::info::PendingSnapshot;
 use super::log_state::FallbackReason;
 use super::namespace::validate_name;
 use super::root::{Root, RootCtx, SubvolRecord};
+use super::send::{ParentRoot, SendRoots};
 use super::space_info::Need;
 use super::state::FsState;
 use super::{Attr, DirListEntry, InoSpace, RenameFlags, SubvolInfo};
+use crate::btree::TreeRoot;
 use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::node::NodeBody;
@@ -552,6 +554,9 @@ impl<D: BlockDevice> FsState<D> {
     /// Sets or clears subvolume `id`'s `SUBVOL_RDONLY` flag (`birch
     /// property set PATH ro`).
     pub(super) fn set_subvolume_readonly(&mut self, id: u64, readonly: bool) -> Result<()> {
+        if !readonly {
+            self.info.refuse_during_send(id, "make writable")?;
+        }
         self.edit_root_item(id, |item| {
             if readonly {
                 item.flags |= SUBVOL_RDONLY;
@@ -625,6 +630,75 @@ impl<D: BlockDevice> FsState<D> {
             record.encode(),
         )?;
         Ok(())
+    }
+
+    /// The roots a send of `snapshot` (incremental against `parent`)
+    /// reads, and whether both trees are on disk as they are (no change
+    /// since the last commit). EPERM for a subvolume that is not
+    /// read-only, NotFound for an unknown one; the top level (5) has no
+    /// name to be sent as (btrfs's send refuses it too: it has no
+    /// ROOT_BACKREF).
+    pub(super) fn send_roots(
+        &mut self,
+        snapshot: u64,
+        parent: Option<u64>,
+    ) -> Result<(SendRoots, bool)> {
+        let durable = self.info.superblock.generation;
+        let (tree, item) = self.read_only_root(snapshot)?;
+        let mut on_disk = tree.generation <= durable;
+        let backrefs = self.info.forest.collect_range(
+            &self.info.roots.root,
+            Key::new(snapshot, item_type::ROOT_BACKREF, 0),
+            Key::new(snapshot, item_type::ROOT_BACKREF, u64::MAX),
+        )?;
+        let Some((key, data)) = backrefs.first() else {
+            return Err(Error::InvalidArgument(
+                "the top-level subvolume has no name to send it as",
+            ));
+        };
+        let name = decode_item(key, RootRef::decode(data))?.name;
+        let parent = match parent {
+            None => None,
+            Some(id) => {
+                let (tree, item) = self.read_only_root(id)?;
+                on_disk &= tree.generation <= durable;
+                let received = item.received_uuid != [0; 16];
+                Some(ParentRoot {
+                    tree,
+                    clone_uuid: if received {
+                        item.received_uuid
+                    } else {
+                        item.uuid
+                    },
+                    clone_ctransid: if received {
+                        item.stransid
+                    } else {
+                        item.ctransid
+                    },
+                })
+            }
+        };
+        Ok((
+            SendRoots {
+                tree,
+                name,
+                uuid: item.uuid,
+                ctransid: item.ctransid,
+                parent,
+            },
+            on_disk,
+        ))
+    }
+
+    /// Subvolume `id`'s tree and root item; EPERM unless it is read-only.
+    fn read_only_root(&mut self, id: u64) -> Result<(TreeRoot, SubvolRootItem)> {
+        let ctx = self.ctx(id)?;
+        match ctx.root.item {
+            Some(item) if item.is_readonly() && !ctx.root.is_deleted() => Ok((ctx.root.tree, item)),
+            _ => Err(Error::Refused(format!(
+                "subvolume {id} is not read-only: only a read-only subvolume can be sent"
+            ))),
+        }
     }
 
     /// What a snapshot of `source` may add to the running transaction:

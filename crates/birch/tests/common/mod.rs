@@ -6,6 +6,8 @@
 // Each test binary compiles this module on its own and uses a subset of it.
 #![allow(dead_code)]
 
+pub mod send_apply;
+
 use birch::check::check_device;
 use birch::device::{BlockDevice, CrashPoint, MemoryDevice, RecordingDevice};
 use birch::format::FileType;
