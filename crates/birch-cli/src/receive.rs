@@ -259,7 +259,7 @@ impl Receiver {
                 }
                 writeln!(io::stdout(), "At snapshot {path}").map_err(|e| e.to_string())?;
             }
-            Command::Mkfile { path } => {
+            Command::Mkfile { path, .. } => {
                 OpenOptions::new()
                     .write(true)
                     .create_new(true)
@@ -267,24 +267,26 @@ impl Receiver {
                     .open(self.at(&path)?)
                     .map_err(|e| e.to_string())?;
             }
-            Command::Mkdir { path } => {
+            Command::Mkdir { path, .. } => {
                 std::fs::create_dir(self.at(&path)?).map_err(|e| e.to_string())?;
             }
-            Command::Mknod { path, mode, rdev } => {
+            Command::Mknod {
+                path, mode, rdev, ..
+            } => {
                 let mode = libc::mode_t::try_from(mode).map_err(|_| format!("mode {mode:#o}"))?;
                 // SAFETY: a NUL-terminated path.
                 check(unsafe { libc::mknod(cstring(&self.at(&path)?)?.as_ptr(), mode, rdev) })?;
             }
-            Command::Mkfifo { path } => {
+            Command::Mkfifo { path, .. } => {
                 // SAFETY: a NUL-terminated path.
                 check(unsafe { libc::mkfifo(cstring(&self.at(&path)?)?.as_ptr(), 0o600) })?;
             }
-            Command::Mksock { path } => {
+            Command::Mksock { path, .. } => {
                 let p = cstring(&self.at(&path)?)?;
                 // SAFETY: a NUL-terminated path.
                 check(unsafe { libc::mknod(p.as_ptr(), libc::S_IFSOCK | 0o600, 0) })?;
             }
-            Command::Symlink { path, target } => {
+            Command::Symlink { path, target, .. } => {
                 std::os::unix::fs::symlink(OsStr::from_bytes(&target), self.at(&path)?)
                     .map_err(|e| e.to_string())?;
             }
