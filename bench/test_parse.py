@@ -526,6 +526,36 @@ class Report(unittest.TestCase):
             for r in t:
                 self.assertIn("| %s |" % " | ".join(r), text)
 
+    def test_send_section(self):
+        """Section 7 from a --quick run of the send workload: every cell is
+        the median of its records, every ratio against btrfs theirs."""
+        results = load_results("report-send-quick")
+        text = report.build_report(results, "quick", plot_err="test")
+        self.assertIn("## 7. Send and receive (issue 26)", text)
+        self.assertIn("a tree of 2,029 files", text)
+        rows = report.send_rows(report.Data(results))
+
+        def metric(fs, key):
+            return statistics.median(r["metrics"][key] for r in results["records"]
+                                     if (r["workload"], r["fs"]) == ("send", fs))
+
+        birch = {name: next(r for r in t if r[0] == "birch") for name, t in rows.items()}
+        full, full_b = metric("birch", "full_send_s"), metric("btrfs", "full_send_s")
+        self.assertEqual(birch["send"][1:5], [report.fmt_num(full, 2), "×%.2f" % (full / full_b),
+                                              report.fmt_num(metric("birch", "full_stream_bytes") / 2.0 ** 20, 2),
+                                              report.fmt_num(metric("birch", "full_nodes_read"), 0)])
+        # btrfs says nothing of the nodes it read
+        self.assertEqual(next(r for r in rows["send"] if r[0] == "btrfs")[4], "—")
+        # the incremental send after 10 changed files reads few nodes
+        self.assertLess(metric("birch", "incremental_10_nodes_read"), metric("birch", "full_nodes_read") / 10)
+        rec, rec_b = metric("birch", "incremental_untar_receive_s"), metric("btrfs", "incremental_untar_receive_s")
+        self.assertEqual(birch["receive"][5:7], [report.fmt_num(rec, 2), "×%.2f" % (rec / rec_b)])
+        for t in rows.values():
+            self.assertEqual([r[0] for r in t], ["btrfs", "birch"])
+            for r in t:
+                self.assertIn("| %s |" % " | ".join(r), text)
+        self.assertNotIn("Send and receive", report.build_report(load_results("report-quick-dup"), "q"))
+
     def test_no_snapshots_section_without_its_records(self):
         self.assertNotIn("Subvolumes and snapshots", report.build_report(load_results("report-quick-dup"), "q"))
 
