@@ -725,6 +725,32 @@ fn birch_send_full_and_incremental_received_by_btrfs() {
     }
     assert_same_tree(&s1, &copies.join("s1"));
     assert_same_tree(&s2, &copies.join("s2"));
+    // And on from the received copies, as a backup server passes them
+    // on: they are sent as the uuid they were received as, the parent
+    // named at its own ctransid, which the next copy records.
+    let relayed = fx.path("relayed");
+    fs::create_dir(&relayed).unwrap();
+    let (c1, c2) = (copies.join("s1"), copies.join("s2"));
+    for args in [
+        format!("{BIRCH} send -q {}", c1.display()),
+        format!("{BIRCH} send -q -p {} {}", c1.display(), c2.display()),
+    ] {
+        sh(
+            &format!("{args} | {BIRCH} receive {}", relayed.display()),
+            &fx.mnt,
+        );
+    }
+    assert_same_tree(&s2, &relayed.join("s2"));
+    let list = birch_ok(&["subvolume", "list", "-R", fx.mnt.to_str().unwrap()]);
+    let received_as = |path: &str| {
+        list.lines()
+            .find(|l| l.ends_with(&format!("path {path}")))
+            .and_then(|l| l.split("received_uuid ").nth(1))
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("{path} not listed: {list}"))
+            .to_string()
+    };
+    assert_eq!(received_as("relayed/s2"), birch_uuid(&s2));
 
     // Two snapshots, one stream: one header, one END, both received.
     let both = fx.scratch.path("both.stream");
