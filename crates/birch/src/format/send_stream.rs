@@ -365,6 +365,9 @@ impl Command {
     }
 
     /// The attributes in the order `btrfs send` writes them.
+    ///
+    /// Long because it is one table: an arm per command, listing its
+    /// attributes.
     fn attributes(&self) -> Vec<(u16, Value<'_>)> {
         use Value::{Bytes, Time, U64};
         fn p(path: &StreamPath) -> (u16, Value<'_>) {

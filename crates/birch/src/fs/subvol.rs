@@ -1082,6 +1082,19 @@ fn entry_ext(subvol: u64, entry: &DirEntry) -> u64 {
     }
 }
 
+/// The uuid a stream names a subvolume by: the one it was received as, if
+/// it was received (so that a copy sent on names what its receivers
+/// know), else its own; with its own ctransid either way (the kernel's
+/// `send_subvol_begin`). A receiver's copy records that ctransid as its
+/// stransid, which is what an incremental stream's parent is matched by.
+fn stream_uuid(item: &SubvolRootItem) -> [u8; 16] {
+    if item.received_uuid != [0; 16] {
+        item.received_uuid
+    } else {
+        item.uuid
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::device::MemoryDevice;
@@ -1166,18 +1179,5 @@ mod tests {
         fs.release(f).unwrap();
         assert_eq!((orphans_in(tree_id::FS), orphans_in(id)), (0, 0));
         fs.close().unwrap();
-    }
-}
-
-/// The uuid a stream names a subvolume by: the one it was received as, if
-/// it was received (so that a copy sent on names what its receivers
-/// know), else its own; with its own ctransid either way (the kernel's
-/// `send_subvol_begin`). A receiver's copy records that ctransid as its
-/// stransid, which is what an incremental stream's parent is matched by.
-fn stream_uuid(item: &SubvolRootItem) -> [u8; 16] {
-    if item.received_uuid != [0; 16] {
-        item.received_uuid
-    } else {
-        item.uuid
     }
 }
