@@ -29,6 +29,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Optional
 
+from harness.host import GiB
 from harness.procs import CmdError
 from harness.setups import SETUPS
 from harness.setups.base import Mounted
@@ -88,6 +89,13 @@ class Send(Workload):
     def measurements(self) -> list[Measurement]:
         return [Measurement("send", fs, partial(self.run_one, fs)) for fs in self.targets()]
 
+    def fs_size(self) -> int:
+        """Room for four copies of the tree (two in the subvolume, two
+        received) and their metadata: 5 × its 4 KiB-rounded size + 1 GiB,
+        at least the run's main size (linux-source: 8 GiB, sparse)."""
+        need = 5 * self.untar.stats["est_4k_bytes"] + GiB
+        return max(self.ctx.opts.main_size, need)
+
     def _untar(self, dest: str) -> None:
         os.makedirs(dest, exist_ok=True)
         warm(self.untar.tarball)
@@ -118,7 +126,7 @@ class Send(Workload):
         res: dict = {"tree_files": self.untar.stats["files"], "tree_bytes": self.untar.stats["bytes"],
                      "changed_files": CHANGED_FILES}
         try:
-            with SETUPS[fs].open(ctx, ctx.opts.main_size, "send") as m:
+            with SETUPS[fs].open(ctx, self.fs_size(), "send") as m:
                 sv = os.path.join(m.mnt, "sv")
                 m.subvolume("create", path=sv)
                 self._untar(sv)
