@@ -274,7 +274,7 @@ class Options(unittest.TestCase):
         self.assertEqual((full.duration, full.repeat, full.dirlog_files), (60, 3, 10000))
         self.assertEqual((full.roomy_size, full.tight_size), (4096 << 20, 1843 << 20))
         self.assertEqual(full.fs_list, ["btrfs", "ext4", "xfs"])
-        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded", "snapshots"])
+        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded", "snapshots", "send"])
         self.assertIsNone(full.birch_bin)
         quick = resolve("--quick", "--repeat", "2")
         self.assertEqual((quick.duration, quick.repeat, quick.dirlog_files), (4, 2, 1000))
@@ -400,6 +400,37 @@ class Setups(unittest.TestCase):
         self.assertEqual(SETUPS["birch"].subvolumes.delete[-2:], ["-c", "{path}"])
         self.assertIsNone(SETUPS["ext4"].subvolumes)
 
+    def test_send_commands(self):
+        """The send workload runs the same command line on both, but for
+        the binary: btrfs-progs' options, which birch's send takes."""
+        ctx = RunContext(resolve("--birch-bin", sys.executable))
+        for name, tool in (("btrfs", "btrfs"), ("birch", ctx.opts.birch_bin)):
+            s = SETUPS[name]
+            self.assertEqual(s.format_argv(ctx, s.subvolumes.send_incremental, parent="/m/s1", out="/dev/null",
+                                           snap="/m/s2"),
+                             [tool, "send", "-p", "/m/s1", "-f", "/dev/null", "/m/s2"])
+            self.assertEqual(s.format_argv(ctx, s.subvolumes.receive, stream="/w/full.stream", dir="/m/r"),
+                             [tool, "receive", "-f", "/w/full.stream", "/m/r"])
+            self.assertEqual(s.format_argv(ctx, s.subvolumes.snapshot_ro, src="/m/sv", dst="/m/s1"),
+                             [tool, "subvolume", "snapshot", "-r", "/m/sv", "/m/s1"])
+
+    def test_send_workload_helpers(self):
+        from harness.workloads import send
+        self.assertEqual(send.nodes_read("At subvol /m/s2\n0.0 MiB, 10 inodes, 52 commands, 7 tree nodes read\n"), 7)
+        self.assertIsNone(send.nodes_read("At subvol /m/s2\n"))
+        with tempfile.TemporaryDirectory() as tmp:
+            for d, names in (("b", ["z", "y"]), ("a", ["empty", "x"])):
+                os.mkdir(os.path.join(tmp, d))
+                for n in names:
+                    with open(os.path.join(tmp, d, n), "w") as f:
+                        f.write("" if n == "empty" else "data")
+            # sorted walk, empty files skipped: a/x, then b/y
+            self.assertEqual(send.append_to_files(tmp, 2, 3), [os.path.join(tmp, "a", "x"), os.path.join(tmp, "b", "y")])
+            with open(os.path.join(tmp, "a", "x")) as f:
+                self.assertEqual(f.read(), "datasss")
+            with self.assertRaisesRegex(Exception, "only 3 non-empty files"):
+                send.append_to_files(tmp, 5, 1)
+
     def test_descriptions_pair_dup_with_single(self):
         table = {n: s.describe() for n, s in SETUPS.items()}
         d = report.Data({"meta": {"fs": list(SETUPS), "fs_table": table}, "records": []})
@@ -494,6 +525,36 @@ class Report(unittest.TestCase):
             self.assertEqual([r[0] for r in t], ["btrfs", "birch"])
             for r in t:
                 self.assertIn("| %s |" % " | ".join(r), text)
+
+    def test_send_section(self):
+        """Section 7 from a --quick run of the send workload: every cell is
+        the median of its records, every ratio against btrfs theirs."""
+        results = load_results("report-send-quick")
+        text = report.build_report(results, "quick", plot_err="test")
+        self.assertIn("## 7. Send and receive (issue 26)", text)
+        self.assertIn("a tree of 2,029 files", text)
+        rows = report.send_rows(report.Data(results))
+
+        def metric(fs, key):
+            return statistics.median(r["metrics"][key] for r in results["records"]
+                                     if (r["workload"], r["fs"]) == ("send", fs))
+
+        birch = {name: next(r for r in t if r[0] == "birch") for name, t in rows.items()}
+        full, full_b = metric("birch", "full_send_s"), metric("btrfs", "full_send_s")
+        self.assertEqual(birch["send"][1:5], [report.fmt_num(full, 2), "×%.2f" % (full / full_b),
+                                              report.fmt_num(metric("birch", "full_stream_bytes") / 2.0 ** 20, 2),
+                                              report.fmt_num(metric("birch", "full_nodes_read"), 0)])
+        # btrfs says nothing of the nodes it read
+        self.assertEqual(next(r for r in rows["send"] if r[0] == "btrfs")[4], "—")
+        # the incremental send after 10 changed files reads few nodes
+        self.assertLess(metric("birch", "incremental_10_nodes_read"), metric("birch", "full_nodes_read") / 10)
+        rec, rec_b = metric("birch", "incremental_untar_receive_s"), metric("btrfs", "incremental_untar_receive_s")
+        self.assertEqual(birch["receive"][5:7], [report.fmt_num(rec, 2), "×%.2f" % (rec / rec_b)])
+        for t in rows.values():
+            self.assertEqual([r[0] for r in t], ["btrfs", "birch"])
+            for r in t:
+                self.assertIn("| %s |" % " | ".join(r), text)
+        self.assertNotIn("Send and receive", report.build_report(load_results("report-quick-dup"), "q"))
 
     def test_no_snapshots_section_without_its_records(self):
         self.assertNotIn("Subvolumes and snapshots", report.build_report(load_results("report-quick-dup"), "q"))

@@ -5,7 +5,7 @@
 #           fallocate, for mount_security.rs), e2fsprogs (chattr, for
 #           mount_ops.rs), libacl1-dev (the headers pjdfstest builds
 #           against), and btrfs-progs (kernel btrfs's send streams for
-#           mount_receive.rs)
+#           mount_send_receive.rs)
 #   crates.io: pjdfstest (the Rust port of pjd's POSIX suite) and fsx (the
 #           Rust port of the File System eXerciser), pinned versions
 #   a user and group "tests" (pjdfstest switches to nobody/nogroup and

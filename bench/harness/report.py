@@ -956,6 +956,77 @@ def _snapshots_section(d):
     return L
 
 
+SEND_STAGES = (("full", "full"), ("incremental_10", "10 files changed"),
+               ("incremental_untar", "a second tree untarred"))
+
+
+def _send_first(d, key):
+    for r in d.recs("send", "send"):
+        v = (r.get("metrics") or {}).get(key)
+        if v is not None:
+            return v
+    return None
+
+
+def send_rows(d):
+    """The send section's two tables, as {name: rows}: send (seconds, × the
+    base filesystem, stream MiB, tree nodes read where the filesystem says)
+    and receive (seconds, × base), one row per filesystem."""
+    fss = [f for f in d.fs if d.recs("send", fs=f, ok=None)]
+    b = d.base
+    rows = {"send": [], "receive": []}
+    for f in fss:
+        send = [f]
+        receive = [f]
+        for prefix, _ in SEND_STAGES:
+            st = d.stat("send", "send", f, prefix + "_send_s")
+            send += [fmt_stat(st, 2), fmt_ratio(ratio(st, d.stat("send", "send", b, prefix + "_send_s"))),
+                     fmt_num(((d.stat("send", "send", f, prefix + "_stream_bytes") or {}).get("median") or 0)
+                             / float(1 << 20), 2),
+                     fmt_stat(d.stat("send", "send", f, prefix + "_nodes_read"), 0)]
+            rt = d.stat("send", "send", f, prefix + "_receive_s")
+            receive += [fmt_stat(rt, 2), fmt_ratio(ratio(rt, d.stat("send", "send", b, prefix + "_receive_s")))]
+        rows["send"].append(send + [fmt_num(d.load("send", "send", f), 1)])
+        rows["receive"].append(receive + [fmt_num(d.load("send", "send", f), 1)])
+    return rows
+
+
+def _send_section(d):
+    """Issue 26's benchmarks: full and incremental send and receive, birch
+    against btrfs."""
+    L = []
+    add = L.append
+    if not d.recs("send", ok=None):
+        return L
+    b = d.base
+    add("## 7. Send and receive (issue 26)")
+    add("")
+    add("On a fresh filesystem: a tree of %s files (%s MiB) untarred into a subvolume and snapshotted "
+        "read-only; its **full** stream; then %s files changed (4 KiB appended to each) and the "
+        "stream of the new snapshot against the first; then **a second tree untarred** beside the "
+        "first and the stream against the second snapshot. Each send is timed to /dev/null "
+        "(`btrfs send` / `birch send -f /dev/null`); the streams, kept, are then received in order "
+        "into a directory of the same filesystem (receive + sync, timed). `nodes` = tree nodes "
+        "the send read (birch reports it; btrfs does not): it must grow with the change, not with "
+        "the tree. Cells: median (min–max over repetitions) and × %s." % (
+            fmt_count(_send_first(d, "tree_files")),
+            fmt_num((_send_first(d, "tree_bytes") or 0) / float(1 << 20), 0),
+            fmt_count(_send_first(d, "changed_files")), b))
+    add("")
+    t = send_rows(d)
+    header = ["fs"]
+    for _, label in SEND_STAGES:
+        header += ["send s, %s" % label, "× %s" % b, "stream MiB", "nodes"]
+    add(md_table(header + ["load"], t["send"]))
+    add("")
+    header = ["fs"]
+    for _, label in SEND_STAGES:
+        header += ["receive s, %s" % label, "× %s" % b]
+    add(md_table(header + ["load"], t["receive"]))
+    add("")
+    return L
+
+
 def _snapshots_timed(d):
     for r in d.recs("snapshots", "snapshot-small"):
         if (r.get("metrics") or {}).get("snapshots_s"):
@@ -1130,7 +1201,7 @@ def build_report(results, title, made=(), plot_err=None):
     d = Data(results)
     sections = (_header(d, title), _headline_section(d, made, plot_err), _ablation_section(d, made), _dbench_section(d),
                 _dirlog_section(d), _untar_section(d), _fio_section(d), _embedded_section(d),
-                _snapshots_section(d), _dup_section(d), _requests_section(d), _floor_section(d), _failures_section(d))
+                _snapshots_section(d), _send_section(d), _dup_section(d), _requests_section(d), _floor_section(d), _failures_section(d))
     return "\n".join(line for s in sections for line in s) + "\n"
 
 

@@ -45,6 +45,13 @@ class SubvolumeCommands:
     snapshot: list[str]
     delete: list[str]
     sync: list[str]
+    # Send and receive (issue 26; the `send` workload): a read-only
+    # snapshot, a full and an incremental stream of one into {out}, and a
+    # stream {stream} received under {dir}.
+    snapshot_ro: list[str]
+    send: list[str]
+    send_incremental: list[str]
+    receive: list[str]
 
 
 class Setup(ABC):
@@ -164,16 +171,17 @@ class Mounted(ABC):
         delta = {k: n - before.get(k, 0) for k, n in after.items()}
         return {k: n for k, n in delta.items() if n > 0}
 
-    def subvolume(self, command: str, **paths: str) -> float:
-        """Run the setup's subvolume command `command` ("create",
-        "snapshot", "delete" or "sync"; SubvolumeCommands) with the given
-        paths and return its wall time in seconds."""
+    def subvolume(self, command: str, out_path: Optional[str] = None, **paths: str) -> float:
+        """Run the setup's subvolume command `command` (a field of
+        SubvolumeCommands: "create", "snapshot", "send", …) with the given
+        paths and return its wall time in seconds; with `out_path`, its
+        output goes there."""
         if self.setup.subvolumes is None:
             raise CmdError("%s has no subvolumes" % self.name)
         template = getattr(self.setup.subvolumes, command)
         argv = self.setup.format_argv(self.ctx, template, mnt=self.mnt, **paths)
         t0 = time.perf_counter()
-        self.ctx.run(argv, timeout=1800)
+        self.ctx.run(argv, timeout=3600, out_path=out_path)
         return time.perf_counter() - t0
 
     def unmount_timed(self) -> float:

@@ -40,7 +40,11 @@ SUBVOLUMES = SubvolumeCommands(
     create=["{birch}", "subvolume", "create", "{path}"],
     snapshot=["{birch}", "subvolume", "snapshot", "{src}", "{dst}"],
     delete=["{birch}", "subvolume", "delete", "-c", "{path}"],
-    sync=["{birch}", "subvolume", "sync", "{mnt}"])
+    sync=["{birch}", "subvolume", "sync", "{mnt}"],
+    snapshot_ro=["{birch}", "subvolume", "snapshot", "-r", "{src}", "{dst}"],
+    send=["{birch}", "send", "-f", "{out}", "{snap}"],
+    send_incremental=["{birch}", "send", "-p", "{parent}", "-f", "{out}", "{snap}"],
+    receive=["{birch}", "receive", "-f", "{stream}", "{dir}"])
 
 
 class BirchSetup(FuseSetup):

@@ -8,11 +8,12 @@ from harness.workloads.dbench import Dbench
 from harness.workloads.dirlog import Dirlog
 from harness.workloads.embedded import Embedded
 from harness.workloads.fio import Fio
+from harness.workloads.send import Send
 from harness.workloads.snapshots import Snapshots
 from harness.workloads.untar import Untar
 
 WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (Dbench, Dirlog, Untar, Fio, Embedded, Snapshots,
-                                                              Ablation)}
+                                                              Send, Ablation)}
 # The default list (every workload but `ablation`).
 WORKLOAD_NAMES = [name for name in WORKLOADS if name != Ablation.name]
 

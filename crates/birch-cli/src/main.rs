@@ -21,6 +21,7 @@ mod mount_again;
 mod receive;
 mod replay;
 mod scrub;
+mod send;
 mod signature;
 mod stats;
 mod subvolume;
@@ -77,6 +78,9 @@ enum Command {
     /// Apply a btrfs send stream (version 1) to a mounted birch: create the subvolume it carries
     /// under DIR, read-only, with the stream's uuid as its received uuid (as btrfs receive)
     Receive(receive::ReceiveArgs),
+    /// Write the send stream (btrfs's format, version 1) of read-only snapshots: full, or
+    /// incremental against a parent snapshot with -p (as btrfs send)
+    Send(send::SendArgs),
     /// Get or set a subvolume's property: `ro` (read-only)
     #[command(subcommand)]
     Property(subvolume::PropertyCommand),
@@ -231,6 +235,7 @@ fn main() -> ExitCode {
         Command::Subvolume(command) => ("subvolume", subvolume::subvolume(&command)),
         Command::Property(command) => ("property", subvolume::property(&command)),
         Command::Receive(args) => ("receive", receive::receive(&args)),
+        Command::Send(args) => ("send", send::send(&args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

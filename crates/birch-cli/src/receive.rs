@@ -143,7 +143,7 @@ impl Receiver {
     fn abandon(&mut self) {
         self.open_write = None;
         if let Some(current) = self.current.take() {
-            let hidden = hidden_name(&current.name);
+            let hidden = hidden_name(&current.uuid);
             if let Err(e) = self.vol_ioctl(BTRFS_IOC_SNAP_DESTROY, &hidden) {
                 eprintln!(
                     "birch receive: could not delete the partly received {}: {e}",
@@ -179,10 +179,17 @@ impl Receiver {
     }
 
     /// Starts receiving subvolume `name` under its hidden name.
-    fn begin(&mut self, name: &StreamPath, uuid: [u8; 16], ctransid: u64) -> Result<(), String> {
+    /// A stream of several subvolumes (`send A B`) has one END, after
+    /// the last: a SUBVOL or SNAPSHOT publishes the subvolume before it,
+    /// as btrfs-progs does (its parent may be that one).
+    fn finish_previous(&mut self) -> Result<(), String> {
         if self.current.is_some() {
-            return Err("a subvolume begins before the last one's END".into());
+            self.finish()?;
         }
+        Ok(())
+    }
+
+    fn begin(&mut self, name: &StreamPath, uuid: [u8; 16], ctransid: u64) -> Result<(), String> {
         let final_path = self.dir.join(OsStr::from_bytes(name.as_bytes()));
         if std::fs::symlink_metadata(&final_path).is_ok() {
             return Err(format!(
@@ -190,7 +197,7 @@ impl Receiver {
                 final_path.display()
             ));
         }
-        let hidden = hidden_name(name.as_bytes());
+        let hidden = hidden_name(&uuid);
         let root = self.dir.join(OsStr::from_bytes(&hidden));
         if std::fs::symlink_metadata(&root).is_ok() {
             return Err(format!(
@@ -219,8 +226,9 @@ impl Receiver {
                 uuid,
                 ctransid,
             } => {
+                self.finish_previous()?;
                 self.begin(&path, uuid, ctransid)?;
-                let hidden = hidden_name(path.as_bytes());
+                let hidden = hidden_name(&uuid);
                 if let Err(e) = self.vol_ioctl(BTRFS_IOC_SUBVOL_CREATE, &hidden) {
                     self.current = None;
                     return Err(e);
@@ -234,9 +242,10 @@ impl Receiver {
                 clone_uuid,
                 clone_ctransid,
             } => {
+                self.finish_previous()?;
                 let source = self.find_subvolume(&clone_uuid, clone_ctransid)?;
                 self.begin(&path, uuid, ctransid)?;
-                let hidden = hidden_name(path.as_bytes());
+                let hidden = hidden_name(&uuid);
                 let mut args = SnapArgs::encode(source.0, false, &hidden)
                     .ok_or_else(|| "name too long".to_string())?;
                 if let Err(e) = ioctl(
@@ -250,7 +259,7 @@ impl Receiver {
                 }
                 writeln!(io::stdout(), "At snapshot {path}").map_err(|e| e.to_string())?;
             }
-            Command::Mkfile { path } => {
+            Command::Mkfile { path, .. } => {
                 OpenOptions::new()
                     .write(true)
                     .create_new(true)
@@ -258,24 +267,26 @@ impl Receiver {
                     .open(self.at(&path)?)
                     .map_err(|e| e.to_string())?;
             }
-            Command::Mkdir { path } => {
+            Command::Mkdir { path, .. } => {
                 std::fs::create_dir(self.at(&path)?).map_err(|e| e.to_string())?;
             }
-            Command::Mknod { path, mode, rdev } => {
+            Command::Mknod {
+                path, mode, rdev, ..
+            } => {
                 let mode = libc::mode_t::try_from(mode).map_err(|_| format!("mode {mode:#o}"))?;
                 // SAFETY: a NUL-terminated path.
                 check(unsafe { libc::mknod(cstring(&self.at(&path)?)?.as_ptr(), mode, rdev) })?;
             }
-            Command::Mkfifo { path } => {
+            Command::Mkfifo { path, .. } => {
                 // SAFETY: a NUL-terminated path.
                 check(unsafe { libc::mkfifo(cstring(&self.at(&path)?)?.as_ptr(), 0o600) })?;
             }
-            Command::Mksock { path } => {
+            Command::Mksock { path, .. } => {
                 let p = cstring(&self.at(&path)?)?;
                 // SAFETY: a NUL-terminated path.
                 check(unsafe { libc::mknod(p.as_ptr(), libc::S_IFSOCK | 0o600, 0) })?;
             }
-            Command::Symlink { path, target } => {
+            Command::Symlink { path, target, .. } => {
                 std::os::unix::fs::symlink(OsStr::from_bytes(&target), self.at(&path)?)
                     .map_err(|e| e.to_string())?;
             }
@@ -382,20 +393,37 @@ impl Receiver {
     }
 
     /// The subvolume id and root path of the subvolume received as (or,
-    /// failing that, sent with) `uuid`: btrfs-progs' search by received
-    /// uuid, then by uuid.
-    fn find_subvolume(&self, uuid: &[u8; 16], _ctransid: u64) -> Result<(u64, PathBuf), String> {
+    /// failing that, sent with) `uuid` at `ctransid`: btrfs-progs' search
+    /// by received uuid (matching its stransid), then by uuid (matching its
+    /// ctransid). A subvolume with that uuid whose transid differs has
+    /// changed since the stream's sender saw it (made writable and written,
+    /// or another one received under the same uuid): applying a stream on
+    /// top of it would build something the sender never had, so it is
+    /// refused by name.
+    fn find_subvolume(&self, uuid: &[u8; 16], ctransid: u64) -> Result<(u64, PathBuf), String> {
         let all = list_mounted(&self.dir).map_err(|f| f.message)?;
-        let found = all
-            .iter()
-            .find(|e| &e.received_uuid == uuid)
-            .or_else(|| all.iter().find(|e| &e.uuid == uuid))
-            .ok_or_else(|| {
-                format!(
+        let by_received = || all.iter().filter(|e| &e.received_uuid == uuid);
+        let by_uuid = || all.iter().filter(|e| &e.uuid == uuid);
+        let found = by_received()
+            .find(|e| e.stransid == ctransid)
+            .or_else(|| by_uuid().find(|e| e.ctransid == ctransid));
+        let Some(found) = found else {
+            let changed = by_received()
+                .map(|e| (e, e.stransid))
+                .chain(by_uuid().map(|e| (e, e.ctransid)))
+                .next();
+            return Err(match changed {
+                Some((e, transid)) => format!(
+                    "parent subvolume {} is {} at transid {transid}, the stream needs transid {ctransid}: it changed since it was sent",
+                    String::from_utf8_lossy(&e.path),
+                    crate::subvolume::uuid(uuid)
+                ),
+                None => format!(
                     "cannot find the parent subvolume: no subvolume of this mount was received as (or is) {}",
                     crate::subvolume::uuid(uuid)
-                )
-            })?;
+                ),
+            });
+        };
         Ok((
             found.id,
             self.mount_top.join(OsStr::from_bytes(&found.path)),
@@ -508,8 +536,14 @@ impl Receiver {
     }
 }
 
-fn hidden_name(name: &[u8]) -> Vec<u8> {
+/// `.birch-receive.UUID` (32 hex digits of the stream's uuid): named by
+/// the stream, not by NAME, so that any NAME up to 255 bytes can be
+/// received and a retry of the same stream finds what a killed receive
+/// left.
+fn hidden_name(uuid: &[u8; 16]) -> Vec<u8> {
     let mut hidden = HIDDEN_PREFIX.as_bytes().to_vec();
-    hidden.extend_from_slice(name);
+    for b in uuid {
+        hidden.extend_from_slice(format!("{b:02x}").as_bytes());
+    }
     hidden
 }

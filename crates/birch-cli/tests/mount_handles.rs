@@ -6,7 +6,8 @@
 //! "." and, for a directory, ".." to reconnect it), which works only with
 //! FUSE_EXPORT_SUPPORT (docs/FUSE.md, "File handles and NFS export").
 //! A deleted file's handle is stale (ESTALE), also when its inode number
-//! comes back in a later mount.
+//! comes back in a later mount, and so is a handle into a deleted
+//! subvolume.
 //!
 //! Needs root (open_by_handle_at needs CAP_DAC_READ_SEARCH, drop_caches
 //! root) and /dev/fuse; skips otherwise, fails with BIRCH_REQUIRE_MOUNT=1.
@@ -223,6 +224,35 @@ fn deleted_file_handle_is_stale() {
         open_by_handle(&fx.mnt, &dir, libc::O_RDONLY | libc::O_DIRECTORY).err(),
         Some(libc::ESTALE)
     );
+}
+
+/// A handle of a file in a subvolume that was deleted is stale, also
+/// while another file of it is still open (which keeps the subvolume's
+/// tree loaded for that file: docs/SNAPSHOTS.md (d) step 3), as on btrfs.
+/// (The open file's own handle, and its directory's, the kernel resolves
+/// from its inode cache without asking birch: they still open, which
+/// btrfs refuses. docs/SNAPSHOTS.md (d), "File handles".)
+#[test]
+fn handle_into_a_deleted_subvolume_is_stale() {
+    if skip_unless_root() {
+        return;
+    }
+    let fx = Fixture::mounted("handle-deleted-subvolume");
+    let sv = fx.path("sv");
+    let out = common::birch(&["subvolume", "create", sv.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    fs::write(sv.join("held"), b"kept open").unwrap();
+    fs::write(sv.join("other"), b"not open").unwrap();
+    let other = handle_of(&sv.join("other"));
+    let held = File::open(sv.join("held")).unwrap();
+    drop_caches();
+    let out = common::birch(&["subvolume", "delete", sv.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    assert_eq!(
+        open_by_handle(&fx.mnt, &other, libc::O_RDONLY).err(),
+        Some(libc::ESTALE)
+    );
+    assert_eq!(read_all(&held), b"kept open");
 }
 
 /// Waits until the mount's own nameless file (made once per mount, at a

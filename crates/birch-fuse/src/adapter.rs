@@ -14,13 +14,14 @@ use crate::listing::{self, Listed};
 use crate::remount::RemountWatch;
 use crate::requests::RequestCounts;
 use crate::scrub::BIRCH_IOC_SCRUB;
+use crate::send::{self, BIRCH_IOC_SEND};
 use crate::stats::{self, ImageInfo, StatsReport};
 use crate::subvol;
 use birch::device::BlockDevice;
 use birch::format::{tree_id, MAX_SUBVOL_INO, ROOT_DIR_INO, SECTOR_SIZE};
 use birch::fs::{
     inode_flags, AtimeUpdates, Attr, FallocateMode, Filesystem, InoSpace, RenameFlags, SeekWhence,
-    SetAttr, SetTime, WhiteoutOwner, XattrSetMode,
+    SendOptions, SetAttr, SetTime, WhiteoutOwner, XattrSetMode,
 };
 use fuser::{
     AccessFlags, Config, CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo,
@@ -412,6 +413,7 @@ fn ioctl_access(cmd: u32) -> IoctlAccess {
     match cmd {
         XFS_IOC_GOINGDOWN
         | BIRCH_IOC_SCRUB
+        | BIRCH_IOC_SEND
         | subvol::BTRFS_IOC_DEFAULT_SUBVOL
         | subvol::BTRFS_IOC_SET_RECEIVED_SUBVOL => IoctlAccess::Administrator,
         FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR => IoctlAccess::CheckedByKernel,
@@ -881,6 +883,58 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
             Ok(_) => self.fs.removexattr(ino, CAPABILITY_XATTR),
             Err(birch::Error::NoData) => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+
+    /// `BIRCH_IOC_SEND` on the root directory `ino` of a subvolume: its
+    /// send stream (full, or against the parent the argument names) into
+    /// the caller's pipe. The stream is written on a thread of its own, not
+    /// a request thread: a send runs as long as the subvolume is large,
+    /// and the caller may be storing the stream in this same mount, whose
+    /// writes need request threads (with `threads=1` that would deadlock).
+    fn send_stream(&self, req: &Request, ino: u64, in_data: &[u8], reply: ReplyIoctl) {
+        let (tree, dir) = InoSpace::split(ino);
+        if dir != ROOT_DIR_INO {
+            return reply.error(Errno::EINVAL);
+        }
+        let args = match send::SendArgs::decode(in_data) {
+            Ok(args) => args,
+            Err(code) => return reply.error(Errno::from_i32(code)),
+        };
+        let parent = match args.parent {
+            0 => None,
+            id if id == tree_id::FS || tree_id::is_subvolume(id) => Some(id),
+            _ => return reply.error(Errno::ENOENT),
+        };
+        let pipe = match send::open_caller_pipe(req.pid(), args.send_fd) {
+            Ok(pipe) => pipe,
+            Err(code) => return reply.error(Errno::from_i32(code)),
+        };
+        let options = SendOptions {
+            parent,
+            omit_header: args.flags & send::BTRFS_SEND_FLAG_OMIT_STREAM_HEADER != 0,
+            omit_end: args.flags & send::BTRFS_SEND_FLAG_OMIT_END_CMD != 0,
+        };
+        let fs = self.fs.clone();
+        let spawned = std::thread::Builder::new()
+            .name("birch-send".into())
+            .spawn(move || {
+                let mut out = std::io::BufWriter::with_capacity(1 << 18, pipe);
+                let sent = fs
+                    .send(tree, &options, &mut out, &mut |_| {})
+                    .and_then(|stats| Ok(std::io::Write::flush(&mut out).map(|()| stats)?));
+                match sent {
+                    Ok(stats) => reply.ioctl(0, &send::encode_totals(&stats)),
+                    // The reader went away (EPIPE) or another write error:
+                    // the caller sees that errno, not a generic EIO.
+                    Err(birch::Error::Io(e)) if e.raw_os_error().is_some() => {
+                        reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))
+                    }
+                    Err(e) => reply.error(Errno::from_i32(e.errno())),
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("birch: cannot start a send thread: {e}");
         }
     }
 
@@ -1935,6 +1989,9 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             self.follow_remount();
         }
         let ino = self.ids.to_engine(ino.0);
+        if cmd == BIRCH_IOC_SEND {
+            return self.send_stream(req, ino, in_data, reply);
+        }
         if let Some(result) = self.subvolume_ioctl(req, ino, cmd, in_data, out_size) {
             return match result {
                 Ok(bytes) => reply.ioctl(0, &bytes),

@@ -12,6 +12,7 @@ mod memory;
 mod remount;
 mod requests;
 pub mod scrub;
+pub mod send;
 pub mod stats;
 pub mod subvol;
 mod transport;

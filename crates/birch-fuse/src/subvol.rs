@@ -11,11 +11,11 @@ use birch::format::{tree_id, Timespec, ROOT_DIR_INO};
 use birch::fs::{Filesystem, InoSpace, SubvolInfo};
 use std::collections::HashMap;
 
-const fn ioc(dir: u32, kind: u8, nr: u8, size: usize) -> u32 {
+pub(crate) const fn ioc(dir: u32, kind: u8, nr: u8, size: usize) -> u32 {
     dir << 30 | (size as u32) << 16 | (kind as u32) << 8 | nr as u32
 }
-const IOC_WRITE: u32 = 1;
-const IOC_READ: u32 = 2;
+pub(crate) const IOC_WRITE: u32 = 1;
+pub(crate) const IOC_READ: u32 = 2;
 const BTRFS_IOCTL_MAGIC: u8 = 0x94;
 
 /// `struct btrfs_ioctl_vol_args`: `__s64 fd; char name[4088]` (the name
@@ -155,6 +155,9 @@ pub struct SubvolEntry {
     pub readonly: bool,
     pub ctransid: u64,
     pub otransid: u64,
+    /// Received: the sender's ctransid (which an incremental stream names
+    /// its parent by, with the received uuid); else 0.
+    pub stransid: u64,
     pub uuid: [u8; 16],
     pub parent_uuid: [u8; 16],
     pub received_uuid: [u8; 16],
@@ -164,9 +167,9 @@ pub struct SubvolEntry {
     pub path: Vec<u8>,
 }
 
-/// The fixed part of an encoded [`SubvolEntry`]: seven u64s, three
+/// The fixed part of an encoded [`SubvolEntry`]: eight u64s, three
 /// uuids, two times (i64 + u32), the path's length (u16).
-const ENTRY_FIXED: usize = 7 * 8 + 3 * 16 + 2 * 12 + 2;
+const ENTRY_FIXED: usize = 8 * 8 + 3 * 16 + 2 * 12 + 2;
 
 impl SubvolEntry {
     /// Little-endian, in field order, the path last after its u16 length.
@@ -180,6 +183,7 @@ impl SubvolEntry {
             u64::from(self.readonly),
             self.ctransid,
             self.otransid,
+            self.stransid,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -249,11 +253,12 @@ impl SubvolEntry {
                 readonly: u64_at(32)? != 0,
                 ctransid: u64_at(40)?,
                 otransid: u64_at(48)?,
-                uuid: uuid_at(56)?,
-                parent_uuid: uuid_at(72)?,
-                received_uuid: uuid_at(88)?,
-                ctime: time_at(104)?,
-                otime: time_at(116)?,
+                stransid: u64_at(56)?,
+                uuid: uuid_at(64)?,
+                parent_uuid: uuid_at(80)?,
+                received_uuid: uuid_at(96)?,
+                ctime: time_at(112)?,
+                otime: time_at(124)?,
                 path: b.get(ENTRY_FIXED..end)?.to_vec(),
             },
             end,
@@ -279,6 +284,7 @@ pub fn list<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> birch::Result<Vec<S
             readonly: info.readonly,
             ctransid: item.ctransid,
             otransid: item.otransid,
+            stransid: item.stransid,
             uuid: item.uuid,
             parent_uuid: item.parent_uuid,
             received_uuid: item.received_uuid,
@@ -504,6 +510,7 @@ mod tests {
             readonly: true,
             ctransid: 8,
             otransid: 7,
+            stransid: 6,
             uuid: [1; 16],
             parent_uuid: [2; 16],
             received_uuid: [0; 16],

@@ -105,17 +105,31 @@ fn random_command(rng: &mut ChaCha8Rng) -> Command {
             clone_uuid: rng.gen(),
             clone_ctransid: rng.gen(),
         },
-        cmd::MKFILE => Command::Mkfile { path: p },
-        cmd::MKDIR => Command::Mkdir { path: p },
+        cmd::MKFILE => Command::Mkfile {
+            path: p,
+            ino: rng.gen(),
+        },
+        cmd::MKDIR => Command::Mkdir {
+            path: p,
+            ino: rng.gen(),
+        },
         cmd::MKNOD => Command::Mknod {
             path: p,
+            ino: rng.gen(),
             mode: rng.gen(),
             rdev: rng.gen(),
         },
-        cmd::MKFIFO => Command::Mkfifo { path: p },
-        cmd::MKSOCK => Command::Mksock { path: p },
+        cmd::MKFIFO => Command::Mkfifo {
+            path: p,
+            ino: rng.gen(),
+        },
+        cmd::MKSOCK => Command::Mksock {
+            path: p,
+            ino: rng.gen(),
+        },
         cmd::SYMLINK => Command::Symlink {
             path: p,
+            ino: rng.gen(),
             target: {
                 let mut t = random_bytes(rng, 200);
                 t.retain(|&b| b != 0);

@@ -211,8 +211,10 @@ impl fmt::Display for StreamPath {
 }
 
 /// One command of a stream, with the attributes btrfs-progs' receive
-/// reads for it (others a kernel stream carries, such as MKFILE's INO,
-/// are accepted and not kept).
+/// requires of it (`common/send-stream.c`; so the INO of the six
+/// commands that create an inode, which receive itself does not use:
+/// btrfs-progs refuses a creation without it). Attributes it does not
+/// read are accepted and not kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// A full stream: a new subvolume named `path`.
@@ -232,24 +234,30 @@ pub enum Command {
     },
     Mkfile {
         path: StreamPath,
+        ino: u64,
     },
     Mkdir {
         path: StreamPath,
+        ino: u64,
     },
     Mknod {
         path: StreamPath,
+        ino: u64,
         mode: u64,
         rdev: u64,
     },
     Mkfifo {
         path: StreamPath,
+        ino: u64,
     },
     Mksock {
         path: StreamPath,
+        ino: u64,
     },
     /// `target` is the link's content: any bytes but NUL.
     Symlink {
         path: StreamPath,
+        ino: u64,
         target: Vec<u8>,
     },
     Rename {
@@ -357,6 +365,9 @@ impl Command {
     }
 
     /// The attributes in the order `btrfs send` writes them.
+    ///
+    /// Long because it is one table: an arm per command, listing its
+    /// attributes.
     fn attributes(&self) -> Vec<(u16, Value<'_>)> {
         use Value::{Bytes, Time, U64};
         fn p(path: &StreamPath) -> (u16, Value<'_>) {
@@ -385,16 +396,27 @@ impl Command {
                 (attr::CLONE_UUID, Bytes(clone_uuid)),
                 (attr::CLONE_CTRANSID, U64(*clone_ctransid)),
             ],
-            Command::Mkfile { path }
-            | Command::Mkdir { path }
-            | Command::Mkfifo { path }
-            | Command::Mksock { path }
-            | Command::Unlink { path }
-            | Command::Rmdir { path } => vec![p(path)],
-            Command::Mknod { path, mode, rdev } => {
-                vec![p(path), (attr::MODE, U64(*mode)), (attr::RDEV, U64(*rdev))]
-            }
-            Command::Symlink { path, target } => vec![p(path), (attr::PATH_LINK, Bytes(target))],
+            Command::Mkfile { path, ino }
+            | Command::Mkdir { path, ino }
+            | Command::Mkfifo { path, ino }
+            | Command::Mksock { path, ino } => vec![p(path), (attr::INO, U64(*ino))],
+            Command::Unlink { path } | Command::Rmdir { path } => vec![p(path)],
+            Command::Mknod {
+                path,
+                ino,
+                mode,
+                rdev,
+            } => vec![
+                p(path),
+                (attr::INO, U64(*ino)),
+                (attr::MODE, U64(*mode)),
+                (attr::RDEV, U64(*rdev)),
+            ],
+            Command::Symlink { path, ino, target } => vec![
+                p(path),
+                (attr::INO, U64(*ino)),
+                (attr::PATH_LINK, Bytes(target)),
+            ],
             Command::Rename { from, to } => vec![p(from), (attr::PATH_TO, Bytes(to.as_bytes()))],
             Command::Link { path, existing } => {
                 vec![p(path), (attr::PATH_LINK, Bytes(existing.as_bytes()))]
@@ -816,23 +838,29 @@ impl<'a> Attrs<'a> {
             },
             cmd::MKFILE => Command::Mkfile {
                 path: self.path(PATH)?,
+                ino: self.u64(INO)?,
             },
             cmd::MKDIR => Command::Mkdir {
                 path: self.path(PATH)?,
+                ino: self.u64(INO)?,
             },
             cmd::MKNOD => Command::Mknod {
                 path: self.path(PATH)?,
+                ino: self.u64(INO)?,
                 mode: self.u64(MODE)?,
                 rdev: self.u64(RDEV)?,
             },
             cmd::MKFIFO => Command::Mkfifo {
                 path: self.path(PATH)?,
+                ino: self.u64(INO)?,
             },
             cmd::MKSOCK => Command::Mksock {
                 path: self.path(PATH)?,
+                ino: self.u64(INO)?,
             },
             cmd::SYMLINK => Command::Symlink {
                 path: self.path(PATH)?,
+                ino: self.u64(INO)?,
                 target: self.name(PATH_LINK, MAX_PATH_LEN)?,
             },
             cmd::RENAME => Command::Rename {
@@ -994,6 +1022,7 @@ mod tests {
             },
             Command::Mkfile {
                 path: path("o257-7-0"),
+                ino: 257,
             },
             Command::Rename {
                 from: path("o257-7-0"),
@@ -1001,6 +1030,7 @@ mod tests {
             },
             Command::Symlink {
                 path: path("l"),
+                ino: 258,
                 target: b"../../etc".to_vec(),
             },
             Command::Write {
@@ -1053,11 +1083,20 @@ mod tests {
     #[test]
     fn errors_name_command_offset_and_fault() {
         let good = stream(&[
-            Command::Mkdir { path: path("d") },
+            Command::Mkdir {
+                path: path("d"),
+                ino: 259,
+            },
             Command::Unlink { path: path("d/x") },
         ]);
-        let second =
-            STREAM_HEADER_SIZE + Command::Mkdir { path: path("d") }.encode().unwrap().len();
+        let second = STREAM_HEADER_SIZE
+            + Command::Mkdir {
+                path: path("d"),
+                ino: 259,
+            }
+            .encode()
+            .unwrap()
+            .len();
         // Truncated inside the second command.
         let e = read_all(&good[..good.len() - 1]).unwrap_err();
         assert_eq!((e.offset, e.command.as_str()), (second as u64, "UNLINK"));
@@ -1099,12 +1138,21 @@ mod tests {
 
     #[test]
     fn a_second_stream_may_follow_end() {
-        let one = stream(&[Command::Mkdir { path: path("d") }, Command::End]);
+        let one = stream(&[
+            Command::Mkdir {
+                path: path("d"),
+                ino: 259,
+            },
+            Command::End,
+        ]);
         let mut two = one.clone();
         two.extend_from_slice(&one);
         assert_eq!(read_all(&two).unwrap().len(), 4);
         // But not in the middle of one.
-        let mut bad = stream(&[Command::Mkdir { path: path("d") }]);
+        let mut bad = stream(&[Command::Mkdir {
+            path: path("d"),
+            ino: 259,
+        }]);
         bad.extend_from_slice(&one);
         assert!(read_all(&bad).is_err());
     }

@@ -662,19 +662,10 @@ impl<D: BlockDevice> FsState<D> {
             Some(id) => {
                 let (tree, item) = self.read_only_root(id)?;
                 on_disk &= tree.generation <= durable;
-                let received = item.received_uuid != [0; 16];
                 Some(ParentRoot {
                     tree,
-                    clone_uuid: if received {
-                        item.received_uuid
-                    } else {
-                        item.uuid
-                    },
-                    clone_ctransid: if received {
-                        item.stransid
-                    } else {
-                        item.ctransid
-                    },
+                    clone_uuid: stream_uuid(&item),
+                    clone_ctransid: item.ctransid,
                 })
             }
         };
@@ -682,7 +673,7 @@ impl<D: BlockDevice> FsState<D> {
             SendRoots {
                 tree,
                 name,
-                uuid: item.uuid,
+                uuid: stream_uuid(&item),
                 ctransid: item.ctransid,
                 parent,
             },
@@ -1088,6 +1079,19 @@ fn entry_ext(subvol: u64, entry: &DirEntry) -> u64 {
         InoSpace::join(entry.ino, ROOT_DIR_INO)
     } else {
         InoSpace::join(subvol, entry.ino)
+    }
+}
+
+/// The uuid a stream names a subvolume by: the one it was received as, if
+/// it was received (so that a copy sent on names what its receivers
+/// know), else its own; with its own ctransid either way (the kernel's
+/// `send_subvol_begin`). A receiver's copy records that ctransid as its
+/// stransid, which is what an incremental stream's parent is matched by.
+fn stream_uuid(item: &SubvolRootItem) -> [u8; 16] {
+    if item.received_uuid != [0; 16] {
+        item.received_uuid
+    } else {
+        item.uuid
     }
 }
 

@@ -117,27 +117,29 @@ impl<'a, D: BlockDevice + 'static> Applier<'a, D> {
                 let id = fs.create_snapshot(source, ROOT_DIR_INO, path.as_bytes(), false)?;
                 self.current = Some((id, uuid, ctransid));
             }
-            Command::Mkfile { path } => {
+            Command::Mkfile { path, .. } => {
                 let (dir, name) = self.parent_of(&path);
                 fs.create(dir, &name, 0o600, 0, 0)?;
             }
-            Command::Mkdir { path } => {
+            Command::Mkdir { path, .. } => {
                 let (dir, name) = self.parent_of(&path);
                 fs.mkdir(dir, &name, 0o700, 0, 0)?;
             }
-            Command::Mknod { path, mode, rdev } => {
+            Command::Mknod {
+                path, mode, rdev, ..
+            } => {
                 let (dir, name) = self.parent_of(&path);
                 fs.mknod(dir, &name, mode as u32, 0, 0, rdev)?;
             }
-            Command::Mkfifo { path } => {
+            Command::Mkfifo { path, .. } => {
                 let (dir, name) = self.parent_of(&path);
                 fs.mknod(dir, &name, libc::S_IFIFO | 0o600, 0, 0, 0)?;
             }
-            Command::Mksock { path } => {
+            Command::Mksock { path, .. } => {
                 let (dir, name) = self.parent_of(&path);
                 fs.mknod(dir, &name, libc::S_IFSOCK | 0o600, 0, 0, 0)?;
             }
-            Command::Symlink { path, target } => {
+            Command::Symlink { path, target, .. } => {
                 let (dir, name) = self.parent_of(&path);
                 fs.symlink(dir, &name, &target, 0, 0)?;
             }

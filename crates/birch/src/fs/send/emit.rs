@@ -314,18 +314,23 @@ impl<'a, 'o> Sender<'a, 'o> {
             return Ok(());
         };
         let path = self.child_path(ent, parent, &name)?;
+        // The inode's number in the sent tree, as the kernel sends it
+        // (btrfs-progs requires it; no receiver uses it).
+        let ino = ent.ino;
         let command = match state.file_type() {
-            FileType::Regular => Command::Mkfile { path },
-            FileType::Directory => Command::Mkdir { path },
+            FileType::Regular => Command::Mkfile { path, ino },
+            FileType::Directory => Command::Mkdir { path, ino },
             FileType::CharDevice | FileType::BlockDevice => Command::Mknod {
                 path,
+                ino,
                 mode: u64::from(state.item.mode),
                 rdev: state.item.rdev,
             },
-            FileType::Fifo => Command::Mkfifo { path },
-            FileType::Socket => Command::Mksock { path },
+            FileType::Fifo => Command::Mkfifo { path, ino },
+            FileType::Socket => Command::Mksock { path, ino },
             FileType::Symlink => Command::Symlink {
                 path,
+                ino,
                 target: self.symlink_target(ent.ino)?,
             },
         };
