@@ -402,6 +402,37 @@ fn compressed_fsync_crash() {
     assert!(replayed.into_inner() > 0, "no crash state replayed the log");
 }
 
+/// Crash case `first_compressed_extent_in_a_log_sync_crash`: the first
+/// compressed extent of the image is published by an fsync, so the log
+/// sync's superblock is the first to carry INCOMPAT_COMPRESSION; a crash
+/// between its two copies leaves one copy with the flag and the new log,
+/// the other with neither, at one generation (the crash explorer found
+/// `birch check` calling that `superblock-copies-differ`).
+#[test]
+fn first_compressed_extent_in_a_log_sync_crash() {
+    let rec = recorder();
+    let fs = mount_with(rec.clone(), "zstd");
+    let ino = create(&fs, "f", b"");
+    fs.sync().unwrap();
+    let from = rec.flush_count();
+    let data = text(16, 200 << 10);
+    fs.write_file(ino, 0, &data).unwrap();
+    fs.fsync(ino, false).unwrap();
+    let fsynced = rec.flush_count();
+    assert!(fs.stats().compressed_bytes_in > 0);
+    std::mem::forget(fs);
+    assert!(read_superblock(rec.as_ref()).unwrap().compression);
+    let states =
+        for_every_crash_mount_after(&rec, from, &Enumeration::thorough(24), |point, _, v| {
+            if point.flushes_completed >= fsynced {
+                content_is(v, "/f", &[&data])
+            } else {
+                content_is(v, "/f", &[b"", &data])
+            }
+        });
+    assert!(states > 4);
+}
+
 /// Crash case `compressed_truncate_and_punch_fsync_crash`: a truncate
 /// into a compressed extent and a punch inside one, fsynced: the log
 /// holds the pieces, each a range of the same compressed extent.
