@@ -9,11 +9,12 @@
 //! birch stats [--json] MOUNTPOINT
 //! birch subvolume create [-p] PATH | list [-pcuqRsr] MOUNTPOINT|IMAGE | show PATH
 //! birch subvolume get-default MOUNTPOINT | set-default ID MOUNTPOINT
-//! birch property get PATH [ro] | set PATH ro true|false
+//! birch property get PATH [ro|compression] | set PATH ro true|false | set PATH compression zstd|lz4|none|""
 //! ```
 //! Every failure is one line on stderr naming the image and what is wrong;
 //! bad arguments get clap's usage error (exit 2).
 
+mod compression_property;
 mod holders;
 mod loopdev;
 mod mount;
@@ -77,7 +78,7 @@ enum Command {
     /// Apply a btrfs send stream (version 1) to a mounted birch: create the subvolume it carries
     /// under DIR, read-only, with the stream's uuid as its received uuid (as btrfs receive)
     Receive(receive::ReceiveArgs),
-    /// Get or set a subvolume's property: `ro` (read-only)
+    /// Get or set a property: `ro` (read-only) of a subvolume, `compression` of a file or directory
     #[command(subcommand)]
     Property(subvolume::PropertyCommand),
 }
