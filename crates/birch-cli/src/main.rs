@@ -9,11 +9,12 @@
 //! birch stats [--json] MOUNTPOINT
 //! birch subvolume create [-p] PATH | list [-pcuqRsr] MOUNTPOINT|IMAGE | show PATH
 //! birch subvolume get-default MOUNTPOINT | set-default ID MOUNTPOINT
-//! birch property get PATH [ro] | set PATH ro true|false
+//! birch property get PATH [ro|compression] | set PATH ro true|false | set PATH compression zstd|lz4|none|""
 //! ```
 //! Every failure is one line on stderr naming the image and what is wrong;
 //! bad arguments get clap's usage error (exit 2).
 
+mod compression_property;
 mod holders;
 mod loopdev;
 mod mount;
@@ -81,7 +82,7 @@ enum Command {
     /// Write the send stream (btrfs's format, version 1) of read-only snapshots: full, or
     /// incremental against a parent snapshot with -p (as btrfs send)
     Send(send::SendArgs),
-    /// Get or set a subvolume's property: `ro` (read-only)
+    /// Get or set a property: `ro` (read-only) of a subvolume, `compression` of a file or directory
     #[command(subcommand)]
     Property(subvolume::PropertyCommand),
 }

@@ -1,4 +1,5 @@
-//! `birch subvolume ...` and `birch property ...` (docs/SNAPSHOTS.md (g)):
+//! `birch subvolume ...` and `birch property ...` (docs/SNAPSHOTS.md (g);
+//! the compression property: compression_property.rs):
 //! btrfs-progs' commands, output and messages. On a mount every command is
 //! an ioctl to the daemon (birch_fuse::subvol has the numbers); `list`
 //! also reads an unmounted image through the library.
@@ -6,7 +7,7 @@
 //! A new subcommand is a variant of [`SubvolumeCommand`], its arm in
 //! [`subvolume`], and a function sending its ioctl through [`ioctl`].
 
-use crate::{mount, output, show, Failure};
+use crate::{compression_property, mount, output, show, Failure};
 use birch::device::FileDevice;
 use birch::format::Timespec;
 use birch::fs::{Filesystem, MountOptions};
@@ -130,14 +131,16 @@ pub struct ListArgs {
 
 #[derive(Subcommand)]
 pub enum PropertyCommand {
-    /// Print a property of the subvolume at PATH (all of them without NAME)
+    /// Print a property of PATH: `ro` of a subvolume, `compression` of a
+    /// file or directory (all of them without NAME)
     Get {
         #[arg(value_name = "PATH")]
         path: PathBuf,
         #[arg(value_name = "NAME")]
         name: Option<String>,
     },
-    /// Set a property of the subvolume at PATH: `ro true|false`
+    /// Set a property of PATH: `ro true|false` of a subvolume,
+    /// `compression zstd|lz4|none|no|""` of a file or directory
     Set {
         /// Make a received subvolume writable, clearing its received uuid
         /// (incremental receives can no longer use it as a parent)
@@ -197,11 +200,22 @@ pub fn subvolume(command: &SubvolumeCommand) -> Result<u8, Failure> {
 pub fn property(command: &PropertyCommand) -> Result<u8, Failure> {
     match command {
         PropertyCommand::Get { path, name } => {
-            if let Some(name) = name {
-                known_property(name)?;
+            match name.as_deref() {
+                Some("compression") => compression_property::get(path)?,
+                Some(name) => {
+                    known_property(name)?;
+                    let readonly = readonly_flag(path)?;
+                    writeln!(io::stdout(), "ro={readonly}").map_err(output)?;
+                }
+                // Every property PATH has, as btrfs-progs: `ro` only for
+                // a subvolume's root directory.
+                None => {
+                    if let Ok(readonly) = readonly_flag(path) {
+                        writeln!(io::stdout(), "ro={readonly}").map_err(output)?;
+                    }
+                    compression_property::get(path)?;
+                }
             }
-            let readonly = readonly_flag(path)?;
-            writeln!(io::stdout(), "ro={readonly}").map_err(output)?;
             Ok(0)
         }
         PropertyCommand::Set {
@@ -211,6 +225,10 @@ pub fn property(command: &PropertyCommand) -> Result<u8, Failure> {
             value,
         } => {
             known_property(name)?;
+            if name == "compression" {
+                compression_property::set(path, value)?;
+                return Ok(0);
+            }
             let readonly = match value.as_str() {
                 "true" => true,
                 "false" => false,
@@ -263,11 +281,11 @@ fn is_received(dir: &File, path: &Path) -> Result<bool, Failure> {
 }
 
 fn known_property(name: &str) -> Result<(), Failure> {
-    if name == "ro" {
+    if name == "ro" || name == "compression" {
         Ok(())
     } else {
         Err(Failure::new(format!(
-            "unknown property: {name} (a birch subvolume has only ro)"
+            "unknown property: {name} (birch has ro and compression)"
         )))
     }
 }

@@ -151,3 +151,145 @@ fn compress_zstd_shrinks_text_keeps_noise_and_reads_back_after_remount() {
         text(&out.stdout)
     );
 }
+
+fn property(args: &[&str]) -> std::process::Output {
+    let mut all = vec!["property"];
+    all.extend_from_slice(args);
+    birch(&all)
+}
+
+/// `birch property get PATH compression`'s output (empty without one).
+fn compression_of(path: &std::path::Path) -> String {
+    let out = property(&["get", path.to_str().unwrap(), "compression"]);
+    assert!(out.status.success(), "property get: {}", text(&out.stderr));
+    text(&out.stdout).trim().to_string()
+}
+
+/// The flags lsattr shows (`--------c--...`).
+fn lsattr_flags(path: &std::path::Path) -> String {
+    let out = common::run_ok(std::process::Command::new("lsattr").arg("-d").arg(path));
+    text(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// The compression property (docs/COMPRESSION.md, "The property") on a
+/// `compress=zstd` mount: `property set` of lz4 on a directory (its `c`
+/// flag set, inherited by a new file with the property, whose extents are
+/// then lz4: the property beats the mount option); `none` on another
+/// (`m`, inherited as the flag, its file stored uncompressed although the
+/// mount says zstd); btrfs's `zlib` refused with a message naming what
+/// birch takes; the xattr path (`setfattr -n btrfs.compression`, read
+/// back by `property get` and `getfattr`); `""` removing it; and all of
+/// it still there after a remount.
+#[test]
+fn compression_property_get_set_inherit_none_and_the_xattr() {
+    if skip_unless_root() {
+        return;
+    }
+    let _serial = exclusive();
+    let mut fx = Fixture::new("compress-prop", "256M");
+    fx.options = vec!["compress=zstd".into()];
+    fx.mount();
+    let data = compressible(2 * MIB);
+
+    fs::create_dir(fx.path("fast")).unwrap();
+    let out = property(&[
+        "set",
+        fx.path("fast").to_str().unwrap(),
+        "compression",
+        "lz4",
+    ]);
+    assert!(out.status.success(), "property set: {}", text(&out.stderr));
+    assert_eq!(compression_of(&fx.path("fast")), "compression=lz4");
+    assert!(lsattr_flags(&fx.path("fast")).contains('c'));
+    fs::write(fx.path("fast/f"), &data).unwrap();
+    assert_eq!(compression_of(&fx.path("fast/f")), "compression=lz4");
+
+    fs::create_dir(fx.path("never")).unwrap();
+    let out = property(&[
+        "set",
+        fx.path("never").to_str().unwrap(),
+        "compression",
+        "none",
+    ]);
+    assert!(
+        out.status.success(),
+        "property set none: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(compression_of(&fx.path("never")), "compression=none");
+    let flags = lsattr_flags(&fx.path("never"));
+    assert!(
+        flags.contains('m') && !flags.contains('c'),
+        "lsattr: {flags}"
+    );
+    fs::write(fx.path("never/g"), &data).unwrap();
+    // `none` passes on as the flag, not as a property (btrfs's rule).
+    assert_eq!(compression_of(&fx.path("never/g")), "");
+    assert!(lsattr_flags(&fx.path("never/g")).contains('m'));
+
+    let out = property(&[
+        "set",
+        fx.path("fast").to_str().unwrap(),
+        "compression",
+        "zlib",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("failed to set compression for")
+            && err.contains("Invalid argument")
+            && err.contains("zstd, lz4"),
+        "{err}"
+    );
+    assert_eq!(compression_of(&fx.path("fast")), "compression=lz4");
+
+    // The xattr path, as on btrfs.
+    fs::write(fx.path("x"), b"x").unwrap();
+    common::run_ok(
+        std::process::Command::new("setfattr")
+            .args(["-n", "btrfs.compression", "-v", "zstd"])
+            .arg(fx.path("x")),
+    );
+    assert_eq!(compression_of(&fx.path("x")), "compression=zstd");
+    let got = common::run_ok(
+        std::process::Command::new("getfattr")
+            .args(["--only-values", "-n", "btrfs.compression"])
+            .arg(fx.path("x")),
+    );
+    assert_eq!(text(&got.stdout), "zstd");
+    let out = property(&["set", fx.path("x").to_str().unwrap(), "compression", ""]);
+    assert!(
+        out.status.success(),
+        "property set \"\": {}",
+        text(&out.stderr)
+    );
+    assert_eq!(compression_of(&fx.path("x")), "");
+    assert!(!lsattr_flags(&fx.path("x")).contains('c'));
+
+    let out = birch(&["sync", fx.mnt.to_str().unwrap()]);
+    assert!(out.status.success(), "birch sync: {}", text(&out.stderr));
+    let never_blocks = fs::metadata(fx.path("never/g")).unwrap().blocks();
+    assert!(
+        never_blocks * 512 >= data.len() as u64,
+        "never/g was compressed: {never_blocks} blocks of 512"
+    );
+    fx.unmount();
+
+    let dump = birch(&["dump", fx.image_str(), "tree", "fs"]);
+    let dumped = text(&dump.stdout);
+    assert!(dumped.contains("extent compressed lz4"), "no lz4 extent");
+
+    fx.mount();
+    assert_eq!(compression_of(&fx.path("fast/f")), "compression=lz4");
+    assert_eq!(compression_of(&fx.path("never")), "compression=none");
+    assert!(lsattr_flags(&fx.path("never/g")).contains('m'));
+    assert!(
+        fs::read(fx.path("fast/f")).unwrap() == data,
+        "fast/f differs"
+    );
+    fx.unmount();
+}

@@ -2204,17 +2204,18 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
 
 /// FUSE passes every xattr name through, where a kernel filesystem
 /// answers EOPNOTSUPP for a name outside the namespaces it implements.
-/// birch stores user., trusted. and security. attributes; system.* would
-/// be POSIX ACLs, which birch does not implement (stored as plain values
-/// they would let setfacl succeed with no effect on permissions).
+/// birch stores user., trusted. and security. attributes, the POSIX ACLs
+/// (which it enforces), and of btrfs.* the compression property
+/// (docs/COMPRESSION.md, "The property"), as btrfs.
 fn supported_xattr_namespace(name: &OsStr) -> Result<(), Errno> {
     const NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
-    const ACLS: [&[u8]; 2] = [
+    const NAMES: [&[u8]; 3] = [
         birch::format::ACL_ACCESS_XATTR,
         birch::format::ACL_DEFAULT_XATTR,
+        birch::format::COMPRESSION_PROPERTY_XATTR,
     ];
     if NAMESPACES.iter().any(|ns| name.as_bytes().starts_with(ns))
-        || ACLS.contains(&name.as_bytes())
+        || NAMES.contains(&name.as_bytes())
     {
         Ok(())
     } else {

@@ -32,7 +32,7 @@
 //! oracles in prose.
 
 use crate::extract::engine_view_with_inos;
-use crate::harness::{check_image, Sim};
+use crate::harness::{check_image, check_image_summary, Sim};
 use crate::model::{diff_entry, diff_views, show_path, Kind, MIno, Model, Path, View};
 use crate::overlay::OverlayDevice;
 use crate::runner::fresh_device;
@@ -41,7 +41,7 @@ use birch::device::{BlockDevice, CrashPoint, DeviceEvent, MemoryDevice, Recordin
 use birch::format::{
     Superblock, Timespec, NODE_MAGIC, NODE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
-use birch::fs::{Filesystem, MountOptions};
+use birch::fs::{CompressOption, Filesystem, MountOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -99,6 +99,7 @@ impl CrashConfig {
                 // Drops of deleted subvolumes span several commits on
                 // some seeds, so crashes land in the middle of one.
                 cleaner_nodes_per_transaction: [1, 2, 4096][(seed % 3) as usize],
+                compress: compress_option_for(seed),
                 ..crate::runner::mount_options_for(seed)
             },
             exhaustive_max_writes: 10,
@@ -124,6 +125,21 @@ impl CrashConfig {
             ..ci
         }
     }
+}
+
+/// The compression mount option of a crash seed: `compress=zstd`,
+/// `compress=lz4` or `compress-force=zstd:1` on three seeds in five, none
+/// on the others (there only `chattr +c` files compress). The workloads'
+/// text writes then leave compressed extents that later ops cut and
+/// share (docs/COMPRESSION.md, "The explorer").
+pub fn compress_option_for(seed: u64) -> CompressOption {
+    let option = match (seed / 3) % 5 {
+        0 => "zstd",
+        1 => "lz4",
+        2 => "zstd:1",
+        _ => return CompressOption::default(),
+    };
+    CompressOption::parse(option, option == "zstd:1").expect("a valid compress option")
 }
 
 /// Counts the writes and flushes that reach the recording device, so the
@@ -738,10 +754,11 @@ impl Trace {
     ///
     /// btrfs logs a directory only if it changed since it was last logged
     /// in the transaction; otherwise the fsync returns at once and the
-    /// subtree stays as an earlier fsync of it logged it. So the state is
-    /// that of the earliest fsync of the directory in this transaction
-    /// after which the directory (its path and its entries) stayed the
-    /// same up to op f.
+    /// subtree stays as an earlier fsync logged it: one of the directory,
+    /// or of a directory above it whose new subtree held it. So the state
+    /// is that of the earliest such fsync in this transaction after which
+    /// the directory (its path and its entries) stayed the same up to op
+    /// f.
     pub fn new_subtree(&self, f: usize) -> (usize, Vec<Path>) {
         let Some((_, Covered::Inode { ino, dir: true, .. })) = &self.ops[f].persist else {
             return (f, Vec::new());
@@ -759,11 +776,42 @@ impl Trace {
                 .collect();
             Some((path.clone(), entries))
         };
+        let committed: BTreeSet<MIno> = match commit {
+            Some(c) => self.ops[c].inos_after.values().copied().collect(),
+            None => BTreeSet::from([crate::model::ROOT]),
+        };
+        // Whether op i's fsync logged the directory: an fsync of it, or
+        // of a directory above it whose new subtree it was in (btrfs's
+        // `log_new_dir_dentries` logs it then, and a later fsync of it
+        // returns at once while it stays the same).
+        let logged_by = |i: usize| -> bool {
+            let Some((
+                _,
+                Covered::Inode {
+                    ino: m, dir: true, ..
+                },
+            )) = &self.ops[i].persist
+            else {
+                return false;
+            };
+            if *m == ino {
+                return true;
+            }
+            let inos = &self.ops[i].inos_after;
+            let (Some((top, _)), Some((path, _))) = (
+                inos.iter().find(|(_, x)| *x == m),
+                inos.iter().find(|(_, x)| **x == ino),
+            ) else {
+                return false;
+            };
+            path.len() > top.len()
+                && path.starts_with(top)
+                && (top.len() + 1..=path.len())
+                    .all(|n| inos.get(&path[..n]).is_some_and(|x| !committed.contains(x)))
+        };
         let mut at = f;
         let first = commit.map_or(0, |c| c + 1);
-        while let Some(prev) = (first..at).rev().find(|&i| {
-            matches!(&self.ops[i].persist, Some((_, Covered::Inode { ino: m, .. })) if *m == ino)
-        }) {
+        while let Some(prev) = (first..at).rev().find(|&i| logged_by(i)) {
             let now = dir_state(at);
             if (prev..at).all(|i| dir_state(i) == now) {
                 at = prev;
@@ -771,10 +819,6 @@ impl Trace {
                 break;
             }
         }
-        let committed: BTreeSet<MIno> = match commit {
-            Some(c) => self.ops[c].inos_after.values().copied().collect(),
-            None => BTreeSet::from([crate::model::ROOT]),
-        };
         let inos = &self.ops[at].inos_after;
         let Some((dir, _)) = dir_state(at) else {
             return (at, Vec::new());
@@ -897,6 +941,9 @@ pub struct StateReport {
     pub guarantees: usize,
     /// Durable inodes the no-loss oracle followed.
     pub durable_inodes: usize,
+    /// Compressed file extent items in the crash image (`birch check`'s
+    /// count, logs included).
+    pub compressed_extents: u64,
     pub tolerated: Vec<String>,
 }
 
@@ -924,7 +971,7 @@ pub fn check_state_on(
     dev: Arc<OverlayDevice>,
 ) -> Result<StateReport, String> {
     // 1. The raw image passes the checker.
-    let mut tolerated = check_image(&*dev)
+    let (mut tolerated, summary) = check_image_summary(&*dev)
         .map_err(|r| format!("birch check on the crash image is not clean:\n{r}"))?;
     // 2. Its generation is the newest kept superblock, within the bounds.
     let sb = birch::fs::read_superblock(&*dev).map_err(|e| format!("no superblock: {e}"))?;
@@ -988,6 +1035,7 @@ pub fn check_state_on(
         has_log,
         guarantees,
         durable_inodes,
+        compressed_extents: summary.compressed_extent_items,
         tolerated,
     })
 }
@@ -1770,6 +1818,8 @@ pub struct CrashStats {
     pub guarantee_facts: u64,
     /// Durable inodes followed by the no-loss oracle, over all states.
     pub durable_inodes: u64,
+    /// Crash states whose image holds compressed file extent items.
+    pub states_with_compressed_extents: u64,
     pub tolerated: Vec<String>,
     pub elapsed: Duration,
 }
@@ -1784,6 +1834,7 @@ impl CrashStats {
         self.largest_window = self.largest_window.max(o.largest_window);
         self.guarantee_facts += o.guarantee_facts;
         self.durable_inodes += o.durable_inodes;
+        self.states_with_compressed_extents += o.states_with_compressed_extents;
         self.tolerated.extend(o.tolerated.iter().cloned());
         self.elapsed += o.elapsed;
     }
@@ -1918,6 +1969,9 @@ pub fn explore_each(
             stats.crash_states += 1;
             stats.guarantee_facts += report.guarantees as u64;
             stats.durable_inodes += report.durable_inodes as u64;
+            if report.compressed_extents > 0 {
+                stats.states_with_compressed_extents += 1;
+            }
             if report.generation < trace.issued_generation(k) {
                 stats.states_at_older_generation += 1;
             }

@@ -12,7 +12,7 @@
 //! one place.
 
 use crate::model::{AttrView, Errno, Kind, MIno, Model, Path, RenameFlags, XattrMode};
-use crate::workload::{pattern, Op, Target};
+use crate::workload::{pattern, text_pattern, Op, Target};
 use std::collections::BTreeMap;
 
 /// What an op returned.
@@ -56,6 +56,9 @@ pub fn errno_name(e: Errno) -> String {
         libc::EROFS => "EROFS",
         libc::EXDEV => "EXDEV",
         libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ESPIPE => "ESPIPE",
+        libc::ENODEV => "ENODEV",
+        libc::ENOTTY => "ENOTTY",
         _ => return format!("errno {e}"),
     };
     name.to_string()
@@ -130,6 +133,31 @@ pub trait Backend {
     fn cleaner(&mut self) -> Step<Outcome> {
         Err("no subvolumes here: cleaner".into())
     }
+    /// Data ops of the compression workloads (`compression_weight`): a
+    /// backend without them (the host kernel's tmpfs) stops the run if a
+    /// workload asks.
+    fn punch_hole(&mut self, ino: &Self::Ino, offset: u64, len: u64) -> Step<Outcome> {
+        let _ = ino;
+        Err(format!("no punch hole here: {offset}+{len}"))
+    }
+    /// `copy_file_range`; returns `Ret::Len` of the bytes copied.
+    fn copy_range(
+        &mut self,
+        src: &Self::Ino,
+        src_offset: u64,
+        dst: &Self::Ino,
+        dst_offset: u64,
+        len: u64,
+    ) -> Step<Outcome> {
+        let _ = (src, dst);
+        Err(format!(
+            "no copy_file_range here: {src_offset}+{len} to {dst_offset}"
+        ))
+    }
+    fn set_compress_flag(&mut self, ino: &Self::Ino, on: bool) -> Step<Outcome> {
+        let _ = ino;
+        Err(format!("no chattr here: compress {on}"))
+    }
 }
 
 /// A backend and its open handle slots.
@@ -190,9 +218,43 @@ impl<B: Backend> Executor<B> {
                 let data = pattern(*fill, *len as usize);
                 self.backend.write(&ino, *offset, &data)
             }
+            Op::WriteText {
+                target,
+                offset,
+                len,
+                fill,
+            } => {
+                let ino = target!(target);
+                let data = text_pattern(*fill, *len as usize);
+                self.backend.write(&ino, *offset, &data)
+            }
             Op::Truncate { target, size } => {
                 let ino = target!(target);
                 self.backend.truncate(&ino, *size)
+            }
+            Op::PunchHole {
+                target,
+                offset,
+                len,
+            } => {
+                let ino = target!(target);
+                self.backend.punch_hole(&ino, *offset, *len)
+            }
+            Op::CopyRange {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                len,
+            } => {
+                let src = target!(src);
+                let dst = target!(dst);
+                self.backend
+                    .copy_range(&src, *src_offset, &dst, *dst_offset, *len)
+            }
+            Op::SetCompressFlag { target, on } => {
+                let ino = target!(target);
+                self.backend.set_compress_flag(&ino, *on)
             }
             Op::Read {
                 target,
@@ -431,5 +493,25 @@ impl Backend for Model {
     }
     fn cleaner(&mut self) -> Step<Outcome> {
         Ok(Ok(Ret::Unit))
+    }
+    fn punch_hole(&mut self, ino: &MIno, offset: u64, len: u64) -> Step<Outcome> {
+        live!(self, ino);
+        Ok(Model::punch_hole(self, *ino, offset, len).map(|_| Ret::Unit))
+    }
+    fn copy_range(
+        &mut self,
+        src: &MIno,
+        src_offset: u64,
+        dst: &MIno,
+        dst_offset: u64,
+        len: u64,
+    ) -> Step<Outcome> {
+        live!(self, src);
+        live!(self, dst);
+        Ok(Model::copy_range(self, *src, src_offset, *dst, dst_offset, len).map(Ret::Len))
+    }
+    fn set_compress_flag(&mut self, ino: &MIno, _: bool) -> Step<Outcome> {
+        live!(self, ino);
+        Ok(Model::set_compress_flag(self, *ino).map(|_| Ret::Unit))
     }
 }

@@ -16,7 +16,10 @@ use crate::model::{
 };
 use crate::workload::Op;
 use birch::device::BlockDevice;
-use birch::fs::{Filesystem, MountOptions, RenameFlags, SetAttr, WhiteoutOwner, XattrSetMode};
+use birch::fs::{
+    inode_flags, FallocateMode, Filesystem, MountOptions, RenameFlags, SetAttr, WhiteoutOwner,
+    XattrSetMode,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -41,9 +44,16 @@ pub const KNOWN_CHECK_FAULTS: &[(&str, &str)] = &[];
 /// Checks an image: `Ok(tolerated faults)` when clean (or when every fault
 /// is a known engine bug and not in strict mode), else the report.
 pub fn check_image<D: BlockDevice + ?Sized>(dev: &D) -> Result<Vec<String>, String> {
+    check_image_summary(dev).map(|(tolerated, _)| tolerated)
+}
+
+/// [`check_image`], with what the check saw (counts of items and extents).
+pub fn check_image_summary<D: BlockDevice + ?Sized>(
+    dev: &D,
+) -> Result<(Vec<String>, birch::check::Summary), String> {
     let report = birch::check::check_device(dev);
     if report.is_clean() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), report.summary));
     }
     let known = |f: &birch::check::Fault| {
         KNOWN_CHECK_FAULTS
@@ -51,11 +61,12 @@ pub fn check_image<D: BlockDevice + ?Sized>(dev: &D) -> Result<Vec<String>, Stri
             .any(|(sig, _)| f.reason.contains(sig))
     };
     if !strict() && report.faults_not_stored == 0 && report.faults.iter().all(known) {
-        return Ok(report
+        let tolerated = report
             .faults
             .iter()
             .map(|f| format!("known engine bug: {f}"))
-            .collect());
+            .collect();
+        return Ok((tolerated, report.summary));
     }
     Err(format!("{report}"))
 }
@@ -133,6 +144,29 @@ impl<D: BlockDevice + 'static> Engine<D> {
     fn setattr(&self, ino: u64, set: &SetAttr) -> Step<Outcome> {
         self.attr(self.fs().setattr(ino, set))
     }
+
+    /// The kind of an inode, as the VFS knows it from the open file.
+    fn kind(&self, ino: u64) -> Step<Result<Kind, Errno>> {
+        match self.fs().getattr(ino) {
+            Ok(a) => Ok(Ok(Kind::from_engine(a.file_type))),
+            Err(e) => Ok(Err(self.errno(e)?)),
+        }
+    }
+}
+
+/// The VFS's checks before a call reaches the filesystem: the errno
+/// of `check` on the inode's kind, if any.
+macro_rules! vfs_kind {
+    ($self:ident, $ino:expr, $check:expr) => {
+        match $self.kind($ino)? {
+            Ok(kind) => {
+                if let Err(e) = $check(kind) {
+                    return Ok(Err(e));
+                }
+            }
+            Err(e) => return Ok(Err(e)),
+        }
+    };
 }
 
 macro_rules! parent {
@@ -357,6 +391,69 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
     }
     fn cleaner(&mut self) -> Step<Outcome> {
         self.result(self.fs().run_cleaner(), |_| Ret::Unit)
+    }
+    /// `vfs_fallocate`'s kind checks (ESPIPE, EISDIR, ENODEV) and its
+    /// EINVAL for an empty range, then the engine.
+    fn punch_hole(&mut self, ino: &u64, offset: u64, len: u64) -> Step<Outcome> {
+        vfs_kind!(self, *ino, |k| match k {
+            Kind::File => Ok(()),
+            Kind::Fifo => Err(libc::ESPIPE),
+            Kind::Dir => Err(libc::EISDIR),
+            _ => Err(libc::ENODEV),
+        });
+        if len == 0 {
+            return Ok(Err(libc::EINVAL));
+        }
+        let mode = FallocateMode::PunchHole;
+        self.result(self.fs().fallocate(*ino, offset, len, mode), |_| Ret::Unit)
+    }
+    /// `generic_copy_file_checks`' kind checks (EISDIR if either side is
+    /// a directory, then EINVAL if either is not a regular file), then
+    /// the engine.
+    fn copy_range(
+        &mut self,
+        src: &u64,
+        src_offset: u64,
+        dst: &u64,
+        dst_offset: u64,
+        len: u64,
+    ) -> Step<Outcome> {
+        let mut kinds = Vec::new();
+        for ino in [*src, *dst] {
+            vfs_kind!(self, ino, |k| {
+                kinds.push(k);
+                Ok::<(), Errno>(())
+            });
+        }
+        if kinds.contains(&Kind::Dir) {
+            return Ok(Err(libc::EISDIR));
+        }
+        if kinds.iter().any(|k| *k != Kind::File) {
+            return Ok(Err(libc::EINVAL));
+        }
+        let copied = self
+            .fs()
+            .copy_file_range(*src, src_offset, *dst, dst_offset, len);
+        self.result(copied, |n| Ret::Len(n as usize))
+    }
+    /// FS_IOC_GETFLAGS, then FS_IOC_SETFLAGS with FS_COMPR_FL set or
+    /// cleared; ENOTTY on what is neither a file nor a directory (the
+    /// ioctl on a fifo).
+    fn set_compress_flag(&mut self, ino: &u64, on: bool) -> Step<Outcome> {
+        vfs_kind!(self, *ino, |k| match k {
+            Kind::File | Kind::Dir => Ok(()),
+            _ => Err(libc::ENOTTY),
+        });
+        let flags = match self.fs().get_flags(*ino) {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(self.errno(e)?)),
+        };
+        let flags = if on {
+            flags | inode_flags::COMPR
+        } else {
+            flags & !inode_flags::COMPR
+        };
+        self.result(self.fs().set_flags(*ino, flags), |_| Ret::Unit)
     }
 }
 

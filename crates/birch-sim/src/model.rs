@@ -157,6 +157,24 @@ impl FileData {
         self.size = size;
     }
 
+    /// Zeroes `[offset, offset + len)` cut at the end of the file (a
+    /// punched hole: the size stays), dropping the pages it covers whole.
+    pub fn punch(&mut self, offset: u64, len: u64) {
+        let end = self.size.min(offset.saturating_add(len));
+        let mut pos = offset;
+        while pos < end {
+            let index = pos / PAGE;
+            let in_page = (pos % PAGE) as usize;
+            let n = ((PAGE as usize - in_page) as u64).min(end - pos) as usize;
+            if n == PAGE as usize {
+                self.pages.remove(&index);
+            } else if let Some(page) = self.pages.get_mut(&index) {
+                page[in_page..in_page + n].fill(0);
+            }
+            pos += n as u64;
+        }
+    }
+
     /// Bytes at `[offset, offset + len)`, cut at the end of the file.
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
         if offset >= self.size || len == 0 {
@@ -1164,6 +1182,75 @@ impl Model {
         }
         f.truncate(size);
         Ok(())
+    }
+
+    /// The VFS's kind checks of `fallocate` (`vfs_fallocate`): ESPIPE for
+    /// a fifo, EISDIR for a directory, ENODEV for anything else that is
+    /// not a regular file.
+    fn fallocate_kind(&self, ino: MIno) -> MResult<()> {
+        match self.node(ino).kind {
+            Kind::File => Ok(()),
+            Kind::Fifo => Err(libc::ESPIPE),
+            Kind::Dir => Err(libc::EISDIR),
+            _ => Err(libc::ENODEV),
+        }
+    }
+
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`: the kind checks, then EROFS in
+    /// a read-only subvolume; the range reads as zeros, the size stays.
+    pub fn punch_hole(&mut self, ino: MIno, offset: u64, len: u64) -> MResult<()> {
+        self.fallocate_kind(ino)?;
+        if len == 0 {
+            return Err(libc::EINVAL);
+        }
+        self.check_writable(ino)?;
+        self.regular_mut(ino)?.punch(offset, len);
+        Ok(())
+    }
+
+    /// `copy_file_range` (`generic_copy_file_checks`): EISDIR if either
+    /// side is a directory, EINVAL if either is not a regular file; the
+    /// length cut at the source's end; nothing to copy returns 0; EINVAL
+    /// for overlapping ranges of one file; then EROFS for a read-only
+    /// destination. Returns the bytes copied.
+    pub fn copy_range(
+        &mut self,
+        src: MIno,
+        src_offset: u64,
+        dst: MIno,
+        dst_offset: u64,
+        len: u64,
+    ) -> MResult<usize> {
+        let kinds = [self.node(src).kind, self.node(dst).kind];
+        if kinds.contains(&Kind::Dir) {
+            return Err(libc::EISDIR);
+        }
+        if kinds.iter().any(|k| *k != Kind::File) {
+            return Err(libc::EINVAL);
+        }
+        let size = self.regular_mut(src)?.size;
+        let len = len.min(size.saturating_sub(src_offset));
+        if len == 0 {
+            return Ok(0);
+        }
+        if src == dst && src_offset < dst_offset + len && dst_offset < src_offset + len {
+            return Err(libc::EINVAL);
+        }
+        self.check_writable(dst)?;
+        let data = self.regular_mut(src)?.read(src_offset, len as usize);
+        self.regular_mut(dst)?.write(dst_offset, &data);
+        Ok(data.len())
+    }
+
+    /// `chattr +c` / `-c` (FS_IOC_SETFLAGS): ENOTTY on what is neither a
+    /// regular file nor a directory, EROFS in a read-only subvolume. The
+    /// flag changes how data is stored, not what it reads as: the model
+    /// keeps nothing.
+    pub fn set_compress_flag(&mut self, ino: MIno) -> MResult<()> {
+        if !matches!(self.node(ino).kind, Kind::File | Kind::Dir) {
+            return Err(libc::ENOTTY);
+        }
+        self.check_writable(ino)
     }
 
     pub fn chmod(&mut self, ino: MIno, perm: u32) {

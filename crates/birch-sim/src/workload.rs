@@ -74,9 +74,39 @@ pub enum Op {
         len: u64,
         fill: u64,
     },
+    /// Writes `len` bytes of the compressible text pattern `fill` at
+    /// `offset` ([`text_pattern`]): on a compressing mount or a `+c` file
+    /// its chunks become compressed extents.
+    WriteText {
+        target: Target,
+        offset: u64,
+        len: u64,
+        fill: u64,
+    },
     Truncate {
         target: Target,
         size: u64,
+    },
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`.
+    PunchHole {
+        target: Target,
+        offset: u64,
+        len: u64,
+    },
+    /// `copy_file_range` (a reflink where both offsets sit at the same
+    /// place within a page).
+    CopyRange {
+        src: Target,
+        src_offset: u64,
+        dst: Target,
+        dst_offset: u64,
+        len: u64,
+    },
+    /// `chattr +c` (`on`) or `chattr -c`: FS_IOC_SETFLAGS with
+    /// FS_COMPR_FL set or cleared, the other flags kept.
+    SetCompressFlag {
+        target: Target,
+        on: bool,
     },
     Read {
         target: Target,
@@ -179,7 +209,11 @@ impl Op {
             Op::Rmdir { .. } => "rmdir",
             Op::Rename { .. } => "rename",
             Op::Write { .. } => "write",
+            Op::WriteText { .. } => "write-text",
             Op::Truncate { .. } => "truncate",
+            Op::PunchHole { .. } => "punch-hole",
+            Op::CopyRange { .. } => "copy-range",
+            Op::SetCompressFlag { .. } => "chattr-c",
             Op::Read { .. } => "read",
             Op::Chmod { .. } => "chmod",
             Op::Chown { .. } => "chown",
@@ -220,10 +254,29 @@ impl Op {
     }
 }
 
-/// The bytes a write or xattr with pattern `fill` carries.
+/// The bytes a write or xattr with pattern `fill` carries (random:
+/// incompressible, so compression's heuristic gives up on them).
 pub fn pattern(fill: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     ChaCha8Rng::seed_from_u64(fill).fill_bytes(&mut out);
+    out
+}
+
+/// The bytes a text write with pattern `fill` carries: words of a small
+/// vocabulary, picked by a generator seeded with `fill`, so each pattern
+/// differs (a wrong extent reads back wrong) yet zstd and lz4 shrink every
+/// 128 KiB chunk well below its size.
+pub fn text_pattern(fill: u64, len: usize) -> Vec<u8> {
+    const WORDS: [&[u8]; 16] = [
+        b"birch ", b"extent ", b"tree ", b"commit ", b"log ", b"inode ", b"page ", b"zstd ",
+        b"lz4 ", b"the ", b"of ", b"a ", b"flush\n", b"crash ", b"data ", b"sync\n",
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(fill);
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        out.extend_from_slice(WORDS[(rng.next_u32() % 16) as usize]);
+    }
+    out.truncate(len);
     out
 }
 
@@ -272,7 +325,36 @@ impl fmt::Display for Op {
                 "write {target} {offset}..{} (pattern {fill})",
                 offset + len
             ),
+            Op::WriteText {
+                target,
+                offset,
+                len,
+                fill,
+            } => write!(
+                f,
+                "write {target} {offset}..{} (text pattern {fill})",
+                offset + len
+            ),
             Op::Truncate { target, size } => write!(f, "truncate {target} {size}"),
+            Op::PunchHole {
+                target,
+                offset,
+                len,
+            } => write!(f, "punch-hole {target} {offset}..{}", offset + len),
+            Op::CopyRange {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                len,
+            } => write!(
+                f,
+                "copy-range {src} {src_offset}..{} to {dst} at {dst_offset}",
+                src_offset + len
+            ),
+            Op::SetCompressFlag { target, on } => {
+                write!(f, "chattr {}c {target}", if *on { '+' } else { '-' })
+            }
             Op::Read {
                 target,
                 offset,
@@ -371,6 +453,13 @@ pub struct WorkloadConfig {
     /// (overlayfs's; docs/FUSE.md "Whiteouts and overlayfs"). 0 draws no
     /// number for it, keeping the op stream of a seed as it was before.
     pub whiteout_rename_percent: u32,
+    /// Relative weight of the compression ops (docs/COMPRESSION.md, "The
+    /// explorer"): compressible text writes (large from the start,
+    /// overwrites inside a file, appends), punched holes, truncates and
+    /// `copy_file_range` reflinks into them, `chattr +c`/`-c`, often
+    /// followed by an fsync of the file. 0 keeps the op stream of a seed
+    /// as it was before they existed.
+    pub compression_weight: u32,
     /// Use setuid and sticky bits in modes.
     pub special_perms: bool,
     /// Allow truncates past the largest file size (EFBIG).
@@ -392,6 +481,7 @@ impl Default for WorkloadConfig {
             subvolume_weight: 0,
             subvolume_rename_weight: 0,
             whiteout_rename_percent: 0,
+            compression_weight: 0,
             special_perms: true,
             huge_truncates: true,
         }
@@ -415,6 +505,7 @@ impl WorkloadConfig {
             subvolume_weight: 4,
             subvolume_rename_weight: 0,
             whiteout_rename_percent: 0,
+            compression_weight: 6,
             special_perms: true,
             huge_truncates: true,
         }
@@ -603,7 +694,7 @@ impl Generator {
             return op;
         }
         let c = &self.cfg;
-        let weights: [(u32, u8); 28] = [
+        let weights: [(u32, u8); 29] = [
             (10, 0),                            // create
             (6, 1),                             // mkdir
             (1, 2),                             // mkfifo
@@ -632,6 +723,7 @@ impl Generator {
             (c.remount_weight, 25),             // remount
             (c.shape_weight, 26),               // a shape
             (c.subvolume_weight, 27),           // a subvolume op
+            (c.compression_weight, 28),         // a compression op
         ];
         let total: u32 = weights.iter().map(|w| w.0).sum();
         let mut pick = self.rng.gen_range(0..total);
@@ -812,6 +904,12 @@ impl Generator {
             24 => Op::Sync,
             25 => Op::Remount,
             27 => self.subvolume_op(model),
+            28 => {
+                self.pending = self.compression_ops(model).into();
+                self.pending
+                    .pop_front()
+                    .expect("compression ops are not empty")
+            }
             _ => {
                 self.pending = self.shape(model).into();
                 self.pending.pop_front().expect("a shape has ops")
@@ -866,6 +964,97 @@ impl Generator {
             },
             _ => Op::Cleaner,
         }
+    }
+
+    /// Compression ops (`compression_weight`): on a compressing mount, or
+    /// on a file made `+c` here, text writes become compressed extents;
+    /// the punches, truncates, overwrites and reflinks that follow cut
+    /// and share them, and an fsync of the file now and then logs them.
+    /// Random-pattern writes (the ordinary ones) meet the heuristic that
+    /// stops compressing a file whose data does not shrink.
+    fn compression_ops(&mut self, model: &Model) -> Vec<Op> {
+        let target = self.target(model, |k| k == Kind::File);
+        let size = match &target {
+            Target::Path(p) => model.resolve(p).ok().and_then(|i| model.getattr(i).size),
+            Target::Handle(_) => None,
+        }
+        .unwrap_or(0);
+        let full = model.allocated_bytes() >= self.cfg.max_live_bytes;
+        let within = |rng: &mut ChaCha8Rng| rng.gen_range(0..=size.max(1));
+        let mut ops = vec![match self.rng.gen_range(0..12) {
+            // A large text write from the start (compressed chunks of
+            // 128 KiB and a shorter tail), an overwrite inside the file,
+            // an append.
+            0..=2 => Op::WriteText {
+                target: target.clone(),
+                offset: 0,
+                len: if full {
+                    512
+                } else {
+                    self.rng.gen_range(8192..=200 << 10)
+                },
+                fill: self.rng.gen(),
+            },
+            3 | 4 => Op::WriteText {
+                target: target.clone(),
+                offset: within(&mut self.rng),
+                len: self.rng.gen_range(1..=if full { 512 } else { 40 << 10 }),
+                fill: self.rng.gen(),
+            },
+            5 => Op::WriteText {
+                target: target.clone(),
+                offset: size,
+                len: self.rng.gen_range(1..=if full { 512 } else { 64 << 10 }),
+                fill: self.rng.gen(),
+            },
+            // A hole punched into (or across the edge of) the data.
+            6 | 7 => Op::PunchHole {
+                target: target.clone(),
+                offset: within(&mut self.rng),
+                len: self.rng.gen_range(1..=64 << 10),
+            },
+            // A truncate into the middle of a compressed extent.
+            8 => Op::Truncate {
+                target: target.clone(),
+                size: within(&mut self.rng),
+            },
+            // A reflink from this file into another (or itself), mostly
+            // at the same place within a page (shared extents), else
+            // copied bytes.
+            9 | 10 => {
+                let dst = self.target(model, |k| k == Kind::File);
+                let src_offset = within(&mut self.rng);
+                let dst_offset = if self.rng.gen_ratio(3, 4) {
+                    self.rng.gen_range(0..64u64) * 4096 + src_offset % 4096
+                } else {
+                    self.rng.gen_range(0..256 << 10)
+                };
+                Op::CopyRange {
+                    src: target.clone(),
+                    src_offset,
+                    dst,
+                    dst_offset,
+                    len: self.rng.gen_range(1..=if full { 4096 } else { 160 << 10 }),
+                }
+            }
+            // chattr +c on a file or a directory (new files inherit it),
+            // now and then -c.
+            _ => Op::SetCompressFlag {
+                target: if self.rng.gen_ratio(1, 3) {
+                    Target::Path(self.existing_dir(model))
+                } else {
+                    target.clone()
+                },
+                on: self.rng.gen_ratio(4, 5),
+            },
+        }];
+        if self.rng.gen_ratio(1, 3) {
+            ops.push(Op::Fsync {
+                target,
+                datasync: self.rng.gen_ratio(1, 3),
+            });
+        }
+        ops
     }
 
     /// A name in directory `dir` that is free there (a short pool name),

@@ -143,7 +143,10 @@ fn skip(model: &Executor<Model>, op: &Op) -> bool {
         | Op::DeleteSubvolume { path } => vec![path],
         Op::Link { from, to } | Op::Rename { from, to, .. } => vec![from, to],
         Op::Snapshot { source, dest, .. } => vec![source, dest],
+        // Compression workloads only (`compression_weight` is 0 here).
+        Op::PunchHole { .. } | Op::CopyRange { .. } | Op::SetCompressFlag { .. } => return true,
         Op::Write { target, .. }
+        | Op::WriteText { target, .. }
         | Op::Truncate { target, .. }
         | Op::Read { target, .. }
         | Op::Chmod { target, .. }
@@ -169,6 +172,7 @@ fn skip(model: &Executor<Model>, op: &Op) -> bool {
         // These open or follow their final component.
         Op::Readdir { path } | Op::Open { path, .. } => special(kind_at(path)),
         Op::Write { target, .. }
+        | Op::WriteText { target, .. }
         | Op::Truncate { target, .. }
         | Op::Read { target, .. }
         | Op::Chmod { target, .. }
@@ -179,7 +183,10 @@ fn skip(model: &Executor<Model>, op: &Op) -> bool {
             special(k)
                 || (matches!(target, Target::Handle(_))
                     && k == Some(Kind::Dir)
-                    && matches!(op, Op::Write { .. } | Op::Truncate { .. }))
+                    && matches!(
+                        op,
+                        Op::Write { .. } | Op::WriteText { .. } | Op::Truncate { .. }
+                    ))
         }
         // The VFS allows user xattrs on regular files and directories only.
         Op::SetXattr { target, .. }

@@ -146,8 +146,8 @@ fn main() -> ExitCode {
             Ok(stats) => {
                 if !args.quiet {
                     println!(
-                        "seed {seed}: {} ops, {} flush points, {} crash states ({} at an older generation), largest window {} writes, {:.2?}",
-                        stats.ops, stats.flush_points, stats.crash_states, stats.states_at_older_generation, stats.largest_window, stats.elapsed
+                        "seed {seed}: {} ops, {} flush points, {} crash states ({} at an older generation, {} with compressed extents), largest window {} writes, {:.2?}",
+                        stats.ops, stats.flush_points, stats.crash_states, stats.states_at_older_generation, stats.states_with_compressed_extents, stats.largest_window, stats.elapsed
                     );
                 }
                 total.add(&stats);
@@ -175,11 +175,12 @@ fn main() -> ExitCode {
         println!("tolerated {t}");
     }
     println!(
-        "checked {} workloads ({} ops), {} flush points, {} crash states, {} guarantee facts, {} durable inodes followed in {:.2?} (largest window {} writes)",
+        "checked {} workloads ({} ops), {} flush points, {} crash states ({} with compressed extents), {} guarantee facts, {} durable inodes followed in {:.2?} (largest window {} writes)",
         total.workloads,
         total.ops,
         total.flush_points,
         total.crash_states,
+        total.states_with_compressed_extents,
         total.guarantee_facts,
         total.durable_inodes,
         start.elapsed(),

@@ -200,6 +200,9 @@ pub struct Summary {
     pub data_extents: u64,
     pub data_extent_bytes: u64,
     pub file_extent_items: u64,
+    /// Of those, compressed ones (docs/COMPRESSION.md; the crash explorer
+    /// counts states holding any).
+    pub compressed_extent_items: u64,
     /// Nodes of log trees (outside the extent tree).
     pub log_nodes: u64,
     /// Deleted subvolumes whose drop has not finished (refs 0, an
@@ -326,11 +329,12 @@ impl CheckReport {
             };
             writeln!(
                 f,
-                "extents: {} tree nodes ({node_bytes} bytes{mirrors}), {} data extents ({} bytes) behind {} file extent items",
+                "extents: {} tree nodes ({node_bytes} bytes{mirrors}), {} data extents ({} bytes) behind {} file extent items ({} compressed)",
                 s.metadata_extents,
                 s.data_extents,
                 s.data_extent_bytes,
-                s.file_extent_items
+                s.file_extent_items,
+                s.compressed_extent_items
             )?;
             if s.log_nodes > 0 {
                 writeln!(f, "log trees: {} nodes", s.log_nodes)?;

@@ -126,8 +126,10 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
                 c.warn_tree(FaultId::SuperblockStale, None, format!("superblock copy at {} is stale: generation {} (using the copy at {}, generation {})", copy.bytenr, other.generation, current.bytenr, sb.generation))
             }
             // A cut between the two copies of a log sync's superblock: the
-            // other copy points at the previous log (or none).
-            Ok(other) if other.generation == sb.generation && other.log_generation < sb.log_generation && Superblock { log_root_bytenr: sb.log_root_bytenr, log_root_level: sb.log_root_level, log_generation: sb.log_generation, log_manifest: sb.log_manifest.clone(), ..other.clone() } == sb => c.warn_tree(
+            // other copy points at the previous log (or none), and may
+            // lack INCOMPAT_COMPRESSION, which the log sync of the first
+            // compressed extent sets (docs/COMPRESSION.md, C1).
+            Ok(other) if other.generation == sb.generation && other.log_generation < sb.log_generation && (sb.compression || !other.compression) && Superblock { log_root_bytenr: sb.log_root_bytenr, log_root_level: sb.log_root_level, log_generation: sb.log_generation, log_manifest: sb.log_manifest.clone(), compression: sb.compression, ..other.clone() } == sb => c.warn_tree(
                 FaultId::SuperblockOlderLog,
                 None,
                 format!("superblock copy at {} points at an older log (log generation {}; using the copy at {}, log generation {})", copy.bytenr, other.log_generation, current.bytenr, sb.log_generation),

@@ -901,6 +901,9 @@ impl Checker<'_> {
         };
         if !self.recording_shared_copy {
             self.report.summary.file_extent_items += 1;
+            if matches!(kind, FileExtentKind::Compressed(..)) {
+                self.report.summary.compressed_extent_items += 1;
+            }
         }
         let rec = FileExtentRec {
             ino: loc.key.objectid,

@@ -55,6 +55,39 @@ impl fmt::Display for Compression {
     }
 }
 
+/// The xattr that holds a file's or directory's compression property
+/// (`birch property set PATH compression ...`, `setfattr -n
+/// btrfs.compression`), btrfs's name (docs/COMPRESSION.md, "The
+/// property").
+pub const COMPRESSION_PROPERTY_XATTR: &[u8] = b"btrfs.compression";
+
+/// A value of the compression property, as btrfs's
+/// `prop_compression_validate` reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompressionProperty {
+    /// `zstd` or `lz4`: compress with it, whatever `compress=` says.
+    Algorithm(Compression),
+    /// `none` or `no`: never compress (the NOCOMP inode flag), unless
+    /// `compress-force`.
+    Never,
+}
+
+impl CompressionProperty {
+    /// Parses a non-empty property value; the error names what birch
+    /// takes. btrfs's `lzo` and `zlib` are refused: birch has neither codec
+    /// (lz4 is its fast one), and silently storing another algorithm
+    /// than the one named would make `property get` lie.
+    pub fn parse(value: &[u8]) -> Result<CompressionProperty, &'static str> {
+        match value {
+            b"zstd" => Ok(CompressionProperty::Algorithm(Compression::Zstd)),
+            b"lz4" => Ok(CompressionProperty::Algorithm(Compression::Lz4)),
+            b"none" | b"no" => Ok(CompressionProperty::Never),
+            b"lzo" | b"zlib" => Err("compression property: birch compresses with zstd or lz4 (no lzo, no zlib)"),
+            _ => Err("compression property: expected zstd, lz4, none or no (or an empty value to remove it)"),
+        }
+    }
+}
+
 /// Compresses `data` (at most [`MAX_COMPRESSED_RAM`] bytes, sector
 /// aligned) with `algorithm` at `level` (zstd only). `None` when the
 /// result does not save at least one sector: the data is then stored as
@@ -131,6 +164,17 @@ mod tests {
             assert!(decompress(algorithm, &packed[..packed.len() / 2], &mut back).is_err());
         }
         assert_eq!(Compression::from_byte(3), None);
+        assert_eq!(
+            CompressionProperty::parse(b"lz4"),
+            Ok(CompressionProperty::Algorithm(Compression::Lz4))
+        );
+        assert_eq!(
+            CompressionProperty::parse(b"none"),
+            Ok(CompressionProperty::Never)
+        );
+        for bad in [&b"lzo"[..], b"zlib", b"zstd:3", b"", b"ZSTD"] {
+            assert!(CompressionProperty::parse(bad).is_err(), "{bad:?}");
+        }
         for c in [Compression::Zstd, Compression::Lz4] {
             assert_eq!(Compression::from_byte(c.to_byte()), Some(c));
         }

@@ -18,7 +18,9 @@ pub use acl::{
     Acl, AclEntry, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK,
     ACL_OTHER, ACL_USER, ACL_USER_OBJ,
 };
-pub use compression::{Compression, MAX_COMPRESSED_RAM};
+pub use compression::{
+    Compression, CompressionProperty, COMPRESSION_PROPERTY_XATTR, MAX_COMPRESSED_RAM,
+};
 pub use csum::*;
 pub use items::*;
 pub use key::{item_type, item_type_name, ItemType, Key, TreeKind, UnknownItemType};

@@ -11,7 +11,7 @@
 //! the engine.
 
 use super::root::RootCtx;
-use super::types::inode_flags::{APPEND, COMPR, IMMUTABLE, SUPPORTED};
+use super::types::inode_flags::{APPEND, COMPR, IMMUTABLE, NOCOMP, SUPPORTED};
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{item_type, FileType, Key, ORPHAN_OBJECTID};
@@ -22,10 +22,22 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// Sets the inode's flags. Who may is the caller's business (the
-    /// kernel requires CAP_LINUX_IMMUTABLE to change these two).
+    /// kernel requires CAP_LINUX_IMMUTABLE to change these two). As
+    /// btrfs, `m` wins over `c` when both are asked for, and a change of
+    /// either ends the compression property unless `c` stays with an
+    /// algorithm (docs/COMPRESSION.md, "The property").
     pub(crate) fn set_flags(&mut self, ino: u64, flags: u32) -> Result<()> {
         if flags & !SUPPORTED != 0 {
             return Err(Error::NotSupported("inode flag birch does not honour"));
+        }
+        let flags = if flags & NOCOMP != 0 {
+            flags & !COMPR
+        } else {
+            flags
+        };
+        let old = self.inode(ino)?.item.flags as u32;
+        if (old ^ flags) & (COMPR | NOCOMP) != 0 {
+            self.compression_flags_changed(ino, flags)?;
         }
         let now = crate::format::Timespec::now();
         self.update_inode(ino, |i| {
@@ -34,10 +46,16 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         })
     }
 
-    /// The flags an inode created in directory `dir` takes from it:
-    /// `c` (FS_COMPR_FL), as btrfs's `btrfs_inherit_iflags`.
+    /// The flags an inode created in directory `dir` takes from it, as
+    /// btrfs's `btrfs_inherit_iflags`: `m` (FS_NOCOMP_FL) if `dir` has
+    /// it, else `c` (FS_COMPR_FL) if `dir` has it.
     pub(crate) fn inherited_flags(&mut self, dir: u64) -> Result<u64> {
-        Ok(self.inode(dir)?.item.flags & u64::from(COMPR))
+        let flags = self.inode(dir)?.item.flags;
+        Ok(if flags & u64::from(NOCOMP) != 0 {
+            u64::from(NOCOMP)
+        } else {
+            flags & u64::from(COMPR)
+        })
     }
 
     /// Fails with EPERM if `ino` is immutable, or append-only and the
@@ -117,6 +135,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         item.nlink = 0;
         let ino = self.add_new_inode(item);
         self.store_inherited_acls(ino, acls)?;
+        self.inherit_compression_property(dir, ino, FileType::Regular)?;
         self.open_inode(ino)?;
         self.inode_unlinked(ino)?;
         Ok(ino)

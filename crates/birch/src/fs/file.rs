@@ -25,8 +25,8 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::compression::DEFAULT_ZSTD_LEVEL;
 use crate::format::{
-    item_type, CompressedRef, Compression, DiskRef, FileExtent, FileType, Key, Timespec,
-    MAX_COMPRESSED_RAM, MAX_EXTENT_BYTES, MAX_FILE_SIZE, MAX_INLINE_DATA, SECTOR_SIZE,
+    item_type, CompressedRef, Compression, CompressionProperty, DiskRef, FileExtent, FileType, Key,
+    Timespec, MAX_COMPRESSED_RAM, MAX_EXTENT_BYTES, MAX_FILE_SIZE, MAX_INLINE_DATA, SECTOR_SIZE,
 };
 use crate::lock_order::allow_io_under_state_lock;
 use std::collections::BTreeMap;
@@ -468,9 +468,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             return Err(Error::FileTooBig);
         }
         let old_size = self.inode(ino)?.item.size;
-        // Rewritten data may compress again (btrfs's NOCOMPRESS is
-        // cleared the same way).
-        self.inode(ino)?.incompressible = false;
         if new_size < old_size {
             self.cancel_writeback(ino)?;
             let keep_pages = new_size.div_ceil(PAGE);
@@ -804,23 +801,32 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         }))
     }
 
-    /// Whether and how the writeback of `ino` compresses: as the
-    /// `compress=` option says, or with zstd for a file with `chattr +c`
-    /// on a mount without one, unless a chunk of the file did not shrink
-    /// since its last truncate (`compress-force` tries anyway).
+    /// Whether and how the writeback of `ino` compresses, as btrfs's
+    /// `inode_need_compress` and `compress_file_range` choose
+    /// (docs/COMPRESSION.md, "Choosing"): `compress-force` always; else
+    /// never with `NOCOMP` (`m`: the property `none`, or a chunk that did
+    /// not shrink); else under `compress=`, `c` or a compression property.
+    /// The algorithm is the property's, else the mount's, else zstd.
     fn compression_for(&mut self, ino: u64) -> Result<Option<(Compression, i32)>> {
         let option = self.fs.options.compress;
-        let inode = self.inode(ino)?;
-        let flagged = inode.item.flags & u64::from(inode_flags::COMPR) != 0;
-        let (algorithm, level) = match option.algorithm {
-            Some(algorithm) => (algorithm, option.level),
-            None if flagged => (Compression::Zstd, DEFAULT_ZSTD_LEVEL),
-            None => return Ok(None),
-        };
-        if inode.incompressible && !option.force {
+        let flags = self.inode(ino)?.item.flags as u32;
+        let forced = option.force && option.algorithm.is_some();
+        let asked = option.algorithm.is_some() || flags & inode_flags::COMPR != 0;
+        if !forced && (flags & inode_flags::NOCOMP != 0 || !asked) {
             return Ok(None);
         }
-        Ok(Some((algorithm, level)))
+        let level_of = |algorithm: Compression| match option.algorithm {
+            Some(mount) if mount == algorithm => option.level,
+            _ if algorithm == Compression::Zstd => DEFAULT_ZSTD_LEVEL,
+            _ => 0,
+        };
+        Ok(Some(
+            match (self.compression_property(ino)?, option.algorithm) {
+                (Some(CompressionProperty::Algorithm(a)), _) => (a, level_of(a)),
+                (_, Some(a)) => (a, option.level),
+                (_, None) => (Compression::Zstd, DEFAULT_ZSTD_LEVEL),
+            },
+        ))
     }
 
     /// Allocates the extents for `runs` (file offset, bytes): one chunk
@@ -953,7 +959,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             ChunkWrite::DidNotShrink | ChunkWrite::Plain => {
                 if matches!(outcome, ChunkWrite::DidNotShrink) {
                     self.fs.stats.compress_attempts_failed += 1;
-                    self.inode(ino)?.incompressible = true;
+                    self.mark_incompressible(ino)?;
                 }
                 self.fs.record_data_extent(chunk.bytenr, &chunk.bytes)?;
                 FileExtent::regular(disk)
@@ -964,6 +970,21 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.insert_file_extent(ino, file_offset, extent)?;
         self.note_written_range(ino, file_offset, file_offset + got)?;
         Ok(added)
+    }
+
+    /// A chunk of `ino` did not shrink: as btrfs's `compress_file_range`,
+    /// the inode gets `NOCOMP` (kept in its item, so an eviction or a
+    /// remount does not forget it), unless `compress-force` is on or the
+    /// file has a compression property (docs/COMPRESSION.md, "Choosing").
+    fn mark_incompressible(&mut self, ino: u64) -> Result<()> {
+        let option = self.fs.options.compress;
+        if option.force && option.algorithm.is_some() {
+            return Ok(());
+        }
+        if let Some(CompressionProperty::Algorithm(_)) = self.compression_property(ino)? {
+            return Ok(());
+        }
+        self.update_inode(ino, |i| i.flags |= u64::from(inode_flags::NOCOMP))
     }
 
     /// Puts a chunk's pages back into the dirty set, but for those dirtied

@@ -40,7 +40,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                     next_index: None,
                     pages: BTreeMap::new(),
                     change_seq: 0,
-                    incompressible: false,
                     // What was written back or logged before it was evicted
                     // is no longer known: its next log is a full one.
                     log: InodeLog {
@@ -79,7 +78,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 next_index: None,
                 pages: BTreeMap::new(),
                 change_seq: 0,
-                incompressible: false,
                 log: InodeLog::default(),
             },
         );

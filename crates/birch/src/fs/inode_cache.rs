@@ -16,11 +16,6 @@ pub(crate) struct Inode {
     /// the inode was last logged.
     pub change_seq: u64,
     pub log: InodeLog,
-    /// A chunk of this file did not shrink under compression: writeback
-    /// stops trying (unless `compress-force`) until the file is truncated
-    /// (docs/COMPRESSION.md, btrfs's NOCOMPRESS heuristic). Not kept
-    /// across eviction.
-    pub incompressible: bool,
 }
 
 /// What the log knows of one inode in the running transaction.

@@ -1052,7 +1052,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     pub fn set_flags(&self, ino: u64, flags: u32) -> Result<()> {
         let _request = self.request();
         self.change_with(
-            |_| Ok(Need::items(1)),
+            // The inode, and the compression property's xattr it may drop.
+            |_| Ok(Need::items(3)),
             |s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.set_flags(ino, flags)

@@ -438,6 +438,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let ino = self.add_new_inode(item);
         // Before the name: a logged parent logs the new inode with it.
         self.store_inherited_acls(ino, acls)?;
+        self.inherit_compression_property(parent, ino, file_type)?;
         self.add_name(parent, name, ino, file_type)?;
         if file_type == FileType::Directory {
             self.update_inode(parent, |p| p.nlink += 1)?;

@@ -472,7 +472,6 @@ impl<D: BlockDevice> FsState<D> {
                             next_index: None,
                             pages: BTreeMap::new(),
                             change_seq: 0,
-                            incompressible: false,
                             log: Default::default(),
                         },
                     );

@@ -616,6 +616,13 @@ pub mod inode_flags {
     /// `chattr +c`; a directory passes it to every inode created in it
     /// (docs/COMPRESSION.md).
     pub const COMPR: u32 = 0x4;
+    /// FS_NOCOMP_FL (`m`, btrfs's NOCOMPRESS): writeback never compresses
+    /// the file, whatever `compress=`, `c` or the property say; only
+    /// `compress-force` does. Set by `chattr +m`, by the property value
+    /// `none`, and by writeback when a chunk of the file did not shrink
+    /// (unless the file has a compression property); inherited like `c`
+    /// (docs/COMPRESSION.md, "Choosing").
+    pub const NOCOMP: u32 = 0x400;
     /// FS_IMMUTABLE_FL: no change at all (data, attributes, names, xattrs).
     pub const IMMUTABLE: u32 = 0x10;
     /// FS_APPEND_FL: data may only be appended; no other change.
@@ -631,7 +638,8 @@ pub mod inode_flags {
     pub const DIRSYNC: u32 = 0x1_0000;
     /// Every flag birch honours; setting any other fails (EOPNOTSUPP), and
     /// `birch check` reports any other bit in an inode item.
-    pub const SUPPORTED: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | DIRSYNC | COMPR;
+    pub const SUPPORTED: u32 =
+        SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | DIRSYNC | COMPR | NOCOMP;
 }
 
 /// `lseek` whence values that look at the file's layout.

@@ -3,13 +3,14 @@
 
 use super::decode::decode_item;
 use super::root::RootCtx;
+use super::types::inode_flags::{COMPR, NOCOMP};
 use super::XattrSetMode;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::MAX_ITEM_DATA;
 use crate::format::{
-    decode_xattrs, encode_xattrs, item_type, name_hash, Acl, FileType, Key, Timespec, Xattr,
-    ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, NAME_MAX,
+    decode_xattrs, encode_xattrs, item_type, name_hash, Acl, CompressionProperty, FileType, Key,
+    Timespec, Xattr, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, COMPRESSION_PROPERTY_XATTR, NAME_MAX,
 };
 use std::ops::ControlFlow;
 
@@ -59,7 +60,96 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         if name == ACL_ACCESS_XATTR || name == ACL_DEFAULT_XATTR {
             return self.set_acl(ino, name, value, kill_sgid);
         }
+        if name == COMPRESSION_PROPERTY_XATTR {
+            return self.set_compression_property(ino, value, mode);
+        }
         self.store_xattr(ino, name, value, mode)
+    }
+
+    /// Sets the compression property as btrfs's `prop_compression_apply`
+    /// (docs/COMPRESSION.md, "The property"): `zstd` / `lz4` is kept and
+    /// sets `c` (clearing `m`); `none` / `no` is kept and sets `m`
+    /// (clearing `c`); an empty value removes the property (if any) and
+    /// clears both; anything else is EINVAL and changes nothing.
+    fn set_compression_property(
+        &mut self,
+        ino: u64,
+        value: &[u8],
+        mode: XattrSetMode,
+    ) -> Result<()> {
+        if value.is_empty() {
+            match self.remove_xattr_item(ino, COMPRESSION_PROPERTY_XATTR) {
+                Ok(()) | Err(Error::NoData) => {}
+                Err(e) => return Err(e),
+            }
+            return self.set_compression_flags(ino, 0);
+        }
+        let bits = match CompressionProperty::parse(value).map_err(Error::InvalidArgument)? {
+            CompressionProperty::Algorithm(_) => COMPR,
+            CompressionProperty::Never => NOCOMP,
+        };
+        self.store_xattr(ino, COMPRESSION_PROPERTY_XATTR, value, mode)?;
+        self.set_compression_flags(ino, bits)
+    }
+
+    /// Replaces the inode's `c` and `m` flags with `bits`.
+    fn set_compression_flags(&mut self, ino: u64, bits: u32) -> Result<()> {
+        let both = u64::from(COMPR | NOCOMP);
+        self.update_inode(ino, |i| i.flags = (i.flags & !both) | u64::from(bits))
+    }
+
+    /// The inode's compression property; `None` without one, or with a
+    /// value that does not parse (a damaged item must not stop writeback:
+    /// the mount's choice applies then).
+    pub(crate) fn compression_property(&mut self, ino: u64) -> Result<Option<CompressionProperty>> {
+        if self.inode(ino)?.item.flags & u64::from(COMPR | NOCOMP) == 0 {
+            // Setting the property sets one of them; clearing both
+            // removes it (`set_flags`), so there is nothing to look up.
+            return Ok(None);
+        }
+        match self.getxattr(ino, COMPRESSION_PROPERTY_XATTR) {
+            Ok(value) => Ok(CompressionProperty::parse(&value).ok()),
+            Err(Error::NoData) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `chattr` changed `c` or `m` (btrfs's `fileattr_set` then rewrites
+    /// or removes the property): the property goes, unless the inode
+    /// keeps `c` and the property names an algorithm.
+    pub(crate) fn compression_flags_changed(&mut self, ino: u64, flags: u32) -> Result<()> {
+        let keep = flags & COMPR != 0
+            && matches!(
+                self.compression_property(ino)?,
+                Some(CompressionProperty::Algorithm(_))
+            );
+        if keep {
+            return Ok(());
+        }
+        match self.remove_xattr_item(ino, COMPRESSION_PROPERTY_XATTR) {
+            Ok(()) | Err(Error::NoData) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A new inode of `file_type` in `dir` takes `dir`'s compression
+    /// property when it names an algorithm, as btrfs's
+    /// `btrfs_inode_inherit_props` (regular files and directories only;
+    /// `none` passes on as the `m` flag, `inherited_flags`).
+    pub(crate) fn inherit_compression_property(
+        &mut self,
+        dir: u64,
+        ino: u64,
+        file_type: FileType,
+    ) -> Result<()> {
+        if !matches!(file_type, FileType::Regular | FileType::Directory) {
+            return Ok(());
+        }
+        if let Some(CompressionProperty::Algorithm(a)) = self.compression_property(dir)? {
+            let value = a.name().as_bytes();
+            self.store_xattr(ino, COMPRESSION_PROPERTY_XATTR, value, XattrSetMode::Create)?;
+        }
+        Ok(())
     }
 
     fn store_xattr(
@@ -120,6 +210,16 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     pub(crate) fn removexattr(&mut self, ino: u64, name: &[u8]) -> Result<()> {
         validate_xattr_name(name)?;
+        self.remove_xattr_item(ino, name)?;
+        if name == COMPRESSION_PROPERTY_XATTR {
+            // As an empty value: back to the mount's choice.
+            self.set_compression_flags(ino, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the xattr `name` (ENODATA if there is none).
+    fn remove_xattr_item(&mut self, ino: u64, name: &[u8]) -> Result<()> {
         let (key, mut bucket) = self.xattr_bucket(ino, name)?;
         let before = bucket.len();
         bucket.retain(|x| x.name != name);
