@@ -747,6 +747,18 @@ impl<D: BlockDevice + 'static> BirchFuse<D> {
     /// The engine finds either by number whether or not the kernel still
     /// holds it. `None` for every other name.
     fn export_lookup(&self, ino: u64, name: &[u8]) -> Option<birch::Result<Attr>> {
+        // A handle into a deleted subvolume is stale, as btrfs's export
+        // code refuses a root without references, also while open files
+        // keep its tree loaded (their own inodes the kernel resolves from
+        // its inode cache without asking).
+        if matches!(name, b"." | b"..")
+            && self
+                .fs
+                .deleted_subvolumes()
+                .contains(&InoSpace::split(ino).0)
+        {
+            return Some(Err(birch::Error::NotFound));
+        }
         match name {
             b"." => Some(self.fs.getattr(ino)),
             // The mount's root is its own parent, as `..` of a mount's
