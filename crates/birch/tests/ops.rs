@@ -332,9 +332,9 @@ fn inode_flags_then_fsync() {
     );
 }
 
-/// chattr `S`, `A`, `d`, `D`, `c` and `m` are stored and read back (lsattr),
-/// alone and together with `i` / `a`; `c` with `m` and a flag birch does
-/// not honour are refused.
+/// chattr `S`, `A`, `d`, `D` and `c` are stored and read back (lsattr), alone
+/// and together with `i` / `a`, and a flag birch does not honour is still
+/// refused.
 #[test]
 fn sync_noatime_nodump_dirsync_are_stored() {
     let fs = mount(common::memory_fs(IMAGE_BYTES, 16));
@@ -344,18 +344,12 @@ fn sync_noatime_nodump_dirsync_are_stored() {
         inode_flags::NOATIME,
         inode_flags::NODUMP,
         inode_flags::DIRSYNC,
-        inode_flags::SUPPORTED & !inode_flags::NOCOMP,
-        inode_flags::SUPPORTED & !inode_flags::COMPR,
+        inode_flags::SUPPORTED,
         0,
     ] {
         fs.set_flags(d, flags).unwrap();
         assert_eq!(fs.get_flags(d).unwrap(), flags);
     }
-    // `c` (compress) and `m` (never compress) together: EINVAL, as btrfs.
-    assert!(matches!(
-        fs.set_flags(d, inode_flags::COMPR | inode_flags::NOCOMP),
-        Err(Error::InvalidArgument(_))
-    ));
     assert!(matches!(
         fs.set_flags(d, inode_flags::NODUMP | 0x0080_0000), // FS_NOCOW_FL
         Err(Error::NotSupported(_))
