@@ -332,9 +332,9 @@ fn inode_flags_then_fsync() {
     );
 }
 
-/// chattr `S`, `A`, `d`, `D` and `c` are stored and read back (lsattr), alone
-/// and together with `i` / `a`, and a flag birch does not honour is still
-/// refused.
+/// chattr `S`, `A`, `d`, `D`, `c` and `m` are stored and read back (lsattr),
+/// alone and together with `i` / `a`; `c` with `m` keeps `m`; a flag birch
+/// does not honour is still refused.
 #[test]
 fn sync_noatime_nodump_dirsync_are_stored() {
     let fs = mount(common::memory_fs(IMAGE_BYTES, 16));
@@ -344,12 +344,18 @@ fn sync_noatime_nodump_dirsync_are_stored() {
         inode_flags::NOATIME,
         inode_flags::NODUMP,
         inode_flags::DIRSYNC,
-        inode_flags::SUPPORTED,
+        inode_flags::SUPPORTED & !inode_flags::NOCOMP,
+        inode_flags::SUPPORTED & !inode_flags::COMPR,
         0,
     ] {
         fs.set_flags(d, flags).unwrap();
         assert_eq!(fs.get_flags(d).unwrap(), flags);
     }
+    // `c` (compress) and `m` (never compress) together: `m` stays.
+    fs.set_flags(d, inode_flags::COMPR | inode_flags::NOCOMP)
+        .unwrap();
+    assert_eq!(fs.get_flags(d).unwrap(), inode_flags::NOCOMP);
+    fs.set_flags(d, 0).unwrap();
     assert!(matches!(
         fs.set_flags(d, inode_flags::NODUMP | 0x0080_0000), // FS_NOCOW_FL
         Err(Error::NotSupported(_))
