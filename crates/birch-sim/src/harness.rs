@@ -448,8 +448,10 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
             Ok(f) => f,
             Err(e) => return Ok(Err(self.errno(e)?)),
         };
+        // `chattr -m +c`: the heuristic may have marked the file `m`,
+        // and `c` with `m` is EINVAL (btrfs's `check_fsflags`).
         let flags = if on {
-            flags | inode_flags::COMPR
+            (flags | inode_flags::COMPR) & !inode_flags::NOCOMP
         } else {
             flags & !inode_flags::COMPR
         };

@@ -102,8 +102,9 @@ pub enum Op {
         dst_offset: u64,
         len: u64,
     },
-    /// `chattr +c` (`on`) or `chattr -c`: FS_IOC_SETFLAGS with
-    /// FS_COMPR_FL set or cleared, the other flags kept.
+    /// `chattr -m +c` (`on`) or `chattr -c`: FS_IOC_SETFLAGS with
+    /// FS_COMPR_FL set (and FS_NOCOMP_FL cleared, which writeback may have
+    /// set) or cleared, the other flags kept.
     SetCompressFlag {
         target: Target,
         on: bool,
@@ -353,7 +354,7 @@ impl fmt::Display for Op {
                 src_offset + len
             ),
             Op::SetCompressFlag { target, on } => {
-                write!(f, "chattr {}c {target}", if *on { '+' } else { '-' })
+                write!(f, "chattr {} {target}", if *on { "-m +c" } else { "-c" })
             }
             Op::Read {
                 target,

@@ -333,8 +333,8 @@ fn inode_flags_then_fsync() {
 }
 
 /// chattr `S`, `A`, `d`, `D`, `c` and `m` are stored and read back (lsattr),
-/// alone and together with `i` / `a`; `c` with `m` keeps `m`; a flag birch
-/// does not honour is still refused.
+/// alone and together with `i` / `a`; `c` with `m` (EINVAL, as btrfs's
+/// `check_fsflags`) and a flag birch does not honour are refused.
 #[test]
 fn sync_noatime_nodump_dirsync_are_stored() {
     let fs = mount(common::memory_fs(IMAGE_BYTES, 16));
@@ -351,10 +351,16 @@ fn sync_noatime_nodump_dirsync_are_stored() {
         fs.set_flags(d, flags).unwrap();
         assert_eq!(fs.get_flags(d).unwrap(), flags);
     }
-    // `c` (compress) and `m` (never compress) together: `m` stays.
-    fs.set_flags(d, inode_flags::COMPR | inode_flags::NOCOMP)
-        .unwrap();
+    // `c` (compress) and `m` (never compress) together: EINVAL, nothing
+    // changed; `chattr -m +c` (one call without `m`) turns `m` into `c`.
+    fs.set_flags(d, inode_flags::NOCOMP).unwrap();
+    assert!(matches!(
+        fs.set_flags(d, inode_flags::COMPR | inode_flags::NOCOMP),
+        Err(Error::InvalidArgument(_))
+    ));
     assert_eq!(fs.get_flags(d).unwrap(), inode_flags::NOCOMP);
+    fs.set_flags(d, inode_flags::COMPR).unwrap();
+    assert_eq!(fs.get_flags(d).unwrap(), inode_flags::COMPR);
     fs.set_flags(d, 0).unwrap();
     assert!(matches!(
         fs.set_flags(d, inode_flags::NODUMP | 0x0080_0000), // FS_NOCOW_FL

@@ -23,18 +23,18 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     /// Sets the inode's flags. Who may is the caller's business (the
     /// kernel requires CAP_LINUX_IMMUTABLE to change these two). As
-    /// btrfs, `m` wins over `c` when both are asked for, and a change of
-    /// either ends the compression property unless `c` stays with an
-    /// algorithm (docs/COMPRESSION.md, "The property").
+    /// btrfs (`check_fsflags`), `c` and `m` together are EINVAL, and a
+    /// change of either ends the compression property unless `c` stays
+    /// with an algorithm (docs/COMPRESSION.md, "The property").
     pub(crate) fn set_flags(&mut self, ino: u64, flags: u32) -> Result<()> {
         if flags & !SUPPORTED != 0 {
             return Err(Error::NotSupported("inode flag birch does not honour"));
         }
-        let flags = if flags & NOCOMP != 0 {
-            flags & !COMPR
-        } else {
-            flags
-        };
+        if flags & NOCOMP != 0 && flags & COMPR != 0 {
+            return Err(Error::InvalidArgument(
+                "chattr +c (compress) and +m (never compress) together",
+            ));
+        }
         let old = self.inode(ino)?.item.flags as u32;
         if (old ^ flags) & (COMPR | NOCOMP) != 0 {
             self.compression_flags_changed(ino, flags)?;
