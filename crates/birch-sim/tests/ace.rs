@@ -46,7 +46,14 @@ fn sample_size() -> usize {
 const SEQ2_SAMPLE: usize = 500;
 
 fn run_all(label: &str, workloads: &[AceWorkload]) -> CrashStats {
-    let cfg = ci_config();
+    run_all_with(label, workloads, &ci_config())
+}
+
+fn run_all_with(
+    label: &str,
+    workloads: &[AceWorkload],
+    cfg: &birch_sim::crash::CrashConfig,
+) -> CrashStats {
     let start = Instant::now();
     let mut total = CrashStats::default();
     let (mut renames, mut with_log) = (0, 0);
@@ -57,7 +64,7 @@ fn run_all(label: &str, workloads: &[AceWorkload]) -> CrashStats {
             skipped += 1;
             continue;
         }
-        let stats = ace::run(w, &cfg).unwrap_or_else(|e| panic!("{e}"));
+        let stats = ace::run(w, cfg).unwrap_or_else(|e| panic!("{label}: {e}"));
         renames += stats.renames_judged;
         with_log += stats.states_with_log;
         total.add(&stats.crash);
@@ -102,6 +109,60 @@ fn every_ace_workload_survives_every_crash() {
         start.elapsed()
     );
 }
+
+/// ACE workloads with one seed's mechanism switched off
+/// (docs/ABLATION.md): the "before" paths the seeds' benchmarks run must
+/// keep every guarantee the oracles check. Seq-1 cannot reach most
+/// switches (its one op runs before its one persistence point, so nothing
+/// is logged yet), so each switch runs a seeded sample of seq-2: 20 in CI,
+/// `BIRCH_ACE_SAMPLE` to change it; `BIRCH_ACE_ABLATION=003` runs one
+/// switch. The sample under seed 000's switch (a new name of a logged
+/// inode syncs the log) must write more flush points than the same sample
+/// without it, or the sample does not reach the switch.
+#[test]
+fn seq2_workloads_survive_every_crash_with_each_ablation_switch() {
+    let chosen = std::env::var("BIRCH_ACE_ABLATION").ok();
+    if let Some(c) = chosen.as_deref() {
+        assert!(
+            birch::Ablation::SEEDS.contains(&c),
+            "BIRCH_ACE_ABLATION={c}: not one of {:?}",
+            birch::Ablation::SEEDS
+        );
+    }
+    let per_switch = std::env::var("BIRCH_ACE_SAMPLE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(ABLATION_SAMPLE);
+    let seed = seed_override().unwrap_or(0);
+    let seq2 = ace::enumerate(2);
+    for (i, id) in birch::Ablation::SEEDS.iter().enumerate() {
+        if chosen.as_deref().is_some_and(|c| c != *id) {
+            continue;
+        }
+        let mut sample = seq2.clone();
+        sample.shuffle(&mut ChaCha8Rng::seed_from_u64(seed + i as u64));
+        sample.truncate(per_switch);
+        let mut cfg = ci_config();
+        cfg.mount.ablation.enable(id).unwrap();
+        let label = format!(
+            "seq-2 sample (seed {seed}), ablate={id} (replay: BIRCH_ACE_ABLATION={id} BIRCH_SEED={seed} BIRCH_ACE_SAMPLE={per_switch} cargo test -p birch-sim --test ace seq2_ -- --nocapture)"
+        );
+        let with = run_all_with(&label, &sample, &cfg);
+        assert!(with.crash_states > 0, "{label}: no crash state");
+        if *id == "000" {
+            let without = run_all(&format!("the same sample without ablate={id}"), &sample);
+            assert!(
+                with.flush_points > without.flush_points,
+                "{label}: {} flush points with the switch, {} without: the sample never syncs the log at a new name",
+                with.flush_points,
+                without.flush_points
+            );
+        }
+    }
+}
+
+/// How many seq-2 workloads CI runs under each ablation switch.
+const ABLATION_SAMPLE: usize = 20;
 
 #[test]
 fn enumeration_covers_every_core_op_and_persistence_point() {
