@@ -245,6 +245,14 @@ impl Backend for ImageBackend {
                 fs.rmdir(dir, name).map_err(failed)?;
             }
             Command::SetXattr { path, name, data } => {
+                if !birch_fuse::supported_xattr_name(&name) {
+                    // The mount's answer (its daemon's, or the kernel's).
+                    return Err(format!(
+                        "{path}: xattr {:?}: {}",
+                        String::from_utf8_lossy(&name),
+                        std::io::Error::from_raw_os_error(libc::EOPNOTSUPP)
+                    ));
+                }
                 fs.setxattr(self.at(&path)?, &name, &data, XattrSetMode::CreateOrReplace)
                     .map_err(failed)?;
             }
@@ -326,7 +334,8 @@ impl Backend for ImageBackend {
             .at_from(source_root, &clone.source_path)
             .map_err(|e| format!("clone source {e}"))?;
         let dst = self.at(&clone.path)?;
-        // The engine's copy may stamp the source's atime; btrfs's clone
+        // The engine's copy stamps the source's atime (its reflink
+        // settles the source's data; a copied tail is read); btrfs's clone
         // does not, and the source's atime was already received.
         let source_atime = self.fs.getattr(src).map_err(|e| e.to_string())?.atime;
         let mut done = 0u64;
@@ -349,9 +358,7 @@ impl Backend for ImageBackend {
             }
             done += n;
         }
-        if source.is_none()
-            && self.fs.getattr(src).map_err(|e| e.to_string())?.atime != source_atime
-        {
+        if source.is_none() {
             self.fs
                 .setattr(
                     src,
