@@ -76,8 +76,9 @@ enum Command {
     /// Create, list and show subvolumes, get and set the default one (as btrfs-progs)
     #[command(subcommand)]
     Subvolume(subvolume::SubvolumeCommand),
-    /// Apply a btrfs send stream (version 1) to a mounted birch: create the subvolume it carries
-    /// under DIR, read-only, with the stream's uuid as its received uuid (as btrfs receive)
+    /// Apply a btrfs send stream (version 1) to a mounted birch or an unmounted image (--image):
+    /// create the subvolume it carries under DIR, read-only, with the stream's uuid as its received
+    /// uuid (as btrfs receive)
     Receive(receive::ReceiveArgs),
     /// Write the send stream (btrfs's format, version 1) of read-only snapshots: full, or
     /// incremental against a parent snapshot with -p (as btrfs send)

@@ -15,8 +15,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// One line of /proc/self/mountinfo that mounts the image.
-struct RunningMount {
-    mount_point: PathBuf,
+pub(crate) struct RunningMount {
+    pub(crate) mount_point: PathBuf,
     /// The superblock is read-only (its options, after " - ").
     read_only: bool,
 }
@@ -68,7 +68,7 @@ pub fn mount_if_served(args: &MountArgs) -> Result<Option<u8>, Failure> {
 
 /// The first live birch mount of `image` whose root is the filesystem's
 /// root as the daemon shows it (mountinfo's root field `/`), if any.
-fn running_mount(image: &Path) -> Option<RunningMount> {
+pub(crate) fn running_mount(image: &Path) -> Option<RunningMount> {
     let canonical = image.canonicalize().ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let mut sources = vec![canonical];

@@ -6,10 +6,11 @@
 //! Several snapshots make one stream: the header before the first, END
 //! after the last (btrfs-progs' OMIT flags).
 
-use crate::subvolume::{failure, ioctl, is_subvolume_root, open_dir, subvolume_id};
-use crate::{mount, show, Failure};
-use birch::device::FileDevice;
-use birch::fs::{Filesystem, MountOptions, SendOptions, SendStats};
+use crate::subvolume::{
+    failure, ioctl, is_subvolume_root, open_dir, open_image, subvolume_id, ImageAccess,
+};
+use crate::{show, Failure};
+use birch::fs::{SendOptions, SendStats};
 use birch_fuse::send::{
     decode_totals, SendArgs as IoctlArgs, BIRCH_IOC_SEND, BIRCH_SEND_ARGS_SIZE,
     BTRFS_SEND_FLAG_OMIT_END_CMD, BTRFS_SEND_FLAG_OMIT_STREAM_HEADER,
@@ -277,19 +278,7 @@ fn send_from_image(
     mut output: Box<dyn Write + Send>,
     progress: &mut Progress,
 ) -> Result<(), Failure> {
-    let dev = FileDevice::open_read_only(image)
-        .map_err(|e| Failure::unreadable(format!("{}: cannot open: {e}", show(image))))?;
-    // A mounted image is sent through its mount: the daemon's commits
-    // would move the trees under a second reader.
-    mount::lock_image(dev.file(), image)?;
-    let fs = Filesystem::open(
-        dev,
-        MountOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| Failure::unreadable(format!("{}: {e}", show(image))))?;
+    let fs = open_image(image, ImageAccess::ReadOnly)?;
     let entries = subvol::list(&fs).map_err(|e| Failure::new(format!("{}: {e}", show(image))))?;
     let find = |path: &Path| -> Result<u64, Failure> {
         let wanted = path.as_os_str().as_bytes();

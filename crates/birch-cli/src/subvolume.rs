@@ -630,22 +630,59 @@ pub(crate) fn list_mounted(path: &Path) -> Result<Vec<SubvolEntry>, Failure> {
 /// `birch subvolume list IMAGE`: the image opened read-only under the
 /// lock a mount takes (a mounted image is listed through its mount).
 fn list_image(image: &Path) -> Result<Vec<SubvolEntry>, Failure> {
-    let dev = FileDevice::open_read_only(image).map_err(|e| {
+    let fs = open_image(image, ImageAccess::ReadOnly)?;
+    subvol::list(&fs).map_err(|e| Failure::new(format!("{}: {e}", show(image))))
+}
+
+/// How an image command opens its image.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ImageAccess {
+    /// list, show, send: nothing written.
+    ReadOnly,
+    /// receive: changes, committed when the filesystem is closed.
+    ReadWrite,
+}
+
+/// The unmounted image IMAGE through the library, under the lock a mount
+/// takes: a mounted image is refused (its daemon's commits would move
+/// the trees under a second reader, and two writers would reuse each
+/// other's blocks), naming where it is mounted.
+pub(crate) fn open_image(
+    image: &Path,
+    access: ImageAccess,
+) -> Result<Filesystem<FileDevice>, Failure> {
+    let dev = match access {
+        ImageAccess::ReadOnly => FileDevice::open_read_only(image),
+        ImageAccess::ReadWrite => FileDevice::open(image, false),
+    }
+    .map_err(|e| {
         Failure::unreadable(format!(
-            "{}: not a birch mount, and cannot open as an image: {e}",
-            show(image)
+            "{}: not a birch mount, and cannot open as an image{}: {e}",
+            show(image),
+            if access == ImageAccess::ReadWrite {
+                " read-write"
+            } else {
+                ""
+            }
         ))
     })?;
+    if let Some(running) = crate::mount_again::running_mount(image) {
+        let at = running.mount_point;
+        return Err(Failure::new(format!(
+            "{}: mounted at {}: use the mount instead of the image",
+            show(image),
+            at.display()
+        )));
+    }
     mount::lock_image(dev.file(), image)?;
-    let fs = Filesystem::open(
+    Filesystem::open(
         dev,
         MountOptions {
-            read_only: true,
+            read_only: access == ImageAccess::ReadOnly,
             ..Default::default()
         },
     )
-    .map_err(|e| Failure::unreadable(format!("{}: {e}", show(image))))?;
-    subvol::list(&fs).map_err(|e| Failure::new(format!("{}: {e}", show(image))))
+    .map_err(|e| Failure::unreadable(format!("{}: {e}", show(image))))
 }
 
 /// How `subvolume show -r|-u` names a subvolume.

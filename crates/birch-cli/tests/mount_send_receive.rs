@@ -66,6 +66,59 @@ impl LoopBtrfs {
         text(&run_ok(Command::new("btrfs").args(args)).stdout)
     }
 
+    /// `btrfs subvolume snapshot -r sv NAME`.
+    fn snapshot(&self, name: &str) {
+        self.btrfs(&[
+            "subvolume",
+            "snapshot",
+            "-r",
+            self.path("sv").to_str().unwrap(),
+            self.path(name).to_str().unwrap(),
+        ]);
+    }
+
+    /// `btrfs send -q [-p PARENT] -f STREAM SNAPSHOT`.
+    fn send(&self, parent: Option<&str>, snapshot: &str, stream: &Path) {
+        let mut args = vec!["send".to_string(), "-q".to_string()];
+        if let Some(p) = parent {
+            args.extend(["-p".to_string(), self.path(p).to_str().unwrap().to_string()]);
+        }
+        args.extend([
+            "-f".to_string(),
+            stream.to_str().unwrap().to_string(),
+            self.path(snapshot).to_str().unwrap().to_string(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.btrfs(&args);
+    }
+
+    /// Subvolume sv with POPULATE's tree (and a socket) in it.
+    fn populate(&self) {
+        self.btrfs(&["subvolume", "create", self.path("sv").to_str().unwrap()]);
+        std::os::unix::net::UnixListener::bind(self.path("sv/sock")).unwrap();
+        sh(POPULATE, &self.path("sv"));
+    }
+
+    /// POPULATE's tree as snapshot s1, then CHANGE's and a directory
+    /// renamed over a removed one as s2; returns the full stream of s1
+    /// and the incremental one of s2 (written in `scratch`).
+    fn full_and_incremental(&self, scratch: &Scratch) -> (PathBuf, PathBuf) {
+        self.populate();
+        self.snapshot("s1");
+        sh(CHANGE, &self.path("sv"));
+        // A directory renamed over one that was removed: d1-renamed (d3,
+        // with the first reflink) goes, d1 takes its name. The stream then
+        // has RENAMEs across directories, two RMDIRs, the swap and a CLONE
+        // (btrfs receive --dump).
+        sh("mkdir d1/inner && touch -d 2020-01-01 d1/inner; rm -r d1-renamed; mv d1 d1-renamed; touch -h -d '2022-05-06 07:08:09.987654321' . d1-renamed", &self.path("sv"));
+        self.snapshot("s2");
+        let full = scratch.path("full.stream");
+        let incremental = scratch.path("incremental.stream");
+        self.send(None, "s1", &full);
+        self.send(Some("s1"), "s2", &incremental);
+        (full, incremental)
+    }
+
     fn uuid(&self, rel: &str) -> String {
         let show = self.btrfs(&["subvolume", "show", self.path(rel).to_str().unwrap()]);
         show.lines()
@@ -297,47 +350,7 @@ fn btrfs_send_full_and_incremental_received_by_birch() {
     }
     let mut fx = Fixture::new("receive-btrfs", "512M");
     let lb = LoopBtrfs::new(&fx.scratch);
-    lb.btrfs(&["subvolume", "create", lb.path("sv").to_str().unwrap()]);
-    std::os::unix::net::UnixListener::bind(lb.path("sv/sock")).unwrap();
-    sh(POPULATE, &lb.path("sv"));
-    lb.btrfs(&[
-        "subvolume",
-        "snapshot",
-        "-r",
-        lb.path("sv").to_str().unwrap(),
-        lb.path("s1").to_str().unwrap(),
-    ]);
-    sh(CHANGE, &lb.path("sv"));
-    // A directory renamed over one that was removed: d1-renamed (d3,
-    // with the first reflink) goes, d1 takes its name. The stream then
-    // has RENAMEs across directories, two RMDIRs, the swap and a CLONE
-    // (btrfs receive --dump).
-    sh("mkdir d1/inner && touch -d 2020-01-01 d1/inner; rm -r d1-renamed; mv d1 d1-renamed; touch -h -d '2022-05-06 07:08:09.987654321' . d1-renamed", &lb.path("sv"));
-    lb.btrfs(&[
-        "subvolume",
-        "snapshot",
-        "-r",
-        lb.path("sv").to_str().unwrap(),
-        lb.path("s2").to_str().unwrap(),
-    ]);
-    let full = fx.scratch.path("full.stream");
-    let incremental = fx.scratch.path("incremental.stream");
-    lb.btrfs(&[
-        "send",
-        "-q",
-        "-f",
-        full.to_str().unwrap(),
-        lb.path("s1").to_str().unwrap(),
-    ]);
-    lb.btrfs(&[
-        "send",
-        "-q",
-        "-p",
-        lb.path("s1").to_str().unwrap(),
-        "-f",
-        incremental.to_str().unwrap(),
-        lb.path("s2").to_str().unwrap(),
-    ]);
+    let (full, incremental) = lb.full_and_incremental(&fx.scratch);
     let dump = lb.btrfs(&["receive", "--dump", "-f", incremental.to_str().unwrap()]);
     for command in ["clone ", "rename ", "rmdir ", "link ", "remove_xattr "] {
         assert!(
@@ -404,24 +417,10 @@ fn truncated_stream_publishes_nothing() {
     }
     let mut fx = Fixture::new("receive-truncated", "256M");
     let lb = LoopBtrfs::new(&fx.scratch);
-    lb.btrfs(&["subvolume", "create", lb.path("sv").to_str().unwrap()]);
-    std::os::unix::net::UnixListener::bind(lb.path("sv/sock")).unwrap();
-    sh(POPULATE, &lb.path("sv"));
-    lb.btrfs(&[
-        "subvolume",
-        "snapshot",
-        "-r",
-        lb.path("sv").to_str().unwrap(),
-        lb.path("s1").to_str().unwrap(),
-    ]);
+    lb.populate();
+    lb.snapshot("s1");
     let full = fx.scratch.path("full.stream");
-    lb.btrfs(&[
-        "send",
-        "-q",
-        "-f",
-        full.to_str().unwrap(),
-        lb.path("s1").to_str().unwrap(),
-    ]);
+    lb.send(None, "s1", &full);
     let bytes = fs::read(&full).unwrap();
     let cut = fx.scratch.path("cut.stream");
     fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
@@ -518,36 +517,13 @@ fn incremental_stream_refuses_a_parent_at_another_transid() {
     let lb = LoopBtrfs::new(&fx.scratch);
     lb.btrfs(&["subvolume", "create", lb.path("sv").to_str().unwrap()]);
     sh("echo one > a", &lb.path("sv"));
-    let snapshot = |name: &str| {
-        lb.btrfs(&[
-            "subvolume",
-            "snapshot",
-            "-r",
-            lb.path("sv").to_str().unwrap(),
-            lb.path(name).to_str().unwrap(),
-        ])
-    };
-    snapshot("s1");
+    lb.snapshot("s1");
     sh("echo two >> a", &lb.path("sv"));
-    snapshot("s2");
+    lb.snapshot("s2");
     let full = fx.scratch.path("full.stream");
     let incremental = fx.scratch.path("incremental.stream");
-    lb.btrfs(&[
-        "send",
-        "-q",
-        "-f",
-        full.to_str().unwrap(),
-        lb.path("s1").to_str().unwrap(),
-    ]);
-    lb.btrfs(&[
-        "send",
-        "-q",
-        "-p",
-        lb.path("s1").to_str().unwrap(),
-        "-f",
-        incremental.to_str().unwrap(),
-        lb.path("s2").to_str().unwrap(),
-    ]);
+    lb.send(None, "s1", &full);
+    lb.send(Some("s1"), "s2", &incremental);
     // The same stream, its SNAPSHOT naming the parent at the next transid.
     let moved = fx.scratch.path("moved.stream");
     let mut reader = StreamReader::new(fs::File::open(&incremental).unwrap()).unwrap();
@@ -599,21 +575,9 @@ fn a_subvolume_named_with_255_bytes_is_received() {
     lb.btrfs(&["subvolume", "create", lb.path("sv").to_str().unwrap()]);
     sh("echo data > f && mkdir d && ln -s f d/link", &lb.path("sv"));
     let name = "n".repeat(255);
-    lb.btrfs(&[
-        "subvolume",
-        "snapshot",
-        "-r",
-        lb.path("sv").to_str().unwrap(),
-        lb.path(&name).to_str().unwrap(),
-    ]);
+    lb.snapshot(&name);
     let stream = fx.scratch.path("long.stream");
-    lb.btrfs(&[
-        "send",
-        "-q",
-        "-f",
-        stream.to_str().unwrap(),
-        lb.path(&name).to_str().unwrap(),
-    ]);
+    lb.send(None, &name, &stream);
     fx.mount();
     birch_ok(&[
         "receive",
@@ -893,5 +857,270 @@ fn birch_send_refusals_name_the_reason() {
         &["send", "--image", image, "-f", out, "sv"],
         "is not read-only",
     );
+    fx.assert_clean();
+}
+
+/// Subvolume PATH (from the top level) of the unmounted image as `birch
+/// subvolume show` prints it: whether it is read-only, and its received
+/// uuid.
+fn image_subvolume(image: &Path, path: &str) -> (bool, String) {
+    let image = image.to_str().unwrap();
+    let list = birch_ok(&["subvolume", "list", image]);
+    let id = list
+        .lines()
+        .find(|l| l.ends_with(&format!(" path {path}")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("{path} not listed: {list}"))
+        .to_string();
+    let show = birch_ok(&["subvolume", "show", "-r", &id, image]);
+    let field = |name: &str| {
+        show.lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {show}"))
+            .trim()
+            .to_string()
+    };
+    (field("Flags:") == "readonly", field("Received UUID:"))
+}
+
+/// The paths `birch subvolume list IMAGE` prints.
+fn image_subvolume_paths(image: &Path) -> Vec<String> {
+    birch_ok(&["subvolume", "list", image.to_str().unwrap()])
+        .lines()
+        .filter_map(|l| l.split_once(" path ").map(|(_, p)| p.to_string()))
+        .collect()
+}
+
+/// `birch receive --image`: a birch image's snapshots, sent from the
+/// unmounted image full and incremental, received into a directory of a
+/// second unmounted image; both compare equal to their sources, are
+/// read-only with the sender's uuids as received uuids, nothing hidden
+/// is left, and `birch check` finds the image clean. A stream of two
+/// snapshots publishes both.
+#[test]
+fn birch_image_sent_and_received_into_an_image() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut a = Fixture::new("recv-image-a", "512M");
+    a.mount();
+    birch_snapshots(&a);
+    let uuids = [birch_uuid(&a.path("s1")), birch_uuid(&a.path("s2"))];
+    a.unmount();
+    let a_image = a.image.to_str().unwrap();
+    let full = a.scratch.path("full.stream");
+    let incremental = a.scratch.path("incremental.stream");
+    let both = a.scratch.path("both.stream");
+    let (full_s, incremental_s, both_s) = (
+        full.to_str().unwrap(),
+        incremental.to_str().unwrap(),
+        both.to_str().unwrap(),
+    );
+    birch_ok(&["send", "-q", "--image", a_image, "-f", full_s, "s1"]);
+    birch_ok(&[
+        "send",
+        "-q",
+        "--image",
+        a_image,
+        "-p",
+        "s1",
+        "-f",
+        incremental_s,
+        "s2",
+    ]);
+    birch_ok(&["send", "-q", "--image", a_image, "-f", both_s, "s1", "s2"]);
+
+    let mut b = Fixture::new("recv-image-b", "512M");
+    b.mount();
+    fs::create_dir(b.path("backups")).unwrap();
+    b.unmount();
+    let b_image = b.image.to_str().unwrap();
+    for stream in [full_s, incremental_s] {
+        birch_ok(&["receive", "--image", b_image, "-f", stream, "backups"]);
+    }
+    birch_ok(&["receive", "--image", b_image, "-f", both_s, "/"]);
+    b.assert_clean();
+    assert_eq!(
+        image_subvolume_paths(&b.image),
+        ["backups/s1", "backups/s2", "s1", "s2"]
+    );
+    for (snap, uuid) in ["s1", "s2"].iter().zip(&uuids) {
+        for path in [format!("backups/{snap}"), snap.to_string()] {
+            assert_eq!(
+                image_subvolume(&b.image, &path),
+                (true, uuid.clone()),
+                "{path}"
+            );
+        }
+    }
+    a.mount();
+    b.mount();
+    for snap in ["s1", "s2"] {
+        assert_same_tree(&a.path(snap), &b.path(&format!("backups/{snap}")));
+        assert_same_tree(&a.path(snap), &b.path(snap));
+    }
+    b.unmount();
+    a.unmount();
+    a.assert_clean();
+}
+
+/// Full and incremental `btrfs send` streams received into an unmounted
+/// image compare equal to the btrfs snapshots (the same trees the mount
+/// test receives), are read-only with btrfs's uuids as received uuids,
+/// and the image checks clean.
+#[test]
+fn btrfs_send_full_and_incremental_received_into_an_image() {
+    if skip_unless_root() || tools_missing() {
+        return;
+    }
+    let mut fx = Fixture::new("recv-image-btrfs", "512M");
+    let lb = LoopBtrfs::new(&fx.scratch);
+    let (full, incremental) = lb.full_and_incremental(&fx.scratch);
+    for stream in [&full, &incremental] {
+        birch_ok(&[
+            "receive",
+            "--image",
+            fx.image_str(),
+            "-f",
+            stream.to_str().unwrap(),
+            "/",
+        ]);
+    }
+    fx.assert_clean();
+    assert_eq!(image_subvolume_paths(&fx.image), ["s1", "s2"]);
+    for snap in ["s1", "s2"] {
+        assert_eq!(image_subvolume(&fx.image, snap), (true, lb.uuid(snap)));
+    }
+    fx.mount();
+    assert_same_tree(&lb.path("s1"), &fx.path("s1"));
+    assert_same_tree(&lb.path("s2"), &fx.path("s2"));
+    fx.unmount();
+    fx.assert_clean();
+}
+
+/// Into an image, a stream cut short, one whose END claims bytes past
+/// the stream, one with a byte flipped (a crc mismatch) and one setting
+/// an xattr outside the namespaces birch stores each fail
+/// naming the command and byte offset, and leave no subvolume (hidden or
+/// published) in the image, which checks clean; the whole stream then
+/// receives.
+#[test]
+fn truncated_stream_into_an_image_publishes_nothing() {
+    if skip_unless_root() || tools_missing() {
+        return;
+    }
+    let mut fx = Fixture::new("recv-image-truncated", "256M");
+    let lb = LoopBtrfs::new(&fx.scratch);
+    lb.populate();
+    lb.snapshot("s1");
+    let full = fx.scratch.path("full.stream");
+    lb.send(None, "s1", &full);
+    let bytes = fs::read(&full).unwrap();
+    let cut = fx.scratch.path("cut.stream");
+    fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let hostile = fx.scratch.path("hostile.stream");
+    let mut h = bytes.clone();
+    let end = h.len() - 10;
+    h[end..end + 4].copy_from_slice(&1000u32.to_le_bytes());
+    fs::write(&hostile, &h).unwrap();
+    let flipped = fx.scratch.path("flipped.stream");
+    let mut f = bytes.clone();
+    f[bytes.len() * 2 / 3] ^= 0x5a;
+    fs::write(&flipped, &f).unwrap();
+    // A well-formed stream with an xattr name no birch mount stores (the
+    // mount answers EOPNOTSUPP): the image refuses it too.
+    let foreign_xattr = fx.scratch.path("foreign-xattr.stream");
+    {
+        use birch::format::send_stream::{Command as StreamCommand, StreamReader, StreamWriter};
+        let mut reader = StreamReader::new(&bytes[..]).unwrap();
+        let mut writer = StreamWriter::new(fs::File::create(&foreign_xattr).unwrap()).unwrap();
+        while let Some((_, mut command)) = reader.next_command().unwrap() {
+            if let StreamCommand::SetXattr { name, .. } = &mut command {
+                *name = b"foreign.name".to_vec();
+            }
+            writer.write(&command).unwrap();
+        }
+    }
+
+    for (stream, expect) in [
+        (&cut, "stream ends"),
+        (&hostile, "END at byte"),
+        (&flipped, "crc32c"),
+        (&foreign_xattr, "SET_XATTR at byte"),
+    ] {
+        let out = birch(&[
+            "receive",
+            "--image",
+            fx.image_str(),
+            "-f",
+            stream.to_str().unwrap(),
+            "/",
+        ]);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{}", text(&out.stdout));
+        assert!(
+            err.contains("send stream:") && err.contains(expect) && err.contains(" at byte "),
+            "{}: {err}",
+            stream.display()
+        );
+        assert_eq!(
+            image_subvolume_paths(&fx.image),
+            Vec::<String>::new(),
+            "{} left a subvolume",
+            stream.display()
+        );
+        fx.assert_clean();
+    }
+    birch_ok(&[
+        "receive",
+        "--image",
+        fx.image_str(),
+        "-f",
+        full.to_str().unwrap(),
+        "/",
+    ]);
+    fx.assert_clean();
+    fx.mount();
+    assert_same_tree(&lb.path("s1"), &fx.path("s1"));
+    let names: Vec<_> = fs::read_dir(&fx.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["s1"]);
+    fx.unmount();
+    fx.assert_clean();
+}
+
+/// `birch receive --image` of a mounted image is refused, naming where
+/// it is mounted; the mount goes on serving, and a DIR that does not
+/// exist in an unmounted image is refused by name.
+#[test]
+fn receive_into_a_mounted_image_is_refused() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = Fixture::new("recv-image-mounted", "256M");
+    fx.mount();
+    fs::write(fx.path("keep"), b"kept").unwrap();
+    let out = birch(&["receive", "--image", fx.image_str(), "-f", "/dev/null", "/"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        err.contains(&format!("mounted at {}", fx.mnt.display())),
+        "{err}"
+    );
+    assert_eq!(fs::read(fx.path("keep")).unwrap(), b"kept");
+    fx.unmount();
+    let out = birch(&[
+        "receive",
+        "--image",
+        fx.image_str(),
+        "-f",
+        "/dev/null",
+        "no/such",
+    ]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no/such: no such file or directory"), "{err}");
     fx.assert_clean();
 }

@@ -2215,24 +2215,29 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
 }
 
 /// FUSE passes every xattr name through, where a kernel filesystem
-/// answers EOPNOTSUPP for a name outside the namespaces it implements.
-/// birch stores user., trusted. and security. attributes, the POSIX ACLs
-/// (which it enforces), and of btrfs.* the compression property
-/// (docs/COMPRESSION.md, "The property"), as btrfs.
+/// answers EOPNOTSUPP for a name outside the namespaces it implements
+/// ([`supported_xattr_name`]).
 fn supported_xattr_namespace(name: &OsStr) -> Result<(), Errno> {
+    if supported_xattr_name(name.as_bytes()) {
+        Ok(())
+    } else {
+        Err(Errno::EOPNOTSUPP)
+    }
+}
+
+/// Whether birch stores an xattr of this name: user., trusted. and
+/// security. attributes, the POSIX ACLs (which it enforces), and of
+/// btrfs.* the compression property (docs/COMPRESSION.md, "The
+/// property"), as btrfs. `birch receive --image` refuses the rest as the
+/// mount does.
+pub fn supported_xattr_name(name: &[u8]) -> bool {
     const NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
     const NAMES: [&[u8]; 3] = [
         birch::format::ACL_ACCESS_XATTR,
         birch::format::ACL_DEFAULT_XATTR,
         birch::format::COMPRESSION_PROPERTY_XATTR,
     ];
-    if NAMESPACES.iter().any(|ns| name.as_bytes().starts_with(ns))
-        || NAMES.contains(&name.as_bytes())
-    {
-        Ok(())
-    } else {
-        Err(Errno::EOPNOTSUPP)
-    }
+    NAMESPACES.iter().any(|ns| name.starts_with(ns)) || NAMES.contains(&name)
 }
 
 /// The attributes of a negative entry: only `ino == 0` matters.

@@ -18,8 +18,8 @@ pub mod subvol;
 mod transport;
 
 pub use adapter::{
-    BirchFuse, FuseOptions, MountControl, NoControl, TransportChoice, BIRCH_IOC_STATS,
-    BIRCH_IOC_SYNC, BIRCH_STATS_MAX, XFS_IOC_GOINGDOWN,
+    supported_xattr_name, BirchFuse, FuseOptions, MountControl, NoControl, TransportChoice,
+    BIRCH_IOC_STATS, BIRCH_IOC_SYNC, BIRCH_STATS_MAX, XFS_IOC_GOINGDOWN,
 };
 pub use scrub::{BIRCH_IOC_SCRUB, BIRCH_SCRUB_MAX};
 
