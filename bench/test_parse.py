@@ -274,7 +274,8 @@ class Options(unittest.TestCase):
         self.assertEqual((full.duration, full.repeat, full.dirlog_files), (60, 3, 10000))
         self.assertEqual((full.roomy_size, full.tight_size), (4096 << 20, 1843 << 20))
         self.assertEqual(full.fs_list, ["btrfs", "ext4", "xfs"])
-        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded", "snapshots", "send"])
+        self.assertEqual(full.workloads, ["dbench", "dirlog", "untar", "fio", "embedded", "snapshots", "send",
+                                          "compress"])
         self.assertIsNone(full.birch_bin)
         quick = resolve("--quick", "--repeat", "2")
         self.assertEqual((quick.duration, quick.repeat, quick.dirlog_files), (4, 2, 1000))
@@ -555,6 +556,65 @@ class Report(unittest.TestCase):
             for r in t:
                 self.assertIn("| %s |" % " | ".join(r), text)
         self.assertNotIn("Send and receive", report.build_report(load_results("report-quick-dup"), "q"))
+
+    def test_compress_section(self):
+        """Section 8 from a --quick run of the compress workload: every
+        cell is the median of its records, the space saved against the
+        same filesystem without compression, every ratio against btrfs
+        with the same codec."""
+        results = load_results("report-compress-quick")
+        text = report.build_report(results, "quick", plot_err="test")
+        self.assertIn("## 8. Transparent compression (issue 25)", text)
+        rows = report.compress_rows(report.Data(results))
+
+        def metric(fs, config, key):
+            return statistics.median(r["metrics"][key] for r in results["records"]
+                                     if (r["workload"], r["config"], r["fs"]) == ("compress", config, fs))
+        self.assertEqual([(r[0], r[1]) for r in rows],
+                         [(fs, c) for fs in ("btrfs", "birch") for c in ("none", "zstd", "fast")])
+        row = next(r for r in rows if r[:2] == ["birch", "zstd"])
+        copy, copy_b = metric("birch", "zstd", "copy_s"), metric("btrfs", "zstd", "copy_s")
+        used, used_none = metric("birch", "zstd", "used_bytes"), metric("birch", "none", "used_bytes")
+        read, read_b = metric("birch", "zstd", "read_s"), metric("btrfs", "zstd", "read_s")
+        self.assertEqual(row[2:10], ["`-o compress=zstd`", report.fmt_num(copy, 2), "×%.2f" % (copy / copy_b),
+                                     report.fmt_num(used / 2.0 ** 20, 1), "%.0f %%" % (100 * (1 - used / used_none)),
+                                     report.fmt_num(metric("birch", "zstd", "du_bytes") / 2.0 ** 20, 1),
+                                     report.fmt_num(read, 2), "×%.2f" % (read / read_b)])
+        # the fast codecs are each filesystem's own, compared with each other
+        self.assertEqual(next(r for r in rows if r[:2] == ["btrfs", "fast"])[2], "`-o compress=lzo`")
+        self.assertEqual(next(r for r in rows if r[:2] == ["birch", "fast"])[2:5],
+                         ["`-o compress=lz4`", report.fmt_num(metric("birch", "fast", "copy_s"), 2),
+                          "×%.2f" % (metric("birch", "fast", "copy_s") / metric("btrfs", "fast", "copy_s"))])
+        # no compression saves nothing; compression saves space on both
+        for fs in ("btrfs", "birch"):
+            self.assertEqual(next(r for r in rows if r[:2] == [fs, "none"])[6], "—")
+            self.assertLess(metric(fs, "zstd", "used_bytes"), metric(fs, "none", "used_bytes"))
+        for r in rows:
+            self.assertIn("| %s |" % " | ".join(r), text)
+        self.assertNotIn("Transparent compression", report.build_report(load_results("report-quick-dup"), "q"))
+
+    def test_compress_workload_helpers(self):
+        from harness.workloads import compress
+        self.assertEqual(compress.compress_option("fast", "birch"), "compress=lz4")
+        self.assertEqual(compress.compress_option("fast", "btrfs"), "compress=lzo")
+        self.assertIsNone(compress.compress_option("none", "birch"))
+        self.assertEqual(compress.du_bytes("123456\t/m/tree\n"), 123456)
+        with self.assertRaises(CmdError):
+            compress.du_bytes("du: cannot access")
+        # the option is added to a copy: the shared setups keep theirs
+        btrfs = SETUPS["btrfs"].with_mount_option("compress=zstd")
+        self.assertEqual((btrfs.mount_opts, SETUPS["btrfs"].mount_opts), ("ssd,compress=zstd", "ssd"))
+        birch = SETUPS["birch"].with_mount_option("compress=lz4")
+        self.assertEqual(birch.mount_bg[-2:], ["-o", "compress=lz4"])
+        self.assertNotIn("compress=lz4", SETUPS["birch"].mount_bg)
+        with tempfile.TemporaryDirectory() as tmp:
+            os.makedirs(os.path.join(tmp, "d"))
+            with open(os.path.join(tmp, "d", "f"), "wb") as f:
+                f.write(b"x" * 3000)
+            with open(os.path.join(tmp, "g"), "wb"):
+                pass
+            os.symlink("g", os.path.join(tmp, "link"))
+            self.assertEqual(compress.read_tree(tmp), (2, 3000))
 
     def test_no_snapshots_section_without_its_records(self):
         self.assertNotIn("Subvolumes and snapshots", report.build_report(load_results("report-quick-dup"), "q"))

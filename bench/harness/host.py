@@ -94,6 +94,12 @@ def syncfs(procs: Processes, path: str, quiet: bool = True, timeout: float = 180
     procs.run(["sync", "-f", path], quiet=quiet, timeout=timeout)
 
 
+def drop_caches(procs: Processes) -> None:
+    """Drop the host's clean page cache, dentries and inodes (root only),
+    so that a read-back reads from the device."""
+    procs.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], quiet=True, timeout=120)
+
+
 def fmt_bytes(n: int) -> str:
     for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= div:

@@ -1027,6 +1027,75 @@ def _send_section(d):
     return L
 
 
+COMPRESS_CODECS = (("none", "none"), ("zstd", "zstd"), ("fast", "fast (birch lz4, btrfs lzo)"))
+
+
+def _compress_first(d, key):
+    for r in d.recs("compress"):
+        v = (r.get("metrics") or {}).get(key)
+        if v is not None:
+            return v
+    return None
+
+
+def compress_rows(d):
+    """The compression section's table: one row per filesystem and codec:
+    the mount option, copy + sync seconds and × the base filesystem with
+    the same codec, space used (df) and what the codec saved against the
+    same filesystem without one, `du -s`, read-back seconds and × base."""
+    fss = [f for f in d.fs if d.recs("compress", fs=f, ok=None)]
+    b = d.base
+    mib = float(1 << 20)
+    rows = []
+    for f in fss:
+        none_used = d.stat("compress", "none", f, "used_bytes")
+        for config, label in COMPRESS_CODECS:
+            if not d.recs("compress", config, f, ok=None):
+                continue
+            option = next((r["metrics"].get("mount_option") for r in d.recs("compress", config, f)
+                           if r.get("metrics")), None)
+            copy = d.stat("compress", config, f, "copy_s")
+            used = d.stat("compress", config, f, "used_bytes")
+            du = d.stat("compress", config, f, "du_bytes")
+            read = d.stat("compress", config, f, "read_s")
+            saved = None if config == "none" or not used or not none_used or not none_used["median"] \
+                else 100.0 * (1 - used["median"] / none_used["median"])
+            rows.append([f, label.split(" (")[0], "`-o %s`" % option if option else "—",
+                         fmt_stat(copy, 2), fmt_ratio(ratio(copy, d.stat("compress", config, b, "copy_s"))),
+                         fmt_num(used["median"] / mib, 1) if used else "—",
+                         "—" if saved is None else "%.0f %%" % saved,
+                         fmt_num(du["median"] / mib, 1) if du else "—",
+                         fmt_stat(read, 2), fmt_ratio(ratio(read, d.stat("compress", config, b, "read_s"))),
+                         fmt_num(d.load("compress", config, f), 1)])
+    return rows
+
+
+def _compress_section(d):
+    """Issue 25's benchmark: a tree copied with and without compression,
+    birch against btrfs with the same codec."""
+    L = []
+    add = L.append
+    if not d.recs("compress", ok=None):
+        return L
+    b = d.base
+    add("## 8. Transparent compression (issue 25)")
+    add("")
+    add("On a fresh filesystem per codec: a tree of %s files (%s MiB) untarred and synced (`copy + "
+        "sync`, timed together from a warm tarball); `space` = `df` used after minus before; `saved` = "
+        "against the same filesystem without compression; `du` = `du -s` of the tree (birch's counts "
+        "the compressed blocks, btrfs's the uncompressed size); then unmount, mount, drop_caches and "
+        "every file read back (`read`). `fast` is birch's `compress=lz4` against btrfs's "
+        "`compress=lzo` (btrfs has no lz4). Cells: median (min–max over repetitions); × %s with the "
+        "same codec." % (fmt_count(_compress_first(d, "tree_files")),
+                         fmt_num((_compress_first(d, "tree_bytes") or 0) / float(1 << 20), 0), b))
+    add("")
+    add(md_table(["fs", "codec", "mount option", "copy + sync s", "× %s" % b, "space MiB", "saved",
+                  "du MiB", "read s", "× %s" % b, "load"], compress_rows(d),
+                 ["---", "---", "---"] + ["--:"] * 8))
+    add("")
+    return L
+
+
 def _snapshots_timed(d):
     for r in d.recs("snapshots", "snapshot-small"):
         if (r.get("metrics") or {}).get("snapshots_s"):
@@ -1201,7 +1270,8 @@ def build_report(results, title, made=(), plot_err=None):
     d = Data(results)
     sections = (_header(d, title), _headline_section(d, made, plot_err), _ablation_section(d, made), _dbench_section(d),
                 _dirlog_section(d), _untar_section(d), _fio_section(d), _embedded_section(d),
-                _snapshots_section(d), _send_section(d), _dup_section(d), _requests_section(d), _floor_section(d), _failures_section(d))
+                _snapshots_section(d), _send_section(d), _compress_section(d), _dup_section(d),
+                _requests_section(d), _floor_section(d), _failures_section(d))
     return "\n".join(line for s in sections for line in s) + "\n"
 
 

@@ -86,6 +86,11 @@ class Setup(ABC):
             d["subvolumes"] = dict(vars(self.subvolumes))
         return d
 
+    def with_mount_option(self, option: str) -> "Setup":
+        """This setup with one more mount option (`compress=zstd`); the
+        column keeps its name. Setups that take no options refuse."""
+        raise CmdError("%s takes no extra mount options" % self.name)
+
     @abstractmethod
     def open(self, ctx: RunContext, size: int, tag: str) -> "Mounted":
         """A fresh filesystem of `size` bytes, set up on `with`."""
@@ -183,6 +188,13 @@ class Mounted(ABC):
         t0 = time.perf_counter()
         self.ctx.run(argv, timeout=3600, out_path=out_path)
         return time.perf_counter() - t0
+
+    def remount(self) -> None:
+        """Unmount and mount the same filesystem again (a FUSE daemon
+        restarts): a read afterwards finds no cache of the filesystem's."""
+        if not self._unmount():
+            raise CmdError("could not unmount %s to remount it" % self.mnt)
+        self._mount()
 
     def unmount_timed(self) -> float:
         """Unmount now and return the seconds it took; teardown() then only

@@ -16,6 +16,7 @@ measured even if birch's default changes.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Optional
 
 from harness import host, parsers
@@ -58,6 +59,11 @@ class BirchSetup(FuseSetup):
 
     def describe(self) -> dict:
         return dict(super().describe(), sync=SYNC, metadata=self.metadata, ablate=self.ablate)
+
+    def with_mount_option(self, option: str) -> "BirchSetup":
+        other = copy.copy(self)
+        other.mount_bg = self.mount_bg + ["-o", option]
+        return other
 
     def open(self, ctx: RunContext, size: int, tag: str) -> Mounted:
         return FuseMount(self, ctx, size, tag)

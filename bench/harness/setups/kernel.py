@@ -3,6 +3,7 @@ btrfs, ext4 and xfs setups (each has its own module for its options)."""
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Optional
 
 from harness import host
@@ -24,6 +25,11 @@ class KernelSetup(Setup):
 
     def describe(self) -> dict:
         return dict(super().describe(), mount_opts=self.mount_opts)
+
+    def with_mount_option(self, option: str) -> Setup:
+        other = copy.copy(self)
+        other.mount_opts = ",".join(o for o in (self.mount_opts, option) if o)
+        return other
 
     def open(self, ctx: RunContext, size: int, tag: str) -> Mounted:
         return KernelMount(self, ctx, size, tag)

@@ -4,6 +4,7 @@ against itself with one seed's mechanism switched off (docs/ABLATION.md)."""
 
 from harness.workloads.ablation import Ablation
 from harness.workloads.base import Measurement, Workload
+from harness.workloads.compress import Compress
 from harness.workloads.dbench import Dbench
 from harness.workloads.dirlog import Dirlog
 from harness.workloads.embedded import Embedded
@@ -13,7 +14,7 @@ from harness.workloads.snapshots import Snapshots
 from harness.workloads.untar import Untar
 
 WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (Dbench, Dirlog, Untar, Fio, Embedded, Snapshots,
-                                                              Send, Ablation)}
+                                                              Send, Compress, Ablation)}
 # The default list (every workload but `ablation`).
 WORKLOAD_NAMES = [name for name in WORKLOADS if name != Ablation.name]
 

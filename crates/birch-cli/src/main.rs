@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! birch mkfs IMAGE [--size SIZE] [--force]
-//! birch check IMAGE                 exit 0 clean, 1 faults, 2 cannot read
+//! birch check [--verify-data] IMAGE exit 0 clean, 1 faults, 2 cannot read
 //! birch dump IMAGE [super | tree [ID|NAME] | block BYTENR]
 //! birch mount IMAGE MOUNTPOINT [-f] [-o OPTIONS]
 //! birch sync MOUNTPOINT
@@ -28,8 +28,8 @@ mod stats;
 mod subvolume;
 
 use birch::check::{
-    check_device, newest_valid_copy, read_superblock_copies, tree_roots, SuperblockCopy,
-    TreeRootRef,
+    check_device_with, newest_valid_copy, read_superblock_copies, tree_roots, CheckOptions,
+    SuperblockCopy, TreeRootRef,
 };
 use birch::device::{BlockDevice, FileDevice};
 use birch::format::{parse_tree_name, tree_name, Superblock, MIN_DEVICE_BYTES, SECTOR_SIZE};
@@ -147,6 +147,10 @@ struct ScrubArgs {
 struct CheckArgs {
     #[command(flatten)]
     image: ImageArg,
+    /// Also read every data extent once: its blocks against their
+    /// checksums, a compressed extent decompressed to its recorded length
+    #[arg(long, visible_alias = "check-data-csum")]
+    verify_data: bool,
 }
 
 #[derive(Args)]
@@ -580,7 +584,10 @@ fn open_read_only(path: &Path) -> Result<FileDevice, Failure> {
 fn check(args: &CheckArgs) -> Result<u8, Failure> {
     let path = &args.image.image;
     let dev = open_read_only(path)?;
-    let report = check_device(&dev);
+    let options = CheckOptions {
+        verify_data: args.verify_data,
+    };
+    let report = check_device_with(&dev, options);
     if let Some(why) = report.unreadable_reason() {
         return Err(Failure::unreadable(format!("{}: {why}", show(path))));
     }

@@ -97,6 +97,20 @@ fn mkfs_creates_a_sized_image_that_checks_clean() {
     let o = birch(&["check", &img]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("result: clean"), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("data: read"), "{}", stdout(&o));
+    // With the data (btrfs-progs' spelling too): pass `data` runs and
+    // says what it read, here nothing.
+    for flag in ["--verify-data", "--check-data-csum"] {
+        let o = birch(&["check", flag, &img]);
+        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+        let out = stdout(&o);
+        assert!(
+            out.contains("data: read 0 extents (0 bytes), decompressed 0 compressed extents")
+                && out.contains("  data            ok")
+                && out.contains("result: clean"),
+            "{out}"
+        );
+    }
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! compressible and an incompressible file written, synced, read back
 //! after a remount; `du`'s blocks show what compression saved; `chattr
 //! +c` on a directory compresses what is created in it; `birch
-//! check` (at drop) and `birch scrub` of the image are clean.
+//! check` (at drop), `birch check --verify-data` and `birch scrub` of the
+//! image are clean.
 //!
 //! Run: `cargo test -p birch-cli --test mount_compress` as root
 //! (BIRCH_REQUIRE_MOUNT=1 makes a missing mount a failure).
@@ -144,6 +145,24 @@ fn compress_zstd_shrinks_text_keeps_noise_and_reads_back_after_remount() {
         text(&out.stdout),
         text(&out.stderr)
     );
+    // Every compressed extent decompresses to its recorded length, every
+    // block matches its checksum (btrfs-progs' spelling is an alias).
+    for flag in ["--verify-data", "--check-data-csum"] {
+        let out = birch(&["check", flag, fx.image_str()]);
+        let report = text(&out.stdout);
+        assert!(
+            out.status.success() && report.contains("result: clean"),
+            "birch check {flag}: {report}{}",
+            text(&out.stderr)
+        );
+        let decompressed: u64 = report
+            .split("decompressed ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no data line: {report}"));
+        assert!(decompressed > 0, "{report}");
+    }
     let out = birch(&["dump", fx.image_str(), "super"]);
     assert!(
         text(&out.stdout).contains("compression on"),

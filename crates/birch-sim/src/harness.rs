@@ -41,7 +41,8 @@ pub fn known_divergence(op: &Op, model: Errno, engine: Errno) -> Option<&'static
 /// Entries are (a substring of the fault's reason, the bug); none is open.
 pub const KNOWN_CHECK_FAULTS: &[(&str, &str)] = &[];
 
-/// Checks an image: `Ok(tolerated faults)` when clean (or when every fault
+/// Checks an image, its data too (`birch check --verify-data`):
+/// `Ok(tolerated faults)` when clean (or when every fault
 /// is a known engine bug and not in strict mode), else the report.
 pub fn check_image<D: BlockDevice + ?Sized>(dev: &D) -> Result<Vec<String>, String> {
     check_image_summary(dev).map(|(tolerated, _)| tolerated)
@@ -51,7 +52,10 @@ pub fn check_image<D: BlockDevice + ?Sized>(dev: &D) -> Result<Vec<String>, Stri
 pub fn check_image_summary<D: BlockDevice + ?Sized>(
     dev: &D,
 ) -> Result<(Vec<String>, birch::check::Summary), String> {
-    let report = birch::check::check_device(dev);
+    // With the data: every state's compressed extents decompress to
+    // their recorded lengths and every block matches its checksum.
+    let options = birch::check::CheckOptions { verify_data: true };
+    let report = birch::check::check_device_with(dev, options);
     if report.is_clean() {
         return Ok((Vec::new(), report.summary));
     }

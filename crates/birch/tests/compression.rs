@@ -16,7 +16,7 @@ use birch::fs::{
     inode_flags, read_superblock, CompressOption, DataChecksums, FallocateMode, Filesystem,
     MkfsOptions, MountOptions, XattrSetMode,
 };
-use common::{assert_clean, for_every_crash_mount_after, Enumeration};
+use common::{assert_clean_with_data as assert_clean, for_every_crash_mount_after, Enumeration};
 use std::sync::Arc;
 
 const IMAGE_BYTES: u64 = 64 << 20;

@@ -24,7 +24,7 @@
 //! - `BIRCH_FUZZ_SECONDS=T` keeps running cases until T seconds have passed
 //!   (the case count is then only a floor).
 
-use birch::check::check_device;
+use birch::check::{check_device, check_device_with, CheckOptions};
 use birch::device::{BlockDevice, MemoryDevice};
 use birch::format::{
     item_type, tree_id, FileType, Key, Node, NodeBody, RootItem, NODE_SIZE, SUPERBLOCK_OFFSETS,
@@ -637,7 +637,12 @@ fn run_case(img: Vec<u8>) -> Option<(&'static str, String)> {
         format!("{text} at {}", PANIC_AT.with(|p| p.borrow().clone()))
     };
     let check_dev = MemoryDevice::from_bytes(img.clone());
-    if let Err(p) = catch_unwind(AssertUnwindSafe(|| check_device(&check_dev))) {
+    // With --verify-data: the mutated lengths and algorithm bytes of
+    // compressed extents reach the decompression.
+    let verify_data = CheckOptions { verify_data: true };
+    if let Err(p) = catch_unwind(AssertUnwindSafe(|| {
+        check_device_with(&check_dev, verify_data)
+    })) {
         return Some(("check", message(p)));
     }
     let opened = catch_unwind(AssertUnwindSafe(|| {

@@ -25,6 +25,25 @@ pub(crate) struct CsumRecords {
     pub items: Vec<CsumRec>,
     /// Of the log trees, one tree after another, each in key order.
     pub log_items: Vec<CsumRec>,
+    /// With `--verify-data` only: the checksum tree's checksums, what the
+    /// `data` pass compares the blocks it reads with.
+    pub values: CsumValues,
+}
+
+/// The checksums of the checksum tree's items, by the start of the item
+/// holding them (4 bytes per data block).
+#[derive(Debug, Default)]
+pub(crate) struct CsumValues(BTreeMap<u64, Vec<u32>>);
+
+impl CsumValues {
+    /// The recorded checksum of the data block at `block`, if an item
+    /// covers it (of overlapping items, which `csum-overlap` reports, the
+    /// one starting last).
+    pub fn value_of(&self, block: u64) -> Option<u32> {
+        let (&start, sums) = self.0.range(..=block).next_back()?;
+        let index = usize::try_from((block - start) / SECTOR_SIZE).ok()?;
+        sums.get(index).copied()
+    }
 }
 
 impl Checker<'_> {
@@ -51,11 +70,12 @@ impl Checker<'_> {
         true
     }
 
-    /// Keeps a decoded checksum item of `count` checksums, of the checksum
-    /// tree or (for `TreeKind::Log`) of a log tree.
+    /// Keeps a decoded checksum item, of the checksum tree or (for
+    /// `TreeKind::Log`) of a log tree; its values only for `--verify-data`.
     /// An item whose range would end past 2^64 is a fault and is not kept
     /// (the passes below add `start + len`).
-    pub(super) fn record_csums(&mut self, kind: TreeKind, loc: &Loc, count: usize) {
+    pub(super) fn record_csums(&mut self, kind: TreeKind, loc: &Loc, sums: Vec<u32>) {
+        let count = sums.len();
         let len = (count as u64).saturating_mul(SECTOR_SIZE);
         if loc.key.offset.checked_add(len).is_none() {
             self.fault_at(
@@ -77,6 +97,9 @@ impl Checker<'_> {
             self.csums.log_items.push(rec);
         } else {
             self.csums.items.push(rec);
+            if self.options.verify_data {
+                self.csums.values.0.insert(loc.key.offset, sums);
+            }
         }
     }
 }

@@ -374,6 +374,16 @@ fault_ids! {
         /// A log tree holds a subvolume link (S10).
         LogSubvolumeLink = "log-subvolume-link",
     }
+    pass_id::DATA => {
+        /// A data extent that could not be read: empty, unaligned, past the device's end, or a read error.
+        DataUnreadable = "data-unreadable",
+        /// A data extent with blocks that do not match their checksums.
+        DataCsumMismatch = "data-csum-mismatch",
+        /// A compressed extent its codec refuses, or whose recorded lengths are outside the format's limits.
+        CompressedUndecodable = "compressed-undecodable",
+        /// A compressed extent that decompresses to another length than its items record.
+        CompressedLength = "compressed-length",
+    }
 }
 
 impl fmt::Display for FaultId {

@@ -20,6 +20,8 @@
 //! file-extents    per-file extent layout, inline rules, nbytes
 //! data-csums      checksums of the data extents in use
 //! subvolumes      root items, root refs, links, orphan roots, default
+//! data            (--verify-data only) every referenced data extent read
+//!                 once: checksums, compressed extents decompress
 //! ```
 //!
 //! The check never writes and never panics: a device it cannot make sense
@@ -29,6 +31,7 @@
 //! terminates.
 
 mod csums;
+mod data;
 mod extents;
 mod fault_id;
 mod files;
@@ -90,6 +93,11 @@ pub const PASSES: &[Pass] = &[
         description: "subvolume root items (long form, fields, uuids), ROOT_REF / ROOT_BACKREF pairs and their links, no link cycle, orphan roots, the default subvolume; none of them without INCOMPAT_SUBVOLUMES (docs/SNAPSHOTS.md)",
         run: subvols::run,
     },
+    Pass {
+        id: "data",
+        description: "with --verify-data: every data extent a subvolume tree references is read once, its blocks match their checksums, and a compressed one decompresses to the length its items record",
+        run: data::run,
+    },
 ];
 
 /// Pass ids, for callers that filter faults.
@@ -103,6 +111,17 @@ pub mod pass_id {
     pub const FILE_EXTENTS: &str = "file-extents";
     pub const DATA_CSUMS: &str = "data-csums";
     pub const SUBVOLUMES: &str = "subvolumes";
+    pub const DATA: &str = "data";
+}
+
+/// What [`check_device_with`] does beyond the metadata.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// Also run pass `data` (`birch check --verify-data`): read every
+    /// referenced data extent once, compare its checksums and decompress
+    /// it if compressed. Keeps the checksum tree's checksums in memory
+    /// (4 bytes per 4 KiB of data).
+    pub verify_data: bool,
 }
 
 /// What a pass did.
@@ -205,11 +224,24 @@ pub struct Summary {
     pub compressed_extent_items: u64,
     /// Nodes of log trees (outside the extent tree).
     pub log_nodes: u64,
+    /// What pass `data` read (`None`: it did not run).
+    pub data_verified: Option<DataVerified>,
     /// Deleted subvolumes whose drop has not finished (refs 0, an
     /// orphan-root item), with how far it got (`Key::MIN`: not started).
     /// An interrupted deletion is reported here, not as a fault: the next
     /// read-write mount resumes it.
     pub deleted_subvolumes: Vec<(u64, crate::format::Key)>,
+}
+
+/// What pass `data` read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DataVerified {
+    /// Disk extents read (each once, however many items share it).
+    pub extents: u64,
+    pub bytes: u64,
+    /// Compressed extents decompressed (once per compression their items
+    /// record).
+    pub decompressed: u64,
 }
 
 /// The result of [`check_device`].
@@ -336,6 +368,13 @@ impl CheckReport {
                 s.file_extent_items,
                 s.compressed_extent_items
             )?;
+            if let Some(d) = s.data_verified {
+                writeln!(
+                    f,
+                    "data: read {} extents ({} bytes), decompressed {} compressed extents",
+                    d.extents, d.bytes, d.decompressed
+                )?;
+            }
             if s.log_nodes > 0 {
                 writeln!(f, "log trees: {} nodes", s.log_nodes)?;
             }
@@ -395,11 +434,20 @@ impl fmt::Display for CheckReport {
     }
 }
 
-/// Checks the filesystem on `dev` without writing to it.
+/// Checks the filesystem on `dev` without writing to it: its metadata
+/// (every pass but `data`).
 pub fn check_device<D: BlockDevice + ?Sized>(dev: &D) -> CheckReport {
+    check_device_with(dev, CheckOptions::default())
+}
+
+/// [`check_device`], with the data too when `options` asks for it.
+pub fn check_device_with<D: BlockDevice + ?Sized>(dev: &D, options: CheckOptions) -> CheckReport {
     let reader = ReadOnly(dev);
-    let mut c = Checker::new(&reader);
+    let mut c = Checker::new(&reader, options);
     for pass in PASSES {
+        if pass.id == pass_id::DATA && !options.verify_data {
+            continue;
+        }
         let status = (pass.run)(&mut c);
         c.report.passes.push((pass.id, status));
     }
@@ -568,6 +616,7 @@ pub(crate) struct FsRecords {
 /// What the passes share.
 pub(crate) struct Checker<'a> {
     dev: &'a dyn BlockDevice,
+    options: CheckOptions,
     report: CheckReport,
     sb: Option<Superblock>,
     /// Trees whose root node could be read.
@@ -628,11 +677,12 @@ enum Severity {
 }
 
 impl<'a> Checker<'a> {
-    fn new(dev: &'a dyn BlockDevice) -> Self {
+    fn new(dev: &'a dyn BlockDevice, options: CheckOptions) -> Self {
         let mut report = CheckReport::default();
         report.summary.device_bytes = dev.size_bytes();
         Checker {
             dev,
+            options,
             report,
             sb: None,
             readable: HashMap::new(),

@@ -830,7 +830,7 @@ impl Checker<'_> {
                 }
             }
             Item::DirLogIndex | Item::LogFullExtents | Item::LogUnlinked => {}
-            Item::Csums(sums) => self.record_csums(kind, loc, sums.len()),
+            Item::Csums(sums) => self.record_csums(kind, loc, sums),
             Item::Root(r) => {
                 if r.level > MAX_LEVEL {
                     self.fault_at(

@@ -123,6 +123,79 @@ pub fn decompress(algorithm: Compression, src: &[u8], dst: &mut [u8]) -> Result<
     Ok(())
 }
 
+/// Why a compressed extent's bytes do not give back its recorded data
+/// ([`verify_decompression`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecompressFault {
+    /// The recorded uncompressed length is above [`MAX_COMPRESSED_RAM`]:
+    /// nothing was allocated or decompressed.
+    OverLimit,
+    /// The codec refused the bytes; its message.
+    Codec(String),
+    /// A valid stream of another length: the length it declares or gives,
+    /// or `None` when it gives more than the recorded length.
+    Length(Option<u64>),
+}
+
+impl fmt::Display for DecompressFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecompressFault::OverLimit => write!(
+                f,
+                "the recorded length is above the {MAX_COMPRESSED_RAM}-byte chunk limit"
+            ),
+            DecompressFault::Codec(e) => f.write_str(e),
+            DecompressFault::Length(Some(n)) => write!(f, "the data decompresses to {n} bytes"),
+            DecompressFault::Length(None) => f.write_str("the data decompresses to more bytes"),
+        }
+    }
+}
+
+/// Decompresses `src` (a compressed extent's `compressed_len` bytes) and
+/// verifies it gives exactly `ram_bytes` bytes, telling a codec error from
+/// a valid stream of another length (`birch check --verify-data`). The
+/// lengths come from the disk: at most `MAX_COMPRESSED_RAM + 1` bytes are
+/// allocated, whatever they say.
+pub fn verify_decompression(
+    algorithm: Compression,
+    src: &[u8],
+    ram_bytes: u64,
+) -> Result<(), DecompressFault> {
+    if ram_bytes > MAX_COMPRESSED_RAM {
+        return Err(DecompressFault::OverLimit);
+    }
+    // One byte more than recorded: a longer stream shows as such.
+    let mut dst = vec![0u8; ram_bytes as usize + 1];
+    let got = match algorithm {
+        Compression::Zstd => {
+            // The frame's own header declares its length (bulk::compress
+            // writes it): a different one is a length fault even when the
+            // stream is longer than the buffer.
+            if let Ok(Some(declared)) = zstd::zstd_safe::get_frame_content_size(src) {
+                if declared != ram_bytes {
+                    return Err(DecompressFault::Length(Some(declared)));
+                }
+            }
+            zstd::bulk::Decompressor::new()
+                .and_then(|mut d| d.decompress_to_buffer(src, &mut dst))
+                .map_err(|e| DecompressFault::Codec(format!("zstd: {e}")))?
+        }
+        Compression::Lz4 => match lz4_flex::block::decompress_into(src, &mut dst) {
+            Ok(got) => got,
+            Err(lz4_flex::block::DecompressError::OutputTooSmall { .. }) => {
+                return Err(DecompressFault::Length(None))
+            }
+            Err(e) => return Err(DecompressFault::Codec(format!("lz4: {e}"))),
+        },
+    };
+    if got as u64 != ram_bytes {
+        return Err(DecompressFault::Length(
+            (got as u64 <= ram_bytes).then_some(got as u64),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +251,43 @@ mod tests {
         for c in [Compression::Zstd, Compression::Lz4] {
             assert_eq!(Compression::from_byte(c.to_byte()), Some(c));
         }
+    }
+
+    #[test]
+    fn verify_decompression_tells_codec_errors_from_other_lengths() {
+        let data: Vec<u8> = b"a chunk of text to compress. "
+            .iter()
+            .cycle()
+            .take(64 << 10)
+            .copied()
+            .collect();
+        for algorithm in [Compression::Zstd, Compression::Lz4] {
+            let packed = compress(algorithm, DEFAULT_ZSTD_LEVEL, &data).unwrap();
+            assert_eq!(verify_decompression(algorithm, &packed, 64 << 10), Ok(()));
+            // Recorded longer than the data: the length it gives.
+            assert_eq!(
+                verify_decompression(algorithm, &packed, 128 << 10),
+                Err(DecompressFault::Length(Some(64 << 10))),
+                "{algorithm}"
+            );
+            // Recorded shorter: zstd's header says how long, lz4 only more.
+            let shorter = verify_decompression(algorithm, &packed, 32 << 10);
+            let expected = match algorithm {
+                Compression::Zstd => DecompressFault::Length(Some(64 << 10)),
+                Compression::Lz4 => DecompressFault::Length(None),
+            };
+            assert_eq!(shorter, Err(expected), "{algorithm}");
+            assert!(matches!(
+                verify_decompression(algorithm, &packed[..packed.len() / 2], 64 << 10),
+                Err(DecompressFault::Codec(_) | DecompressFault::Length(_))
+            ));
+            assert_eq!(
+                verify_decompression(algorithm, &packed, MAX_COMPRESSED_RAM + 1),
+                Err(DecompressFault::OverLimit)
+            );
+        }
+        // The other codec's stream.
+        let zstd = compress(Compression::Zstd, DEFAULT_ZSTD_LEVEL, &data).unwrap();
+        assert!(verify_decompression(Compression::Lz4, &zstd, 64 << 10).is_err());
     }
 }

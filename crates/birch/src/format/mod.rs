@@ -19,7 +19,8 @@ pub use acl::{
     ACL_OTHER, ACL_USER, ACL_USER_OBJ,
 };
 pub use compression::{
-    Compression, CompressionProperty, COMPRESSION_PROPERTY_XATTR, MAX_COMPRESSED_RAM,
+    verify_decompression, Compression, CompressionProperty, DecompressFault,
+    COMPRESSION_PROPERTY_XATTR, MAX_COMPRESSED_RAM,
 };
 pub use csum::*;
 pub use items::*;

@@ -8,7 +8,7 @@
 
 pub mod send_apply;
 
-use birch::check::check_device;
+use birch::check::{check_device, check_device_with, CheckOptions};
 use birch::device::{BlockDevice, CrashPoint, MemoryDevice, RecordingDevice};
 use birch::format::FileType;
 use birch::fs::{Filesystem, MetadataCopies, MkfsOptions, MountOptions, ReplayOutcome};
@@ -56,6 +56,13 @@ pub fn mount<D: BlockDevice + 'static>(dev: D) -> Filesystem<D> {
 
 pub fn assert_clean<D: BlockDevice + ?Sized>(dev: &D, when: &str) {
     let report = check_device(dev);
+    assert!(report.is_clean(), "{when}:\n{report}");
+}
+
+/// [`assert_clean`] with `--verify-data`: every referenced data extent
+/// read, its checksums compared, compressed ones decompressed.
+pub fn assert_clean_with_data<D: BlockDevice + ?Sized>(dev: &D, when: &str) {
+    let report = check_device_with(dev, CheckOptions { verify_data: true });
     assert!(report.is_clean(), "{when}:\n{report}");
 }
 
