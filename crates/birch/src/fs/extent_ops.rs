@@ -11,14 +11,15 @@
 //! extent list (`full_sync`).
 
 use super::decode::decode_item;
+use super::page_prefetch::ReadyPages;
 use super::root::RootCtx;
 use super::space_info::Need;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{item_type, DiskRef, FileExtent, Key, Timespec, MAX_FILE_SIZE, SECTOR_SIZE};
-use crate::lock_order::allow_io_under_state_lock;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 const PAGE: u64 = SECTOR_SIZE;
 
@@ -64,18 +65,27 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// Brings every byte of the file into regular extents: dirty pages are
     /// written back, and an inline extent (only ever a file's one extent)
     /// becomes a regular one, so extents can be moved or shared around it.
+    /// Neither writes: both are published as unwritten extents, whose
+    /// bytes the next commit or log sync writes without the state lock
+    /// (docs/DELALLOC.md, "The seal's writeback", "An inline extent made
+    /// regular").
     fn settle_extents(&mut self, ino: u64) -> Result<()> {
         self.settle_dirty_pages(ino)?;
         if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
+            // Inline data is in the item: loading the page reads no device.
             let page = self.load_page(ino, 0)?;
             self.drop_extents(ino, 0, PAGE)?;
             let keep = self.nodes_promised();
             let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(PAGE, ino, keep)?;
             debug_assert_eq!(got, PAGE);
-            self.fs.stats.inline_reflink_writes_locked += 1;
-            let debt = allow_io_under_state_lock("inline extent made regular for reflink");
-            self.fs.write_data_extent(bytenr, &page)?;
-            drop(debt);
+            // Checksums from the bytes in memory, in this transaction (U2:
+            // the commit or log sync that makes the item durable writes
+            // the extent before its flush).
+            self.fs.record_data_extent(bytenr, &page)?;
+            let transid = self.fs.forest.transid();
+            self.fs.unwritten.add(bytenr, transid, Arc::from(&page[..]));
+            self.fs.stats.inline_reflink_unwritten += 1;
+            self.fs.spare_pages.give(page);
             self.insert_file_extent(
                 ino,
                 0,
@@ -257,7 +267,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let share_end = (src_offset + len) / PAGE * PAGE;
         if share_start >= share_end {
             let data = self.read_file(src, src_offset, len as usize)?;
-            return self.write_file(dst, dst_offset, &data).map(|n| n as u64);
+            return self
+                .write_file(dst, dst_offset, &data, &mut ReadyPages::default())
+                .map(|n| n as u64);
         }
         let shift = |o: u64| o - src_offset + dst_offset;
         // The source's bytes must all be in extents to be shared.
@@ -302,11 +314,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         // The partial pages at either end are copied as bytes.
         if src_offset < share_start {
             let head = self.read_file(src, src_offset, (share_start - src_offset) as usize)?;
-            self.write_file(dst, dst_offset, &head)?;
+            self.write_file(dst, dst_offset, &head, &mut ReadyPages::default())?;
         }
         if share_end < src_offset + len {
             let tail = self.read_file(src, share_end, (src_offset + len - share_end) as usize)?;
-            self.write_file(dst, d1, &tail)?;
+            self.write_file(dst, d1, &tail, &mut ReadyPages::default())?;
         }
         Ok(len)
     }

@@ -27,6 +27,7 @@ mod log_state;
 mod log_sync;
 mod mount;
 mod namespace;
+mod page_prefetch;
 mod replay;
 mod root;
 mod send;
@@ -54,6 +55,7 @@ use crate::format::{Superblock, Timespec, SECTOR_SIZE};
 use crate::lock_order::{
     HoldHistogram, LockRank, RankedCondvar, RankedGuard, RankedMutex, RequestHold,
 };
+use page_prefetch::{PagePrefetch, ReadyPages};
 use space_info::Need;
 use state::FsState;
 use std::sync::Arc;
@@ -790,12 +792,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (ENOSPC only when nothing could be accepted).
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let _request = self.request();
-        let sync = self.read(|s| {
+        // The partial first and last pages not in memory are read here,
+        // without the state lock (docs/SNAPSHOTS.md (f) item 5).
+        let partial = page_prefetch::partial_pages(offset, data.len() as u64);
+        let (sync, prefetch) = self.read(|s| {
             let (mut root, ino) = s.resolve(ino)?;
             root.check_write(ino, offset, data.len() as u64)?;
-            Ok(root.get_flags(ino)? & inode_flags::SYNC != 0)
+            let sync = root.get_flags(ino)? & inode_flags::SYNC != 0;
+            Ok((sync, root.plan_prefetch(ino, &partial)?))
         })?;
-        let written = self.write_pieces(ino, offset, data)?;
+        let prefetch = prefetch.execute(self.shared.store.device());
+        let written = self.write_pieces(ino, offset, data, prefetch)?;
         // chattr +S: durable before write(2) returns, as
         // generic_write_sync makes it for IS_SYNC inodes.
         if sync {
@@ -804,20 +811,41 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         Ok(written)
     }
 
-    /// [`write_file`](Self::write_file)'s pieces.
-    fn write_pieces(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    /// Reads the `pages` of `ino` a change will load from disk, planned
+    /// under the state lock and read without it.
+    fn prefetch_pages(&self, ino: u64, pages: &[u64]) -> Result<PagePrefetch> {
+        let plan = self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.plan_prefetch(ino, pages)
+        })?;
+        Ok(plan.execute(self.shared.store.device()))
+    }
+
+    /// [`write_file`](Self::write_file)'s pieces. A piece whose partial
+    /// page changed on disk since `prefetch` read it changes nothing and
+    /// reads it again ([`page_prefetch::PAGE_REREADS`] times, then under
+    /// the lock).
+    fn write_pieces(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        mut prefetch: PagePrefetch,
+    ) -> Result<usize> {
         if data.is_empty() {
             return self.change(|s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
-                root.write_file(ino, offset, data)
+                root.write_file(ino, offset, data, &mut ReadyPages::default())
             });
         }
         let mut done = 0usize;
         let mut chunk_limit = space_info::WRITE_CHUNK;
+        let mut rereads = 0;
         while done < data.len() {
             let at = offset + done as u64;
             let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
             let chunk = &data[done..done + piece];
+            let partial = page_prefetch::partial_pages(at, piece as u64);
             match self.change_reserving(
                 |s| {
                     let (mut root, ino) = s.resolve_writable(ino)?;
@@ -826,10 +854,19 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 |s| {
                     let (mut root, ino) = s.resolve_writable(ino)?;
                     root.deny_write(ino, at)?;
-                    root.write_file(ino, at, chunk)
+                    let under_lock = rereads == page_prefetch::PAGE_REREADS;
+                    let Some(mut ready) = root.ready_pages(ino, &partial, &prefetch, under_lock)?
+                    else {
+                        return Ok(None);
+                    };
+                    root.write_file(ino, at, chunk, &mut ready).map(Some)
                 },
             ) {
-                Ok(n) => done += n,
+                Ok(Some(n)) => done += n,
+                Ok(None) => {
+                    rereads += 1;
+                    prefetch = self.prefetch_pages(ino, &partial)?;
+                }
                 // A piece that does not fit may fit in part: ENOSPC only
                 // once not even one page of it does.
                 Err(Error::NoSpace) if piece as u64 > SECTOR_SIZE => {
