@@ -275,7 +275,7 @@ fn inline_extent_collapsed_then_fsync() {
 /// there until released: a write's read of its partial page paused
 /// between its plan (under the state lock) and the change.
 struct PauseReadAt {
-    inner: Arc<MemoryDevice>,
+    inner: Arc<RecordingDevice>,
     armed: std::sync::Mutex<Option<u64>>,
     paused: std::sync::mpsc::SyncSender<()>,
     resume: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
@@ -315,8 +315,8 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 /// A committed file `f` of 8 pages of `pattern(_, 1)`, none in memory,
-/// on a device that pauses reads when armed; with the channels that
-/// announce a pause and end it.
+/// on a recording device that pauses reads when armed; with the channels
+/// that announce a pause and end it.
 fn committed_file() -> (
     Filesystem<Arc<PauseReadAt>>,
     u64,
@@ -327,7 +327,7 @@ fn committed_file() -> (
     let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
     let (resume_tx, resume_rx) = std::sync::mpsc::channel();
     let dev = Arc::new(PauseReadAt {
-        inner: common::memory_fs(64 << 20, 0x75),
+        inner: common::recorder(64 << 20, 0x75),
         armed: std::sync::Mutex::new(None),
         paused: paused_tx,
         resume: std::sync::Mutex::new(resume_rx),
@@ -380,39 +380,62 @@ fn unaligned_writes_read_partial_pages_without_the_state_lock() {
 }
 
 /// Runs `write 100 bytes at 2p+10` of `f` on its own thread with the read
-/// of page 2 paused `rounds` times; each time, while it is paused, `meanwhile`
-/// changes page 2 (the round number given) and the read is released.
-/// Returns the write's bytes.
+/// of page 2 paused `rounds` times; each time, while it is paused,
+/// `meanwhile` changes page 2 (the round number given) and the read is
+/// released. Returns the write's bytes.
 fn write_racing_page_changes(
     rounds: u8,
     meanwhile: impl Fn(&Filesystem<Arc<PauseReadAt>>, u64, u8),
 ) -> (Filesystem<Arc<PauseReadAt>>, u64, Vec<u8>) {
-    let (fs, f, dev, paused_rx, resume_tx) = committed_file();
     let data = pattern(100, 9);
-    let page = 2 * PAGE as u64;
+    let (fs, f, _) = racing_page_changes(
+        2,
+        rounds,
+        |fs, f| {
+            assert_eq!(
+                fs.write_file(f, 2 * PAGE as u64 + 10, &data).unwrap(),
+                data.len()
+            )
+        },
+        meanwhile,
+    );
+    (fs, f, data)
+}
+
+/// Runs `change` of the committed file `f` on its own thread with its
+/// read of page `index` paused `rounds` times; each time, while it is
+/// paused, `meanwhile` changes the page (the round number given) and the
+/// read is released.
+fn racing_page_changes(
+    index: u64,
+    rounds: u8,
+    change: impl FnOnce(&Filesystem<Arc<PauseReadAt>>, u64) + Send,
+    meanwhile: impl Fn(&Filesystem<Arc<PauseReadAt>>, u64, u8),
+) -> (Filesystem<Arc<PauseReadAt>>, u64, Arc<PauseReadAt>) {
+    let (fs, f, dev, paused_rx, resume_tx) = committed_file();
     let arm = |fs: &Filesystem<Arc<PauseReadAt>>| {
-        let at = fs.device_byte(f, page).unwrap().expect("page 2 is on disk");
-        *dev.armed.lock().unwrap() = Some(at);
+        let at = fs.device_byte(f, index * PAGE as u64).unwrap();
+        *dev.armed.lock().unwrap() = Some(at.expect("the page is on disk"));
     };
     arm(&fs);
     let fs_ref = &fs;
     std::thread::scope(|scope| {
-        let writer = scope.spawn(|| fs_ref.write_file(f, page + 10, &data));
+        let changing = scope.spawn(move || change(fs_ref, f));
         for round in 0..rounds {
             // Not a synchronisation: a guard against hanging should the
-            // write not read the page where it was armed.
+            // change not read the page where it was armed.
             paused_rx
                 .recv_timeout(std::time::Duration::from_secs(120))
-                .expect("the write never read its partial page");
+                .expect("the change never read its partial page");
             meanwhile(fs_ref, f, round);
             if round + 1 < rounds {
                 arm(fs_ref);
             }
             resume_tx.send(()).unwrap();
         }
-        assert_eq!(writer.join().unwrap().unwrap(), data.len());
+        changing.join().unwrap();
     });
-    (fs, f, data)
+    (fs, f, dev)
 }
 
 /// Page 2 rewritten whole and written back to a new extent while the
@@ -490,4 +513,96 @@ fn a_page_that_keeps_changing_is_read_under_the_lock() {
     assert_eq!(stats.partial_page_read_fallbacks, 1, "{stats:?}");
     assert_eq!(stats.partial_page_reads_locked, 1, "{stats:?}");
     assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+}
+
+/// A truncate into page 3 of a file on disk only reads the page without
+/// the state lock (this failed before: it was read under the lock) and
+/// keeps its bytes below the new size.
+#[test]
+fn truncate_into_a_page_reads_it_without_the_state_lock() {
+    let (fs, f, _dev, _paused, _resume) = committed_file();
+    fs.truncate(f, 3 * PAGE as u64 + 100).unwrap();
+    let stats = fs.stats();
+    assert_eq!(stats.partial_page_reads_locked, 0, "{stats:?}");
+    assert_eq!(stats.partial_page_reads_unlocked, 1, "{stats:?}");
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == pattern(8 * PAGE, 1)[..3 * PAGE + 100]);
+    // Grown again: the rest of page 3 reads as zeros.
+    fs.truncate(f, 4 * PAGE as u64).unwrap();
+    let mut want = pattern(3 * PAGE + 100, 1);
+    want.resize(4 * PAGE, 0);
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+}
+
+/// Page 3 rewritten and written back while the truncate's read of it is
+/// paused: the truncate reads it again and keeps the new bytes.
+#[test]
+fn a_page_rewritten_while_a_truncate_reads_it_is_read_again() {
+    let (fs, f, _) = racing_page_changes(
+        3,
+        1,
+        |fs, f| {
+            fs.truncate(f, 3 * PAGE as u64 + 100).unwrap();
+        },
+        |fs, f, _| {
+            fs.write_file(f, 3 * PAGE as u64, &pattern(PAGE, 6))
+                .unwrap();
+            fs.fsync(f, false).unwrap();
+        },
+    );
+    let mut want = pattern(3 * PAGE, 1);
+    want.extend_from_slice(&pattern(100, 6));
+    let stats = fs.stats();
+    assert_eq!(stats.partial_page_rereads, 1, "{stats:?}");
+    assert_eq!(stats.partial_page_reads_locked, 0, "{stats:?}");
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+}
+
+/// Crash cases of docs/SNAPSHOTS.md (f) item 5: the change's partial page
+/// read without the lock while the page is rewritten and fsynced; then
+/// `fsync f; <power cut at every point from there>` → `f` is `want`.
+fn racing_change_survives_power_cut(
+    index: u64,
+    change: impl FnOnce(&Filesystem<Arc<PauseReadAt>>, u64) + Send,
+    want: &[u8],
+) {
+    let (fs, f, dev) = racing_page_changes(index, 1, change, |fs, f, _| {
+        fs.write_file(f, index * PAGE as u64, &pattern(PAGE, 6))
+            .unwrap();
+        fs.fsync(f, false).unwrap();
+    });
+    assert_eq!(fs.stats().partial_page_rereads, 1);
+    fs.fsync(f, false).unwrap();
+    let synced = dev.inner.flush_count();
+    std::mem::forget(fs);
+    common::for_every_crash_after(&dev.inner, synced, &Enumeration::thorough(3), |v| {
+        common::require_content(v, "/f", want)
+    });
+}
+
+#[test]
+fn partial_page_write_racing_a_rewrite_then_fsync() {
+    let data = pattern(100, 9);
+    let mut want = pattern(8 * PAGE, 1);
+    want[2 * PAGE..3 * PAGE].copy_from_slice(&pattern(PAGE, 6));
+    want[2 * PAGE + 10..2 * PAGE + 110].copy_from_slice(&data);
+    racing_change_survives_power_cut(
+        2,
+        |fs, f| {
+            fs.write_file(f, 2 * PAGE as u64 + 10, &data).unwrap();
+        },
+        &want,
+    );
+}
+
+#[test]
+fn truncate_racing_a_rewrite_then_fsync() {
+    let mut want = pattern(3 * PAGE, 1);
+    want.extend_from_slice(&pattern(100, 6));
+    racing_change_survives_power_cut(
+        3,
+        |fs, f| {
+            fs.truncate(f, 3 * PAGE as u64 + 100).unwrap();
+        },
+        &want,
+    );
 }

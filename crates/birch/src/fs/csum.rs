@@ -305,6 +305,12 @@ impl ExtentRead {
         self.at..self.at + self.len
     }
 
+    /// Whether the read goes to the device (not an unwritten extent's
+    /// bytes in memory).
+    pub(crate) fn on_device(&self) -> bool {
+        self.unwritten.is_none()
+    }
+
     /// Whether `other` reads the same bytes of the same extent into the
     /// same place: a page planned twice whose reads all agree holds the
     /// same data, as long as the extents were not reused in between

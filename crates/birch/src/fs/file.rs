@@ -164,7 +164,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         reads: &[ExtentRead],
         buf: &mut [u8],
     ) -> Result<()> {
-        if !reads.is_empty() {
+        if reads.iter().any(ExtentRead::on_device) {
             self.fs.stats.partial_page_reads_locked += 1;
         }
         let _debt = allow_io_under_state_lock("partial page read under a change");
@@ -505,7 +505,28 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(data.len())
     }
 
-    pub(crate) fn truncate_file(&mut self, ino: u64, new_size: u64) -> Result<()> {
+    /// The page a truncate to `new_size` keeps in part and zeroes the
+    /// rest of: the new last page, when the file shrinks to inside it.
+    pub(crate) fn truncate_partial_page(&mut self, ino: u64, new_size: u64) -> Result<Vec<u64>> {
+        let item = &self.inode(ino)?.item;
+        let shrinks_into_a_page = item.file_type() == FileType::Regular
+            && new_size < item.size
+            && !new_size.is_multiple_of(PAGE);
+        Ok(if shrinks_into_a_page {
+            vec![new_size / PAGE]
+        } else {
+            Vec::new()
+        })
+    }
+
+    /// Sets the file's size; the new last page, when not in memory, comes
+    /// from `ready` if it has it (read ahead without the state lock).
+    pub(crate) fn truncate_file(
+        &mut self,
+        ino: u64,
+        new_size: u64,
+        ready: &mut ReadyPages,
+    ) -> Result<()> {
         if new_size > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
@@ -518,7 +539,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 // Zero the tail of the new last page so growing the file
                 // later exposes zeros, not old data.
                 let index = new_size / PAGE;
-                let mut page = self.load_page(ino, index)?;
+                let mut page = self.load_page_from(ino, index, ready)?;
                 page[(new_size % PAGE) as usize..].fill(0);
                 self.put_dirty_page(ino, index, page)?;
             }

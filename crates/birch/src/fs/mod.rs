@@ -465,6 +465,58 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
         let _request = self.request();
+        let Some(size) = changes.size else {
+            return self.setattr_reading(ino, changes, &[], None);
+        };
+        // A truncate into a page keeps part of it: read without the state
+        // lock first (docs/SNAPSHOTS.md (f) item 5).
+        let plan = self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            let partial = root.truncate_partial_page(ino, size)?;
+            Ok((root.plan_prefetch(ino, &partial)?, partial))
+        });
+        match plan {
+            Ok((plan, partial)) => {
+                let prefetch = plan.execute(self.shared.store.device());
+                self.setattr_reading(ino, changes, &partial, Some(prefetch))
+            }
+            // The change gives the error its own order of checks.
+            Err(_) => self.setattr_reading(ino, changes, &[], None),
+        }
+    }
+
+    /// [`setattr`](Self::setattr) with the `partial` pages a truncate
+    /// keeps in part read ahead (`prefetch`); when one changed since, the
+    /// change changes nothing and they are read again
+    /// ([`page_prefetch::PAGE_REREADS`] times, then under the lock).
+    fn setattr_reading(
+        &self,
+        ino: u64,
+        changes: &SetAttr,
+        partial: &[u64],
+        mut prefetch: Option<PagePrefetch>,
+    ) -> Result<Attr> {
+        let mut rereads = 0;
+        loop {
+            let attr = self.setattr_with(ino, changes, partial, prefetch.as_ref(), rereads)?;
+            if let Some(attr) = attr {
+                return Ok(attr);
+            }
+            rereads += 1;
+            prefetch = Some(self.prefetch_pages(ino, partial)?);
+        }
+    }
+
+    /// One try of [`setattr_reading`](Self::setattr_reading): `None` when
+    /// a prefetched page was stale.
+    fn setattr_with(
+        &self,
+        ino: u64,
+        changes: &SetAttr,
+        partial: &[u64],
+        prefetch: Option<&PagePrefetch>,
+        rereads: u32,
+    ) -> Result<Option<Attr>> {
         // A truncate frees space: it may use the global reserve.
         let attr = self.change_with(
             |_| Ok(Need::urgent_items(4).plus_bytes(SECTOR_SIZE)),
@@ -479,10 +531,23 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     && !matches!(changes.mtime, Some(SetTime::At(_)));
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.deny_if_flagged(ino, only_now)?;
-                root.setattr(ino, changes).map(|a| root.external(a))
+                let mut ready = match prefetch {
+                    Some(prefetch) => {
+                        let under_lock = rereads == page_prefetch::PAGE_REREADS;
+                        match root.ready_pages(ino, partial, prefetch, under_lock)? {
+                            Some(ready) => ready,
+                            None => return Ok(None),
+                        }
+                    }
+                    None => ReadyPages::default(),
+                };
+                let attr = root.setattr(ino, changes, &mut ready)?;
+                Ok(Some(root.external(attr)))
             },
         )?;
-        self.sync_flagged(Some(ino), &[])?;
+        if attr.is_some() {
+            self.sync_flagged(Some(ino), &[])?;
+        }
         Ok(attr)
     }
 

@@ -166,7 +166,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
             let mut buf = self.fs.spare_pages.take_zeroed();
             let reads = self.plan_extents(ino, index * PAGE, &mut buf)?;
-            if reads.is_empty() {
+            if !reads.iter().any(ExtentRead::on_device) {
                 self.fs.spare_pages.give(buf);
                 continue;
             }
@@ -205,7 +205,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             }
             let mut page = self.fs.spare_pages.take_zeroed();
             let reads = self.plan_extents(ino, index * PAGE, &mut page)?;
-            if !reads.is_empty() {
+            if !reads.iter().any(ExtentRead::on_device) {
+                // Unwritten extents' bytes are in memory: no device read.
+                self.read_planned_under_lock(ino, &reads, &mut page)?;
+            } else {
                 match prefetch.matching(ino, index, &reads, epoch) {
                     Some(Some(bytes)) => {
                         for read in &reads {
