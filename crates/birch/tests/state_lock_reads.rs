@@ -606,3 +606,73 @@ fn truncate_racing_a_rewrite_then_fsync() {
         &want,
     );
 }
+
+/// A reflink at an unaligned offset copies its edges as bytes: the
+/// source's head and tail pages and the destination's pages it covers in
+/// part are read without the state lock (this failed before: each was
+/// read under it), and the destination keeps its bytes around them.
+#[test]
+fn reflink_edges_read_without_the_state_lock() {
+    let (fs, a, _dev, _paused, _resume) = committed_file();
+    let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(b, 0, &pattern(8 * PAGE, 2)).unwrap();
+    fs.sync().unwrap();
+    let before = fs.stats();
+    let len = 5 * PAGE;
+    assert_eq!(
+        fs.copy_file_range(a, 100, b, 100, len as u64).unwrap(),
+        len as u64
+    );
+    let after = fs.stats();
+    assert_eq!(
+        after.partial_page_reads_locked, before.partial_page_reads_locked,
+        "{after:?}"
+    );
+    // a's pages 0 and 5, b's pages 0 and 5.
+    assert_eq!(
+        after.partial_page_reads_unlocked - before.partial_page_reads_unlocked,
+        4,
+        "{after:?}"
+    );
+    let mut want = pattern(8 * PAGE, 2);
+    want[100..100 + len].copy_from_slice(&pattern(8 * PAGE, 1)[100..100 + len]);
+    assert!(fs.read_file(b, 0, 1 << 20).unwrap() == want);
+    fs.sync().unwrap();
+    assert!(
+        fs.read_file(b, 0, 1 << 20).unwrap() == want,
+        "after the commit"
+    );
+}
+
+/// The source's head page rewritten and written back while the reflink's
+/// read of it is paused: the clone reads it again and copies the new
+/// bytes.
+#[test]
+fn a_page_rewritten_while_a_reflink_copies_it_is_read_again() {
+    let len = 3 * PAGE;
+    let (fs, a, _) = racing_page_changes(
+        0,
+        1,
+        |fs, a| {
+            let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+            assert_eq!(
+                fs.copy_file_range(a, 100, b, 100, len as u64).unwrap(),
+                len as u64
+            );
+        },
+        |fs, f, _| {
+            fs.write_file(f, 0, &pattern(PAGE, 6)).unwrap();
+            fs.fsync(f, false).unwrap();
+        },
+    );
+    let b = fs.lookup(fs.root_ino(), b"b").unwrap().ino;
+    let mut source = pattern(8 * PAGE, 1);
+    source[..PAGE].copy_from_slice(&pattern(PAGE, 6));
+    let mut want = vec![0u8; 100];
+    want.extend_from_slice(&source[100..100 + len]);
+    let stats = fs.stats();
+    assert_eq!(stats.partial_page_rereads, 1, "{stats:?}");
+    assert_eq!(stats.partial_page_reads_locked, 0, "{stats:?}");
+    assert!(fs.read_file(b, 0, 1 << 20).unwrap() == want);
+    assert!(fs.read_file(a, 0, 1 << 20).unwrap() == source);
+}

@@ -246,17 +246,45 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(Need::items(3 * n + 8).plus_bytes(3 * PAGE))
     }
 
+    /// `len` bytes of the file at `offset` (within its size) as they are
+    /// now, page by page: a reflink's unaligned edges. Pages on disk come
+    /// from `ready` when it has them (read ahead without the state lock).
+    fn read_range(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        ready: &mut ReadyPages,
+    ) -> Result<Vec<u8>> {
+        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+        let mut out = Vec::with_capacity(len as usize);
+        let mut at = offset;
+        while at < end {
+            let index = at / PAGE;
+            let to = end.min((index + 1) * PAGE);
+            let page = self.load_page_from(ino, index, ready)?;
+            out.extend_from_slice(
+                &page[(at - index * PAGE) as usize..(to - index * PAGE) as usize],
+            );
+            self.fs.spare_pages.give(page);
+            at = to;
+        }
+        // A read of the source, as the byte copy's was.
+        self.touch_atime(ino)?;
+        Ok(out)
+    }
+
     /// `copy_file_range` as a reflink. `src_offset` and `dst_offset` must
     /// lie at the same place within a page (the caller copies bytes
     /// otherwise). Whole pages share the source's data extents; the
-    /// partial pages at either end are copied. Returns the bytes copied.
+    /// partial pages at either end are copied, their disk content taken
+    /// from `ready` when it has it. Returns the bytes copied.
     pub(crate) fn clone_range(
         &mut self,
-        src: u64,
-        src_offset: u64,
-        dst: u64,
-        dst_offset: u64,
+        (src, src_offset): (u64, u64),
+        (dst, dst_offset): (u64, u64),
         len: u64,
+        ready: &mut ReadyPages,
     ) -> Result<u64> {
         let len = self.check_copy(src, src_offset, dst, dst_offset, len)?;
         debug_assert_eq!(src_offset % PAGE, dst_offset % PAGE);
@@ -266,9 +294,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let share_start = src_offset.next_multiple_of(PAGE);
         let share_end = (src_offset + len) / PAGE * PAGE;
         if share_start >= share_end {
-            let data = self.read_file(src, src_offset, len as usize)?;
+            let data = self.read_range(src, src_offset, len, ready)?;
             return self
-                .write_file(dst, dst_offset, &data, &mut ReadyPages::default())
+                .write_file(dst, dst_offset, &data, ready)
                 .map(|n| n as u64);
         }
         let shift = |o: u64| o - src_offset + dst_offset;
@@ -313,12 +341,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.inode(dst)?.log.full_sync = true;
         // The partial pages at either end are copied as bytes.
         if src_offset < share_start {
-            let head = self.read_file(src, src_offset, (share_start - src_offset) as usize)?;
-            self.write_file(dst, dst_offset, &head, &mut ReadyPages::default())?;
+            let head = self.read_range(src, src_offset, share_start - src_offset, ready)?;
+            self.write_file(dst, dst_offset, &head, ready)?;
         }
         if share_end < src_offset + len {
-            let tail = self.read_file(src, share_end, (src_offset + len - share_end) as usize)?;
-            self.write_file(dst, d1, &tail, &mut ReadyPages::default())?;
+            let tail = self.read_range(src, share_end, src_offset + len - share_end, ready)?;
+            self.write_file(dst, d1, &tail, ready)?;
         }
         Ok(len)
     }

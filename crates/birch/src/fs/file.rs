@@ -149,8 +149,8 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     /// Reads `[start, start + buf.len())` (page aligned) of the file as its
     /// extents hold it, under the state lock: for the partial pages of
-    /// changes that do not read them ahead (truncate, punch hole, reflink's
-    /// unaligned edges) and a prefetch's fallback.
+    /// changes that do not read them ahead (punch hole, zero range), and
+    /// pages not read ahead for a change that turned out to need them.
     fn read_extents_into(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
         let reads = self.plan_extents(ino, start, buf)?;
         self.read_planned_under_lock(ino, &reads, buf)
@@ -184,7 +184,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// [`load_page`](Self::load_page), taking a page's disk content from
     /// `ready` (read without the state lock and checked,
     /// [`RootCtx::ready_pages`]) when it has it.
-    fn load_page_from(
+    pub(super) fn load_page_from(
         &mut self,
         ino: u64,
         index: u64,
@@ -356,21 +356,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             keep: (offset - aligned_start) as usize..(end - aligned_start) as usize,
             _reader: reader,
         })
-    }
-
-    /// Reads the file under the state lock (reflink's copy of unaligned
-    /// parts, which must see the bytes in the same hold as its change).
-    pub(crate) fn read_file(&mut self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
-        let plan = self.plan_read(ino, offset, size)?;
-        if !plan.reads.is_empty() {
-            self.fs.stats.partial_page_reads_locked += 1;
-        }
-        let _debt = allow_io_under_state_lock("partial page read under a change");
-        let read = plan.execute(self.fs.forest.store().device());
-        if matches!(read, Err(Error::BadData(_))) {
-            self.fs.stats.data_csum_errors += 1;
-        }
-        read
     }
 
     /// An access to `ino` (a read, a directory listing): updates its atime

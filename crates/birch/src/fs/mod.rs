@@ -1088,18 +1088,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 src,
                 (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
             )?;
-            let cloned = self.change_with(
-                |s| {
-                    let (mut root, src) = s.resolve_writable(src)?;
-                    root.clone_need(src, src_offset, len)
-                },
-                |s| {
-                    let (mut root, src) = s.resolve_writable(src)?;
-                    let (_, dst) = InoSpace::split(dst);
-                    root.deny_if_flagged(dst, false)?;
-                    root.clone_range(src, src_offset, dst, dst_offset, len)
-                },
-            )?;
+            let cloned = self.clone_reading((src, src_offset), (dst, dst_offset), len)?;
             self.sync_flagged(Some(dst), &[])?;
             return Ok(cloned);
         }
@@ -1117,6 +1106,50 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             }
         }
         Ok(done)
+    }
+
+    /// `copy_file_range`'s reflink within one subvolume: the pages it
+    /// copies as bytes (its unaligned edges) are read without the state
+    /// lock first and checked by the change, as a write's partial pages
+    /// (docs/SNAPSHOTS.md (f) item 5).
+    fn clone_reading(&self, src: (u64, u64), dst: (u64, u64), len: u64) -> Result<u64> {
+        let (src_pages, dst_pages) = page_prefetch::clone_edge_pages(src.1, dst.1, len);
+        let mut rereads = 0;
+        loop {
+            let prefetch = [(src.0, &src_pages), (dst.0, &dst_pages)]
+                .map(|(ino, pages)| self.prefetch_pages(ino, pages));
+            let [src_prefetch, dst_prefetch] = prefetch;
+            let (src_prefetch, dst_prefetch) = (src_prefetch?, dst_prefetch?);
+            let cloned = self.change_with(
+                |s| {
+                    let (mut root, src_ino) = s.resolve_writable(src.0)?;
+                    root.clone_need(src_ino, src.1, len)
+                },
+                |s| {
+                    let (mut root, src_ino) = s.resolve_writable(src.0)?;
+                    let (_, dst_ino) = InoSpace::split(dst.0);
+                    root.deny_if_flagged(dst_ino, false)?;
+                    let under_lock = rereads == page_prefetch::PAGE_REREADS;
+                    let Some(mut ready) =
+                        root.ready_pages(src_ino, &src_pages, &src_prefetch, under_lock)?
+                    else {
+                        return Ok(None);
+                    };
+                    let Some(dst_ready) =
+                        root.ready_pages(dst_ino, &dst_pages, &dst_prefetch, under_lock)?
+                    else {
+                        return Ok(None);
+                    };
+                    ready.extend(dst_ready);
+                    root.clone_range((src_ino, src.1), (dst_ino, dst.1), len, &mut ready)
+                        .map(Some)
+                },
+            )?;
+            if let Some(cloned) = cloned {
+                return Ok(cloned);
+            }
+            rereads += 1;
+        }
     }
 
     // ----- inode flags, unnamed files -----

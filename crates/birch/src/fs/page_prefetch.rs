@@ -1,7 +1,8 @@
 //! Partial pages a change needs from disk, read before it without the
 //! state lock (docs/SNAPSHOTS.md (f) item 5). A write that covers its
-//! first or last page only in part keeps the rest of the page, which may
-//! be on disk only. The change used to read it under the state lock (the
+//! first or last page only in part, a truncate into a page and a
+//! reflink's unaligned edges keep the rest of the page, which may be on
+//! disk only. The change used to read it under the state lock (the
 //! "partial page read under a change" exemption); now the request plans
 //! the page's extents under the lock ([`RootCtx::plan_prefetch`]), reads
 //! them with the lock dropped ([`PrefetchPlan::execute`]), and the change
@@ -40,6 +41,33 @@ pub(crate) fn partial_pages(offset: u64, len: u64) -> Vec<u64> {
         pages.push(last);
     }
     pages
+}
+
+/// The pages a reflink of `len` bytes (`src_offset` and `dst_offset` at
+/// the same place within a page) copies as bytes rather than sharing: of
+/// the source, those of its unaligned head and tail; of the destination,
+/// those the copies cover in part (as `RootCtx::clone_range` splits it).
+pub(crate) fn clone_edge_pages(src_offset: u64, dst_offset: u64, len: u64) -> (Vec<u64>, Vec<u64>) {
+    let Some(src_end) = src_offset.checked_add(len).filter(|_| len > 0) else {
+        return (Vec::new(), Vec::new());
+    };
+    let share_start = src_offset.next_multiple_of(PAGE);
+    let share_end = src_end / PAGE * PAGE;
+    if share_start >= share_end {
+        let src = (src_offset / PAGE..=(src_end - 1) / PAGE).collect();
+        return (src, partial_pages(dst_offset, len));
+    }
+    let (mut src, mut dst) = (Vec::new(), Vec::new());
+    if src_offset < share_start {
+        src.push(src_offset / PAGE);
+        dst.extend(partial_pages(dst_offset, share_start - src_offset));
+    }
+    if share_end < src_end {
+        src.push(share_end / PAGE);
+        let d1 = share_end - src_offset + dst_offset;
+        dst.extend(partial_pages(d1, src_end - share_end));
+    }
+    (src, dst)
 }
 
 /// One page planned for a read without the lock.
@@ -131,6 +159,11 @@ pub(crate) struct ReadyPages {
 }
 
 impl ReadyPages {
+    /// Adds `other`'s pages (another file's).
+    pub(crate) fn extend(&mut self, other: ReadyPages) {
+        self.pages.extend(other.pages);
+    }
+
     /// Page `index` of `ino`, if it was made ready.
     pub(crate) fn take(&mut self, ino: u64, index: u64) -> Option<Box<[u8]>> {
         self.pages.remove(&(ino, index))
