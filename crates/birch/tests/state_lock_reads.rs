@@ -317,15 +317,17 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 /// A committed file `f` of 8 pages of `pattern(_, 1)`, none in memory,
 /// on a recording device that pauses reads when armed; with the channels
 /// that announce a pause and end it.
-fn committed_file() -> (
-    Filesystem<Arc<PauseReadAt>>,
-    u64,
-    Arc<PauseReadAt>,
-    std::sync::mpsc::Receiver<()>,
-    std::sync::mpsc::Sender<()>,
-) {
-    let (paused_tx, paused_rx) = std::sync::mpsc::sync_channel(1);
-    let (resume_tx, resume_rx) = std::sync::mpsc::channel();
+struct CommittedFile {
+    fs: Filesystem<Arc<PauseReadAt>>,
+    f: u64,
+    dev: Arc<PauseReadAt>,
+    paused: std::sync::mpsc::Receiver<()>,
+    resume: std::sync::mpsc::Sender<()>,
+}
+
+fn committed_file() -> CommittedFile {
+    let (paused_tx, paused) = std::sync::mpsc::sync_channel(1);
+    let (resume, resume_rx) = std::sync::mpsc::channel();
     let dev = Arc::new(PauseReadAt {
         inner: common::recorder(64 << 20, 0x75),
         armed: std::sync::Mutex::new(None),
@@ -336,7 +338,13 @@ fn committed_file() -> (
     let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
     fs.write_file(f, 0, &pattern(8 * PAGE, 1)).unwrap();
     fs.sync().unwrap();
-    (fs, f, dev, paused_rx, resume_tx)
+    CommittedFile {
+        fs,
+        f,
+        dev,
+        paused,
+        resume,
+    }
 }
 
 /// docs/SNAPSHOTS.md (f) item 5: writes that cover their first or last
@@ -345,7 +353,7 @@ fn committed_file() -> (
 /// page was read under the lock) and keep the rest of each page.
 #[test]
 fn unaligned_writes_read_partial_pages_without_the_state_lock() {
-    let (fs, f, _dev, _paused, _resume) = committed_file();
+    let CommittedFile { fs, f, .. } = committed_file();
     let before = fs.stats();
     let mut want = pattern(8 * PAGE, 1);
     // Inside one page; across pages 3..5 with both ends partial; the
@@ -412,7 +420,13 @@ fn racing_page_changes(
     change: impl FnOnce(&Filesystem<Arc<PauseReadAt>>, u64) + Send,
     meanwhile: impl Fn(&Filesystem<Arc<PauseReadAt>>, u64, u8),
 ) -> (Filesystem<Arc<PauseReadAt>>, u64, Arc<PauseReadAt>) {
-    let (fs, f, dev, paused_rx, resume_tx) = committed_file();
+    let CommittedFile {
+        fs,
+        f,
+        dev,
+        paused: paused_rx,
+        resume: resume_tx,
+    } = committed_file();
     let arm = |fs: &Filesystem<Arc<PauseReadAt>>| {
         let at = fs.device_byte(f, index * PAGE as u64).unwrap();
         *dev.armed.lock().unwrap() = Some(at.expect("the page is on disk"));
@@ -520,7 +534,7 @@ fn a_page_that_keeps_changing_is_read_under_the_lock() {
 /// keeps its bytes below the new size.
 #[test]
 fn truncate_into_a_page_reads_it_without_the_state_lock() {
-    let (fs, f, _dev, _paused, _resume) = committed_file();
+    let CommittedFile { fs, f, .. } = committed_file();
     fs.truncate(f, 3 * PAGE as u64 + 100).unwrap();
     let stats = fs.stats();
     assert_eq!(stats.partial_page_reads_locked, 0, "{stats:?}");
@@ -613,7 +627,7 @@ fn truncate_racing_a_rewrite_then_fsync() {
 /// read under it), and the destination keeps its bytes around them.
 #[test]
 fn reflink_edges_read_without_the_state_lock() {
-    let (fs, a, _dev, _paused, _resume) = committed_file();
+    let CommittedFile { fs, f: a, .. } = committed_file();
     let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
     fs.write_file(b, 0, &pattern(8 * PAGE, 2)).unwrap();
     fs.sync().unwrap();

@@ -879,6 +879,9 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Reads the `pages` of `ino` a change will load from disk, planned
     /// under the state lock and read without it.
     fn prefetch_pages(&self, ino: u64, pages: &[u64]) -> Result<PagePrefetch> {
+        if pages.is_empty() {
+            return Ok(PagePrefetch::nothing());
+        }
         let plan = self.read(|s| {
             let (mut root, ino) = s.resolve(ino)?;
             root.plan_prefetch(ino, pages)

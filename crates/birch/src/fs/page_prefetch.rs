@@ -132,6 +132,15 @@ impl PrefetchPlan {
 }
 
 impl PagePrefetch {
+    /// No page read: for a change that needs none.
+    pub(crate) fn nothing() -> PagePrefetch {
+        PagePrefetch {
+            ino: 0,
+            pages: Vec::new(),
+            epoch: 0,
+        }
+    }
+
     /// The bytes read for page `index` of `ino`, if its reads were
     /// `reads` and the reader epoch is still `epoch`.
     fn matching(
