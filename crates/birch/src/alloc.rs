@@ -882,6 +882,12 @@ pub trait TransactionSpace {
     /// drops. Also frees what earlier reads kept that no read waits for now.
     fn start_read(&mut self) -> ReaderTicket;
 
+    /// The reader epoch: durable commits since mount. While it stays the
+    /// same, no space freed since it was read has returned to the free map
+    /// (it is pinned until a commit is durable), so an extent the trees
+    /// pointed at then and point at now was not reused in between.
+    fn read_epoch(&self) -> u64;
+
     /// Returns ranges to the free map: log nodes no durable superblock
     /// references any more.
     fn unpin(&mut self, ranges: Vec<(u64, u64)>);
@@ -1093,6 +1099,10 @@ impl TransactionSpace for Allocator {
             epochs: self.readers.clone(),
             epoch: self.epoch,
         }
+    }
+
+    fn read_epoch(&self) -> u64 {
+        self.epoch
     }
 
     fn unpin(&mut self, ranges: Vec<(u64, u64)>) {

@@ -131,16 +131,9 @@ pub(crate) fn mismatch(recorded: Option<u32>, block: &[u8]) -> String {
 }
 
 impl<D: BlockDevice> FsInfo<D> {
-    /// Writes `data` as the new extent at `bytenr` (just allocated) and, on
-    /// a checksum image, records its checksums in the same transaction.
-    pub(super) fn write_data_extent(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
-        self.forest.store().device().write_at(data, bytenr)?;
-        self.record_data_extent(bytenr, data)
-    }
-
-    /// Counts `data`, written at `bytenr`, and on a checksum image records
-    /// its checksums: the second half of [`Self::write_data_extent`], for a
-    /// writeback that wrote without the state lock.
+    /// Counts `data`, the new extent at `bytenr` (written without the
+    /// state lock, or to be written so as an unwritten extent), and on a
+    /// checksum image records its checksums in the same transaction.
     pub(super) fn record_data_extent(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
         self.stats.data_bytes_written += data.len() as u64;
         if let Some(root) = self.roots.csum.as_mut() {
@@ -304,6 +297,33 @@ pub(crate) struct ExtentRead {
     /// A compressed extent: the whole disk extent is read and verified,
     /// then decompressed, and `len` bytes from `from` are the read's.
     compressed: Option<CompressedRead>,
+}
+
+impl ExtentRead {
+    /// Where in the read's buffer its bytes go.
+    pub(crate) fn span(&self) -> std::ops::Range<usize> {
+        self.at..self.at + self.len
+    }
+
+    /// Whether the read goes to the device (not an unwritten extent's
+    /// bytes in memory).
+    pub(crate) fn on_device(&self) -> bool {
+        self.unwritten.is_none()
+    }
+
+    /// Whether `other` reads the same bytes of the same extent into the
+    /// same place: a page planned twice whose reads all agree holds the
+    /// same data, as long as the extents were not reused in between
+    /// (docs/SNAPSHOTS.md (f) item 5).
+    pub(crate) fn same_source(&self, other: &ExtentRead) -> bool {
+        let compressed = |r: &ExtentRead| {
+            r.compressed
+                .as_ref()
+                .map(|c| (c.compressed, c.disk_len, c.from))
+        };
+        (self.at, self.len, self.disk_bytenr) == (other.at, other.len, other.disk_bytenr)
+            && compressed(self) == compressed(other)
+    }
 }
 
 /// The part of an [`ExtentRead`] only a compressed extent has.

@@ -11,14 +11,15 @@
 //! extent list (`full_sync`).
 
 use super::decode::decode_item;
+use super::page_prefetch::ReadyPages;
 use super::root::RootCtx;
 use super::space_info::Need;
 use crate::alloc::TransactionSpace;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{item_type, DiskRef, FileExtent, Key, Timespec, MAX_FILE_SIZE, SECTOR_SIZE};
-use crate::lock_order::allow_io_under_state_lock;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 const PAGE: u64 = SECTOR_SIZE;
 
@@ -64,18 +65,27 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// Brings every byte of the file into regular extents: dirty pages are
     /// written back, and an inline extent (only ever a file's one extent)
     /// becomes a regular one, so extents can be moved or shared around it.
+    /// Neither writes: both are published as unwritten extents, whose
+    /// bytes the next commit or log sync writes without the state lock
+    /// (docs/DELALLOC.md, "The seal's writeback", "An inline extent made
+    /// regular").
     fn settle_extents(&mut self, ino: u64) -> Result<()> {
         self.settle_dirty_pages(ino)?;
         if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
+            // Inline data is in the item: loading the page reads no device.
             let page = self.load_page(ino, 0)?;
             self.drop_extents(ino, 0, PAGE)?;
             let keep = self.nodes_promised();
             let (bytenr, got) = self.fs.forest.alloc_mut().alloc_data(PAGE, ino, keep)?;
             debug_assert_eq!(got, PAGE);
-            self.fs.stats.inline_reflink_writes_locked += 1;
-            let debt = allow_io_under_state_lock("inline extent made regular for reflink");
-            self.fs.write_data_extent(bytenr, &page)?;
-            drop(debt);
+            // Checksums from the bytes in memory, in this transaction (U2:
+            // the commit or log sync that makes the item durable writes
+            // the extent before its flush).
+            self.fs.record_data_extent(bytenr, &page)?;
+            let transid = self.fs.forest.transid();
+            self.fs.unwritten.add(bytenr, transid, Arc::from(&page[..]));
+            self.fs.stats.inline_reflink_unwritten += 1;
+            self.fs.spare_pages.give(page);
             self.insert_file_extent(
                 ino,
                 0,
@@ -236,17 +246,45 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(Need::items(3 * n + 8).plus_bytes(3 * PAGE))
     }
 
+    /// `len` bytes of the file at `offset` (within its size) as they are
+    /// now, page by page: a reflink's unaligned edges. Pages on disk come
+    /// from `ready` when it has them (read ahead without the state lock).
+    fn read_range(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        ready: &mut ReadyPages,
+    ) -> Result<Vec<u8>> {
+        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+        let mut out = Vec::with_capacity(len as usize);
+        let mut at = offset;
+        while at < end {
+            let index = at / PAGE;
+            let to = end.min((index + 1) * PAGE);
+            let page = self.load_page_from(ino, index, ready)?;
+            out.extend_from_slice(
+                &page[(at - index * PAGE) as usize..(to - index * PAGE) as usize],
+            );
+            self.fs.spare_pages.give(page);
+            at = to;
+        }
+        // A read of the source, as the byte copy's was.
+        self.touch_atime(ino)?;
+        Ok(out)
+    }
+
     /// `copy_file_range` as a reflink. `src_offset` and `dst_offset` must
     /// lie at the same place within a page (the caller copies bytes
     /// otherwise). Whole pages share the source's data extents; the
-    /// partial pages at either end are copied. Returns the bytes copied.
+    /// partial pages at either end are copied, their disk content taken
+    /// from `ready` when it has it. Returns the bytes copied.
     pub(crate) fn clone_range(
         &mut self,
-        src: u64,
-        src_offset: u64,
-        dst: u64,
-        dst_offset: u64,
+        (src, src_offset): (u64, u64),
+        (dst, dst_offset): (u64, u64),
         len: u64,
+        ready: &mut ReadyPages,
     ) -> Result<u64> {
         let len = self.check_copy(src, src_offset, dst, dst_offset, len)?;
         debug_assert_eq!(src_offset % PAGE, dst_offset % PAGE);
@@ -256,8 +294,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let share_start = src_offset.next_multiple_of(PAGE);
         let share_end = (src_offset + len) / PAGE * PAGE;
         if share_start >= share_end {
-            let data = self.read_file(src, src_offset, len as usize)?;
-            return self.write_file(dst, dst_offset, &data).map(|n| n as u64);
+            let data = self.read_range(src, src_offset, len, ready)?;
+            return self
+                .write_file(dst, dst_offset, &data, ready)
+                .map(|n| n as u64);
         }
         let shift = |o: u64| o - src_offset + dst_offset;
         // The source's bytes must all be in extents to be shared.
@@ -301,12 +341,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.inode(dst)?.log.full_sync = true;
         // The partial pages at either end are copied as bytes.
         if src_offset < share_start {
-            let head = self.read_file(src, src_offset, (share_start - src_offset) as usize)?;
-            self.write_file(dst, dst_offset, &head)?;
+            let head = self.read_range(src, src_offset, share_start - src_offset, ready)?;
+            self.write_file(dst, dst_offset, &head, ready)?;
         }
         if share_end < src_offset + len {
-            let tail = self.read_file(src, share_end, (src_offset + len - share_end) as usize)?;
-            self.write_file(dst, d1, &tail)?;
+            let tail = self.read_range(src, share_end, src_offset + len - share_end, ready)?;
+            self.write_file(dst, d1, &tail, ready)?;
         }
         Ok(len)
     }

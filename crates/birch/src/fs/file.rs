@@ -15,6 +15,7 @@
 use super::csum::{read_planned, ExtentRead};
 use super::decode::decode_item;
 use super::in_flight::{Chunk, ChunkWrite, InFlight};
+use super::page_prefetch::ReadyPages;
 use super::root::RootCtx;
 use super::space_info::Need;
 use super::state::FsState;
@@ -102,7 +103,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     /// Fills `buf` (page aligned, at page-aligned `start`) with the file's
     /// on-disk content; holes and preallocated ranges read as zeros.
-    fn plan_extents(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<Vec<ExtentRead>> {
+    pub(super) fn plan_extents(
+        &mut self,
+        ino: u64,
+        start: u64,
+        buf: &mut [u8],
+    ) -> Result<Vec<ExtentRead>> {
         debug_assert!(start.is_multiple_of(PAGE) && (buf.len() as u64).is_multiple_of(PAGE));
         let end = start + buf.len() as u64;
         let mut reads = Vec::new();
@@ -142,15 +148,27 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// Reads `[start, start + buf.len())` (page aligned) of the file as its
-    /// extents hold it, under the state lock: for a write's partial page
-    /// and reflink's unaligned edges, which need the bytes in the same hold.
+    /// extents hold it, under the state lock: for the partial pages of
+    /// changes that do not read them ahead (punch hole, zero range), and
+    /// pages not read ahead for a change that turned out to need them.
     fn read_extents_into(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
         let reads = self.plan_extents(ino, start, buf)?;
-        if !reads.is_empty() {
+        self.read_planned_under_lock(ino, &reads, buf)
+    }
+
+    /// Reads planned extents of `ino` into `buf` under the state lock (the
+    /// `"partial page read under a change"` exemption, counted).
+    pub(super) fn read_planned_under_lock(
+        &mut self,
+        ino: u64,
+        reads: &[ExtentRead],
+        buf: &mut [u8],
+    ) -> Result<()> {
+        if reads.iter().any(ExtentRead::on_device) {
             self.fs.stats.partial_page_reads_locked += 1;
         }
         let _debt = allow_io_under_state_lock("partial page read under a change");
-        let read = read_planned(self.fs.forest.store().device(), ino, &reads, buf);
+        let read = read_planned(self.fs.forest.store().device(), ino, reads, buf);
         if matches!(read, Err(Error::BadData(_))) {
             self.fs.stats.data_csum_errors += 1;
         }
@@ -160,6 +178,18 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// One page of the file as it is now (dirty copy, the copy a writeback
     /// in flight writes, or disk content).
     pub(super) fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
+        self.load_page_from(ino, index, &mut ReadyPages::default())
+    }
+
+    /// [`load_page`](Self::load_page), taking a page's disk content from
+    /// `ready` (read without the state lock and checked,
+    /// [`RootCtx::ready_pages`]) when it has it.
+    pub(super) fn load_page_from(
+        &mut self,
+        ino: u64,
+        index: u64,
+        ready: &mut ReadyPages,
+    ) -> Result<Box<[u8]>> {
         let inode = self.root.inodes.get(&ino);
         if let Some(dirty) = inode.and_then(|i| i.pages.get(&index)) {
             let mut page = self.fs.spare_pages.take_for_overwrite();
@@ -175,6 +205,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         {
             let mut page = self.fs.spare_pages.take_for_overwrite();
             page.copy_from_slice(written);
+            return Ok(page);
+        }
+        if let Some(page) = ready.take(ino, index) {
             return Ok(page);
         }
         let mut page = self.fs.spare_pages.take_zeroed();
@@ -325,21 +358,6 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         })
     }
 
-    /// Reads the file under the state lock (reflink's copy of unaligned
-    /// parts, which must see the bytes in the same hold as its change).
-    pub(crate) fn read_file(&mut self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
-        let plan = self.plan_read(ino, offset, size)?;
-        if !plan.reads.is_empty() {
-            self.fs.stats.partial_page_reads_locked += 1;
-        }
-        let _debt = allow_io_under_state_lock("partial page read under a change");
-        let read = plan.execute(self.fs.forest.store().device());
-        if matches!(read, Err(Error::BadData(_))) {
-            self.fs.stats.data_csum_errors += 1;
-        }
-        read
-    }
-
     /// An access to `ino` (a read, a directory listing): updates its atime
     /// as the mount's [`AtimeUpdates`](super::AtimeUpdates) says, unless the
     /// inode has chattr `A`.
@@ -421,7 +439,16 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         ))
     }
 
-    pub(crate) fn write_file(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    /// Writes `data` at `offset` into dirty pages; a partial first or last
+    /// page not in memory comes from `ready` when it has it (read ahead
+    /// without the state lock), else from disk under the lock.
+    pub(crate) fn write_file(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        ready: &mut ReadyPages,
+    ) -> Result<usize> {
         self.check_write(ino, offset, data.len() as u64)?;
         if data.is_empty() {
             return Ok(0);
@@ -449,7 +476,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 // Fully overwritten: no need to read the old content.
                 self.fs.spare_pages.take_for_overwrite()
             } else {
-                self.load_page(ino, index)?
+                self.load_page_from(ino, index, ready)?
             };
             page[within].copy_from_slice(bytes);
             self.put_dirty_page(ino, index, page)?;
@@ -463,7 +490,28 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(data.len())
     }
 
-    pub(crate) fn truncate_file(&mut self, ino: u64, new_size: u64) -> Result<()> {
+    /// The page a truncate to `new_size` keeps in part and zeroes the
+    /// rest of: the new last page, when the file shrinks to inside it.
+    pub(crate) fn truncate_partial_page(&mut self, ino: u64, new_size: u64) -> Result<Vec<u64>> {
+        let item = &self.inode(ino)?.item;
+        let shrinks_into_a_page = item.file_type() == FileType::Regular
+            && new_size < item.size
+            && !new_size.is_multiple_of(PAGE);
+        Ok(if shrinks_into_a_page {
+            vec![new_size / PAGE]
+        } else {
+            Vec::new()
+        })
+    }
+
+    /// Sets the file's size; the new last page, when not in memory, comes
+    /// from `ready` if it has it (read ahead without the state lock).
+    pub(crate) fn truncate_file(
+        &mut self,
+        ino: u64,
+        new_size: u64,
+        ready: &mut ReadyPages,
+    ) -> Result<()> {
         if new_size > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
@@ -476,7 +524,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 // Zero the tail of the new last page so growing the file
                 // later exposes zeros, not old data.
                 let index = new_size / PAGE;
-                let mut page = self.load_page(ino, index)?;
+                let mut page = self.load_page_from(ino, index, ready)?;
                 page[(new_size % PAGE) as usize..].fill(0);
                 self.put_dirty_page(ino, index, page)?;
             }
@@ -593,7 +641,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     /// The name of this root's inode `ino` in the dirty-inode queue
     /// (`SpaceInfo`), which spans every root: its external number.
-    fn queued(&self, ino: u64) -> u64 {
+    pub(super) fn queued(&self, ino: u64) -> u64 {
         InoSpace::join(self.root.tree.id, ino)
     }
 

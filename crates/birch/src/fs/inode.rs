@@ -4,6 +4,7 @@
 use super::decode::decode_item;
 use super::inode_cache::Inode;
 use super::inode_cache::InodeLog;
+use super::page_prefetch::ReadyPages;
 use super::root::RootCtx;
 use super::{Attr, SetAttr, SetTime};
 use crate::device::BlockDevice;
@@ -123,11 +124,18 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(attr)
     }
 
-    pub(crate) fn setattr(&mut self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+    /// Changes the attributes `changes` sets; a truncate's partial last
+    /// page comes from `ready` when it has it.
+    pub(crate) fn setattr(
+        &mut self,
+        ino: u64,
+        changes: &SetAttr,
+        ready: &mut ReadyPages,
+    ) -> Result<Attr> {
         let item = self.inode_item(ino)?;
         if let Some(size) = changes.size {
             match item.file_type() {
-                FileType::Regular => self.truncate_file(ino, size)?,
+                FileType::Regular => self.truncate_file(ino, size, ready)?,
                 FileType::Directory => return Err(Error::IsDir),
                 _ => return Err(Error::InvalidArgument("size change of a non-regular file")),
             }

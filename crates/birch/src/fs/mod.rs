@@ -27,6 +27,7 @@ mod log_state;
 mod log_sync;
 mod mount;
 mod namespace;
+mod page_prefetch;
 mod replay;
 mod root;
 mod send;
@@ -54,6 +55,7 @@ use crate::format::{Superblock, Timespec, SECTOR_SIZE};
 use crate::lock_order::{
     HoldHistogram, LockRank, RankedCondvar, RankedGuard, RankedMutex, RequestHold,
 };
+use page_prefetch::{PagePrefetch, ReadyPages};
 use space_info::Need;
 use state::FsState;
 use std::sync::Arc;
@@ -463,6 +465,58 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
         let _request = self.request();
+        let Some(size) = changes.size else {
+            return self.setattr_reading(ino, changes, &[], None);
+        };
+        // A truncate into a page keeps part of it: read without the state
+        // lock first (docs/SNAPSHOTS.md (f) item 5).
+        let plan = self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            let partial = root.truncate_partial_page(ino, size)?;
+            Ok((root.plan_prefetch(ino, &partial)?, partial))
+        });
+        match plan {
+            Ok((plan, partial)) => {
+                let prefetch = plan.execute(self.shared.store.device());
+                self.setattr_reading(ino, changes, &partial, Some(prefetch))
+            }
+            // The change gives the error its own order of checks.
+            Err(_) => self.setattr_reading(ino, changes, &[], None),
+        }
+    }
+
+    /// [`setattr`](Self::setattr) with the `partial` pages a truncate
+    /// keeps in part read ahead (`prefetch`); when one changed since, the
+    /// change changes nothing and they are read again
+    /// ([`page_prefetch::PAGE_REREADS`] times, then under the lock).
+    fn setattr_reading(
+        &self,
+        ino: u64,
+        changes: &SetAttr,
+        partial: &[u64],
+        mut prefetch: Option<PagePrefetch>,
+    ) -> Result<Attr> {
+        let mut rereads = 0;
+        loop {
+            let attr = self.setattr_with(ino, changes, partial, prefetch.as_ref(), rereads)?;
+            if let Some(attr) = attr {
+                return Ok(attr);
+            }
+            rereads += 1;
+            prefetch = Some(self.prefetch_pages(ino, partial)?);
+        }
+    }
+
+    /// One try of [`setattr_reading`](Self::setattr_reading): `None` when
+    /// a prefetched page was stale.
+    fn setattr_with(
+        &self,
+        ino: u64,
+        changes: &SetAttr,
+        partial: &[u64],
+        prefetch: Option<&PagePrefetch>,
+        rereads: u32,
+    ) -> Result<Option<Attr>> {
         // A truncate frees space: it may use the global reserve.
         let attr = self.change_with(
             |_| Ok(Need::urgent_items(4).plus_bytes(SECTOR_SIZE)),
@@ -477,10 +531,23 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     && !matches!(changes.mtime, Some(SetTime::At(_)));
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.deny_if_flagged(ino, only_now)?;
-                root.setattr(ino, changes).map(|a| root.external(a))
+                let mut ready = match prefetch {
+                    Some(prefetch) => {
+                        let under_lock = rereads == page_prefetch::PAGE_REREADS;
+                        match root.ready_pages(ino, partial, prefetch, under_lock)? {
+                            Some(ready) => ready,
+                            None => return Ok(None),
+                        }
+                    }
+                    None => ReadyPages::default(),
+                };
+                let attr = root.setattr(ino, changes, &mut ready)?;
+                Ok(Some(root.external(attr)))
             },
         )?;
-        self.sync_flagged(Some(ino), &[])?;
+        if attr.is_some() {
+            self.sync_flagged(Some(ino), &[])?;
+        }
         Ok(attr)
     }
 
@@ -790,12 +857,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// (ENOSPC only when nothing could be accepted).
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let _request = self.request();
-        let sync = self.read(|s| {
+        // The partial first and last pages not in memory are read here,
+        // without the state lock (docs/SNAPSHOTS.md (f) item 5).
+        let partial = page_prefetch::partial_pages(offset, data.len() as u64);
+        let (sync, prefetch) = self.read(|s| {
             let (mut root, ino) = s.resolve(ino)?;
             root.check_write(ino, offset, data.len() as u64)?;
-            Ok(root.get_flags(ino)? & inode_flags::SYNC != 0)
+            let sync = root.get_flags(ino)? & inode_flags::SYNC != 0;
+            Ok((sync, root.plan_prefetch(ino, &partial)?))
         })?;
-        let written = self.write_pieces(ino, offset, data)?;
+        let prefetch = prefetch.execute(self.shared.store.device());
+        let written = self.write_pieces(ino, offset, data, prefetch)?;
         // chattr +S: durable before write(2) returns, as
         // generic_write_sync makes it for IS_SYNC inodes.
         if sync {
@@ -804,20 +876,44 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         Ok(written)
     }
 
-    /// [`write_file`](Self::write_file)'s pieces.
-    fn write_pieces(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    /// Reads the `pages` of `ino` a change will load from disk, planned
+    /// under the state lock and read without it.
+    fn prefetch_pages(&self, ino: u64, pages: &[u64]) -> Result<PagePrefetch> {
+        if pages.is_empty() {
+            return Ok(PagePrefetch::nothing());
+        }
+        let plan = self.read(|s| {
+            let (mut root, ino) = s.resolve(ino)?;
+            root.plan_prefetch(ino, pages)
+        })?;
+        Ok(plan.execute(self.shared.store.device()))
+    }
+
+    /// [`write_file`](Self::write_file)'s pieces. A piece whose partial
+    /// page changed on disk since `prefetch` read it changes nothing and
+    /// reads it again ([`page_prefetch::PAGE_REREADS`] times, then under
+    /// the lock).
+    fn write_pieces(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        mut prefetch: PagePrefetch,
+    ) -> Result<usize> {
         if data.is_empty() {
             return self.change(|s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
-                root.write_file(ino, offset, data)
+                root.write_file(ino, offset, data, &mut ReadyPages::default())
             });
         }
         let mut done = 0usize;
         let mut chunk_limit = space_info::WRITE_CHUNK;
+        let mut rereads = 0;
         while done < data.len() {
             let at = offset + done as u64;
             let piece = ((chunk_limit - at % chunk_limit) as usize).min(data.len() - done);
             let chunk = &data[done..done + piece];
+            let partial = page_prefetch::partial_pages(at, piece as u64);
             match self.change_reserving(
                 |s| {
                     let (mut root, ino) = s.resolve_writable(ino)?;
@@ -826,10 +922,19 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 |s| {
                     let (mut root, ino) = s.resolve_writable(ino)?;
                     root.deny_write(ino, at)?;
-                    root.write_file(ino, at, chunk)
+                    let under_lock = rereads == page_prefetch::PAGE_REREADS;
+                    let Some(mut ready) = root.ready_pages(ino, &partial, &prefetch, under_lock)?
+                    else {
+                        return Ok(None);
+                    };
+                    root.write_file(ino, at, chunk, &mut ready).map(Some)
                 },
             ) {
-                Ok(n) => done += n,
+                Ok(Some(n)) => done += n,
+                Ok(None) => {
+                    rereads += 1;
+                    prefetch = self.prefetch_pages(ino, &partial)?;
+                }
                 // A piece that does not fit may fit in part: ENOSPC only
                 // once not even one page of it does.
                 Err(Error::NoSpace) if piece as u64 > SECTOR_SIZE => {
@@ -986,18 +1091,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 src,
                 (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
             )?;
-            let cloned = self.change_with(
-                |s| {
-                    let (mut root, src) = s.resolve_writable(src)?;
-                    root.clone_need(src, src_offset, len)
-                },
-                |s| {
-                    let (mut root, src) = s.resolve_writable(src)?;
-                    let (_, dst) = InoSpace::split(dst);
-                    root.deny_if_flagged(dst, false)?;
-                    root.clone_range(src, src_offset, dst, dst_offset, len)
-                },
-            )?;
+            let cloned = self.clone_reading((src, src_offset), (dst, dst_offset), len)?;
             self.sync_flagged(Some(dst), &[])?;
             return Ok(cloned);
         }
@@ -1015,6 +1109,50 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             }
         }
         Ok(done)
+    }
+
+    /// `copy_file_range`'s reflink within one subvolume: the pages it
+    /// copies as bytes (its unaligned edges) are read without the state
+    /// lock first and checked by the change, as a write's partial pages
+    /// (docs/SNAPSHOTS.md (f) item 5).
+    fn clone_reading(&self, src: (u64, u64), dst: (u64, u64), len: u64) -> Result<u64> {
+        let (src_pages, dst_pages) = page_prefetch::clone_edge_pages(src.1, dst.1, len);
+        let mut rereads = 0;
+        loop {
+            let prefetch = [(src.0, &src_pages), (dst.0, &dst_pages)]
+                .map(|(ino, pages)| self.prefetch_pages(ino, pages));
+            let [src_prefetch, dst_prefetch] = prefetch;
+            let (src_prefetch, dst_prefetch) = (src_prefetch?, dst_prefetch?);
+            let cloned = self.change_with(
+                |s| {
+                    let (mut root, src_ino) = s.resolve_writable(src.0)?;
+                    root.clone_need(src_ino, src.1, len)
+                },
+                |s| {
+                    let (mut root, src_ino) = s.resolve_writable(src.0)?;
+                    let (_, dst_ino) = InoSpace::split(dst.0);
+                    root.deny_if_flagged(dst_ino, false)?;
+                    let under_lock = rereads == page_prefetch::PAGE_REREADS;
+                    let Some(mut ready) =
+                        root.ready_pages(src_ino, &src_pages, &src_prefetch, under_lock)?
+                    else {
+                        return Ok(None);
+                    };
+                    let Some(dst_ready) =
+                        root.ready_pages(dst_ino, &dst_pages, &dst_prefetch, under_lock)?
+                    else {
+                        return Ok(None);
+                    };
+                    ready.extend(dst_ready);
+                    root.clone_range((src_ino, src.1), (dst_ino, dst.1), len, &mut ready)
+                        .map(Some)
+                },
+            )?;
+            if let Some(cloned) = cloned {
+                return Ok(cloned);
+            }
+            rereads += 1;
+        }
     }
 
     // ----- inode flags, unnamed files -----

@@ -502,13 +502,24 @@ pub struct FsStats {
     /// so often they read the rest under the lock.
     pub read_reruns: u64,
     pub read_rerun_fallbacks: u64,
-    /// Partial pages a change read from disk under the state lock (a
-    /// write's head or tail page, truncate's last page, reflink's
-    /// unaligned edges: the "partial page read under a change" exemption).
+    /// Partial pages a change read from disk under the state lock (punch
+    /// hole's edges, and fallbacks: the "partial page read under a
+    /// change" exemption).
     pub partial_page_reads_locked: u64,
-    /// Inline extents a reflink wrote out as regular ones under the state
-    /// lock (the "inline extent made regular for reflink" exemption).
-    pub inline_reflink_writes_locked: u64,
+    /// Partial pages of writes, truncates and reflinks' edges read without
+    /// the state lock before the change and used by it (docs/SNAPSHOTS.md (f) item 5); prefetches a
+    /// change found stale (the page's extents changed, or a commit became
+    /// durable, since they were planned: read again); and pages read under
+    /// the lock after `PAGE_REREADS` stale prefetches (also counted in
+    /// `partial_page_reads_locked`).
+    pub partial_page_reads_unlocked: u64,
+    pub partial_page_rereads: u64,
+    pub partial_page_read_fallbacks: u64,
+    /// Inline extents a reflink, collapse or insert range made regular:
+    /// published as unwritten extents, which the next commit or log sync
+    /// writes without the state lock (docs/DELALLOC.md, "An inline
+    /// extent made regular").
+    pub inline_reflink_unwritten: u64,
 }
 
 /// Entries of [`FsStats::state_hold_histogram`].
