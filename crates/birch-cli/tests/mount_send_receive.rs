@@ -407,6 +407,20 @@ fn btrfs_send_full_and_incremental_received_by_birch() {
     fx.assert_clean();
 }
 
+/// Two bad copies of the stream `bytes`, written in the fixture's scratch
+/// directory: one cut at two thirds, and one whose last command (END)
+/// claims a length past the stream's end.
+fn cut_and_hostile_streams(fx: &Fixture, bytes: &[u8]) -> (PathBuf, PathBuf) {
+    let cut = fx.scratch.path("cut.stream");
+    fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let hostile = fx.scratch.path("hostile.stream");
+    let mut h = bytes.to_vec();
+    let end = h.len() - 10;
+    h[end..end + 4].copy_from_slice(&1000u32.to_le_bytes());
+    fs::write(&hostile, &h).unwrap();
+    (cut, hostile)
+}
+
 /// A stream cut short, or one with a hostile path, fails with the
 /// command and byte offset named, and leaves neither the subvolume nor
 /// its hidden name behind.
@@ -422,14 +436,7 @@ fn truncated_stream_publishes_nothing() {
     let full = fx.scratch.path("full.stream");
     lb.send(None, "s1", &full);
     let bytes = fs::read(&full).unwrap();
-    let cut = fx.scratch.path("cut.stream");
-    fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
-    // The last command (END) with its length grown past the stream.
-    let hostile = fx.scratch.path("hostile.stream");
-    let mut h = bytes.clone();
-    let end = h.len() - 10;
-    h[end..end + 4].copy_from_slice(&1000u32.to_le_bytes());
-    fs::write(&hostile, &h).unwrap();
+    let (cut, hostile) = cut_and_hostile_streams(&fx, &bytes);
 
     fx.mount();
     let dest = fx.mnt.to_str().unwrap().to_string();
@@ -1016,13 +1023,7 @@ fn truncated_stream_into_an_image_publishes_nothing() {
     let full = fx.scratch.path("full.stream");
     lb.send(None, "s1", &full);
     let bytes = fs::read(&full).unwrap();
-    let cut = fx.scratch.path("cut.stream");
-    fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
-    let hostile = fx.scratch.path("hostile.stream");
-    let mut h = bytes.clone();
-    let end = h.len() - 10;
-    h[end..end + 4].copy_from_slice(&1000u32.to_le_bytes());
-    fs::write(&hostile, &h).unwrap();
+    let (cut, hostile) = cut_and_hostile_streams(&fx, &bytes);
     let flipped = fx.scratch.path("flipped.stream");
     let mut f = bytes.clone();
     f[bytes.len() * 2 / 3] ^= 0x5a;

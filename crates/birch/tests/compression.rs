@@ -51,35 +51,6 @@ fn mount_with<D: BlockDevice + 'static>(dev: D, compress: &str) -> Filesystem<D>
     Filesystem::open(dev, options(compress)).unwrap()
 }
 
-/// Text-like bytes that compress well, different for each `seed`.
-fn text(seed: u8, len: usize) -> Vec<u8> {
-    let words: [&[u8]; 6] = [
-        b"birch ", b"extent ", b"tree ", b"node ", b"commit ", b"log\n",
-    ];
-    let mut out = Vec::with_capacity(len);
-    let mut i = seed as usize;
-    while out.len() < len {
-        out.extend_from_slice(words[i % words.len()]);
-        out.push(b'0' + (i % 10) as u8);
-        i = i.wrapping_mul(7).wrapping_add(3 + seed as usize);
-    }
-    out.truncate(len);
-    out
-}
-
-/// Bytes that do not compress.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn create<D: BlockDevice + 'static>(fs: &Filesystem<D>, name: &str, data: &[u8]) -> u64 {
     let ino = fs
         .create(fs.root_ino(), name.as_bytes(), 0o644, 0, 0)
@@ -135,8 +106,8 @@ fn compressed_files_read_back_after_remount_and_use_fewer_blocks() {
     for algorithm in ["zstd", "zstd:9", "lz4"] {
         let dev = memory_fs(DataChecksums::On);
         let fs = mount_with(dev.clone(), algorithm);
-        let plain = text(1, 1 << 20);
-        let random = noise(2, 1 << 20);
+        let plain = common::compressible_text(1, 1 << 20);
+        let random = common::incompressible_noise(2, 1 << 20);
         let a = create(&fs, "text", &plain);
         let b = create(&fs, "noise", &random);
         fs.sync().unwrap();
@@ -190,7 +161,7 @@ fn compressed_files_read_back_after_remount_and_use_fewer_blocks() {
 fn image_without_compression_keeps_its_flag_clear() {
     let dev = memory_fs(DataChecksums::On);
     let fs = mount_with(dev.clone(), "zstd");
-    create(&fs, "small", &noise(3, 256 << 10));
+    create(&fs, "small", &common::incompressible_noise(3, 256 << 10));
     fs.sync().unwrap();
     fs.close().unwrap();
     // Nothing shrank: no compressed extent, no flag, as before.
@@ -206,7 +177,7 @@ fn image_without_compression_keeps_its_flag_clear() {
 fn incompressible_file_gets_nocomp_and_keeps_it() {
     let dev = memory_fs(DataChecksums::On);
     let fs = mount_with(dev.clone(), "zstd");
-    let ino = create(&fs, "f", &noise(4, 512 << 10));
+    let ino = create(&fs, "f", &common::incompressible_noise(4, 512 << 10));
     fs.sync().unwrap();
     let tried = fs.stats().compress_attempts_failed;
     assert!(tried > 0, "the first writeback tries");
@@ -219,26 +190,29 @@ fn incompressible_file_gets_nocomp_and_keeps_it() {
     // Truncated and rewritten with text: still not tried (btrfs keeps
     // NOCOMPRESS until the flags or the property change).
     fs.truncate(ino, 0).unwrap();
-    fs.write_file(ino, 0, &text(6, 256 << 10)).unwrap();
+    fs.write_file(ino, 0, &common::compressible_text(6, 256 << 10))
+        .unwrap();
     fs.sync().unwrap();
     assert_eq!(fs.stats().compressed_bytes_in, 0);
     assert_eq!(fs.stats().compress_attempts_failed, 0);
     // chattr -m: tried again.
     let flags = fs.get_flags(ino).unwrap();
     fs.set_flags(ino, flags & !inode_flags::NOCOMP).unwrap();
-    fs.write_file(ino, 0, &text(7, 256 << 10)).unwrap();
+    fs.write_file(ino, 0, &common::compressible_text(7, 256 << 10))
+        .unwrap();
     fs.sync().unwrap();
     assert_eq!(fs.stats().compressed_bytes_in, 256 << 10);
     fs.close().unwrap();
 
     // compress-force tries every writeback, and beats `m`.
     let fs = mount_with(dev.clone(), "force:zstd");
-    let ino = create(&fs, "g", &noise(7, 256 << 10));
+    let ino = create(&fs, "g", &common::incompressible_noise(7, 256 << 10));
     fs.sync().unwrap();
     assert_eq!(fs.get_flags(ino).unwrap() & inode_flags::NOCOMP, 0);
     let flags = fs.get_flags(ino).unwrap();
     fs.set_flags(ino, flags | inode_flags::NOCOMP).unwrap();
-    fs.write_file(ino, 256 << 10, &text(8, 256 << 10)).unwrap();
+    fs.write_file(ino, 256 << 10, &common::compressible_text(8, 256 << 10))
+        .unwrap();
     fs.sync().unwrap();
     assert_eq!(fs.stats().compressed_bytes_in, 256 << 10);
     fs.close().unwrap();
@@ -288,9 +262,11 @@ fn compression_property_sets_flags_inherits_and_beats_the_mount_option() {
     );
     let f = fs.create(fast, b"f", 0o644, 0, 0).unwrap().ino;
     assert_eq!(property_of(&fs, f).as_deref(), Some(&b"lz4"[..]));
-    fs.write_file(f, 0, &text(20, 256 << 10)).unwrap();
+    fs.write_file(f, 0, &common::compressible_text(20, 256 << 10))
+        .unwrap();
     let noisy = fs.create(fast, b"noise", 0o644, 0, 0).unwrap().ino;
-    fs.write_file(noisy, 0, &noise(21, 256 << 10)).unwrap();
+    fs.write_file(noisy, 0, &common::incompressible_noise(21, 256 << 10))
+        .unwrap();
 
     let never = fs.mkdir(root, b"never", 0o755, 0, 0).unwrap().ino;
     set_property(&fs, never, b"none").unwrap();
@@ -306,7 +282,8 @@ fn compression_property_sets_flags_inherits_and_beats_the_mount_option() {
         "`none` passes on as the flag only"
     );
     assert_ne!(fs.get_flags(g).unwrap() & inode_flags::NOCOMP, 0);
-    fs.write_file(g, 0, &text(22, 256 << 10)).unwrap();
+    fs.write_file(g, 0, &common::compressible_text(22, 256 << 10))
+        .unwrap();
 
     for bad in [&b"zlib"[..], b"lzo", b"zstd:3", b"fast"] {
         let e = set_property(&fs, fast, bad).unwrap_err();
@@ -369,7 +346,7 @@ fn never_dir<D: BlockDevice + 'static>(fs: &Filesystem<D>) -> u64 {
 fn punch_truncate_overwrite_reflink_and_fallocate_on_compressed_extents() {
     let dev = memory_fs(DataChecksums::On);
     let fs = mount_with(dev.clone(), "zstd");
-    let mut model = text(9, 512 << 10);
+    let mut model = common::compressible_text(9, 512 << 10);
     let a = create(&fs, "a", &model);
     fs.sync().unwrap();
     // Punch a hole inside the first chunk.
@@ -432,7 +409,7 @@ fn damaged_compressed_data_is_a_corruption_naming_the_extent() {
     // Without data checksums the damage reaches the decompressor.
     let dev = memory_fs(DataChecksums::Off);
     let fs = mount_with(dev.clone(), "zstd");
-    let ino = create(&fs, "f", &text(10, 128 << 10));
+    let ino = create(&fs, "f", &common::compressible_text(10, 128 << 10));
     fs.close().unwrap();
     let extents = extents_of(&dev, ino);
     assert!(extents[0].starts_with("extent compressed"), "{extents:?}");
@@ -453,7 +430,7 @@ fn damaged_compressed_data_is_a_corruption_naming_the_extent() {
     // With them, a bad block is EIO before decompression, as for any extent.
     let dev = memory_fs(DataChecksums::On);
     let fs = mount_with(dev.clone(), "lz4");
-    let ino = create(&fs, "f", &text(11, 128 << 10));
+    let ino = create(&fs, "f", &common::compressible_text(11, 128 << 10));
     fs.close().unwrap();
     let extents = extents_of(&dev, ino);
     assert!(extents[0].starts_with("extent compressed"), "{extents:?}");
@@ -488,7 +465,7 @@ fn compressed_write_commit_crash() {
     let fs = mount_with(rec.clone(), "zstd");
     fs.sync().unwrap();
     let from = rec.flush_count();
-    let data = text(12, 300 << 10);
+    let data = common::compressible_text(12, 300 << 10);
     create(&fs, "f", &data);
     fs.sync().unwrap();
     assert!(fs.stats().compressed_bytes_in > 0);
@@ -505,11 +482,11 @@ fn compressed_write_commit_crash() {
 fn compressed_fsync_crash() {
     let rec = recorder();
     let fs = mount_with(rec.clone(), "lz4");
-    let old = text(13, 256 << 10);
+    let old = common::compressible_text(13, 256 << 10);
     let ino = create(&fs, "f", &old);
     fs.sync().unwrap();
     let from = rec.flush_count();
-    let more = text(14, 200 << 10);
+    let more = common::compressible_text(14, 200 << 10);
     fs.write_file(ino, 100 << 10, &more).unwrap();
     fs.fsync(ino, false).unwrap();
     let fsynced = rec.flush_count();
@@ -547,7 +524,7 @@ fn first_compressed_extent_in_a_log_sync_crash() {
     let ino = create(&fs, "f", b"");
     fs.sync().unwrap();
     let from = rec.flush_count();
-    let data = text(16, 200 << 10);
+    let data = common::compressible_text(16, 200 << 10);
     fs.write_file(ino, 0, &data).unwrap();
     fs.fsync(ino, false).unwrap();
     let fsynced = rec.flush_count();
@@ -572,7 +549,7 @@ fn first_compressed_extent_in_a_log_sync_crash() {
 fn compressed_truncate_and_punch_fsync_crash() {
     let rec = recorder();
     let fs = mount_with(rec.clone(), "zstd");
-    let old = text(15, 384 << 10);
+    let old = common::compressible_text(15, 384 << 10);
     let ino = create(&fs, "f", &old);
     fs.sync().unwrap();
     let from = rec.flush_count();
@@ -605,17 +582,19 @@ fn chattr_c_compresses_and_new_files_in_a_c_directory_inherit_it() {
     let dev = memory_fs(DataChecksums::On);
     let fs = common::mount(dev.clone());
     let root = fs.root_ino();
-    let plain = create(&fs, "plain", &text(16, 256 << 10));
+    let plain = create(&fs, "plain", &common::compressible_text(16, 256 << 10));
     let flagged = create(&fs, "flagged", b"");
     fs.set_flags(flagged, COMPR).unwrap();
-    fs.write_file(flagged, 0, &text(17, 256 << 10)).unwrap();
+    fs.write_file(flagged, 0, &common::compressible_text(17, 256 << 10))
+        .unwrap();
     let dir = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
     fs.set_flags(dir, COMPR).unwrap();
     let child = fs.create(dir, b"child", 0o644, 0, 0).unwrap().ino;
     let subdir = fs.mkdir(dir, b"sub", 0o755, 0, 0).unwrap().ino;
     assert_eq!(fs.get_flags(child).unwrap(), COMPR);
     assert_eq!(fs.get_flags(subdir).unwrap(), COMPR);
-    fs.write_file(child, 0, &text(18, 256 << 10)).unwrap();
+    fs.write_file(child, 0, &common::compressible_text(18, 256 << 10))
+        .unwrap();
     fs.sync().unwrap();
     assert_eq!(fs.stats().compressed_bytes_in, 512 << 10);
     fs.close().unwrap();
@@ -646,7 +625,7 @@ fn compression_property_fsync_crash() {
     fs.sync().unwrap();
     let from = rec.flush_count();
     set_property(&fs, ino, b"none").unwrap();
-    let data = text(17, 200 << 10);
+    let data = common::compressible_text(17, 200 << 10);
     fs.write_file(ino, 0, &data).unwrap();
     fs.fsync(ino, false).unwrap();
     let fsynced = rec.flush_count();

@@ -29,33 +29,6 @@ const LEAF_ITEM_HEADER: usize = 17 + 8;
 const RAM_BYTES_AT: usize = 33;
 const ALGORITHM_AT: usize = 49;
 
-/// Text-like bytes that compress well, different for each `seed`.
-fn text(seed: u8, len: usize) -> Vec<u8> {
-    let words: [&[u8]; 5] = [b"verify ", b"data ", b"extent ", b"chunk ", b"zstd\n"];
-    let mut out = Vec::with_capacity(len);
-    let mut i = seed as usize;
-    while out.len() < len {
-        out.extend_from_slice(words[i % words.len()]);
-        out.push(b'0' + (i % 10) as u8);
-        i = i.wrapping_mul(7).wrapping_add(3 + seed as usize);
-    }
-    out.truncate(len);
-    out
-}
-
-/// Bytes that do not compress.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// The test image and where its files are.
 struct Image {
     dev: Arc<MemoryDevice>,
@@ -98,7 +71,8 @@ fn build() -> Image {
     let sv = common::ino(&fs, "sv");
     let create = |name: &str| fs.create(sv, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
     let zstd_file = create("z");
-    fs.write_file(zstd_file, 0, &text(1, 300 << 10)).unwrap();
+    fs.write_file(zstd_file, 0, &common::compressible_text(1, 300 << 10))
+        .unwrap();
     let lz4_file = create("l");
     fs.setxattr(
         lz4_file,
@@ -107,9 +81,11 @@ fn build() -> Image {
         XattrSetMode::Create,
     )
     .unwrap();
-    fs.write_file(lz4_file, 0, &text(2, 200 << 10)).unwrap();
+    fs.write_file(lz4_file, 0, &common::compressible_text(2, 200 << 10))
+        .unwrap();
     let plain = create("n");
-    fs.write_file(plain, 0, &noise(3, 96 << 10)).unwrap();
+    fs.write_file(plain, 0, &common::incompressible_noise(3, 96 << 10))
+        .unwrap();
     fs.sync().unwrap();
     let copy = create("r");
     // copy_file_range may copy less than asked: call until done.

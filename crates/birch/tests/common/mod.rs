@@ -384,3 +384,32 @@ impl BlockDevice for GatedDevice {
         self.inner.size_bytes()
     }
 }
+
+/// Text-like bytes that compress well, different for each `seed`.
+pub fn compressible_text(seed: u8, len: usize) -> Vec<u8> {
+    let words: [&[u8]; 6] = [
+        b"birch ", b"extent ", b"tree ", b"node ", b"commit ", b"log\n",
+    ];
+    let mut out = Vec::with_capacity(len);
+    let mut i = seed as usize;
+    while out.len() < len {
+        out.extend_from_slice(words[i % words.len()]);
+        out.push(b'0' + (i % 10) as u8);
+        i = i.wrapping_mul(7).wrapping_add(3 + seed as usize);
+    }
+    out.truncate(len);
+    out
+}
+
+/// Bytes that do not compress (xorshift), different for each `seed`.
+pub fn incompressible_noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
