@@ -44,7 +44,7 @@ WITH = "birch"
 # Counters recorded around each run (deltas), per seed: the ones its switch
 # moves (docs/ABLATION.md) and the context to read them by.
 COUNTERS = ("fsyncs", "commits", "log_syncs", "logged_fsyncs", "delayed_item_flushes",
-            "logging_nanos", "log_base_wait_nanos", "reclaim_requests", "reclaim_pages")
+            "logging_nanos", "log_base_wait_nanos", "reclaim_requests", "reclaim_pages", "reclaim_commits")
 def seed_configs(seed: str, cpus: int) -> list[tuple[str, str, Optional[tuple[int, bool]]]]:
     """(config, key metric, dbench (clients, sync dirs) or None) of one
     seed's benchmark, in the order they run."""
@@ -95,7 +95,7 @@ class Ablation(Workload):
 
     def run_one(self, fs: str, cfg: str, dbench: Optional[tuple[int, bool]], rep: int, rec: dict) -> dict:
         if cfg.startswith("004-untar-"):
-            return self.untar.run_one(fs, cfg[len("004-untar-"):], rep, rec)
+            return self.untar.run_one(fs, cfg[len("004-untar-"):], rep, rec, counter_names=COUNTERS)
         ctx = self.ctx
         with SETUPS[fs].open(ctx, ctx.opts.main_size, "main") as m:
             before = m.counters()

@@ -197,7 +197,10 @@ class Untar(Workload):
         m.sync()
         return filler
 
-    def run_one(self, fs: str, which: str, rep: int, rec: dict) -> dict:
+    def run_one(self, fs: str, which: str, rep: int, rec: dict, counter_names: tuple[str, ...] = ()) -> dict:
+        """Untar onto the roomy or the nearly full (`which`) filesystem and
+        sync; with `counter_names`, also the deltas of those birch counters
+        over the untar and its sync (`res["counters"]`)."""
         ctx = self.ctx
         size = ctx.opts.roomy_size if which == "roomy" else ctx.opts.tight_size
         raw = ctx.raw_path("untar", "%s-%s-r%d.txt" % (fs, which, rep))
@@ -211,12 +214,14 @@ class Untar(Workload):
             dest = os.path.join(m.mnt, "untar")
             os.mkdir(dest)
             before = m.fuse_requests()
+            counters0 = m.counters() if counter_names else None
             t0 = time.perf_counter()
             ctx.run(["tar", "xf", self.tarball, "-C", dest], out_path=raw, timeout=3600)
             t1 = time.perf_counter()
             m.sync(dest, quiet=False, timeout=3600)
             t2 = time.perf_counter()
             requests: Optional[dict] = m.requests_since(before)
+            counters1 = m.counters() if counters0 is not None else None
             st = os.statvfs(m.mnt)
             used1 = (st.f_blocks - st.f_bfree) * st.f_frsize
             # not part of total_s: a FUSE filesystem may only make everything
@@ -226,6 +231,9 @@ class Untar(Workload):
                    "fs_bytes": total, "used_before_bytes": used0, "filler_bytes": filler,
                    "used_after_bytes": used1, "used_after_pct": 100.0 * used1 / total if total else None,
                    "tree_files": self.stats["files"], "tree_bytes": self.stats["bytes"]}
+            if counters0 is not None and counters1 is not None:
+                res["counters"] = {k: counters1.get(k, 0) - counters0.get(k, 0)
+                                   for k in counter_names if k in counters1}
             if requests:
                 res["fuse_requests"] = requests
                 res["fuse_transport"] = m.transport
