@@ -154,6 +154,7 @@ counter_table! {
         compressed_bytes_in: Writeback Bytes Total, "File data written back into compressed extents (`compress=` / `compress-force=`), before compression.", "Against `data_bytes_written`: how much of the written data compression took.";
         compressed_bytes_out: Writeback Bytes Total, "What those compressed extents take on disk (sector padded).", "Divided by `compressed_bytes_in`: the compression ratio the data gets (docs/COMPRESSION.md).";
         compress_attempts_failed: Writeback Count Total, "Chunks compression was tried on that did not save a sector: written as they are, and the file gets `m` (NOCOMP, kept in its inode): not tried again until `chattr -m` or a compression property (unless `compress-force`).", "High against the compressed extents: the data is incompressible; `compress=` costs CPU for nothing there.";
+        compress_fallback_runs: Writeback Count Total, "Runs of dirty pages to compress that writeback wrote uncompressed, as one extent: their 128 KiB chunks would each have been an extent and the space reservations had no room for the extra ones (near full, or while writers wait for space).", "Non-zero only near full: what compression there would have saved stays on disk; a commit or freed space brings compression back (docs/COMPRESSION.md).";
         scrub_nodes: Scrub Count Total, "Tree nodes scrubbed on this mount (every copy of each read and verified), counted as a scrub goes.", "Rising: a scrub is running; `birch scrub MOUNTPOINT` shows it as progress. Commits wait for a scrub.";
         scrub_data_bytes: Scrub Bytes Total, "Bytes of data extents scrubbed on this mount (read and verified against their checksums), counted as a scrub goes.", "With `scrub_nodes`: how far a running scrub is; its rate is the scrub's read rate.";
         state_hold_requests: StateLock Count Total, "Engine requests that took the state lock (one per FUSE request the engine served; a request's holds are summed).", "The base of the hold histogram `birch stats` prints below the counters.";
@@ -208,6 +209,7 @@ counter_table! {
         commit_pages: Writeback Pages Total, "Pages written back by commits.", "Dirty data a commit had to write first: commits get slower with it.";
         fsync_pages: Writeback Pages Total, "Pages written back by fsync.", "Data fsync had to write itself.";
         range_pages: Writeback Pages Total, "Pages written back by range flushes (`Filesystem::flush_range`, like sync_file_range).", "Writeback asked for by a caller, a range at a time.";
+        writeback_extents_unreserved: Reservations Count Total, "Extents writebacks made beyond the room the space reservations had, even out of the global reserve (free space so fragmented near full that runs became many extents): their items went in unreserved.", "Always 0 so far; non-zero means a commit may meet ENOSPC and turn the filesystem read-only (docs/DELALLOC.md).";
     }
     space_usage -> SpaceUsage "space_" {
         total: SpaceNow Bytes Now, "Size of the filesystem.", "The base for the other space figures.";

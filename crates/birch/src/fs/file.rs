@@ -699,7 +699,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let Some(runs) = self.runs_to_write(ino, pages)? else {
             return Ok(written);
         };
-        let chunks = self.allocate_chunks(ino, &runs, MAX_EXTENT_BYTES)?;
+        let chunks = self.allocate_chunks(ino, &runs, &vec![MAX_EXTENT_BYTES; runs.len()])?;
         let transid = self.fs.forest.transid();
         let mut added = 0;
         for (at, chunk) in chunks.iter().enumerate() {
@@ -821,32 +821,79 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// and the writeback is registered as in flight, so that reads find its
     /// pages until it is published. A file that lives in page 0 gets its
     /// inline extent at once (`None`: nothing to write). The inode must
-    /// have no writeback in flight.
+    /// have no writeback in flight. `runs_before`: the inode's runs of
+    /// dirty pages before `pages` were taken out (their reservations are
+    /// what the new extents take over).
+    ///
+    /// A run to compress becomes an extent per 128 KiB: it is compressed
+    /// only when the reservations have room for the extents beyond the one
+    /// its run reserved, else written as it is (docs/COMPRESSION.md,
+    /// "Metadata for compressed chunks").
     pub(super) fn plan_writeback(
         &mut self,
         ino: u64,
         pages: BTreeMap<u64, Box<[u8]>>,
+        runs_before: u64,
     ) -> Result<Option<PlannedWrite>> {
         let queued = self.queued(ino);
         debug_assert!(!self.fs.writebacks.contains(queued));
         let Some(runs) = self.runs_to_write(ino, pages)? else {
             return Ok(None);
         };
+        // The runs of dirty pages this writeback ended (negative: it cut
+        // one in two). Their reservation went back when the pages were
+        // taken out: the room below counts it.
+        let ended = runs_before as i64 - self.fs.space.runs_of(queued) as i64;
         let compress = self.compression_for(ino)?;
-        // Compressed extents hold at most MAX_COMPRESSED_RAM of the file.
-        let most = match compress {
-            Some(_) => MAX_COMPRESSED_RAM,
-            None => MAX_EXTENT_BYTES,
-        };
-        let chunks = self.allocate_chunks(ino, &runs, most)?;
-        let writes = chunks.iter().map(|c| (c.bytenr, c.bytes.clone())).collect();
+        let unallocated = runs.iter().map(|(_, bytes)| bytes.len() as u64).sum();
+        let room = self.extent_room(unallocated);
+        // Written as they are, the runs are an extent each; what is left
+        // of the ordinary room may go to compressed chunks.
+        let mut spare = room.ordinary as i64 - runs.len() as i64;
+        let mut most = Vec::with_capacity(runs.len());
+        let mut compressed = Vec::with_capacity(runs.len());
+        let mut compress_extra = 0;
+        for (_, bytes) in &runs {
+            let extra = (bytes.len() as u64).div_ceil(MAX_COMPRESSED_RAM) - 1;
+            // A run of one chunk costs nothing more compressed.
+            let fits = extra == 0 || extra as i64 <= spare;
+            if compress.is_some() && fits {
+                spare -= extra as i64;
+                compress_extra += extra;
+                most.push(MAX_COMPRESSED_RAM);
+                compressed.push(compress);
+            } else {
+                if compress.is_some() {
+                    self.fs.stats.compress_fallback_runs += 1;
+                }
+                most.push(MAX_EXTENT_BYTES);
+                compressed.push(None);
+            }
+        }
+        debug_assert!(
+            compress_extra == 0 || runs.len() as u64 + compress_extra <= room.ordinary,
+            "compressed chunks of inode {ino} planned without room for their extents"
+        );
+        let chunks = self.allocate_chunks(ino, &runs, &most)?;
+        // Extents without room even in the global reserve (fragmented free
+        // space near full, a run cut in two): what this writeback added
+        // beyond the runs it ended and beyond that room. Counted, never
+        // hidden.
+        let made = chunks.len() as i64;
+        let unreserved = (made - ended).min(made - room.with_reserve as i64).max(0) as u64;
+        self.fs.space.stats.writeback_extents_unreserved += unreserved;
+        let mut run = 0;
+        let writes = chunks
+            .iter()
+            .map(|c| {
+                while c.file_offset >= runs[run].0 + runs[run].1.len() as u64 {
+                    run += 1;
+                }
+                (c.bytenr, c.bytes.clone(), compressed[run])
+            })
+            .collect();
         let id = self.fs.writebacks.start(queued, chunks);
-        Ok(Some(PlannedWrite {
-            queued,
-            id,
-            writes,
-            compress,
-        }))
+        Ok(Some(PlannedWrite { queued, id, writes }))
     }
 
     /// Whether and how the writeback of `ino` compresses, as btrfs's
@@ -878,12 +925,14 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// Allocates the extents for `runs` (file offset, bytes): one chunk
-    /// per allocation, of at most `most` bytes. On failure nothing is
-    /// allocated and the runs' pages are dirty again.
-    fn allocate_chunks(&mut self, ino: u64, runs: &[Run], most: u64) -> Result<Vec<Chunk>> {
+    /// per allocation, of at most `most[i]` bytes for run `i` (fewer when
+    /// free space is fragmented). On failure nothing is allocated and the
+    /// runs' pages are dirty again.
+    fn allocate_chunks(&mut self, ino: u64, runs: &[Run], most: &[u64]) -> Result<Vec<Chunk>> {
+        debug_assert_eq!(runs.len(), most.len());
         let mut chunks = Vec::new();
         let mut failed = None;
-        'runs: for (start, bytes) in runs {
+        'runs: for ((start, bytes), &most) in runs.iter().zip(most) {
             let mut done = 0;
             while done < bytes.len() as u64 {
                 let keep = self.nodes_promised();
@@ -1442,6 +1491,7 @@ impl<D: BlockDevice> FsState<D> {
                 (budget - batch.pages) as usize
             };
             let cursor = self.info.space.cursor(queued);
+            let runs_before = self.info.space.runs_of(queued);
             let (mut root, ino) = self.resolve(queued)?;
             let keys: Vec<u64> = {
                 let pages = &root.inode(ino)?.pages;
@@ -1463,7 +1513,7 @@ impl<D: BlockDevice> FsState<D> {
                 root.fs.space.set_cursor(queued, last + 1);
             }
             batch.pages += pages.len() as u64;
-            if let Some(planned) = root.plan_writeback(ino, pages)? {
+            if let Some(planned) = root.plan_writeback(ino, pages, runs_before)? {
                 batch.writes.push(planned);
             }
         }
@@ -1481,11 +1531,12 @@ impl<D: BlockDevice> FsState<D> {
         range: impl std::ops::RangeBounds<u64>,
     ) -> Result<WritebackBatch> {
         let mut batch = WritebackBatch::default();
+        let runs_before = self.info.space.runs_of(queued);
         let (mut root, ino) = self.resolve(queued)?;
         root.require_regular(ino)?;
         let pages = root.take_dirty_pages(ino, range)?;
         batch.pages = pages.len() as u64;
-        if let Some(planned) = root.plan_writeback(ino, pages)? {
+        if let Some(planned) = root.plan_writeback(ino, pages, runs_before)? {
             batch.writes.push(planned);
         }
         batch.start_reading(self);
@@ -1534,13 +1585,15 @@ impl<D: BlockDevice> FsState<D> {
     }
 }
 
+/// The compression (algorithm, level) a chunk's write tries, if any.
+type TryCompress = Option<(Compression, i32)>;
+
 /// One inode's planned writeback: where each chunk's bytes go, and the
-/// compression (algorithm, level) to try on each, without the state lock.
+/// compression to try on it, without the state lock.
 pub(crate) struct PlannedWrite {
     queued: u64,
     id: u64,
-    writes: Vec<(u64, Arc<[u8]>)>,
-    compress: Option<(Compression, i32)>,
+    writes: Vec<(u64, Arc<[u8]>, TryCompress)>,
 }
 
 /// Writebacks planned under the state lock, to be written without it
@@ -1581,8 +1634,8 @@ impl WritebackBatch {
                 planned
                     .writes
                     .iter()
-                    .map(|(bytenr, bytes)| {
-                        let outcome = compress_chunk(planned.compress, bytes);
+                    .map(|(bytenr, bytes, compress)| {
+                        let outcome = compress_chunk(*compress, bytes);
                         let on_disk = match &outcome {
                             ChunkWrite::Compressed { bytes, .. } => bytes,
                             ChunkWrite::Plain | ChunkWrite::DidNotShrink => bytes,

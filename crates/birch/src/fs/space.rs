@@ -34,6 +34,13 @@ const PAGE: u64 = SECTOR_SIZE;
 
 pub use super::types::SpaceUsage;
 
+/// Room for more outstanding extents ([`RootCtx::extent_room`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ExtentRoom {
+    pub(crate) ordinary: u64,
+    pub(crate) with_reserve: u64,
+}
+
 impl<D: BlockDevice> FsState<D> {
     /// Delayed items pending in every loaded root.
     pub(crate) fn delayed_items(&self) -> u64 {
@@ -277,6 +284,32 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// See [`FsInfo::nodes_promised`].
     pub(crate) fn nodes_promised(&self) -> u64 {
         self.fs.nodes_promised(self.root.delayed.len() as u64)
+    }
+
+    /// How many more outstanding extents (each `DELALLOC_EXTENT_ITEMS`
+    /// items) the reservations have room for right now, while `unallocated`
+    /// bytes of pages a writeback took out of the dirty set still wait for
+    /// their allocation (taking them out released their page reservation;
+    /// the allocation will take the same bytes of free space). `ordinary`:
+    /// without the global reserve, and none while tickets wait (room taken
+    /// now would overtake them); `with_reserve`: out of the global reserve
+    /// too, as urgent changes may. docs/COMPRESSION.md, "Metadata for
+    /// compressed chunks".
+    pub(crate) fn extent_room(&self, unallocated: u64) -> ExtentRoom {
+        let delayed = self.root.delayed.len() as u64;
+        let per_extent = (DELALLOC_EXTENT_ITEMS * self.fs.meta_item()) as i64;
+        let room = |urgent: bool| {
+            let bytes = self.fs.space_available(urgent, delayed) - unallocated as i64;
+            (bytes.max(0) / per_extent) as u64
+        };
+        ExtentRoom {
+            ordinary: if self.fs.space.tickets.is_empty() {
+                room(false)
+            } else {
+                0
+            },
+            with_reserve: room(true),
+        }
     }
 
     /// Fails with ENOSPC unless `bytes` fit without the global reserve's

@@ -212,7 +212,8 @@ impl SpaceInfo {
         }
     }
 
-    #[cfg(debug_assertions)]
+    /// Runs of dirty pages (outstanding extents) of inode `ino` (its
+    /// external number).
     pub fn runs_of(&self, ino: u64) -> u64 {
         self.dirty.get(&ino).map_or(0, |d| d.runs)
     }

@@ -471,11 +471,14 @@ pub struct FsStats {
     /// failed with EIO; docs/DATA-CHECKSUMS.md).
     pub data_csum_errors: u64,
     /// Compression (docs/COMPRESSION.md): file bytes that went into
-    /// compressed extents, the bytes those take on disk, and chunks that
-    /// were tried and did not shrink (written as they are).
+    /// compressed extents, the bytes those take on disk, chunks that were
+    /// tried and did not shrink (written as they are), and runs of dirty
+    /// pages written uncompressed because the reservations had no room for
+    /// the extra extents their 128 KiB chunks would have made.
     pub compressed_bytes_in: u64,
     pub compressed_bytes_out: u64,
     pub compress_attempts_failed: u64,
+    pub compress_fallback_runs: u64,
     /// Scrubs of the mounted filesystem (`scrub::scrub_filesystem`): tree nodes
     /// scrubbed and bytes of data extents read, counted as they go, so
     /// that another thread can show a scrub's progress.
@@ -563,6 +566,10 @@ pub struct SpaceStats {
     pub commit_pages: u64,
     pub fsync_pages: u64,
     pub range_pages: u64,
+    /// Extents writebacks made beyond what the reservations had room for,
+    /// even out of the global reserve (fragmented free space near full):
+    /// their items were inserted unreserved. Expected 0.
+    pub writeback_extents_unreserved: u64,
 }
 
 /// The space accounting right now, in bytes (docs/DELALLOC.md).
