@@ -468,7 +468,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// page is read without the state lock first and checked by the
     /// change (docs/SNAPSHOTS.md (f) item 5); when it changed since, the
     /// change changes nothing and it is read again
-    /// ([`page_prefetch::PAGE_REREADS`] times, then under the lock).
+    /// (4 times, then under the lock).
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
         let _request = self.request();
         let mut rereads = 0;
@@ -972,7 +972,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// the state lock first and checked by the change, as a write's
     /// (docs/SNAPSHOTS.md (f) item 5): when one changed since, the change
     /// changes nothing and they are read again
-    /// ([`page_prefetch::PAGE_REREADS`] times, then under the lock).
+    /// (4 times, then under the lock).
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
         let _request = self.request();
         let grows_only = matches!(
