@@ -9,7 +9,7 @@
 mod common;
 
 use birch::device::{DeviceEvent, MemoryDevice, RecordingDevice};
-use birch::fs::{FallocateMode, Filesystem, MountOptions};
+use birch::fs::{CompressOption, FallocateMode, Filesystem, MountOptions};
 use birch::Error;
 use common::{Enumeration, View};
 use std::sync::Arc;
@@ -689,4 +689,319 @@ fn a_page_rewritten_while_a_reflink_copies_it_is_read_again() {
     assert_eq!(stats.partial_page_reads_locked, 0, "{stats:?}");
     assert!(fs.read_file(b, 0, 1 << 20).unwrap() == want);
     assert!(fs.read_file(a, 0, 1 << 20).unwrap() == source);
+}
+
+/// `want` with `[at, at + len)` zeroed (a punch or zero range of it).
+fn zeroed(mut want: Vec<u8>, at: usize, len: usize) -> Vec<u8> {
+    want[at..at + len].fill(0);
+    want
+}
+
+/// Punch hole's and zero range's edges inside pages, of a file whose
+/// pages are on disk only, are read without the state lock (none under
+/// it: this failed before, every such page was read under the lock), and
+/// the rest of each page is kept.
+#[test]
+fn unaligned_punch_holes_read_partial_pages_without_the_state_lock() {
+    let CommittedFile { fs, f, dev, .. } = committed_file();
+    let before = fs.stats();
+    let mut want = pattern(8 * PAGE, 1);
+    // Inside page 2; across pages 3..5 (page 4 whole); inside page 6
+    // (zero range, keeping the size); from 8p - 5 to past EOF (zero
+    // range: page 7's tail, then the file grows).
+    for (at, len, mode) in [
+        (2 * PAGE + 10, 100, FallocateMode::PunchHole),
+        (3 * PAGE + 7, 2 * PAGE, FallocateMode::PunchHole),
+        (6 * PAGE + 100, 100, FallocateMode::ZeroRangeKeepSize),
+        (8 * PAGE - 5, 100, FallocateMode::ZeroRange),
+    ] {
+        fs.fallocate(f, at as u64, len as u64, mode).unwrap();
+        want.resize(want.len().max(at + len), 0);
+        want = zeroed(want, at, len);
+    }
+    let after = fs.stats();
+    assert_eq!(
+        after.partial_page_reads_locked, before.partial_page_reads_locked,
+        "{after:?}"
+    );
+    // Pages 2, 3, 5, 6 and 7.
+    assert_eq!(
+        after.partial_page_reads_unlocked - before.partial_page_reads_unlocked,
+        5,
+        "{after:?}"
+    );
+    assert_eq!(after.partial_page_rereads, 0, "{after:?}");
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+    fs.sync().unwrap();
+    assert!(
+        fs.read_file(f, 0, 1 << 20).unwrap() == want,
+        "after the commit"
+    );
+    fs.close().unwrap();
+    common::assert_clean_with_data(dev.inner.as_ref(), "after the punches");
+}
+
+/// Punches into the middle of a compressed extent: each edge page is read
+/// (decompressed) without the state lock, the rest of the extent keeps
+/// its bytes, and the image checks clean with its data.
+#[test]
+fn unaligned_punch_holes_in_a_compressed_file_read_without_the_state_lock() {
+    let dev = common::memory_fs(64 << 20, 0x76);
+    let options = MountOptions {
+        compress: CompressOption::parse("zstd", false).unwrap(),
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let mut want = common::compressible_text(3, 16 * PAGE);
+    fs.write_file(f, 0, &want).unwrap();
+    fs.sync().unwrap();
+    let before = fs.stats();
+    assert!(before.compressed_bytes_in > 0, "not compressed: {before:?}");
+    for (at, len, mode) in [
+        (PAGE + 100, 3 * PAGE, FallocateMode::PunchHole),
+        (9 * PAGE + 5, 10, FallocateMode::ZeroRangeKeepSize),
+    ] {
+        fs.fallocate(f, at as u64, len as u64, mode).unwrap();
+        want = zeroed(want, at, len);
+    }
+    let after = fs.stats();
+    assert_eq!(
+        after.partial_page_reads_locked, before.partial_page_reads_locked,
+        "{after:?}"
+    );
+    // Pages 1, 4 and 9.
+    assert_eq!(
+        after.partial_page_reads_unlocked - before.partial_page_reads_unlocked,
+        3,
+        "{after:?}"
+    );
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+    fs.close().unwrap();
+    let fs = common::mount(dev.clone());
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want, "remounted");
+    fs.close().unwrap();
+    common::assert_clean_with_data(dev.as_ref(), "after the punches");
+}
+
+/// Punches into a reflinked copy whose extents are shared with the
+/// source: the edges are read from the shared extents without the state
+/// lock, the copy gets its holes and the source keeps every byte.
+#[test]
+fn unaligned_punch_holes_in_shared_extents_read_without_the_state_lock() {
+    let CommittedFile { fs, f: a, dev, .. } = committed_file();
+    let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+    let len = 8 * PAGE as u64;
+    assert_eq!(fs.copy_file_range(a, 0, b, 0, len).unwrap(), len);
+    fs.sync().unwrap();
+    let before = fs.stats();
+    let mut want = pattern(8 * PAGE, 1);
+    for (at, len, mode) in [
+        (2 * PAGE + 10, 100, FallocateMode::PunchHole),
+        (5 * PAGE + 4000, 200, FallocateMode::ZeroRangeKeepSize),
+    ] {
+        fs.fallocate(b, at as u64, len as u64, mode).unwrap();
+        want = zeroed(want, at, len);
+    }
+    let after = fs.stats();
+    assert_eq!(
+        after.partial_page_reads_locked, before.partial_page_reads_locked,
+        "{after:?}"
+    );
+    // b's pages 2, 5 and 6.
+    assert_eq!(
+        after.partial_page_reads_unlocked - before.partial_page_reads_unlocked,
+        3,
+        "{after:?}"
+    );
+    assert!(fs.read_file(b, 0, 1 << 20).unwrap() == want, "b");
+    assert!(
+        fs.read_file(a, 0, 1 << 20).unwrap() == pattern(8 * PAGE, 1),
+        "a"
+    );
+    fs.sync().unwrap();
+    assert!(fs.read_file(b, 0, 1 << 20).unwrap() == want, "b, committed");
+    assert!(
+        fs.read_file(a, 0, 1 << 20).unwrap() == pattern(8 * PAGE, 1),
+        "a, committed"
+    );
+    fs.close().unwrap();
+    common::assert_clean_with_data(dev.inner.as_ref(), "after the punches");
+}
+
+/// A reflink within one file whose source's head page is also its
+/// destination's tail page: the page is read ahead once for both and
+/// copied, then written, without a read under the state lock (before, the
+/// source's copy used the page up and the destination read it again
+/// under the lock).
+#[test]
+fn a_reflink_within_one_file_reads_a_shared_edge_page_without_the_state_lock() {
+    let CommittedFile { fs, f, .. } = committed_file();
+    let before = fs.stats();
+    // Source [2p+100, 4p+100), destination [100, 2p+100): the source's
+    // head and the destination's tail are both page 2.
+    let len = 2 * PAGE;
+    assert_eq!(
+        fs.copy_file_range(f, 2 * PAGE as u64 + 100, f, 100, len as u64)
+            .unwrap(),
+        len as u64
+    );
+    let after = fs.stats();
+    assert_eq!(
+        after.partial_page_reads_locked, before.partial_page_reads_locked,
+        "{after:?}"
+    );
+    let old = pattern(8 * PAGE, 1);
+    let mut want = old.clone();
+    want[100..100 + len].copy_from_slice(&old[2 * PAGE + 100..2 * PAGE + 100 + len]);
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+}
+
+/// The source truncated and committed while a reflink's read of its head
+/// page is paused: the copy is shorter now, its tail is another page,
+/// which the change finds not read ahead and reads again without the
+/// lock (before, the edges were chosen once and the new tail page was
+/// read under the lock).
+#[test]
+fn a_reflink_whose_source_shrinks_while_it_reads_is_read_again() {
+    let (fs, a, _) = racing_page_changes(
+        0,
+        1,
+        |fs, a| {
+            let b = fs.create(fs.root_ino(), b"b", 0o644, 0, 0).unwrap().ino;
+            let copied = fs.copy_file_range(a, 100, b, 100, 5 * PAGE as u64).unwrap();
+            assert_eq!(copied, 3 * PAGE as u64 - 50);
+        },
+        |fs, a, _| {
+            fs.truncate(a, 3 * PAGE as u64 + 50).unwrap();
+            fs.sync().unwrap();
+        },
+    );
+    let b = fs.lookup(fs.root_ino(), b"b").unwrap().ino;
+    let source = pattern(3 * PAGE + 50, 1);
+    let mut want = vec![0u8; 100];
+    want.extend_from_slice(&source[100..]);
+    let stats = fs.stats();
+    assert!(stats.partial_page_rereads >= 1, "{stats:?}");
+    assert_eq!(stats.partial_page_reads_locked, 0, "{stats:?}");
+    assert!(fs.read_file(b, 0, 1 << 20).unwrap() == want);
+    assert!(fs.read_file(a, 0, 1 << 20).unwrap() == source);
+}
+
+/// Page 2 rewritten and written back while the punch's read of it is
+/// paused: the punch reads it again and zeroes its range in the new bytes.
+#[test]
+fn a_page_rewritten_while_a_punch_reads_it_is_read_again() {
+    let (fs, f, _) = racing_page_changes(
+        2,
+        1,
+        |fs, f| {
+            fs.fallocate(f, 2 * PAGE as u64 + 10, 100, FallocateMode::PunchHole)
+                .unwrap();
+        },
+        |fs, f, _| {
+            fs.write_file(f, 2 * PAGE as u64, &pattern(PAGE, 6))
+                .unwrap();
+            fs.fsync(f, false).unwrap();
+        },
+    );
+    let mut want = pattern(8 * PAGE, 1);
+    want[2 * PAGE..3 * PAGE].copy_from_slice(&pattern(PAGE, 6));
+    let want = zeroed(want, 2 * PAGE + 10, 100);
+    let stats = fs.stats();
+    assert_eq!(stats.partial_page_rereads, 1, "{stats:?}");
+    assert_eq!(stats.partial_page_reads_unlocked, 1, "{stats:?}");
+    assert_eq!(stats.partial_page_reads_locked, 0, "{stats:?}");
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+}
+
+/// The file truncated into the punched page and committed while the
+/// punch's read of it is paused: the punch, bounded by the size it finds,
+/// reads the new last page again and zeroes only up to the new EOF.
+#[test]
+fn a_file_truncated_while_a_punch_reads_its_edge_is_read_again() {
+    let (fs, f, _) = racing_page_changes(
+        5,
+        1,
+        |fs, f| {
+            fs.fallocate(f, 5 * PAGE as u64 + 10, 100, FallocateMode::PunchHole)
+                .unwrap();
+        },
+        |fs, f, _| {
+            fs.truncate(f, 5 * PAGE as u64 + 50).unwrap();
+            fs.sync().unwrap();
+        },
+    );
+    let want = zeroed(pattern(5 * PAGE + 50, 1), 5 * PAGE + 10, 40);
+    let stats = fs.stats();
+    assert_eq!(stats.partial_page_rereads, 1, "{stats:?}");
+    assert_eq!(stats.partial_page_reads_locked, 0, "{stats:?}");
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+}
+
+/// A page rewritten before every one of a zero range's reads: after
+/// `PAGE_REREADS` (4) stale reads the change reads it under the lock,
+/// counted, and the bytes are still right.
+#[test]
+fn a_page_that_keeps_changing_under_a_zero_range_is_read_under_the_lock() {
+    let (fs, f, _) = racing_page_changes(
+        3,
+        5,
+        |fs, f| {
+            fs.fallocate(
+                f,
+                3 * PAGE as u64 + 1000,
+                50,
+                FallocateMode::ZeroRangeKeepSize,
+            )
+            .unwrap();
+        },
+        |fs, f, round| {
+            fs.write_file(f, 3 * PAGE as u64, &pattern(PAGE, 20 + round))
+                .unwrap();
+            fs.fsync(f, false).unwrap();
+        },
+    );
+    let mut want = pattern(8 * PAGE, 1);
+    want[3 * PAGE..4 * PAGE].copy_from_slice(&pattern(PAGE, 24));
+    let want = zeroed(want, 3 * PAGE + 1000, 50);
+    let stats = fs.stats();
+    assert_eq!(stats.partial_page_rereads, 4, "{stats:?}");
+    assert_eq!(stats.partial_page_read_fallbacks, 1, "{stats:?}");
+    assert_eq!(stats.partial_page_reads_locked, 1, "{stats:?}");
+    assert!(fs.read_file(f, 0, 1 << 20).unwrap() == want);
+}
+
+#[test]
+fn punch_hole_racing_a_rewrite_then_fsync() {
+    let mut want = pattern(8 * PAGE, 1);
+    want[2 * PAGE..3 * PAGE].copy_from_slice(&pattern(PAGE, 6));
+    racing_change_survives_power_cut(
+        2,
+        |fs, f| {
+            fs.fallocate(f, 2 * PAGE as u64 + 10, 100, FallocateMode::PunchHole)
+                .unwrap();
+        },
+        &zeroed(want, 2 * PAGE + 10, 100),
+    );
+}
+
+#[test]
+fn zero_range_racing_a_rewrite_then_fsync() {
+    let mut want = pattern(8 * PAGE, 1);
+    want[7 * PAGE..8 * PAGE].copy_from_slice(&pattern(PAGE, 6));
+    want.resize(9 * PAGE + 100, 0);
+    racing_change_survives_power_cut(
+        7,
+        |fs, f| {
+            fs.fallocate(
+                f,
+                7 * PAGE as u64 + 100,
+                2 * PAGE as u64,
+                FallocateMode::ZeroRange,
+            )
+            .unwrap();
+        },
+        &zeroed(want, 7 * PAGE + 100, 2 * PAGE),
+    );
 }

@@ -11,7 +11,7 @@
 //! extent list (`full_sync`).
 
 use super::decode::decode_item;
-use super::page_prefetch::ReadyPages;
+use super::page_prefetch::{clone_edge_pages, ReadyPages};
 use super::root::RootCtx;
 use super::space_info::Need;
 use crate::alloc::TransactionSpace;
@@ -236,6 +236,19 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(len)
     }
 
+    /// The pages a reflink copies as bytes (see
+    /// [`clone_edge_pages`]), of the source and of the destination, for
+    /// the length the source's size allows now.
+    pub(crate) fn clone_edges(
+        &mut self,
+        (src, src_offset): (u64, u64),
+        (dst, dst_offset): (u64, u64),
+        len: u64,
+    ) -> Result<(Vec<u64>, Vec<u64>)> {
+        let len = self.check_copy(src, src_offset, dst, dst_offset, len)?;
+        Ok(clone_edge_pages(src_offset, dst_offset, len))
+    }
+
     /// What a reflink of `[src_offset, src_offset + len)` may add to the
     /// reservations: one destination item per source extent (plus the
     /// ones it replaces), the two partial edge pages, the inodes.
@@ -254,7 +267,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         ino: u64,
         offset: u64,
         len: u64,
-        ready: &mut ReadyPages,
+        ready: &ReadyPages,
     ) -> Result<Vec<u8>> {
         let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
         let mut out = Vec::with_capacity(len as usize);
@@ -284,7 +297,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         (src, src_offset): (u64, u64),
         (dst, dst_offset): (u64, u64),
         len: u64,
-        ready: &mut ReadyPages,
+        ready: &ReadyPages,
     ) -> Result<u64> {
         let len = self.check_copy(src, src_offset, dst, dst_offset, len)?;
         debug_assert_eq!(src_offset % PAGE, dst_offset % PAGE);

@@ -15,7 +15,7 @@
 use super::csum::{read_planned, ExtentRead};
 use super::decode::decode_item;
 use super::in_flight::{Chunk, ChunkWrite, InFlight};
-use super::page_prefetch::ReadyPages;
+use super::page_prefetch::{partial_pages, ReadyPages};
 use super::root::RootCtx;
 use super::space_info::Need;
 use super::state::FsState;
@@ -148,11 +148,20 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// Reads `[start, start + buf.len())` (page aligned) of the file as its
-    /// extents hold it, under the state lock: for the partial pages of
-    /// changes that do not read them ahead (punch hole, zero range), and
-    /// pages not read ahead for a change that turned out to need them.
+    /// extents hold it, in the change's hold: inline data, holes,
+    /// preallocated space and unwritten extents (bytes in memory). A page
+    /// a change loads from the device was read ahead without the state
+    /// lock and checked ([`RootCtx::ready_pages`], which reads it here
+    /// only as its counted fallback): every change that keeps part of a
+    /// page on disk (write, truncate, reflink, punch hole, zero range)
+    /// plans it ahead (docs/SNAPSHOTS.md (f) item 5).
     fn read_extents_into(&mut self, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
         let reads = self.plan_extents(ino, start, buf)?;
+        debug_assert!(
+            !reads.iter().any(ExtentRead::on_device),
+            "page at {start} of inode {ino}: read from the device under the state lock by a \
+             change that did not read it ahead"
+        );
         self.read_planned_under_lock(ino, &reads, buf)
     }
 
@@ -178,7 +187,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// One page of the file as it is now (dirty copy, the copy a writeback
     /// in flight writes, or disk content).
     pub(super) fn load_page(&mut self, ino: u64, index: u64) -> Result<Box<[u8]>> {
-        self.load_page_from(ino, index, &mut ReadyPages::default())
+        self.load_page_from(ino, index, &ReadyPages::default())
     }
 
     /// [`load_page`](Self::load_page), taking a page's disk content from
@@ -188,7 +197,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         &mut self,
         ino: u64,
         index: u64,
-        ready: &mut ReadyPages,
+        ready: &ReadyPages,
     ) -> Result<Box<[u8]>> {
         let inode = self.root.inodes.get(&ino);
         if let Some(dirty) = inode.and_then(|i| i.pages.get(&index)) {
@@ -207,7 +216,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             page.copy_from_slice(written);
             return Ok(page);
         }
-        if let Some(page) = ready.take(ino, index) {
+        // A copy, not the page: a reflink within one file may copy a page
+        // as its source's edge and then write into it as its
+        // destination's.
+        if let Some(bytes) = ready.page(ino, index) {
+            let mut page = self.fs.spare_pages.take_for_overwrite();
+            page.copy_from_slice(bytes);
             return Ok(page);
         }
         let mut page = self.fs.spare_pages.take_zeroed();
@@ -447,7 +461,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         ino: u64,
         offset: u64,
         data: &[u8],
-        ready: &mut ReadyPages,
+        ready: &ReadyPages,
     ) -> Result<usize> {
         self.check_write(ino, offset, data.len() as u64)?;
         if data.is_empty() {
@@ -510,7 +524,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         &mut self,
         ino: u64,
         new_size: u64,
-        ready: &mut ReadyPages,
+        ready: &ReadyPages,
     ) -> Result<()> {
         if new_size > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
@@ -1139,12 +1153,16 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         );
     }
 
+    /// Runs a fallocate of `mode`. Punch hole's and zero range's partial
+    /// edge pages not in memory come from `ready` when it has them (read
+    /// ahead without the state lock: [`Self::fallocate_partial_pages`]).
     pub(crate) fn fallocate(
         &mut self,
         ino: u64,
         offset: u64,
         len: u64,
         mode: FallocateMode,
+        ready: &ReadyPages,
     ) -> Result<()> {
         self.require_regular(ino)?;
         if len == 0 {
@@ -1158,18 +1176,18 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.cancel_writeback(ino)?;
         let size = self.inode(ino)?.item.size;
         let mode = match mode {
-            FallocateMode::PunchHole => return self.punch_hole(ino, offset, end.min(size)),
+            FallocateMode::PunchHole => return self.punch_hole(ino, offset, end.min(size), ready),
             FallocateMode::CollapseRange => return self.collapse_range(ino, offset, len),
             FallocateMode::InsertRange => return self.insert_range(ino, offset, len),
             // Zeroing is a punch followed by preallocation of the range:
             // it reads as zeros and a later write into it cannot fail for
             // space (as ext4 and xfs promise).
             FallocateMode::ZeroRange => {
-                self.punch_hole(ino, offset, end.min(size))?;
+                self.punch_hole(ino, offset, end.min(size), ready)?;
                 FallocateMode::Allocate
             }
             FallocateMode::ZeroRangeKeepSize => {
-                self.punch_hole(ino, offset, end.min(size))?;
+                self.punch_hole(ino, offset, end.min(size), ready)?;
                 FallocateMode::AllocateKeepSize
             }
             other => other,
@@ -1304,9 +1322,39 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         Ok(holes)
     }
 
+    /// The pages a fallocate of `mode` over `len` bytes at `offset` zeroes
+    /// only in part and keeps the rest of: punch hole's and zero range's
+    /// partial edge pages below EOF (as [`Self::punch_hole`] takes them),
+    /// none for other modes, other file types or a range it refuses.
+    pub(crate) fn fallocate_partial_pages(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> Result<Vec<u64>> {
+        if !mode.zeroes() || !self.is_regular_file(ino)? {
+            return Ok(Vec::new());
+        }
+        let size = self.inode(ino)?.item.size;
+        match offset.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE) {
+            Some(end) if offset < end.min(size) => {
+                Ok(partial_pages(offset, end.min(size) - offset))
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
     /// Zeroes `[start, end)`: whole pages lose their extents and dirty
-    /// copies; partial pages at the edges are zeroed in place.
-    pub(super) fn punch_hole(&mut self, ino: u64, start: u64, end: u64) -> Result<()> {
+    /// copies; partial pages at the edges are zeroed in place, their disk
+    /// content taken from `ready` when it has it.
+    pub(super) fn punch_hole(
+        &mut self,
+        ino: u64,
+        start: u64,
+        end: u64,
+        ready: &ReadyPages,
+    ) -> Result<()> {
         if start >= end {
             return Ok(());
         }
@@ -1314,12 +1362,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.inode(ino)?.log.full_sync = true;
         let first_full = start.div_ceil(PAGE);
         let last_full = end / PAGE;
-        for index in [start / PAGE, (end - 1) / PAGE] {
-            if index >= first_full && index < last_full {
-                continue;
-            }
+        for index in partial_pages(start, end - start) {
             let page_start = index * PAGE;
-            let mut page = self.load_page(ino, index)?;
+            let mut page = self.load_page_from(ino, index, ready)?;
             let from = start.max(page_start) - page_start;
             let to = end.min(page_start + PAGE) - page_start;
             page[from as usize..to as usize].fill(0);

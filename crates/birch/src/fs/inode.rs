@@ -130,7 +130,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         &mut self,
         ino: u64,
         changes: &SetAttr,
-        ready: &mut ReadyPages,
+        ready: &ReadyPages,
     ) -> Result<Attr> {
         let item = self.inode_item(ino)?;
         if let Some(size) = changes.size {

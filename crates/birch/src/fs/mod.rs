@@ -56,6 +56,7 @@ use crate::lock_order::{
     HoldHistogram, LockRank, RankedCondvar, RankedGuard, RankedMutex, RequestHold,
 };
 use page_prefetch::{PagePrefetch, ReadyPages};
+use root::RootCtx;
 use space_info::Need;
 use state::FsState;
 use std::sync::Arc;
@@ -463,58 +464,35 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.read(|s| s.getattr_across(ino))
     }
 
+    /// Changes attributes. A truncate into a page keeps part of it: the
+    /// page is read without the state lock first and checked by the
+    /// change (docs/SNAPSHOTS.md (f) item 5); when it changed since, the
+    /// change changes nothing and it is read again
+    /// (4 times, then under the lock).
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
         let _request = self.request();
-        let Some(size) = changes.size else {
-            return self.setattr_reading(ino, changes, &[], None);
-        };
-        // A truncate into a page keeps part of it: read without the state
-        // lock first (docs/SNAPSHOTS.md (f) item 5).
-        let plan = self.read(|s| {
-            let (mut root, ino) = s.resolve(ino)?;
-            let partial = root.truncate_partial_page(ino, size)?;
-            Ok((root.plan_prefetch(ino, &partial)?, partial))
-        });
-        match plan {
-            Ok((plan, partial)) => {
-                let prefetch = plan.execute(self.shared.store.device());
-                self.setattr_reading(ino, changes, &partial, Some(prefetch))
-            }
-            // The change gives the error its own order of checks.
-            Err(_) => self.setattr_reading(ino, changes, &[], None),
-        }
-    }
-
-    /// [`setattr`](Self::setattr) with the `partial` pages a truncate
-    /// keeps in part read ahead (`prefetch`); when one changed since, the
-    /// change changes nothing and they are read again
-    /// ([`page_prefetch::PAGE_REREADS`] times, then under the lock).
-    fn setattr_reading(
-        &self,
-        ino: u64,
-        changes: &SetAttr,
-        partial: &[u64],
-        mut prefetch: Option<PagePrefetch>,
-    ) -> Result<Attr> {
         let mut rereads = 0;
         loop {
-            let attr = self.setattr_with(ino, changes, partial, prefetch.as_ref(), rereads)?;
-            if let Some(attr) = attr {
+            let prefetch = match changes.size {
+                Some(size) => {
+                    self.read_ahead(ino, |root, ino| root.truncate_partial_page(ino, size))
+                }
+                None => PagePrefetch::nothing(),
+            };
+            if let Some(attr) = self.setattr_with(ino, changes, &prefetch, rereads)? {
                 return Ok(attr);
             }
             rereads += 1;
-            prefetch = Some(self.prefetch_pages(ino, partial)?);
         }
     }
 
-    /// One try of [`setattr_reading`](Self::setattr_reading): `None` when
-    /// a prefetched page was stale.
+    /// One try of [`setattr`](Self::setattr): `None` when a page read
+    /// ahead was stale.
     fn setattr_with(
         &self,
         ino: u64,
         changes: &SetAttr,
-        partial: &[u64],
-        prefetch: Option<&PagePrefetch>,
+        prefetch: &PagePrefetch,
         rereads: u32,
     ) -> Result<Option<Attr>> {
         // A truncate frees space: it may use the global reserve.
@@ -531,17 +509,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     && !matches!(changes.mtime, Some(SetTime::At(_)));
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.deny_if_flagged(ino, only_now)?;
-                let mut ready = match prefetch {
-                    Some(prefetch) => {
-                        let under_lock = rereads == page_prefetch::PAGE_REREADS;
-                        match root.ready_pages(ino, partial, prefetch, under_lock)? {
-                            Some(ready) => ready,
-                            None => return Ok(None),
-                        }
-                    }
-                    None => ReadyPages::default(),
+                // The page for the size the file has now, which may not be
+                // the one read ahead.
+                let partial = match changes.size {
+                    Some(size) => root.truncate_partial_page(ino, size)?,
+                    None => Vec::new(),
                 };
-                let attr = root.setattr(ino, changes, &mut ready)?;
+                let under_lock = rereads == page_prefetch::PAGE_REREADS;
+                let Some(ready) = root.ready_pages(ino, &partial, prefetch, under_lock)? else {
+                    return Ok(None);
+                };
+                let attr = root.setattr(ino, changes, &ready)?;
                 Ok(Some(root.external(attr)))
             },
         )?;
@@ -876,17 +854,26 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         Ok(written)
     }
 
-    /// Reads the `pages` of `ino` a change will load from disk, planned
-    /// under the state lock and read without it.
-    fn prefetch_pages(&self, ino: u64, pages: &[u64]) -> Result<PagePrefetch> {
-        if pages.is_empty() {
-            return Ok(PagePrefetch::nothing());
-        }
+    /// Reads ahead, without the state lock, the pages of `ino` a change
+    /// will load from disk: `pages` chooses them under the lock, for the
+    /// file as it is then (docs/SNAPSHOTS.md (f) item 5). A plan that
+    /// fails reads nothing: the change returns the error in its own order
+    /// of checks (or, passing them, finds its pages not read and reads
+    /// again, at most [`page_prefetch::PAGE_REREADS`] times).
+    fn read_ahead(
+        &self,
+        ino: u64,
+        pages: impl Fn(&mut RootCtx<'_, D>, u64) -> Result<Vec<u64>>,
+    ) -> PagePrefetch {
         let plan = self.read(|s| {
             let (mut root, ino) = s.resolve(ino)?;
-            root.plan_prefetch(ino, pages)
-        })?;
-        Ok(plan.execute(self.shared.store.device()))
+            let pages = pages(&mut root, ino)?;
+            root.plan_prefetch(ino, &pages)
+        });
+        match plan {
+            Ok(plan) => plan.execute(self.shared.store.device()),
+            Err(_) => PagePrefetch::nothing(),
+        }
     }
 
     /// [`write_file`](Self::write_file)'s pieces. A piece whose partial
@@ -903,7 +890,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         if data.is_empty() {
             return self.change(|s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
-                root.write_file(ino, offset, data, &mut ReadyPages::default())
+                root.write_file(ino, offset, data, &ReadyPages::default())
             });
         }
         let mut done = 0usize;
@@ -923,17 +910,17 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                     let (mut root, ino) = s.resolve_writable(ino)?;
                     root.deny_write(ino, at)?;
                     let under_lock = rereads == page_prefetch::PAGE_REREADS;
-                    let Some(mut ready) = root.ready_pages(ino, &partial, &prefetch, under_lock)?
+                    let Some(ready) = root.ready_pages(ino, &partial, &prefetch, under_lock)?
                     else {
                         return Ok(None);
                     };
-                    root.write_file(ino, at, chunk, &mut ready).map(Some)
+                    root.write_file(ino, at, chunk, &ready).map(Some)
                 },
             ) {
                 Ok(Some(n)) => done += n,
                 Ok(None) => {
                     rereads += 1;
-                    prefetch = self.prefetch_pages(ino, &partial)?;
+                    prefetch = self.read_ahead(ino, |_, _| Ok(partial.clone()));
                 }
                 // A piece that does not fit may fit in part: ENOSPC only
                 // once not even one page of it does.
@@ -981,24 +968,48 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     }
 
     /// Preallocates (reads as zeros until written) or punches a hole.
+    /// Punch hole's and zero range's partial edge pages are read without
+    /// the state lock first and checked by the change, as a write's
+    /// (docs/SNAPSHOTS.md (f) item 5): when one changed since, the change
+    /// changes nothing and they are read again
+    /// (4 times, then under the lock).
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
         let _request = self.request();
-        self.change_with(
-            |s| {
-                let (mut root, ino) = s.resolve_writable(ino)?;
-                root.fallocate_need(ino, offset, len, mode)
-            },
-            |s| {
-                let grows_only = matches!(
-                    mode,
-                    FallocateMode::Allocate | FallocateMode::AllocateKeepSize
-                );
-                let (mut root, ino) = s.resolve_writable(ino)?;
-                root.deny_if_flagged(ino, grows_only)?;
-                root.fallocate(ino, offset, len, mode)
-            },
-        )?;
-        self.sync_flagged(Some(ino), &[])
+        let grows_only = matches!(
+            mode,
+            FallocateMode::Allocate | FallocateMode::AllocateKeepSize
+        );
+        let mut rereads = 0;
+        loop {
+            let prefetch = if mode.zeroes() {
+                self.read_ahead(ino, |root, ino| {
+                    root.fallocate_partial_pages(ino, offset, len, mode)
+                })
+            } else {
+                PagePrefetch::nothing()
+            };
+            let done = self.change_with(
+                |s| {
+                    let (mut root, ino) = s.resolve_writable(ino)?;
+                    root.fallocate_need(ino, offset, len, mode)
+                },
+                |s| {
+                    let (mut root, ino) = s.resolve_writable(ino)?;
+                    root.deny_if_flagged(ino, grows_only)?;
+                    let pages = root.fallocate_partial_pages(ino, offset, len, mode)?;
+                    let under_lock = rereads == page_prefetch::PAGE_REREADS;
+                    let Some(ready) = root.ready_pages(ino, &pages, &prefetch, under_lock)? else {
+                        return Ok(false);
+                    };
+                    root.fallocate(ino, offset, len, mode, &ready)?;
+                    Ok(true)
+                },
+            )?;
+            if done {
+                return self.sync_flagged(Some(ino), &[]);
+            }
+            rereads += 1;
+        }
     }
 
     /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that
@@ -1114,24 +1125,29 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// `copy_file_range`'s reflink within one subvolume: the pages it
     /// copies as bytes (its unaligned edges) are read without the state
     /// lock first and checked by the change, as a write's partial pages
-    /// (docs/SNAPSHOTS.md (f) item 5).
+    /// (docs/SNAPSHOTS.md (f) item 5). The edges are those of the length
+    /// the source's size allows when they are chosen, under the lock: a
+    /// source that shrank since the length was taken moves the tail.
     fn clone_reading(&self, src: (u64, u64), dst: (u64, u64), len: u64) -> Result<u64> {
-        let (src_pages, dst_pages) = page_prefetch::clone_edge_pages(src.1, dst.1, len);
+        let (src_ino, dst_ino) = (InoSpace::split(src.0).1, InoSpace::split(dst.0).1);
+        let (src_at, dst_at) = ((src_ino, src.1), (dst_ino, dst.1));
         let mut rereads = 0;
         loop {
-            let prefetch = [(src.0, &src_pages), (dst.0, &dst_pages)]
-                .map(|(ino, pages)| self.prefetch_pages(ino, pages));
-            let [src_prefetch, dst_prefetch] = prefetch;
-            let (src_prefetch, dst_prefetch) = (src_prefetch?, dst_prefetch?);
+            let src_prefetch = self.read_ahead(src.0, |root, _| {
+                Ok(root.clone_edges(src_at, dst_at, len)?.0)
+            });
+            let dst_prefetch = self.read_ahead(dst.0, |root, _| {
+                Ok(root.clone_edges(src_at, dst_at, len)?.1)
+            });
             let cloned = self.change_with(
                 |s| {
                     let (mut root, src_ino) = s.resolve_writable(src.0)?;
                     root.clone_need(src_ino, src.1, len)
                 },
                 |s| {
-                    let (mut root, src_ino) = s.resolve_writable(src.0)?;
-                    let (_, dst_ino) = InoSpace::split(dst.0);
+                    let (mut root, _) = s.resolve_writable(src.0)?;
                     root.deny_if_flagged(dst_ino, false)?;
+                    let (src_pages, dst_pages) = root.clone_edges(src_at, dst_at, len)?;
                     let under_lock = rereads == page_prefetch::PAGE_REREADS;
                     let Some(mut ready) =
                         root.ready_pages(src_ino, &src_pages, &src_prefetch, under_lock)?
@@ -1144,8 +1160,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                         return Ok(None);
                     };
                     ready.extend(dst_ready);
-                    root.clone_range((src_ino, src.1), (dst_ino, dst.1), len, &mut ready)
-                        .map(Some)
+                    root.clone_range(src_at, dst_at, len, &ready).map(Some)
                 },
             )?;
             if let Some(cloned) = cloned {

@@ -1,9 +1,10 @@
 //! Partial pages a change needs from disk, read before it without the
 //! state lock (docs/SNAPSHOTS.md (f) item 5). A write that covers its
-//! first or last page only in part, a truncate into a page and a
-//! reflink's unaligned edges keep the rest of the page, which may be on
-//! disk only. The change used to read it under the state lock (the
-//! "partial page read under a change" exemption); now the request plans
+//! first or last page only in part, a truncate into a page, a reflink's
+//! unaligned edges and a punch hole's or zero range's edges inside pages
+//! keep the rest of the page, which may be on disk only. The change used
+//! to read it under the state lock (the "partial page read under a
+//! change" exemption); now the request plans
 //! the page's extents under the lock ([`RootCtx::plan_prefetch`]), reads
 //! them with the lock dropped ([`PrefetchPlan::execute`]), and the change
 //! plans the page again and uses the bytes read only if every extent read
@@ -26,8 +27,8 @@ const PAGE: u64 = SECTOR_SIZE;
 /// still needs under the state lock.
 pub(crate) const PAGE_REREADS: u32 = 4;
 
-/// The pages a write of `len` bytes at `offset` covers only in part
-/// (their other bytes are the file's): at most its first and last.
+/// The pages a write (or punch) of `len` bytes at `offset` covers only in
+/// part (their other bytes are the file's): at most its first and last.
 pub(crate) fn partial_pages(offset: u64, len: u64) -> Vec<u64> {
     let Some(end) = offset.checked_add(len).filter(|_| len > 0) else {
         return Vec::new();
@@ -161,7 +162,7 @@ impl PagePrefetch {
 }
 
 /// Pages of a file as its extents hold them now, checked in the change's
-/// hold ([`RootCtx::ready_pages`]), for `load_page` to take.
+/// hold ([`RootCtx::ready_pages`]), for `load_page_from` to copy.
 #[derive(Default)]
 pub(crate) struct ReadyPages {
     pages: BTreeMap<(u64, u64), Box<[u8]>>,
@@ -173,9 +174,11 @@ impl ReadyPages {
         self.pages.extend(other.pages);
     }
 
-    /// Page `index` of `ino`, if it was made ready.
-    pub(crate) fn take(&mut self, ino: u64, index: u64) -> Option<Box<[u8]>> {
-        self.pages.remove(&(ino, index))
+    /// Page `index` of `ino`, if it was made ready. It stays ready: within
+    /// the change's hold it is the page's disk content until the change
+    /// drops the page's extents, which it does only after loading it.
+    pub(crate) fn page(&self, ino: u64, index: u64) -> Option<&[u8]> {
+        self.pages.get(&(ino, index)).map(|p| &p[..])
     }
 }
 

@@ -505,13 +505,15 @@ pub struct FsStats {
     /// so often they read the rest under the lock.
     pub read_reruns: u64,
     pub read_rerun_fallbacks: u64,
-    /// Partial pages a change read from disk under the state lock (punch
-    /// hole's edges, and fallbacks: the "partial page read under a
-    /// change" exemption).
+    /// Partial pages a change read from disk under the state lock (the
+    /// "partial page read under a change" exemption: fallbacks after
+    /// `PAGE_REREADS` stale prefetches, and pages whose read ahead failed,
+    /// read again for the change to return the error).
     pub partial_page_reads_locked: u64,
-    /// Partial pages of writes, truncates and reflinks' edges read without
-    /// the state lock before the change and used by it (docs/SNAPSHOTS.md (f) item 5); prefetches a
-    /// change found stale (the page's extents changed, or a commit became
+    /// Partial pages of writes, truncates, reflinks' edges and punch
+    /// hole's and zero range's edges read without the state lock before
+    /// the change and used by it (docs/SNAPSHOTS.md (f) item 5); prefetches
+    /// a change found stale (the page's extents changed, or a commit became
     /// durable, since they were planned: read again); and pages read under
     /// the lock after `PAGE_REREADS` stale prefetches (also counted in
     /// `partial_page_reads_locked`).
@@ -620,6 +622,17 @@ pub enum FallocateMode {
     /// FALLOC_FL_INSERT_RANGE: insert a (block-aligned) hole, moving the
     /// data from the offset up; the file grows by its length.
     InsertRange,
+}
+
+impl FallocateMode {
+    /// Whether the mode zeroes its range in place (punch hole, zero
+    /// range): pages it covers in part keep the rest of their bytes.
+    pub(crate) fn zeroes(self) -> bool {
+        matches!(
+            self,
+            FallocateMode::PunchHole | FallocateMode::ZeroRange | FallocateMode::ZeroRangeKeepSize
+        )
+    }
 }
 
 /// Inode flags birch honours (`FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS`, the
