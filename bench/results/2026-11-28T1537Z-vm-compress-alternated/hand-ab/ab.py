@@ -1,14 +1,17 @@
-"""birch 1 GiB incompressible: writes and closing fsync timed apart,
-compress=no option vs compress=zstd, alternated, fresh fs each."""
+"""birch 1 GiB incompressible: writes and closing fsync timed apart, a
+fresh filesystem each, the codecs rotated every round (`none`: no mount
+option, else `-o compress=CODEC`); one JSON line per measurement. As root:
+    python3 ab.py 3 none,zstd BIRCH; python3 ab.py 4 none,zstd BIRCH   (results.jsonl's first 14 lines)
+    python3 ab.py 3 none,no,zstd BIRCH                                  (its last 9)"""
 import os, sys, time, json
-sys.path.insert(0, "/work/wt/cbench/bench")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 from harness import options
 from harness.context import RunContext
 from harness.setups import SETUPS
 from harness.workloads.compress import WRITE_SIZE
 from harness.host import GiB
 
-argv = ["--fs", "birch", "--birch-bin", "/work/wt/cbench/target/release/birch", "--workdir", "/tmp/cbench-ab/work"]
+argv = ["--fs", "birch", "--birch-bin", sys.argv[3], "--workdir", "/tmp/cbench-ab/work"]
 ctx = RunContext(options.resolve(options.parse_args(argv), argv))
 ctx.open_results_dir("/tmp/cbench-ab/out")
 pool = os.urandom(16 << 20)
@@ -16,8 +19,10 @@ view = memoryview(pool)
 res = []
 try:
     for i in range(int(sys.argv[1])):
-        for codec in (("none", "zstd") if i % 2 == 0 else ("zstd", "none")):
-            setup = SETUPS["birch"] if codec == "none" else SETUPS["birch"].with_mount_option("compress=zstd")
+        codecs = sys.argv[2].split(",")
+        k = i % len(codecs)
+        for codec in codecs[len(codecs) - k:] + codecs[:len(codecs) - k]:
+            setup = SETUPS["birch"] if codec == "none" else SETUPS["birch"].with_mount_option("compress=" + codec)
             with setup.open(ctx, 4 * GiB, "ab-" + codec) as m:
                 fd = os.open(os.path.join(m.mnt, "r.bin"), os.O_WRONLY | os.O_CREAT, 0o644)
                 t0 = time.perf_counter(); done = 0
