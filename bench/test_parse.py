@@ -353,6 +353,27 @@ class Plan(unittest.TestCase):
                           "seed003-subvolume": "total_s", "seed003-snapshot": "total_s"})
         self.assertEqual(self.plan("--workloads", "snapshots", "--fs", "ext4,xfs"), [])
 
+    def test_compress_plan(self):
+        """The tree per codec, then fio and the incompressible write each
+        without and with zstd (zstd first every other repetition), on btrfs
+        and birch only; each configuration names the metric it must
+        produce; quick mode writes less."""
+        ctx = RunContext(resolve("--workloads", "compress", "--fs", "ext4,btrfs,birch", "--birch-bin", sys.executable))
+        planned = runner.plan([WORKLOADS["compress"](ctx)])
+        configs = [("none", "copy_s"), ("zstd", "copy_s"), ("fast", "copy_s"),
+                   ("fio-none", "fsync_p50_us"), ("fio-zstd", "fsync_p50_us"),
+                   ("incompressible-none", "write_sync_s"), ("incompressible-zstd", "write_sync_s")]
+        self.assertEqual([(p.config, p.target, p.key_metric) for p in planned],
+                         [(c, f, k) for c, k in configs for f in ("btrfs", "birch")])
+        # the next repetition measures zstd first, then none
+        w = WORKLOADS["compress"](ctx)
+        w.measurements()
+        self.assertEqual([(m.config, m.target) for m in w.measurements()][6:],
+                         [(c, f) for c in ("fio-zstd", "fio-none", "incompressible-zstd", "incompressible-none")
+                          for f in ("btrfs", "birch")])
+        self.assertEqual(w.incompressible_bytes, 1 << 30)
+        self.assertLess(WORKLOADS["compress"](RunContext(resolve("--quick"))).incompressible_bytes, 1 << 30)
+
     def test_snapshot_sizes_full_and_quick(self):
         full = WORKLOADS["snapshots"](RunContext(resolve())).sizes
         self.assertEqual((full.small_files, full.large_files, full.fio_snapshots), (1000, 100_000, 100))
@@ -593,6 +614,57 @@ class Report(unittest.TestCase):
             self.assertIn("| %s |" % " | ".join(r), text)
         self.assertNotIn("Transparent compression", report.build_report(load_results("report-quick-dup"), "q"))
 
+    def test_compress_fio_and_incompressible_rows(self):
+        """Section 8's fio and incompressible-write tables from a --quick
+        run of the compress workload: every cell the median of its
+        records, `× none` against the same filesystem without compression,
+        `× btrfs` against btrfs with the same codec, birch's counters
+        where birch has them."""
+        results = load_results("report-compress-onoff-quick")
+        text = report.build_report(results, "quick", plot_err="test")
+        d = report.Data(results)
+
+        def metric(fs, config, key):
+            return statistics.median(r["metrics"][key] for r in results["records"]
+                                     if (r["workload"], r["config"], r["fs"]) == ("compress", config, fs))
+
+        def times(fs, kind, codec, key):
+            """The cell, × none and × btrfs of one metric."""
+            v = metric(fs, "%s-%s" % (kind, codec), key)
+            return ["×%.2f" % (v / metric(fs, kind + "-none", key)),
+                    "×%.2f" % (v / metric("btrfs", "%s-%s" % (kind, codec), key))]
+        fio = report.compress_fio_rows(d)
+        self.assertEqual([r[:3] for r in fio], [["btrfs", "none", "—"], ["btrfs", "zstd", "`-o compress=zstd`"],
+                                                ["birch", "none", "—"], ["birch", "zstd", "`-o compress=zstd`"]])
+        row = fio[3]
+        self.assertEqual(row[3:11], [report.fmt_num(metric("birch", "fio-zstd", "write_p50_us"), 1),
+                                     report.fmt_num(metric("birch", "fio-zstd", "fsync_p50_us"), 1)]
+                         + times("birch", "fio", "zstd", "fsync_p50_us")
+                         + [report.fmt_num(metric("birch", "fio-zstd", "fsync_p99_us"), 1)]
+                         + times("birch", "fio", "zstd", "fsync_p99_us")
+                         + [report.fmt_num(metric("birch", "fio-zstd", "iops"), 0)])
+        self.assertEqual(row[11], report.fmt_num(metric("birch", "fio-zstd", "compressed_bytes_in") / 2.0 ** 20, 1))
+        self.assertEqual(fio[1][11], "—")      # btrfs has no counters
+        inc = report.compress_incompressible_rows(d)
+        self.assertEqual([r[:2] for r in inc], [[fs, c] for fs in ("btrfs", "birch") for c in ("none", "zstd")])
+        row = inc[3]
+        self.assertEqual(row[3:8], [report.fmt_num(metric("birch", "incompressible-zstd", "write_sync_s"), 2)]
+                         + times("birch", "incompressible", "zstd", "write_sync_s")
+                         + [report.fmt_num(metric("birch", "incompressible-zstd", key) / 2.0 ** 20, 1)
+                            for key in ("used_bytes", "du_bytes")])
+        self.assertEqual(row[8], report.fmt_num(metric("birch", "incompressible-zstd", "compress_attempts_failed"), 0))
+        # incompressible data takes its whole size with compression too,
+        # and birch marks the file never to be compressed again
+        for fs in ("btrfs", "birch"):
+            self.assertGreaterEqual(metric(fs, "incompressible-zstd", "used_bytes"),
+                                    metric(fs, "incompressible-zstd", "file_bytes"))
+        self.assertEqual(row[10], "m")
+        self.assertEqual(inc[2][10], "none")
+        for r in fio + inc:
+            self.assertIn("| %s |" % " | ".join(r), text)
+        self.assertIn("%d MiB of random data" % (int(metric("birch", "incompressible-zstd", "file_bytes")) >> 20), text)
+        self.assertNotIn("fio's 4 KiB write + fsync job", report.build_report(load_results("report-compress-quick"), "q"))
+
     def test_compress_workload_helpers(self):
         from harness.workloads import compress
         self.assertEqual(compress.compress_option("fast", "birch"), "compress=lz4")
@@ -607,7 +679,17 @@ class Report(unittest.TestCase):
         birch = SETUPS["birch"].with_mount_option("compress=lz4")
         self.assertEqual(birch.mount_bg[-2:], ["-o", "compress=lz4"])
         self.assertNotIn("compress=lz4", SETUPS["birch"].mount_bg)
+        self.assertEqual(compress.lsattr_flags("--------------m------- /m/random.bin\n"), "--------------m-------")
+        with self.assertRaises(CmdError):
+            compress.lsattr_flags("lsattr: Operation not supported")
         with tempfile.TemporaryDirectory() as tmp:
+            # the pool is taken in turn, 1 MiB a write, to the last byte
+            pool = bytes(range(256)) * (2 * compress.WRITE_SIZE // 256)
+            path = os.path.join(tmp, "random.bin")
+            compress.write_from_pool(path, 5 * compress.WRITE_SIZE + 7, pool)
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), pool * 2 + pool[:compress.WRITE_SIZE + 7])
+            os.unlink(path)
             os.makedirs(os.path.join(tmp, "d"))
             with open(os.path.join(tmp, "d", "f"), "wb") as f:
                 f.write(b"x" * 3000)

@@ -15,7 +15,7 @@ PKG_FOR_TOOL = {
     "dbench": "dbench", "fio": "fio", "mkfs.btrfs": "btrfs-progs",
     "mkfs.xfs": "xfsprogs", "mkfs.ext4": "e2fsprogs", "losetup": "mount",
     "tar": "tar", "xz": "xz-utils", "fusermount3": "fuse3", "sync": "coreutils",
-    "fuse2fs": "fuse2fs",
+    "fuse2fs": "fuse2fs", "lsattr": "e2fsprogs",
 }
 # What `--install` installs up front.
 INSTALL_ALL = ["dbench", "fio", "btrfs-progs", "xfsprogs", "e2fsprogs", "xz-utils",

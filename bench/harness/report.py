@@ -1070,9 +1070,81 @@ def compress_rows(d):
     return rows
 
 
+def _compress_on_off(d, kind):
+    """The filesystems with records of `kind`-none or `kind`-zstd, and per
+    filesystem and codec: the config, the mount option and the ratio of a
+    metric's median to the same filesystem's without compression and to
+    the base filesystem's with the same codec."""
+    b = d.base
+    for f in d.fs:
+        for codec in ("none", "zstd"):
+            config = "%s-%s" % (kind, codec)
+            if not d.recs("compress", config, f, ok=None):
+                continue
+            option = next((r["metrics"].get("mount_option") for r in d.recs("compress", config, f)
+                           if r.get("metrics")), None)
+
+            def cells(key, digits, config=config, f=f):
+                s = d.stat("compress", config, f, key)
+                return [fmt_stat(s, digits),
+                        fmt_ratio(ratio(s, d.stat("compress", "%s-none" % kind, f, key))),
+                        fmt_ratio(ratio(s, d.stat("compress", config, b, key)))]
+            yield f, codec, config, "`-o %s`" % option if option else "—", cells
+
+
+def _mib(d, config, f, key):
+    s = d.stat("compress", config, f, key)
+    return fmt_num(s["median"] / float(1 << 20), 1) if s else "—"
+
+
+def compress_fio_rows(d):
+    """fio 4 KiB write + fsync with and without compression: per
+    filesystem and codec, write p50, fsync p50 and p99 (each × the same
+    filesystem without compression and × base with the same codec),
+    writes/s, the data birch compressed, load."""
+    rows = []
+    for f, codec, config, option, cells in _compress_on_off(d, "fio"):
+        rows.append([f, codec, option, fmt_stat(d.stat("compress", config, f, "write_p50_us"), 1)]
+                    + cells("fsync_p50_us", 1) + cells("fsync_p99_us", 1)
+                    + [fmt_stat(d.stat("compress", config, f, "iops"), 0),
+                       _mib(d, config, f, "compressed_bytes_in"),
+                       fmt_num(d.load("compress", config, f), 1)])
+    return rows
+
+
+def file_flags(d, config, f):
+    """The lsattr flags set on the files of `config` on `f` (letters;
+    `none` for none), each different set once."""
+    sets = []
+    for r in d.recs("compress", config, f):
+        flags = (r.get("metrics") or {}).get("flags")
+        if flags is not None:
+            letters = "".join(c for c in flags if c != "-") or "none"
+            if letters not in sets:
+                sets.append(letters)
+    return " / ".join(sets) or "—"
+
+
+def compress_incompressible_rows(d):
+    """Incompressible data with and without compression: per filesystem
+    and codec, write + sync seconds (× the same filesystem without
+    compression, × base with the same codec), space (df) and du MiB, the
+    chunks birch tried that did not shrink and the data it compressed, the
+    file's flags, load."""
+    rows = []
+    for f, codec, config, option, cells in _compress_on_off(d, "incompressible"):
+        rows.append([f, codec, option] + cells("write_sync_s", 2)
+                    + [_mib(d, config, f, "used_bytes"), _mib(d, config, f, "du_bytes"),
+                       fmt_stat(d.stat("compress", config, f, "compress_attempts_failed"), 0),
+                       _mib(d, config, f, "compressed_bytes_in"), file_flags(d, config, f),
+                       fmt_num(d.load("compress", config, f), 1)])
+    return rows
+
+
 def _compress_section(d):
-    """Issue 25's benchmark: a tree copied with and without compression,
-    birch against btrfs with the same codec."""
+    """Issue 25's benchmarks, birch against btrfs: a tree copied with each
+    codec, fio's write + fsync and incompressible data each without and
+    with zstd (the last two tables only when the run has them)."""
     L = []
     add = L.append
     if not d.recs("compress", ok=None):
@@ -1080,19 +1152,41 @@ def _compress_section(d):
     b = d.base
     add("## 8. Transparent compression (issue 25)")
     add("")
-    add("On a fresh filesystem per codec: a tree of %s files (%s MiB) untarred and synced (`copy + "
-        "sync`, timed together from a warm tarball); `space` = `df` used after minus before; `saved` = "
-        "against the same filesystem without compression; `du` = `du -s` of the tree (birch's counts "
-        "the compressed blocks, btrfs's the uncompressed size); then unmount, mount, drop_caches and "
-        "every file read back (`read`). `fast` is birch's `compress=lz4` against btrfs's "
-        "`compress=lzo` (btrfs has no lz4). Cells: median (min–max over repetitions); × %s with the "
-        "same codec." % (fmt_count(_compress_first(d, "tree_files")),
-                         fmt_num((_compress_first(d, "tree_bytes") or 0) / float(1 << 20), 0), b))
-    add("")
-    add(md_table(["fs", "codec", "mount option", "copy + sync s", "× %s" % b, "space MiB", "saved",
-                  "du MiB", "read s", "× %s" % b, "load"], compress_rows(d),
-                 ["---", "---", "---"] + ["--:"] * 8))
-    add("")
+    tables = [
+        ("On a fresh filesystem per codec: a tree of %s files (%s MiB) untarred and synced (`copy + "
+         "sync`, timed together from a warm tarball); `space` = `df` used after minus before; `saved` = "
+         "against the same filesystem without compression; `du` = `du -s` of the tree (birch's counts "
+         "the compressed blocks, btrfs's the uncompressed size); then unmount, mount, drop_caches and "
+         "every file read back (`read`). `fast` is birch's `compress=lz4` against btrfs's "
+         "`compress=lzo` (btrfs has no lz4). Cells: median (min–max over repetitions); × %s with the "
+         "same codec." % (fmt_count(_compress_first(d, "tree_files")),
+                          fmt_num((_compress_first(d, "tree_bytes") or 0) / float(1 << 20), 0), b),
+         ["fs", "codec", "mount option", "copy + sync s", "× %s" % b, "space MiB", "saved",
+          "du MiB", "read s", "× %s" % b, "load"], compress_rows(d), ["--:"] * 8),
+        ("fio's 4 KiB write + fsync job (section 4's) on a fresh filesystem without compression and "
+         "with `compress=zstd`, on data fio makes compressible to about half "
+         "(`--buffer_compress_percentage=50`): the log path must not get slower with compression on "
+         "(`× none`: the same filesystem without compression). Latencies in µs; `compressed MiB`: "
+         "what birch's writeback compressed (`birch stats`).",
+         ["fs", "codec", "mount option", "write p50", "fsync p50", "× none", "× %s" % b,
+          "fsync p99", "× none", "× %s" % b, "writes/s", "compressed MiB", "load"], compress_fio_rows(d),
+         ["--:"] * 10),
+        ("%s MiB of random data written to one file (1 MiB writes), fsynced and the filesystem "
+         "synced, timed together, without compression and with `compress=zstd`: the heuristic "
+         "(a chunk that does not shrink stops compression of the file) must keep `zstd` within 5 %% "
+         "of `none` (`× none`). `space` = `df` used after minus before; `tried, not shrunk` and "
+         "`compressed MiB`: birch's counts of chunks compression was tried on that did not shrink, "
+         "and of data it compressed; `flags`: lsattr's of the file (`m`: never compressed again)." % (
+             fmt_num((_compress_first(d, "file_bytes") or 0) / float(1 << 20), 0)),
+         ["fs", "codec", "mount option", "write + sync s", "× none", "× %s" % b, "space MiB",
+          "du MiB", "tried, not shrunk", "compressed MiB", "flags", "load"], compress_incompressible_rows(d),
+         ["--:"] * 7 + ["---", "--:"])]
+    for intro, header, rows, align in tables:
+        if rows:
+            add(intro)
+            add("")
+            add(md_table(header, rows, ["---", "---", "---"] + align))
+            add("")
     return L
 
 

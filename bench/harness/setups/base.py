@@ -162,6 +162,11 @@ class Mounted(ABC):
         needs: syncfs unless a setup knows better."""
         host.syncfs(self.ctx.procs, path or self.mnt, quiet=quiet, timeout=timeout)
 
+    def counters(self) -> Optional[dict]:
+        """The filesystem's own counters now, by name (birch's `birch
+        stats`); None where it keeps none (kernel filesystems)."""
+        return None
+
     def fuse_requests(self) -> Optional[dict]:
         """The FUSE requests the mount received so far, by opcode; None
         where the filesystem does not count them (kernel filesystems)."""
