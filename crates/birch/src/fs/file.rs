@@ -907,7 +907,13 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             })
             .collect();
         let id = self.fs.writebacks.start(queued, chunks);
-        Ok(Some(PlannedWrite { queued, id, writes }))
+        let stop_at_incompressible = compress.is_some() && self.gives_up_on_incompressible(ino)?;
+        Ok(Some(PlannedWrite {
+            queued,
+            id,
+            writes,
+            stop_at_incompressible,
+        }))
     }
 
     /// Whether and how the writeback of `ino` compresses, as btrfs's
@@ -1088,14 +1094,22 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// remount does not forget it), unless `compress-force` is on or the
     /// file has a compression property (docs/COMPRESSION.md, "Choosing").
     fn mark_incompressible(&mut self, ino: u64) -> Result<()> {
-        let option = self.fs.options.compress;
-        if option.force && option.algorithm.is_some() {
-            return Ok(());
-        }
-        if let Some(CompressionProperty::Algorithm(_)) = self.compression_property(ino)? {
+        if !self.gives_up_on_incompressible(ino)? {
             return Ok(());
         }
         self.update_inode(ino, |i| i.flags |= u64::from(inode_flags::NOCOMP))
+    }
+
+    /// Whether a chunk of `ino` that does not shrink stops compression of
+    /// the file: not under `compress-force`, nor for a file with a
+    /// compression property.
+    fn gives_up_on_incompressible(&mut self, ino: u64) -> Result<bool> {
+        let option = self.fs.options.compress;
+        if option.force && option.algorithm.is_some() {
+            return Ok(false);
+        }
+        let property = self.compression_property(ino)?;
+        Ok(!matches!(property, Some(CompressionProperty::Algorithm(_))))
     }
 
     /// Puts a chunk's pages back into the dirty set, but for those dirtied
@@ -1639,6 +1653,11 @@ pub(crate) struct PlannedWrite {
     queued: u64,
     id: u64,
     writes: Vec<(u64, Arc<[u8]>, TryCompress)>,
+    /// A chunk that does not shrink ends the tries for the rest of this
+    /// write: its publish marks the file `NOCOMP`, so compressing the
+    /// later chunks of a large incompressible write would be CPU spent on
+    /// data the file gives up on (btrfs stops at the first such range).
+    stop_at_incompressible: bool,
 }
 
 /// Writebacks planned under the state lock, to be written without it
@@ -1676,11 +1695,18 @@ impl WritebackBatch {
         self.writes
             .iter()
             .map(|planned| {
+                let mut gave_up = false;
                 planned
                     .writes
                     .iter()
                     .map(|(bytenr, bytes, compress)| {
-                        let outcome = compress_chunk(*compress, bytes);
+                        let outcome = if gave_up {
+                            ChunkWrite::Plain
+                        } else {
+                            compress_chunk(*compress, bytes)
+                        };
+                        gave_up |= planned.stop_at_incompressible
+                            && matches!(outcome, ChunkWrite::DidNotShrink);
                         let on_disk = match &outcome {
                             ChunkWrite::Compressed { bytes, .. } => bytes,
                             ChunkWrite::Plain | ChunkWrite::DidNotShrink => bytes,
