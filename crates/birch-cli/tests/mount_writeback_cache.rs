@@ -13,11 +13,12 @@ mod common;
 use common::{errno, skip_unless_root, Fixture};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::fd::IntoRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 const MIB: usize = 1 << 20;
+const PAGE: i64 = 4096;
 /// Image size, and what each overflowing writer writes: well past it.
 const IMAGE: &str = "64M";
 const OVERFLOW_MIB: usize = 100;
@@ -108,6 +109,72 @@ fn enospc_at_write_back_fails_the_close_and_keeps_what_was_fsynced() {
     assert!(
         survived < OVERFLOW_MIB * MIB,
         "all of big fit a {IMAGE} image"
+    );
+    fx.unmount();
+    fx.assert_clean();
+}
+
+/// Preallocates `path` until not one more page fits, so that only space
+/// freed afterwards is free.
+fn fill(path: &Path) -> File {
+    let f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    let (mut len, mut step) = (0i64, 16 * MIB as i64);
+    while step >= PAGE {
+        // SAFETY: a plain system call on a descriptor we own.
+        if unsafe { libc::fallocate(f.as_raw_fd(), 0, len, step) } == 0 {
+            len += step;
+        } else {
+            assert_eq!(errno(), libc::ENOSPC, "fallocate {step} bytes at {len}");
+            step /= 2;
+        }
+    }
+    f
+}
+
+/// A write-back that fits only in part. The kernel reads a write-back's
+/// reply for its error alone, not for the count (fuse_writepage_end): a
+/// short count would tell it the whole request was written and lose the
+/// rest unreported. Here one write-back request holds the whole write, and
+/// the free space is half of it.
+#[test]
+fn write_back_that_fits_in_part_fails_the_close() {
+    if skip_unless_root() {
+        return;
+    }
+    let mut fx = mounted_with_writeback_cache("wbc-enospc-part");
+    // Created first: a full filesystem has no room for a new inode either.
+    let part = fx.path("part");
+    let f = File::create(&part).expect("create part");
+    let filler = fill(&fx.path("filler"));
+    let freed = 64 * 1024;
+    // SAFETY: a plain system call on a descriptor we own.
+    let punched = unsafe {
+        libc::fallocate(
+            filler.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            freed,
+        )
+    };
+    assert_eq!(punched, 0, "punch {freed} bytes: errno {}", errno());
+    drop(filler);
+    // The punched extent is free for reuse once a commit made it durable.
+    fx.sync();
+    let written = f
+        .write_all_at(&vec![b'p'; 2 * freed as usize], 0)
+        .map_err(|e| e.raw_os_error());
+    let closed = close(f);
+    assert!(
+        written == Err(Some(libc::ENOSPC)) || closed == Err(libc::ENOSPC),
+        "{} KiB with {} KiB free: write {written:?}, close {closed:?}; the loss went unreported",
+        2 * freed / 1024,
+        freed / 1024
+    );
+    fx.remount();
+    let survived = assert_only(&part, b'p');
+    assert!(
+        survived < 2 * freed as usize,
+        "all of part fit in {freed} bytes"
     );
     fx.unmount();
     fx.assert_clean();

@@ -1673,14 +1673,25 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
             // "now" at write-back must not replace them: it would surface
             // once the kernel drops the inode (after a remount, say) as an
             // mtime other than the one stat(2) showed.
-            let kernel_times =
-                self.options.writeback_cache && write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+            let cached_pages = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+            let kernel_times = self.options.writeback_cache && cached_pages;
             let before = if kernel_times {
                 Some(self.fs.getattr(ino)?)
             } else {
                 None
             };
-            let written = self.fs.write_file(ino, offset, data)?;
+            // The kernel takes a write-back's reply as all or nothing
+            // (fuse_writepage_end reads only the error): a short count
+            // would lose the rest of the pages unreported, so a write-back
+            // is written whole or answered with the error that refused
+            // the rest, which the kernel reports to the next fsync or close.
+            let written = if cached_pages {
+                self.fs
+                    .write_file_whole(ino, offset, data)
+                    .map(|()| data.len())
+            } else {
+                self.fs.write_file(ino, offset, data)
+            };
             if let Some(before) = before {
                 let times = SetAttr {
                     mtime: Some(SetTime::At(before.mtime)),
@@ -1689,7 +1700,7 @@ impl<D: BlockDevice + 'static> fuser::Filesystem for BirchFuse<D> {
                 };
                 self.fs.setattr(ino, &times)?;
             }
-            Ok(written)
+            written
         })();
         match result {
             Ok(n) => reply.written(n as u32),

@@ -712,6 +712,52 @@ fn acknowledged_writes_survive_sync_after_enospc() {
     }
 }
 
+/// A write that fits in part: `write_file` returns the short count, as
+/// write(2) does; `write_file_whole` keeps the part that fit and returns
+/// the error for the rest, for a caller that cannot take a short count
+/// (the FUSE write-back of cached pages, docs/FUSE.md).
+#[test]
+fn write_file_whole_refuses_the_rest_where_write_file_returns_a_short_count() {
+    let _w = Watchdog::new("whole", Duration::from_secs(120));
+    let fs = mount(memory_fs(20 * MIB));
+    let root = fs.root_ino();
+    // Created first: a full filesystem has no room for a new inode.
+    let short = fs.create(root, b"short", 0o644, 0, 0).unwrap().ino;
+    let whole = fs.create(root, b"whole", 0o644, 0, 0).unwrap().ino;
+    let acked = fill_until_enospc(&fs, root, "f", 0, 9);
+    let want = 4 * MIB as usize;
+    let mut freed = 0;
+    for (name, &(_, len)) in &acked {
+        if freed >= 512 * 1024 {
+            break;
+        }
+        fs.unlink(root, name.as_bytes()).unwrap();
+        freed += len;
+    }
+    // What the unlinks freed is free once a commit made them durable.
+    fs.sync().unwrap();
+    let accepted = fs.write_file(short, 0, &pattern(1, 0, want)).unwrap();
+    assert!(
+        accepted > 0 && accepted < want,
+        "{freed} bytes freed, {accepted} of {want} accepted"
+    );
+    fs.unlink(root, b"short").unwrap();
+    fs.sync().unwrap();
+    let enospc = fs.space_stats().enospc;
+    assert!(matches!(
+        fs.write_file_whole(whole, 0, &pattern(2, 0, want)),
+        Err(Error::NoSpace)
+    ));
+    assert_eq!(
+        fs.space_stats().enospc,
+        enospc + 1,
+        "the refusal is counted"
+    );
+    let kept = fs.getattr(whole).unwrap().size as usize;
+    assert!(kept > 0 && kept < want, "{kept} of {want} bytes kept");
+    assert!(fs.read_file(whole, 0, kept).unwrap() == pattern(2, 0, kept));
+}
+
 #[test]
 fn unlink_on_full_filesystem_then_refill_is_atomic() {
     let _w = Watchdog::new("unlink-refill", Duration::from_secs(120));

@@ -832,8 +832,49 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// Writes `data` at `offset` into dirty pages, each piece (up to 1 MiB)
     /// accepted once its space is reserved. Returns the bytes accepted:
     /// fewer than `data.len()` when the filesystem filled up part-way
-    /// (ENOSPC only when nothing could be accepted).
+    /// (ENOSPC only when nothing could be accepted), as write(2) does.
     pub fn write_file(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        match self.write_accepting(ino, offset, data)? {
+            (0, Some(refused)) => {
+                self.count_refusal(&refused);
+                Err(refused)
+            }
+            (accepted, _) => Ok(accepted),
+        }
+    }
+
+    /// Writes all of `data` at `offset`, or returns the error that refused
+    /// the rest; the pieces accepted before it stay written. For a caller
+    /// that cannot take a short count: the kernel's write-back of cached
+    /// pages (`-o writeback_cache`) ignores the count in the reply and
+    /// looks only at the error, so a short count would lose the rest of
+    /// its pages without a word to anyone.
+    pub fn write_file_whole(&self, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
+        match self.write_accepting(ino, offset, data)? {
+            (_, Some(refused)) => {
+                self.count_refusal(&refused);
+                Err(refused)
+            }
+            (_, None) => Ok(()),
+        }
+    }
+
+    fn count_refusal(&self, refused: &Error) {
+        if matches!(refused, Error::NoSpace) {
+            self.lock().info.space.stats.enospc += 1;
+        }
+    }
+
+    /// [`write_file`](Self::write_file)'s work: the bytes accepted, and
+    /// the error that refused the rest (`None`: all of `data` accepted).
+    /// An error before the first piece (a bad inode, a read-only root) is
+    /// the `Err`.
+    fn write_accepting(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(usize, Option<Error>)> {
         let _request = self.request();
         // The partial first and last pages not in memory are read here,
         // without the state lock (docs/SNAPSHOTS.md (f) item 5).
@@ -845,13 +886,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             Ok((sync, root.plan_prefetch(ino, &partial)?))
         })?;
         let prefetch = prefetch.execute(self.shared.store.device());
-        let written = self.write_pieces(ino, offset, data, prefetch)?;
+        let (accepted, refused) = self.write_pieces(ino, offset, data, prefetch);
         // chattr +S: durable before write(2) returns, as
         // generic_write_sync makes it for IS_SYNC inodes.
-        if sync {
+        if sync && accepted > 0 {
             self.fsync(ino, false)?;
         }
-        Ok(written)
+        Ok((accepted, refused))
     }
 
     /// Reads ahead, without the state lock, the pages of `ino` a change
@@ -876,7 +917,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         }
     }
 
-    /// [`write_file`](Self::write_file)'s pieces. A piece whose partial
+    /// [`write_file`](Self::write_file)'s pieces: the bytes accepted and
+    /// the error that stopped the rest. A piece whose partial
     /// page changed on disk since `prefetch` read it changes nothing and
     /// reads it again ([`page_prefetch::PAGE_REREADS`] times, then under
     /// the lock).
@@ -886,12 +928,13 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         offset: u64,
         data: &[u8],
         mut prefetch: PagePrefetch,
-    ) -> Result<usize> {
+    ) -> (usize, Option<Error>) {
         if data.is_empty() {
-            return self.change(|s| {
+            let empty = self.change(|s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
                 root.write_file(ino, offset, data, &ReadyPages::default())
             });
+            return (0, empty.err());
         }
         let mut done = 0usize;
         let mut chunk_limit = space_info::WRITE_CHUNK;
@@ -930,16 +973,10 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                         chunk_limit = (chunk_limit / 2).max(SECTOR_SIZE);
                     }
                 }
-                Err(_) if done > 0 => break,
-                Err(e) => {
-                    if matches!(e, Error::NoSpace) {
-                        self.lock().info.space.stats.enospc += 1;
-                    }
-                    return Err(e);
-                }
+                Err(e) => return (done, Some(e)),
             }
         }
-        Ok(done)
+        (done, None)
     }
 
     /// Writes back (without making durable) the dirty pages of `ino` that
