@@ -944,6 +944,8 @@ pub struct StateReport {
     /// Compressed file extent items in the crash image (`birch check`'s
     /// count, logs included).
     pub compressed_extents: u64,
+    /// Of the inline ones, compressed (`birch check`'s count).
+    pub compressed_inline: u64,
     pub tolerated: Vec<String>,
 }
 
@@ -1036,6 +1038,7 @@ pub fn check_state_on(
         guarantees,
         durable_inodes,
         compressed_extents: summary.compressed_extent_items,
+        compressed_inline: summary.compressed_inline_items,
         tolerated,
     })
 }
@@ -1820,6 +1823,8 @@ pub struct CrashStats {
     pub durable_inodes: u64,
     /// Crash states whose image holds compressed file extent items.
     pub states_with_compressed_extents: u64,
+    /// Crash states whose image holds compressed inline extents.
+    pub states_with_compressed_inline: u64,
     pub tolerated: Vec<String>,
     pub elapsed: Duration,
 }
@@ -1835,6 +1840,7 @@ impl CrashStats {
         self.guarantee_facts += o.guarantee_facts;
         self.durable_inodes += o.durable_inodes;
         self.states_with_compressed_extents += o.states_with_compressed_extents;
+        self.states_with_compressed_inline += o.states_with_compressed_inline;
         self.tolerated.extend(o.tolerated.iter().cloned());
         self.elapsed += o.elapsed;
     }
@@ -1971,6 +1977,9 @@ pub fn explore_each(
             stats.durable_inodes += report.durable_inodes as u64;
             if report.compressed_extents > 0 {
                 stats.states_with_compressed_extents += 1;
+            }
+            if report.compressed_inline > 0 {
+                stats.states_with_compressed_inline += 1;
             }
             if report.generation < trace.issued_generation(k) {
                 stats.states_at_older_generation += 1;

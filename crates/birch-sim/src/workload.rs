@@ -980,9 +980,40 @@ impl Generator {
             Target::Handle(_) => None,
         }
         .unwrap_or(0);
+        let pick = self.rng.gen_range(0..14);
+        let mut ops = match pick {
+            // The file made a small text file: on its writeback it goes
+            // inline, compressed when the text shrinks into the inline
+            // limit (docs/COMPRESSION.md, "Compressed inline extents").
+            12 | 13 => vec![
+                Op::Truncate {
+                    target: target.clone(),
+                    size: 0,
+                },
+                Op::WriteText {
+                    target: target.clone(),
+                    offset: 0,
+                    len: self.rng.gen_range(1..=4096),
+                    fill: self.rng.gen(),
+                },
+            ],
+            _ => vec![self.compression_op(model, &target, size, pick)],
+        };
+        if self.rng.gen_ratio(1, 3) {
+            ops.push(Op::Fsync {
+                target,
+                datasync: self.rng.gen_ratio(1, 3),
+            });
+        }
+        ops
+    }
+
+    /// One of [`Self::compression_ops`]'s single ops (`pick` in `0..12`)
+    /// on `target` (of `size` bytes).
+    fn compression_op(&mut self, model: &Model, target: &Target, size: u64, pick: u32) -> Op {
         let full = model.allocated_bytes() >= self.cfg.max_live_bytes;
         let within = |rng: &mut ChaCha8Rng| rng.gen_range(0..=size.max(1));
-        let mut ops = vec![match self.rng.gen_range(0..12) {
+        match pick {
             // A large text write from the start (compressed chunks of
             // 128 KiB and a shorter tail), an overwrite inside the file,
             // an append.
@@ -1048,14 +1079,7 @@ impl Generator {
                 },
                 on: self.rng.gen_ratio(4, 5),
             },
-        }];
-        if self.rng.gen_ratio(1, 3) {
-            ops.push(Op::Fsync {
-                target,
-                datasync: self.rng.gen_ratio(1, 3),
-            });
         }
-        ops
     }
 
     /// A name in directory `dir` that is free there (a short pool name),

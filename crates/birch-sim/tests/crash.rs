@@ -59,13 +59,17 @@ fn explore_seeds(
 fn every_crash_state_mounts_checks_clean_and_matches_the_model() {
     let total = explore_seeds(0..60, 0..300, |_, _| String::new());
     eprintln!(
-        "{} workloads ({} ops), {} flush points, {} crash states ({} with compressed extents), {} guarantee facts checked, {:.2?}",
-        total.workloads, total.ops, total.flush_points, total.crash_states, total.states_with_compressed_extents, total.guarantee_facts, total.elapsed
+        "{} workloads ({} ops), {} flush points, {} crash states ({} with compressed extents, {} with compressed inline extents), {} guarantee facts checked, {:.2?}",
+        total.workloads, total.ops, total.flush_points, total.crash_states, total.states_with_compressed_extents, total.states_with_compressed_inline, total.guarantee_facts, total.elapsed
     );
     if seed_override().is_none() {
         assert!(
             total.states_with_compressed_extents > 0,
             "no explored crash state holds a compressed extent"
+        );
+        assert!(
+            total.states_with_compressed_inline > 0,
+            "no explored crash state holds a compressed inline extent"
         );
     }
 }

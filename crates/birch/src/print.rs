@@ -399,6 +399,14 @@ pub fn file_extent(e: &FileExtent) -> String {
             data.len(),
             preview(data, 64)
         ),
+        FileExtent::InlineCompressed {
+            compressed,
+            ram_bytes,
+            compression,
+        } => format!(
+            "extent inline compressed {compression} ram_bytes {ram_bytes} compressed_len {}",
+            compressed.len()
+        ),
         FileExtent::Regular {
             disk_bytenr,
             disk_num_bytes,

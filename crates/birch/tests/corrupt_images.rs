@@ -772,6 +772,68 @@ fn overlapping_file_extents_and_inline_not_alone() {
     });
 }
 
+/// Compressed inline extents (docs/COMPRESSION.md, "Compressed inline
+/// extents") follow the inline rules with their uncompressed length, and
+/// need the compression flag.
+#[test]
+fn compressed_inline_extent_rules() {
+    let text: Vec<u8> = b"compressed inline text. "
+        .iter()
+        .cycle()
+        .take(3000)
+        .copied()
+        .collect();
+    let mut b = FsBuilder::new(16 << 20);
+    let ok = b.create(ROOT_DIR_INO, b"ok");
+    b.write_inline_compressed(ok, &text);
+    let short = b.create(ROOT_DIR_INO, b"short");
+    b.write_inline_compressed(short, &text);
+    b.inode_mut(short).size = 2000; // its data is 3000 bytes
+    let beside = b.create(ROOT_DIR_INO, b"beside");
+    b.write_inline_compressed(beside, &text);
+    b.write_extent(beside, 4096, 4096);
+    let mut fx = b.build();
+    // Without the flag: each item is reported.
+    let report = check(&fx);
+    for ino in [ok, short, beside] {
+        expect_fault(&report, FaultId::CompressedWithoutFeature, |f| {
+            f.key == Some(Key::new(ino, item_type::EXTENT_DATA, 0))
+        });
+    }
+    let mut sb = fx.superblock.clone();
+    sb.compression = true;
+    fx.write_superblock(&sb);
+    let report = check(&fx);
+    assert_eq!(
+        report
+            .faults_with(FaultId::CompressedWithoutFeature)
+            .count(),
+        0,
+        "{report}"
+    );
+    expect_fault(&report, FaultId::InlinePastEof, |f| {
+        f.key == Some(Key::new(short, item_type::EXTENT_DATA, 0))
+    });
+    expect_fault(&report, FaultId::InlineNotAlone, |f| {
+        f.key == Some(Key::new(beside, item_type::EXTENT_DATA, 0))
+    });
+    // 3000 bytes of data within the compressed limit (4096), not the
+    // plain one (2048); and no other fault names the good file.
+    assert_eq!(
+        report.faults_with(FaultId::InlineTooLong).count(),
+        0,
+        "{report}"
+    );
+    assert!(
+        report
+            .faults
+            .iter()
+            .all(|f| f.key.is_none_or(|k| k.objectid != ok)),
+        "{report}"
+    );
+    assert_eq!(report.summary.compressed_inline_items, 3, "{report}");
+}
+
 // ----- log trees -----
 
 /// Adds a log root tree and one log tree (two leaves in free space) to a

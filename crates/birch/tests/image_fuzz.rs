@@ -188,6 +188,9 @@ fn build_base() -> Base {
     let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
     let small = fs.create(d, b"small", 0o644, 0, 0).unwrap().ino;
     fs.write_file(small, 0, b"inline data").unwrap();
+    // Small text: a compressed inline extent (docs/COMPRESSION.md).
+    let text = fs.create(d, b"text", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(text, 0, &small_text(3000)).unwrap();
     let big = fs.create(root, b"big", 0o644, 0, 0).unwrap().ino;
     fs.write_file(big, 0, &vec![0xb1; 12288]).unwrap();
     fs.setxattr(big, b"user.a", b"1", XattrSetMode::Create)
@@ -215,6 +218,9 @@ fn build_base() -> Base {
         .unwrap();
     fs.link(logged, root, b"logged-link").unwrap();
     fs.write_file(big, 4096, &vec![0xb2; 4096]).unwrap();
+    let logged_text = fs.create(d, b"logged-text", 0o644, 0, 0).unwrap().ino;
+    fs.write_file(logged_text, 0, &small_text(2500)).unwrap();
+    fs.fsync(logged_text, false).unwrap();
     fs.fsync(logged, false).unwrap();
     fs.fsync(big, false).unwrap();
     let bytes = dev.snapshot();
@@ -223,6 +229,15 @@ fn build_base() -> Base {
     assert_ne!(sb.log_root_bytenr, 0, "the base image has an fsync log");
     assert!(sb.compression, "the base image has compressed extents");
     let nodes = live_nodes(&bytes, &sb);
+    for tree in [tree_id::FS, tree_id::LOG] {
+        assert!(
+            nodes.iter().any(|(_, n)| n.owner == tree
+                && matches!(&n.body, NodeBody::Leaf(items) if items.iter().any(|i| {
+                    i.key.item_type == item_type::EXTENT_DATA && i.data.first() == Some(&4)
+                }))),
+            "the base image's tree {tree} has a compressed inline extent"
+        );
+    }
     assert!(
         nodes
             .iter()
@@ -234,6 +249,16 @@ fn build_base() -> Base {
         bytes,
         nodes,
     }
+}
+
+/// `len` bytes of text that compress well.
+fn small_text(len: usize) -> Vec<u8> {
+    b"a small text file, compressed inline. "
+        .iter()
+        .cycle()
+        .take(len)
+        .copied()
+        .collect()
 }
 
 fn base() -> &'static Base {
@@ -327,9 +352,18 @@ fn read_field(block: &[u8], at: usize, width: usize) -> u64 {
 fn item_body_fields(
     rng: &mut ChaCha8Rng,
     key: &Key,
-    len: usize,
+    data: &[u8],
 ) -> Vec<(&'static str, usize, usize)> {
+    let len = data.len();
     let fields: &[(&'static str, usize, usize)] = match key.item_type {
+        // A compressed inline extent's fields (type 4): its length, its
+        // algorithm and the first bytes of its compressed stream.
+        item_type::EXTENT_DATA if data.first() == Some(&4) => &[
+            ("extent.kind", 0, 1),
+            ("extent.inline_ram_bytes", 1, 8),
+            ("extent.inline_algorithm", 9, 1),
+            ("extent.inline_stream", 10, 8),
+        ],
         item_type::INODE_ITEM => &[
             ("inode.generation", 0, 8),
             ("inode.transid", 8, 8),
@@ -502,7 +536,7 @@ fn random_mutation(rng: &mut ChaCha8Rng, base: &Base) -> Mutation {
             let item = &items[slot];
             let header = BODY + slot * LEAF_ITEM_HEADER + KEY_SIZE;
             let data_offset = read_field(block, header, 4) as usize;
-            let fields = item_body_fields(rng, &item.key, item.data.len());
+            let fields = item_body_fields(rng, &item.key, &item.data);
             if fields.is_empty() {
                 (format!("slot {slot} item.data_size"), header + 4, 4)
             } else {
@@ -980,7 +1014,7 @@ fn log_item_fields_at_edges() {
             ];
             let mut rng = case_rng(0, 0);
             fields.extend(
-                item_body_fields(&mut rng, &item.key, item.data.len())
+                item_body_fields(&mut rng, &item.key, &item.data)
                     .into_iter()
                     .map(|(n, at, w)| (n.to_string(), body + at, w)),
             );

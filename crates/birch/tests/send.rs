@@ -227,16 +227,28 @@ fn full_send_of_compressed_files_sends_their_data() {
         .copied()
         .collect();
     create(&src, root, "text", &text);
+    // A small file: a compressed inline extent (docs/COMPRESSION.md).
+    let small = create(&src, root, "small", &text[..3000]);
     src.sync().unwrap();
     assert!(
         src.stats().compressed_bytes_out > 0,
         "the data was compressed"
     );
+    assert_eq!(src.stats().compressed_inline_extents, 1);
     let s1 = snapshot(&src, id, "s1");
     let (stream, stats) = send(&src, s1, None);
-    assert_eq!(stats.data_bytes, 500_000);
+    assert_eq!(stats.data_bytes, 503_000);
     let dst = open(MountOptions::deterministic());
     receive_and_compare(&src, s1, &dst, &stream);
+    // Incremental: the small file rewritten (another compressed inline
+    // item) is sent whole.
+    src.write_file(small, 100, b"changed").unwrap();
+    src.sync().unwrap();
+    assert_eq!(src.stats().compressed_inline_extents, 2);
+    let s2 = snapshot(&src, id, "s2");
+    let (stream, stats) = send(&src, s2, Some(s1));
+    assert_eq!(stats.data_bytes, 3000);
+    receive_and_compare(&src, s2, &dst, &stream);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use birch::check::{check_device, check_device_with, CheckOptions, CheckReport, F
 use birch::device::{BlockDevice, MemoryDevice};
 use birch::format::{
     block_csum, item_type, tree_id, CompressedRef, DiskRef, FileExtent, Key, NodeBody,
-    COMPRESSION_PROPERTY_XATTR, NODE_SIZE, SECTOR_SIZE,
+    COMPRESSION_PROPERTY_XATTR, SECTOR_SIZE,
 };
 use birch::fs::{
     read_superblock, CompressOption, DataChecksums, Filesystem, MkfsOptions, MountOptions,
@@ -22,9 +22,6 @@ use std::sync::Arc;
 
 const IMAGE_BYTES: u64 = 64 << 20;
 const BLOCK: u64 = SECTOR_SIZE;
-/// Where a leaf's item headers start, and their size (docs/FORMAT.md).
-const NODE_BODY: usize = 64;
-const LEAF_ITEM_HEADER: usize = 17 + 8;
 /// Offsets in a compressed file extent item's body.
 const RAM_BYTES_AT: usize = 33;
 const ALGORITHM_AT: usize = 49;
@@ -116,44 +113,6 @@ fn verify(dev: &MemoryDevice) -> CheckReport {
     check_device_with(dev, CheckOptions { verify_data: true })
 }
 
-/// The leaf of tree `tree` holding `key`, and the key's slot.
-fn leaf_with(dev: &MemoryDevice, tree: u64, key: Key) -> (u64, usize, Vec<u8>) {
-    let sb = read_superblock(dev).unwrap();
-    let (roots, _) = birch::check::tree_roots(dev, &sb);
-    let root = roots.into_iter().find(|r| r.tree == tree).unwrap();
-    let (nodes, problems) = birch::check::tree_nodes(dev, &sb.fsid, root);
-    assert!(problems.is_empty(), "{problems:?}");
-    nodes
-        .into_iter()
-        .find_map(|(bytenr, node)| match node.body {
-            NodeBody::Leaf(items) => items
-                .iter()
-                .position(|i| i.key == key)
-                .map(|slot| (bytenr, slot, items[slot].data.clone())),
-            NodeBody::Internal(_) => None,
-        })
-        .unwrap_or_else(|| panic!("no item {key} in tree {tree}"))
-}
-
-/// Changes the body of item `slot` of the node at `bytenr` with `change`
-/// and reseals the node and its DUP mirror.
-fn patch_item(dev: &MemoryDevice, bytenr: u64, slot: usize, change: impl Fn(&mut [u8])) {
-    let sb = read_superblock(dev).unwrap();
-    let copies =
-        std::iter::once(bytenr).chain(sb.metadata_profile.mirror_offset().map(|off| bytenr + off));
-    for at in copies {
-        let mut node = vec![0u8; NODE_SIZE];
-        dev.read_at(&mut node, at).unwrap();
-        let header = NODE_BODY + slot * LEAF_ITEM_HEADER + 17;
-        let offset = u32::from_le_bytes(node[header..header + 4].try_into().unwrap()) as usize;
-        let size = u32::from_le_bytes(node[header + 4..header + 8].try_into().unwrap()) as usize;
-        change(&mut node[NODE_BODY + offset..NODE_BODY + offset + size]);
-        let crc = crc32c::crc32c(&node[4..]);
-        node[0..4].copy_from_slice(&crc.to_le_bytes());
-        dev.write_at(&node, at).unwrap();
-    }
-}
-
 /// The first file extent item of `ino` in subvolume `tree`: (where, the
 /// disk extent, its compression).
 fn first_extent(
@@ -162,7 +121,7 @@ fn first_extent(
     ino: u64,
 ) -> ((u64, usize), DiskRef, Option<CompressedRef>) {
     let key = Key::new(ino, item_type::EXTENT_DATA, 0);
-    let (bytenr, slot, data) = leaf_with(dev, tree, key);
+    let (bytenr, slot, data) = common::leaf_with(dev, tree, key);
     let extent = FileExtent::decode(&data).unwrap();
     (
         (bytenr, slot),
@@ -194,7 +153,7 @@ fn fix_checksums(dev: &MemoryDevice, start: u64, len: u64) {
                 NodeBody::Internal(_) => None,
             })
             .unwrap_or_else(|| panic!("no checksum of block {block}"));
-        patch_item(dev, bytenr, slot, |body| {
+        common::patch_item(dev, bytenr, slot, |body| {
             body[index * 4..index * 4 + 4].copy_from_slice(&sum)
         });
     }
@@ -331,7 +290,7 @@ fn damaged_algorithm_and_length_fields_are_faults_not_panics() {
     let image = base.dev.snapshot();
     // Another known algorithm: the item decodes, its bytes do not.
     let dev = MemoryDevice::from_bytes(image.clone());
-    patch_item(&dev, item.0, item.1, |body| body[ALGORITHM_AT] = 2);
+    common::patch_item(&dev, item.0, item.1, |body| body[ALGORITHM_AT] = 2);
     assert!(check_device(&dev).is_clean());
     let report = verify(&dev);
     assert_eq!(report.fault_count(), 1, "{report}");
@@ -359,7 +318,7 @@ fn damaged_algorithm_and_length_fields_are_faults_not_panics() {
         (RAM_BYTES_AT, u64::MAX),
     ] {
         let dev = MemoryDevice::from_bytes(image.clone());
-        patch_item(&dev, item.0, item.1, |body| {
+        common::patch_item(&dev, item.0, item.1, |body| {
             let width = if at == ALGORITHM_AT { 1 } else { 8 };
             body[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]);
         });

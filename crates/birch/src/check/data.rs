@@ -56,6 +56,7 @@ pub(super) fn run(c: &mut Checker<'_>) -> PassStatus {
     for (&(bytenr, len), target) in &targets {
         verify_extent(c, &values, checksums, bytenr, len, target, &mut verified);
     }
+    report_inline_decompressions(c, &mut verified);
     c.report.summary.data_verified = Some(verified);
     if sb.data_checksums && !checksums {
         return PassStatus::Skipped(
@@ -183,6 +184,28 @@ fn verify_extent(
             format!(
                 "{what}: its {} bytes of {} should decompress to {}: {why}",
                 cr.compressed_len, cr.compression, cr.ram_bytes
+            ),
+        );
+    }
+}
+
+/// Reports what decompressing each compressed inline extent gave (the
+/// walk did it, having the item's bytes): a codec error or a stream of
+/// another length than the item's `ram_bytes`.
+fn report_inline_decompressions(c: &mut Checker<'_>, verified: &mut DataVerified) {
+    for d in std::mem::take(&mut c.inline_decompressions) {
+        verified.inline_decompressed += 1;
+        let (id, why) = match d.outcome {
+            Ok(()) => continue,
+            Err(e @ DecompressFault::Length(_)) => (FaultId::CompressedLength, e.to_string()),
+            Err(e) => (FaultId::CompressedUndecodable, e.to_string()),
+        };
+        c.fault_at(
+            id,
+            &d.loc,
+            format!(
+                "compressed inline extent of inode {} at file offset {}: its {} bytes of {} should decompress to {}: {why}",
+                d.loc.key.objectid, d.loc.key.offset, d.stored, d.compression, d.ram_bytes
             ),
         );
     }

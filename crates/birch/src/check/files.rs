@@ -3,7 +3,7 @@
 use super::{
     Checker, FaultId, FileExtentKind, FileExtentRec, FsRecords, InodeRec, Loc, PassStatus,
 };
-use crate::format::{FileType, MAX_INLINE_DATA, SECTOR_SIZE, SYMLINK_MAX};
+use crate::format::{FileType, MAX_INLINE_DATA, MAX_INLINE_RAM, SECTOR_SIZE, SYMLINK_MAX};
 use crate::print::file_type_name;
 use std::collections::HashMap;
 
@@ -24,7 +24,15 @@ fn check_tree(c: &mut Checker<'_>, fs: &FsRecords) {
     let mut faults: Found = Vec::new();
     let compression = c.sb.as_ref().is_some_and(|sb| sb.compression);
     for fe in &fs.file_extents {
-        if matches!(fe.kind, FileExtentKind::Compressed(..)) && !compression {
+        let compressed = matches!(
+            fe.kind,
+            FileExtentKind::Compressed(..)
+                | FileExtentKind::Inline {
+                    compression: Some(_),
+                    ..
+                }
+        );
+        if compressed && !compression {
             faults.push((
                 fe.loc,
                 FaultId::CompressedWithoutFeature,
@@ -83,7 +91,10 @@ fn check_symlink_extents(inode: &InodeRec, extents: &[&FileExtentRec], faults: &
             "symlink has no inline extent holding its target".into(),
         )),
         [fe] => match fe.kind {
-            FileExtentKind::Inline { len } if fe.file_offset == 0 => {
+            FileExtentKind::Inline {
+                len,
+                compression: None,
+            } if fe.file_offset == 0 => {
                 if len != item.size {
                     faults.push((
                         fe.loc,
@@ -140,7 +151,7 @@ fn check_regular_extents(inode: &InodeRec, extents: &[&FileExtentRec], faults: &
     let mut prev_end: Option<u64> = None;
     for fe in extents {
         match fe.kind {
-            FileExtentKind::Inline { len } => {
+            FileExtentKind::Inline { len, compression } => {
                 if fe.file_offset != 0 {
                     faults.push((
                         fe.loc,
@@ -158,11 +169,17 @@ fn check_regular_extents(inode: &InodeRec, extents: &[&FileExtentRec], faults: &
                         "inline extent is not the file's only extent".into(),
                     ));
                 }
-                if len > MAX_INLINE_DATA as u64 {
+                // A compressed one holds up to a page of data in at most
+                // MAX_INLINE_DATA bytes (checked at decode).
+                let limit = match compression {
+                    Some(_) => MAX_INLINE_RAM,
+                    None => MAX_INLINE_DATA as u64,
+                };
+                if len > limit {
                     faults.push((
                         fe.loc,
                         FaultId::InlineTooLong,
-                        format!("inline extent of {len} bytes exceeds {MAX_INLINE_DATA}"),
+                        format!("inline extent of {len} bytes exceeds {limit}"),
                     ));
                 }
                 if len > item.size {
@@ -202,7 +219,7 @@ fn check_regular_extents(inode: &InodeRec, extents: &[&FileExtentRec], faults: &
             }
         }
         let len = match fe.kind {
-            FileExtentKind::Inline { len } => len,
+            FileExtentKind::Inline { len, .. } => len,
             FileExtentKind::Regular(d)
             | FileExtentKind::Prealloc(d)
             | FileExtentKind::Compressed(d, _) => d.num_bytes,

@@ -237,6 +237,32 @@ impl FsBuilder {
         i.nbytes += data.len() as u64;
     }
 
+    /// A compressed inline extent of `data` (docs/COMPRESSION.md,
+    /// "Compressed inline extents"), zstd at level 3; `data` must shrink
+    /// into the inline limit. The superblock's compression flag is the
+    /// test's to set.
+    pub fn write_inline_compressed(&mut self, ino: u64, data: &[u8]) {
+        let compression = crate::format::Compression::Zstd;
+        let compressed = crate::format::compression::compress_inline(
+            compression,
+            crate::format::compression::DEFAULT_ZSTD_LEVEL,
+            data,
+        )
+        .expect("fixture inline data compresses");
+        self.items.insert(
+            Key::new(ino, item_type::EXTENT_DATA, 0),
+            FileExtent::InlineCompressed {
+                compressed,
+                ram_bytes: data.len() as u64,
+                compression,
+            }
+            .encode(),
+        );
+        let i = self.inode_mut(ino);
+        i.size = data.len() as u64;
+        i.nbytes += data.len() as u64;
+    }
+
     fn alloc_data(&mut self, len: u64, owner: u64) -> u64 {
         assert!(len > 0 && len.is_multiple_of(SECTOR_SIZE));
         let bytenr = self.next_data;

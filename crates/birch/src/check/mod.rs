@@ -222,6 +222,9 @@ pub struct Summary {
     /// Of those, compressed ones (docs/COMPRESSION.md; the crash explorer
     /// counts states holding any).
     pub compressed_extent_items: u64,
+    /// Compressed inline extents (docs/COMPRESSION.md, "Compressed inline
+    /// extents"), among the file extent items but not the compressed ones.
+    pub compressed_inline_items: u64,
     /// Nodes of log trees (outside the extent tree).
     pub log_nodes: u64,
     /// What pass `data` read (`None`: it did not run).
@@ -242,6 +245,9 @@ pub struct DataVerified {
     /// Compressed extents decompressed (once per compression their items
     /// record).
     pub decompressed: u64,
+    /// Compressed inline extents decompressed (each item: its data is its
+    /// own).
+    pub inline_decompressed: u64,
 }
 
 /// The result of [`check_device`].
@@ -361,18 +367,19 @@ impl CheckReport {
             };
             writeln!(
                 f,
-                "extents: {} tree nodes ({node_bytes} bytes{mirrors}), {} data extents ({} bytes) behind {} file extent items ({} compressed)",
+                "extents: {} tree nodes ({node_bytes} bytes{mirrors}), {} data extents ({} bytes) behind {} file extent items ({} compressed, {} compressed inline)",
                 s.metadata_extents,
                 s.data_extents,
                 s.data_extent_bytes,
                 s.file_extent_items,
-                s.compressed_extent_items
+                s.compressed_extent_items,
+                s.compressed_inline_items
             )?;
             if let Some(d) = s.data_verified {
                 writeln!(
                     f,
-                    "data: read {} extents ({} bytes), decompressed {} compressed extents",
-                    d.extents, d.bytes, d.decompressed
+                    "data: read {} extents ({} bytes), decompressed {} compressed extents and {} compressed inline extents",
+                    d.extents, d.bytes, d.decompressed, d.inline_decompressed
                 )?;
             }
             if s.log_nodes > 0 {
@@ -553,7 +560,12 @@ pub(crate) struct EntryRec {
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum FileExtentKind {
-    Inline { len: u64 },
+    /// Inline data of `len` file bytes; `compression` for a compressed
+    /// inline extent (`len` is what it decompresses to).
+    Inline {
+        len: u64,
+        compression: Option<crate::format::Compression>,
+    },
     Regular(crate::format::DiskRef),
     Prealloc(crate::format::DiskRef),
     Compressed(crate::format::DiskRef, crate::format::CompressedRef),
@@ -573,7 +585,7 @@ impl FileExtentKind {
     /// What the item adds to `nbytes` (`FileExtent::nbytes`).
     pub fn nbytes(&self) -> u64 {
         match *self {
-            FileExtentKind::Inline { len } => len,
+            FileExtentKind::Inline { len, .. } => len,
             FileExtentKind::Regular(d) | FileExtentKind::Prealloc(d) => d.num_bytes,
             FileExtentKind::Compressed(d, c) => {
                 crate::format::compressed_share(d.disk_num_bytes, d.num_bytes, c.ram_bytes)
@@ -648,6 +660,20 @@ pub(crate) struct Checker<'a> {
     fs: BTreeMap<u64, FsRecords>,
     csums: csums::CsumRecords,
     subvols: subvols::SubvolRecords,
+    /// With `--verify-data`: what decompressing each compressed inline
+    /// extent gave, found by the walk (the data is the item's), reported
+    /// by pass `data`.
+    inline_decompressions: Vec<InlineDecompression>,
+}
+
+/// One compressed inline extent decompressed by the walk.
+pub(crate) struct InlineDecompression {
+    pub loc: Loc,
+    pub compression: crate::format::Compression,
+    /// Its compressed bytes.
+    pub stored: u64,
+    pub ram_bytes: u64,
+    pub outcome: Result<(), crate::format::DecompressFault>,
 }
 
 /// Where a fault is, as far as known.
@@ -697,6 +723,7 @@ impl<'a> Checker<'a> {
             fs: BTreeMap::new(),
             csums: csums::CsumRecords::default(),
             subvols: subvols::SubvolRecords::default(),
+            inline_decompressions: Vec::new(),
         }
     }
 

@@ -5,17 +5,17 @@
 
 use super::node_read::read_copy;
 use super::{
-    Checker, EntryRec, ExtentKind, ExtentRec, FaultId, FileExtentKind, FileExtentRec, InodeRec,
-    Loc, NodeRec, PassStatus, RefRec, TreeSummary,
+    Checker, EntryRec, ExtentKind, ExtentRec, FaultId, FileExtentKind, FileExtentRec,
+    InlineDecompression, InodeRec, Loc, NodeRec, PassStatus, RefRec, TreeSummary,
 };
 use crate::btree::{copy_name, NodeExpectation};
 use crate::format::node::MAX_LEVEL;
 use crate::format::tree_name;
 use crate::format::{
-    extref_hash, item_type, name_hash, tree_id, Acl, DirEntry, ExtentItem, FileExtent,
-    InodeExtrefEntry, Item, ItemType, Key, LeafItem, LogRootRef, MetadataProfile, Node, NodeBody,
-    RootItem, Superblock, TreeKind, Xattr, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR, FIRST_DIR_INDEX,
-    MAX_SUBVOL_INO, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
+    extref_hash, item_type, name_hash, tree_id, verify_decompression, Acl, DirEntry, ExtentItem,
+    FileExtent, InodeExtrefEntry, Item, ItemType, Key, LeafItem, LogRootRef, MetadataProfile, Node,
+    NodeBody, RootItem, Superblock, TreeKind, Xattr, ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR,
+    FIRST_DIR_INDEX, MAX_SUBVOL_INO, NODE_SIZE, ORPHAN_OBJECTID, ROOT_DIR_INO,
 };
 use crate::fs::inode_flags;
 use crate::fs::log_choice::choose_log;
@@ -886,7 +886,30 @@ impl Checker<'_> {
         let kind = match e {
             FileExtent::Inline { data } => FileExtentKind::Inline {
                 len: data.len() as u64,
+                compression: None,
             },
+            FileExtent::InlineCompressed {
+                compressed,
+                ram_bytes,
+                compression,
+            } => {
+                // Its data is in the item, here now: pass `data` reports
+                // what decompressing it gave (docs/CHECK.md).
+                if self.options.verify_data && !self.recording_shared_copy {
+                    let outcome = verify_decompression(*compression, compressed, *ram_bytes);
+                    self.inline_decompressions.push(InlineDecompression {
+                        loc: *loc,
+                        compression: *compression,
+                        stored: compressed.len() as u64,
+                        ram_bytes: *ram_bytes,
+                        outcome,
+                    });
+                }
+                FileExtentKind::Inline {
+                    len: *ram_bytes,
+                    compression: Some(*compression),
+                }
+            }
             FileExtent::Regular { .. } => {
                 FileExtentKind::Regular(e.disk_ref().expect("regular extent has a disk ref"))
             }
@@ -903,6 +926,15 @@ impl Checker<'_> {
             self.report.summary.file_extent_items += 1;
             if matches!(kind, FileExtentKind::Compressed(..)) {
                 self.report.summary.compressed_extent_items += 1;
+            }
+            if matches!(
+                kind,
+                FileExtentKind::Inline {
+                    compression: Some(_),
+                    ..
+                }
+            ) {
+                self.report.summary.compressed_inline_items += 1;
             }
         }
         let rec = FileExtentRec {

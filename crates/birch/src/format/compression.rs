@@ -2,7 +2,7 @@
 //! lz4 (block format), through maintained crates. This module turns bytes
 //! into bytes; which data is compressed, and when, is the engine's.
 
-use super::SECTOR_SIZE;
+use super::{MAX_INLINE_DATA, MAX_INLINE_RAM, SECTOR_SIZE};
 use std::fmt;
 
 /// Most file bytes one compressed extent holds (as btrfs): a read of one
@@ -100,6 +100,20 @@ pub fn compress(algorithm: Compression, level: i32, data: &[u8]) -> Option<Vec<u
     };
     let on_disk = (out.len() as u64).next_multiple_of(SECTOR_SIZE);
     (!out.is_empty() && on_disk + SECTOR_SIZE <= data.len() as u64).then_some(out)
+}
+
+/// Compresses a small file's data (at most [`MAX_INLINE_RAM`] bytes, its
+/// whole content) for a compressed inline extent: `Some` when the result
+/// is smaller than the data and fits [`MAX_INLINE_DATA`] (btrfs's
+/// `can_cow_file_range_inline` with a compressed size); otherwise the
+/// file is stored as without compression.
+pub fn compress_inline(algorithm: Compression, level: i32, data: &[u8]) -> Option<Vec<u8>> {
+    debug_assert!(!data.is_empty() && data.len() as u64 <= MAX_INLINE_RAM);
+    let out = match algorithm {
+        Compression::Zstd => zstd::bulk::compress(data, level).ok()?,
+        Compression::Lz4 => lz4_flex::block::compress(data),
+    };
+    (!out.is_empty() && out.len() < data.len() && out.len() <= MAX_INLINE_DATA).then_some(out)
 }
 
 /// Decompresses `src` (the compressed bytes, exactly) into `dst`, which
@@ -250,6 +264,40 @@ mod tests {
         }
         for c in [Compression::Zstd, Compression::Lz4] {
             assert_eq!(Compression::from_byte(c.to_byte()), Some(c));
+        }
+    }
+
+    #[test]
+    fn inline_compression_keeps_only_what_shrinks_into_the_inline_limit() {
+        let text: Vec<u8> = b"small text file. "
+            .iter()
+            .cycle()
+            .take(4096)
+            .copied()
+            .collect();
+        let mut noise = vec![0u8; 3000];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for b in noise.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        for algorithm in [Compression::Zstd, Compression::Lz4] {
+            for len in [100, 2048, 2049, 4096] {
+                let packed = compress_inline(algorithm, DEFAULT_ZSTD_LEVEL, &text[..len])
+                    .unwrap_or_else(|| panic!("{algorithm} {len}"));
+                assert!(packed.len() < len && packed.len() <= MAX_INLINE_DATA);
+                let mut back = vec![0u8; len];
+                decompress(algorithm, &packed, &mut back).unwrap();
+                assert_eq!(back, &text[..len]);
+            }
+            // Random bytes do not shrink; a few bytes grow (frame headers).
+            assert_eq!(compress_inline(algorithm, DEFAULT_ZSTD_LEVEL, &noise), None);
+            assert_eq!(
+                compress_inline(algorithm, DEFAULT_ZSTD_LEVEL, b"tiny"),
+                None
+            );
         }
     }
 

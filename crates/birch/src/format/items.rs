@@ -4,7 +4,9 @@
 
 use super::bytes::{put_i64, put_u16, put_u32, put_u64, Reader, ShortRead};
 use super::compression::{Compression, MAX_COMPRESSED_RAM};
-use super::{ItemType, CSUMS_PER_ITEM, CSUM_SIZE, NAME_MAX, SECTOR_SIZE};
+use super::{
+    ItemType, CSUMS_PER_ITEM, CSUM_SIZE, MAX_INLINE_DATA, MAX_INLINE_RAM, NAME_MAX, SECTOR_SIZE,
+};
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -415,6 +417,16 @@ pub fn decode_xattrs(bytes: &[u8]) -> Result<Vec<Xattr>, ItemError> {
 pub enum FileExtent {
     /// Data kept in the item itself; only at file offset 0.
     Inline { data: Vec<u8> },
+    /// Inline data kept compressed: `compressed` (at most
+    /// `MAX_INLINE_DATA` bytes, fewer than `ram_bytes`) decompresses with
+    /// `compression` to the file's first `ram_bytes` bytes (at most
+    /// `MAX_INLINE_RAM`); only at file offset 0 (docs/COMPRESSION.md,
+    /// "Compressed inline extents").
+    InlineCompressed {
+        compressed: Vec<u8>,
+        ram_bytes: u64,
+        compression: Compression,
+    },
     /// `num_bytes` of the file, taken from the disk extent
     /// `[disk_bytenr, disk_bytenr + disk_num_bytes)` starting `offset` bytes in.
     /// Several items may share one disk extent (after a split); the extent
@@ -452,6 +464,7 @@ const EXTENT_INLINE: u8 = 0;
 const EXTENT_REGULAR: u8 = 1;
 const EXTENT_PREALLOC: u8 = 2;
 const EXTENT_COMPRESSED: u8 = 3;
+const EXTENT_INLINE_COMPRESSED: u8 = 4;
 
 /// What a compressed extent records beyond its [`DiskRef`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -479,6 +492,16 @@ impl FileExtent {
             FileExtent::Inline { data } => {
                 out.push(EXTENT_INLINE);
                 out.extend_from_slice(data);
+            }
+            FileExtent::InlineCompressed {
+                compressed,
+                ram_bytes,
+                compression,
+            } => {
+                out.push(EXTENT_INLINE_COMPRESSED);
+                put_u64(&mut out, *ram_bytes);
+                out.push(compression.to_byte());
+                out.extend_from_slice(compressed);
             }
             FileExtent::Regular {
                 disk_bytenr,
@@ -533,6 +556,9 @@ impl FileExtent {
                 return Err(ItemError("inline extent: no data".into()));
             }
             return Ok(FileExtent::Inline { data });
+        }
+        if kind == EXTENT_INLINE_COMPRESSED {
+            return decode_inline_compressed(&mut r);
         }
         let disk = DiskRef {
             disk_bytenr: r.u64()?,
@@ -597,9 +623,9 @@ impl FileExtent {
     /// every reader adds the two).
     pub fn decode_at(key: &super::Key, bytes: &[u8]) -> Result<FileExtent, ItemError> {
         let extent = FileExtent::decode(bytes)?;
-        let placed = match extent {
-            FileExtent::Inline { .. } => key.offset == 0,
-            _ => key.offset.is_multiple_of(SECTOR_SIZE),
+        let placed = match extent.is_inline() {
+            true => key.offset == 0,
+            false => key.offset.is_multiple_of(SECTOR_SIZE),
         };
         if !placed {
             return Err(ItemError(format!(
@@ -680,8 +706,19 @@ impl FileExtent {
             }
             // An inline extent has no disk range; a caller that has one
             // made it regular.
-            FileExtent::Regular { .. } | FileExtent::Inline { .. } => FileExtent::regular(d),
+            FileExtent::Regular { .. }
+            | FileExtent::Inline { .. }
+            | FileExtent::InlineCompressed { .. } => FileExtent::regular(d),
         }
+    }
+
+    /// Whether the data is in the item (plain or compressed): the file's
+    /// only extent, at offset 0, of at most a page.
+    pub fn is_inline(&self) -> bool {
+        matches!(
+            self,
+            FileExtent::Inline { .. } | FileExtent::InlineCompressed { .. }
+        )
     }
 
     /// What the item adds to its inode's `nbytes` (what `stat` reports as
@@ -704,7 +741,7 @@ impl FileExtent {
     /// The disk extent behind this file extent, if any.
     pub fn disk_ref(&self) -> Option<DiskRef> {
         match *self {
-            FileExtent::Inline { .. } => None,
+            FileExtent::Inline { .. } | FileExtent::InlineCompressed { .. } => None,
             FileExtent::Regular {
                 disk_bytenr,
                 disk_num_bytes,
@@ -736,6 +773,7 @@ impl FileExtent {
     pub fn len(&self) -> u64 {
         match self {
             FileExtent::Inline { data } => data.len() as u64,
+            FileExtent::InlineCompressed { ram_bytes, .. } => *ram_bytes,
             FileExtent::Regular { num_bytes, .. }
             | FileExtent::Prealloc { num_bytes, .. }
             | FileExtent::Compressed { num_bytes, .. } => *num_bytes,
@@ -745,6 +783,37 @@ impl FileExtent {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The rest of a compressed inline extent (type 4), after its type byte:
+/// `ram_bytes u64 | algorithm u8 | compressed bytes`. A known algorithm,
+/// `1..=MAX_INLINE_RAM` bytes of file data, and `1..=MAX_INLINE_DATA`
+/// compressed bytes, fewer than the data (else it is stored plain).
+fn decode_inline_compressed(r: &mut Reader) -> Result<FileExtent, ItemError> {
+    let ram_bytes = r.u64()?;
+    let algorithm = r.u8()?;
+    let compression = Compression::from_byte(algorithm).ok_or_else(|| {
+        ItemError(format!(
+            "compressed inline extent: unknown algorithm {algorithm}"
+        ))
+    })?;
+    let compressed = r.take(r.remaining())?.to_vec();
+    let stored = compressed.len() as u64;
+    if ram_bytes == 0
+        || ram_bytes > MAX_INLINE_RAM
+        || stored == 0
+        || stored > MAX_INLINE_DATA as u64
+        || stored >= ram_bytes
+    {
+        return Err(ItemError(format!(
+            "compressed inline extent: {stored} bytes of {compression} decompressing to {ram_bytes} (at most {MAX_INLINE_DATA} bytes, fewer than the data, which is 1..={MAX_INLINE_RAM} bytes)"
+        )));
+    }
+    Ok(FileExtent::InlineCompressed {
+        compressed,
+        ram_bytes,
+        compression,
+    })
 }
 
 /// A compressed extent's own rules (its range is checked by the caller):
@@ -1215,6 +1284,49 @@ mod tests {
             data: b"hi".to_vec(),
         };
         assert_eq!(FileExtent::decode(&i.encode()).unwrap(), i);
+    }
+
+    #[test]
+    fn compressed_inline_extents_round_trip_and_refuse_damaged_fields() {
+        let ci = FileExtent::InlineCompressed {
+            compressed: vec![7; 100],
+            ram_bytes: 3000,
+            compression: Compression::Zstd,
+        };
+        let bytes = ci.encode();
+        assert_eq!(bytes.len(), 1 + 8 + 1 + 100);
+        assert_eq!(bytes[0], EXTENT_INLINE_COMPRESSED);
+        assert_eq!(FileExtent::decode(&bytes).unwrap(), ci);
+        assert!(ci.is_inline() && ci.disk_ref().is_none());
+        assert_eq!((ci.len(), ci.nbytes()), (3000, 3000));
+        let at =
+            |offset| crate::format::Key::new(257, crate::format::item_type::EXTENT_DATA, offset);
+        assert!(FileExtent::decode_at(&at(0), &bytes).is_ok());
+        assert!(FileExtent::decode_at(&at(4096), &bytes).is_err());
+        let with = |ram: u64, algorithm: u8, stored: usize| {
+            let mut b = vec![EXTENT_INLINE_COMPRESSED];
+            b.extend_from_slice(&ram.to_le_bytes());
+            b.push(algorithm);
+            b.extend(vec![1u8; stored]);
+            FileExtent::decode(&b)
+        };
+        assert!(with(4096, 2, MAX_INLINE_DATA).is_ok());
+        for (ram, algorithm, stored) in [
+            (3000, 0, 100),                 // unknown algorithm
+            (3000, 9, 100),                 // unknown algorithm
+            (0, 1, 100),                    // no data
+            (4097, 1, 100),                 // more than a sector
+            (u64::MAX, 1, 100),             // absurd length
+            (3000, 1, 0),                   // no compressed bytes
+            (100, 1, 100),                  // not smaller than the data
+            (4096, 1, MAX_INLINE_DATA + 1), // over the inline limit
+        ] {
+            assert!(
+                with(ram, algorithm, stored).is_err(),
+                "{ram} {algorithm} {stored}"
+            );
+        }
+        assert!(FileExtent::decode(&bytes[..5]).is_err());
     }
 
     #[test]

@@ -147,8 +147,13 @@ pub const FIRST_DIR_INDEX: u64 = 2;
 
 /// Longest file name (bytes), as on every Linux filesystem.
 pub const NAME_MAX: usize = 255;
-/// Largest file data stored inline in the tree instead of in an extent.
+/// Largest file data stored inline in the tree instead of in an extent
+/// (for a compressed inline extent: its compressed bytes).
 pub const MAX_INLINE_DATA: usize = 2048;
+/// Largest file a compressed inline extent holds (what its bytes
+/// decompress to): one sector, as btrfs's `can_cow_file_range_inline`
+/// (docs/COMPRESSION.md, "Compressed inline extents").
+pub const MAX_INLINE_RAM: u64 = SECTOR_SIZE;
 /// Longest symlink target (PATH_MAX - 1); stored as an inline extent.
 pub const SYMLINK_MAX: usize = 4095;
 /// Largest file size (as btrfs: offsets must fit an i64). An inode item

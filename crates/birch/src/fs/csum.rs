@@ -210,6 +210,7 @@ impl<D: BlockDevice> FsInfo<D> {
             compressed,
             disk_len: disk.disk_num_bytes as usize,
             from: from as usize,
+            inline: false,
         });
         Ok(read)
     }
@@ -280,6 +281,39 @@ impl<D: BlockDevice> FsInfo<D> {
     }
 }
 
+/// Plans the read of `len` bytes of a compressed inline extent's data (its
+/// item's `compressed` bytes, decompressing to `ram_bytes`), from `from`
+/// into `at` of a buffer: nothing is read from the device, and the
+/// decompression happens where the plan is executed, without the state
+/// lock for a file read (docs/COMPRESSION.md, "Compressed inline
+/// extents").
+pub(super) fn plan_inline_compressed_read(
+    compressed: &[u8],
+    ram_bytes: u64,
+    compression: crate::format::Compression,
+    from: u64,
+    (at, len): (usize, usize),
+) -> ExtentRead {
+    ExtentRead {
+        at,
+        len,
+        file_offset: 0,
+        disk_bytenr: 0,
+        sums: None,
+        unwritten: Some((Arc::from(compressed), 0)),
+        compressed: Some(CompressedRead {
+            compressed: CompressedRef {
+                compression,
+                compressed_len: compressed.len() as u64,
+                ram_bytes,
+            },
+            disk_len: compressed.len(),
+            from: from as usize,
+            inline: true,
+        }),
+    }
+}
+
 /// One extent's part of a planned file read ([`FsInfo::plan_data_read`]).
 #[derive(Debug)]
 pub(crate) struct ExtentRead {
@@ -334,6 +368,9 @@ struct CompressedRead {
     disk_len: usize,
     /// Where the read's bytes start in the decompressed data.
     from: usize,
+    /// A compressed inline extent: its bytes are the item's (in
+    /// `unwritten`), it has no disk bytenr.
+    inline: bool,
 }
 
 /// Reads the planned extents of file `ino` into `buf` and verifies each
@@ -396,11 +433,15 @@ fn read_compressed<Dev: BlockDevice + ?Sized>(
         Some((bytes, at)) => disk.copy_from_slice(&bytes[*at..*at + c.disk_len]),
         None => dev.read_at(&mut disk, read.disk_bytenr)?,
     }
-    let where_ = |what: String| {
-        format!(
+    let where_ = |what: String| match c.inline {
+        true => format!(
+            "inode {ino} file offset {} compressed inline extent: {what}",
+            read.file_offset
+        ),
+        false => format!(
             "inode {ino} file offset {} disk bytenr {}: {what}",
             read.file_offset, read.disk_bytenr
-        )
+        ),
     };
     if let Some(sums) = &read.sums {
         if let Some((i, recorded)) = first_bad_block(&disk, sums) {
@@ -417,7 +458,8 @@ fn read_compressed<Dev: BlockDevice + ?Sized>(
         }
     }
     // The item's decode bounded both lengths (at most MAX_COMPRESSED_RAM,
-    // compressed_len within the disk extent).
+    // compressed_len within the disk extent; an inline one's at most
+    // MAX_INLINE_RAM, its compressed bytes all of the item's).
     let mut ram = vec![0u8; c.compressed.ram_bytes as usize];
     let src = &disk[..c.compressed.compressed_len as usize];
     crate::format::compression::decompress(c.compressed.compression, src, &mut ram).map_err(
@@ -426,7 +468,7 @@ fn read_compressed<Dev: BlockDevice + ?Sized>(
                 tree: None,
                 block: None,
                 slot: None,
-                reason: where_(format!("compressed extent does not decompress: {e}")),
+                reason: where_(format!("compressed data does not decompress: {e}")),
             })
         },
     )?;

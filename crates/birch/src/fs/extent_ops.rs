@@ -71,8 +71,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     /// regular").
     fn settle_extents(&mut self, ino: u64) -> Result<()> {
         self.settle_dirty_pages(ino)?;
-        if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
-            // Inline data is in the item: loading the page reads no device.
+        if matches!(self.extents_overlapping(ino, 0, 1)?.first(), Some((0, e)) if e.is_inline()) {
+            // Inline data is in the item: loading the page reads no device
+            // (a compressed one is decompressed, a page's CPU work).
             let page = self.load_page(ino, 0)?;
             self.drop_extents(ino, 0, PAGE)?;
             let keep = self.nodes_promised();
@@ -317,7 +318,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         self.settle_extents(src)?;
         // An inline destination goes out as a regular extent at its next
         // writeback (as for preallocation): no inline beside shared ones.
-        if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(dst, 0, 1)?.first() {
+        if matches!(self.extents_overlapping(dst, 0, 1)?.first(), Some((0, e)) if e.is_inline()) {
             let page = self.load_page(dst, 0)?;
             self.put_dirty_page(dst, 0, page)?;
         }
@@ -341,7 +342,9 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 }
                 // Unwritten space reads as zeros: a hole says the same.
                 FileExtent::Prealloc { .. } => {}
-                FileExtent::Inline { .. } => unreachable!("settled source has no inline extent"),
+                FileExtent::Inline { .. } | FileExtent::InlineCompressed { .. } => {
+                    unreachable!("settled source has no inline extent")
+                }
             }
         }
         let now = Timespec::now();

@@ -12,7 +12,7 @@
 //! `put_dirty_page` / `take_dirty_page`, which keep the space accounting
 //! (dirty bytes, runs, the dirty queue) exact.
 
-use super::csum::{read_planned, ExtentRead};
+use super::csum::{plan_inline_compressed_read, read_planned, ExtentRead};
 use super::decode::decode_item;
 use super::in_flight::{Chunk, ChunkWrite, InFlight};
 use super::page_prefetch::{partial_pages, ReadyPages};
@@ -27,7 +27,8 @@ use crate::error::{Error, Result};
 use crate::format::compression::DEFAULT_ZSTD_LEVEL;
 use crate::format::{
     item_type, CompressedRef, Compression, CompressionProperty, DiskRef, FileExtent, FileType, Key,
-    Timespec, MAX_COMPRESSED_RAM, MAX_EXTENT_BYTES, MAX_FILE_SIZE, MAX_INLINE_DATA, SECTOR_SIZE,
+    Timespec, MAX_COMPRESSED_RAM, MAX_EXTENT_BYTES, MAX_FILE_SIZE, MAX_INLINE_DATA, MAX_INLINE_RAM,
+    SECTOR_SIZE,
 };
 use crate::lock_order::allow_io_under_state_lock;
 use std::collections::BTreeMap;
@@ -121,6 +122,17 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                 FileExtent::Inline { data } => dst.copy_from_slice(
                     &data[(ov_start - file_offset) as usize..(ov_end - file_offset) as usize],
                 ),
+                FileExtent::InlineCompressed {
+                    compressed,
+                    ram_bytes,
+                    compression,
+                } => reads.push(plan_inline_compressed_read(
+                    compressed,
+                    *ram_bytes,
+                    *compression,
+                    ov_start - file_offset,
+                    (at, dst.len()),
+                )),
                 FileExtent::Regular {
                     disk_bytenr,
                     offset,
@@ -444,12 +456,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     fn inline_spill_needed(&mut self, ino: u64) -> Result<bool> {
         let inode = self.inode(ino)?;
         let nbytes = inode.item.nbytes;
-        if inode.pages.contains_key(&0) || nbytes == 0 || nbytes > MAX_INLINE_DATA as u64 {
+        if inode.pages.contains_key(&0) || nbytes == 0 || nbytes > MAX_INLINE_RAM {
             return Ok(false);
         }
         Ok(matches!(
             self.extents_overlapping(ino, 0, 1)?.first(),
-            Some((0, FileExtent::Inline { .. }))
+            Some((0, e)) if e.is_inline()
         ))
     }
 
@@ -578,6 +590,12 @@ impl<D: BlockDevice> RootCtx<'_, D> {
                         )?;
                     }
                 }
+                // Drops start on a page (the file's or a log item's
+                // offset): past any inline extent they do not drop whole.
+                FileExtent::InlineCompressed { .. } => debug_assert!(
+                    file_offset >= start,
+                    "drop at {start} inside the compressed inline extent of inode {ino}"
+                ),
                 FileExtent::Regular { .. }
                 | FileExtent::Prealloc { .. }
                 | FileExtent::Compressed { .. } => {
@@ -737,9 +755,10 @@ impl<D: BlockDevice> RootCtx<'_, D> {
 
     /// The first step of every writeback, under the state lock: a file
     /// that lives in page 0 gets its inline extent now (no device I/O;
-    /// `None` is returned), otherwise the pages become runs of contiguous
-    /// bytes (file offset, bytes), page 0 taken along when an inline extent
-    /// must leave the tree.
+    /// `None` is returned), compressed when its compression says so and the
+    /// result fits ([`Self::inline_extent`]); otherwise the pages become
+    /// runs of contiguous bytes (file offset, bytes), page 0 taken along
+    /// when an inline extent must leave the tree.
     fn runs_to_write(
         &mut self,
         ino: u64,
@@ -752,40 +771,46 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             let item = &self.inode(ino)?.item;
             (item.size, item.nbytes)
         };
+        // A file of one page may go inline compressed, a file of at most
+        // MAX_INLINE_DATA bytes inline either way.
+        let compress = match size <= MAX_INLINE_RAM {
+            true => self.compression_for(ino)?,
+            false => None,
+        };
+        let small = size <= MAX_INLINE_DATA as u64 || compress.is_some();
         // An inline extent is only ever a file's one extent: when other
         // extents exist or are about to, page 0 goes out as a regular extent
         // (with this writeback, from its dirty copy if it has one).
-        let small = size <= MAX_INLINE_DATA as u64;
-        let maybe_inline = nbytes > 0 && nbytes <= MAX_INLINE_DATA as u64;
+        let maybe_inline = nbytes > 0 && nbytes <= MAX_INLINE_RAM;
         let others_exist = pages.keys().any(|&p| p > 0)
             || ((small || maybe_inline)
                 && !self.extents_overlapping(ino, PAGE, u64::MAX)?.is_empty());
         if others_exist && maybe_inline && !pages.contains_key(&0) {
-            if let Some((0, FileExtent::Inline { .. })) =
-                self.extents_overlapping(ino, 0, 1)?.first()
-            {
-                let page = match self.take_dirty_page(ino, 0)? {
-                    Some(page) => page,
-                    None => self.load_page(ino, 0)?,
-                };
-                pages.insert(0, page);
+            if let Some((0, e)) = self.extents_overlapping(ino, 0, 1)?.first() {
+                if e.is_inline() {
+                    let page = match self.take_dirty_page(ino, 0)? {
+                        Some(page) => page,
+                        None => self.load_page(ino, 0)?,
+                    };
+                    pages.insert(0, page);
+                }
             }
         }
         debug_assert!(
             pages.keys().all(|&p| p * PAGE < size),
             "dirty page beyond EOF of inode {ino}"
         );
-        if small && !others_exist {
+        let inline = match small && !others_exist {
+            true => self.inline_extent(&pages[&0][..size as usize], compress),
+            false => None,
+        };
+        if let Some(extent) = inline {
             // The whole file lives in page 0: keep it in the tree.
-            let page = &pages[&0];
             self.drop_extents(ino, 0, PAGE)?;
             self.fs.forest.insert(
                 &mut self.root.tree,
                 Key::new(ino, item_type::EXTENT_DATA, 0),
-                FileExtent::Inline {
-                    data: page[..size as usize].to_vec(),
-                }
-                .encode(),
+                extent.encode(),
             )?;
             self.note_written_range(ino, 0, PAGE)?;
             self.update_inode(ino, |i| i.nbytes += size)?;
@@ -818,6 +843,38 @@ impl<D: BlockDevice> RootCtx<'_, D> {
             runs.push((first * PAGE, bytes));
         }
         Ok(Some(runs))
+    }
+
+    /// The inline extent of a file whose `data` (its whole content, at
+    /// most a page) goes into the tree: compressed when `compress` is asked
+    /// and the compressed bytes are fewer and fit `MAX_INLINE_DATA`
+    /// (btrfs's `compress_file_range` trying `cow_file_range_inline`),
+    /// else plain when the data fits `MAX_INLINE_DATA`, else `None` (a
+    /// regular extent). The compression runs under the state lock: at most
+    /// a page of CPU work (docs/COMPRESSION.md, "Compressed inline
+    /// extents"). An attempt that does not fit neither marks the file `m`
+    /// nor counts as a failed attempt: a single page never does.
+    fn inline_extent(&mut self, data: &[u8], compress: TryCompress) -> Option<FileExtent> {
+        if let Some((compression, level)) = compress.filter(|_| !data.is_empty()) {
+            if let Some(packed) =
+                crate::format::compression::compress_inline(compression, level, data)
+            {
+                self.fs.stats.compressed_bytes_in += data.len() as u64;
+                self.fs.stats.compressed_bytes_out += packed.len() as u64;
+                self.fs.stats.compressed_inline_extents += 1;
+                // The commit or log sync that makes the item durable writes
+                // the flag (docs/COMPRESSION.md, C1).
+                self.fs.superblock.compression = true;
+                return Some(FileExtent::InlineCompressed {
+                    compressed: packed,
+                    ram_bytes: data.len() as u64,
+                    compression,
+                });
+            }
+        }
+        (data.len() <= MAX_INLINE_DATA).then(|| FileExtent::Inline {
+            data: data.to_vec(),
+        })
     }
 
     /// Puts pages whose writeback failed back into the dirty set.
@@ -1208,9 +1265,11 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         };
         // Preallocated extents may not sit beside an inline extent: the
         // inline data goes out as a regular extent at the next writeback.
-        if let Some((0, FileExtent::Inline { .. })) = self.extents_overlapping(ino, 0, 1)?.first() {
-            let page = self.load_page(ino, 0)?;
-            self.put_dirty_page(ino, 0, page)?;
+        if let Some((0, e)) = self.extents_overlapping(ino, 0, 1)?.first() {
+            if e.is_inline() {
+                let page = self.load_page(ino, 0)?;
+                self.put_dirty_page(ino, 0, page)?;
+            }
         }
         let holes = self.prealloc_holes(ino, offset, end)?;
         let mut added = 0;
@@ -1304,16 +1363,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
         let mut covered: Vec<(u64, u64)> = self
             .extents_overlapping(ino, start, aligned_end)?
             .into_iter()
-            .map(|(o, e)| {
-                (
-                    o,
-                    if matches!(e, FileExtent::Inline { .. }) {
-                        PAGE
-                    } else {
-                        e.len()
-                    },
-                )
-            })
+            .map(|(o, e)| (o, if e.is_inline() { PAGE } else { e.len() }))
             .collect();
         covered.extend(
             self.inode(ino)?

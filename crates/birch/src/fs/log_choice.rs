@@ -189,7 +189,9 @@ fn validate_log_tree<D: BlockDevice + ?Sized>(
                             disk_num_bytes,
                             ..
                         } => extents.push((*key, disk_bytenr, disk_num_bytes, 0, disk_num_bytes)),
-                        FileExtent::Inline { .. } | FileExtent::Prealloc { .. } => {}
+                        FileExtent::Inline { .. }
+                        | FileExtent::InlineCompressed { .. }
+                        | FileExtent::Prealloc { .. } => {}
                     }
                 }
                 item_type::EXTENT_CSUM => {

@@ -484,13 +484,13 @@ impl<D: BlockDevice> FsState<D> {
                 self.ctx(replay.subvol)?.drop_extents(ino, 0, u64::MAX)?;
             }
             for (offset, extent) in &log.extents {
-                let end = match extent {
-                    FileExtent::Inline { .. } => SECTOR_SIZE,
-                    e => offset + e.len(),
+                let end = match extent.is_inline() {
+                    true => SECTOR_SIZE,
+                    false => offset + extent.len(),
                 };
                 self.ctx(replay.subvol)?.drop_extents(ino, *offset, end)?;
                 match extent {
-                    FileExtent::Inline { .. } => {
+                    FileExtent::Inline { .. } | FileExtent::InlineCompressed { .. } => {
                         let root = self.ctx(replay.subvol)?;
                         root.fs.forest.insert(
                             &mut root.root.tree,

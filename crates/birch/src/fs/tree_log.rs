@@ -58,7 +58,7 @@ pub(super) fn leaf_data_ref(item: &LeafItem) -> Option<DataRef> {
             num_bytes: disk_num_bytes,
             owner: item.key.objectid,
         }),
-        FileExtent::Inline { .. } => None,
+        FileExtent::Inline { .. } | FileExtent::InlineCompressed { .. } => None,
     }
 }
 

@@ -474,11 +474,14 @@ pub struct FsStats {
     /// compressed extents, the bytes those take on disk, chunks that were
     /// tried and did not shrink (written as they are), and runs of dirty
     /// pages written uncompressed because the reservations had no room for
-    /// the extra extents their 128 KiB chunks would have made.
+    /// the extra extents their 128 KiB chunks would have made; and
+    /// small files stored as compressed inline extents (whose bytes in
+    /// and out the first two count too).
     pub compressed_bytes_in: u64,
     pub compressed_bytes_out: u64,
     pub compress_attempts_failed: u64,
     pub compress_fallback_runs: u64,
+    pub compressed_inline_extents: u64,
     /// Scrubs of the mounted filesystem (`scrub::scrub_filesystem`): tree nodes
     /// scrubbed and bytes of data extents read, counted as they go, so
     /// that another thread can show a scrub's progress.

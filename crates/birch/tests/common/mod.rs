@@ -413,3 +413,45 @@ pub fn incompressible_noise(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Where a leaf's item headers start, and their size (docs/FORMAT.md).
+const NODE_BODY: usize = 64;
+const LEAF_ITEM_HEADER: usize = 17 + 8;
+
+/// The leaf of tree `tree` holding `key`, and the key's slot.
+pub fn leaf_with(dev: &MemoryDevice, tree: u64, key: birch::format::Key) -> (u64, usize, Vec<u8>) {
+    let sb = birch::fs::read_superblock(dev).unwrap();
+    let (roots, _) = birch::check::tree_roots(dev, &sb);
+    let root = roots.into_iter().find(|r| r.tree == tree).unwrap();
+    let (nodes, problems) = birch::check::tree_nodes(dev, &sb.fsid, root);
+    assert!(problems.is_empty(), "{problems:?}");
+    nodes
+        .into_iter()
+        .find_map(|(bytenr, node)| match node.body {
+            birch::format::NodeBody::Leaf(items) => items
+                .iter()
+                .position(|i| i.key == key)
+                .map(|slot| (bytenr, slot, items[slot].data.clone())),
+            birch::format::NodeBody::Internal(_) => None,
+        })
+        .unwrap_or_else(|| panic!("no item {key} in tree {tree}"))
+}
+
+/// Changes the body of item `slot` of the node at `bytenr` with `change`
+/// and reseals the node and its DUP mirror.
+pub fn patch_item(dev: &MemoryDevice, bytenr: u64, slot: usize, change: impl Fn(&mut [u8])) {
+    let sb = birch::fs::read_superblock(dev).unwrap();
+    let copies =
+        std::iter::once(bytenr).chain(sb.metadata_profile.mirror_offset().map(|off| bytenr + off));
+    for at in copies {
+        let mut node = vec![0u8; birch::format::NODE_SIZE];
+        dev.read_at(&mut node, at).unwrap();
+        let header = NODE_BODY + slot * LEAF_ITEM_HEADER + 17;
+        let offset = u32::from_le_bytes(node[header..header + 4].try_into().unwrap()) as usize;
+        let size = u32::from_le_bytes(node[header + 4..header + 8].try_into().unwrap()) as usize;
+        change(&mut node[NODE_BODY + offset..NODE_BODY + offset + size]);
+        let crc = crc32c::crc32c(&node[4..]);
+        node[0..4].copy_from_slice(&crc.to_le_bytes());
+        dev.write_at(&node, at).unwrap();
+    }
+}
