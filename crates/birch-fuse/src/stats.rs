@@ -142,7 +142,7 @@ macro_rules! counter_table {
 counter_table! {
     stats -> FsStats "" shown apart: state_hold_histogram {
         commits: Transactions Count Total, "Transactions committed (a superblock written): periodic, by `birch sync`/syncfs, by space reclaim, or in place of an fsync the log could not answer.", "Each commit writes every changed tree path and the superblock; far more than uptime / commit interval means something is forcing them (see the fallbacks and `reclaim_commits`).";
-        delayed_item_flushes: Transactions Count Total, "Passes that wrote the pending directory-index items and dirty inode items into the trees (at commit, or by the background worker once `delayed_items_limit` are pending).", "Many more than `commits` means the delayed-item batching is cut short.";
+        delayed_item_flushes: Transactions Count Total, "Passes that wrote the pending directory-index items and dirty inode items into the trees (at commit, or by the background worker, up to 1,024 items per pass, once `delayed_items_limit` are pending).", "Many more than `commits` means the delayed-item batching is cut short.";
         delayed_items_flushed: Transactions Count Total, "Items those passes wrote.", "Divided by `delayed_item_flushes`: how much each batch saved.";
         data_bytes_written: Transactions Bytes Total, "File data written to the device.", "The data rate the device sees; against what the workload wrote it shows write amplification.";
         nodes_written: Transactions Count Total, "Tree nodes written by commits.", "The metadata cost of commits; per commit, how much of the trees each one copies.";

@@ -14,6 +14,48 @@ pub(crate) struct DelayedDir {
     pub deletions: BTreeSet<u64>,
 }
 
+/// Pending items taken to be written into the tree ([`DelayedItems::take_batch`]).
+#[derive(Debug, Default)]
+pub(crate) struct PendingBatch {
+    /// Dir-index changes, by directory, directories ascending.
+    pub dirs: Vec<(u64, DelayedDir)>,
+    /// Inodes whose item is to be written, ascending.
+    pub inodes: Vec<u64>,
+}
+
+impl PendingBatch {
+    /// Items in the batch.
+    pub fn len(&self) -> usize {
+        self.dirs
+            .iter()
+            .map(|(_, d)| d.insertions.len() + d.deletions.len())
+            .sum::<usize>()
+            + self.inodes.len()
+    }
+}
+
+/// The first `n` entries of a map, taken out of it.
+fn take_first_entries<V>(map: &mut BTreeMap<u64, V>, n: usize) -> BTreeMap<u64, V> {
+    match map.keys().nth(n).copied() {
+        Some(split) => {
+            let rest = map.split_off(&split);
+            std::mem::replace(map, rest)
+        }
+        None => std::mem::take(map),
+    }
+}
+
+/// The first `n` members of a set, taken out of it.
+fn take_first_members(set: &mut BTreeSet<u64>, n: usize) -> BTreeSet<u64> {
+    match set.iter().nth(n).copied() {
+        Some(split) => {
+            let rest = set.split_off(&split);
+            std::mem::replace(set, rest)
+        }
+        None => std::mem::take(set),
+    }
+}
+
 /// Records a commit retired, kept only to be dropped outside the state
 /// lock.
 pub(crate) type RetiredRecords = Box<dyn Send>;
@@ -94,6 +136,44 @@ impl DelayedItems {
         let d = self.dirs.remove(&dir)?;
         self.dir_items -= d.insertions.len() + d.deletions.len();
         Some(d)
+    }
+
+    /// Takes up to `limit` pending items to write into the tree now:
+    /// dir-index changes first (directories in inode order, each
+    /// directory's deletions, then its insertions, in index order), then
+    /// inode updates in inode order. What is left stays pending, so the
+    /// tree and the batches together still hold every change, as readdir,
+    /// lookups of the next index and the next flush expect.
+    pub fn take_batch(&mut self, limit: usize) -> PendingBatch {
+        let mut left = limit;
+        let mut batch = PendingBatch::default();
+        let mut dirs: Vec<u64> = self.dirs.keys().copied().collect();
+        dirs.sort_unstable();
+        for dir in dirs {
+            if left == 0 {
+                break;
+            }
+            let d = self.dirs.get_mut(&dir).expect("listed above");
+            let deletions = take_first_members(&mut d.deletions, left);
+            left -= deletions.len();
+            let insertions = take_first_entries(&mut d.insertions, left);
+            left -= insertions.len();
+            if d.insertions.is_empty() && d.deletions.is_empty() {
+                self.dirs.remove(&dir);
+            }
+            self.dir_items -= deletions.len() + insertions.len();
+            batch.dirs.push((
+                dir,
+                DelayedDir {
+                    insertions,
+                    deletions,
+                },
+            ));
+        }
+        batch.inodes = take_first_members(&mut self.inodes, left)
+            .into_iter()
+            .collect();
+        batch
     }
 
     /// Takes one inode off the dirty set; returns whether it was on it.
@@ -184,9 +264,5 @@ impl DelayedItems {
     /// Number of pending items (dir-index changes plus inode updates).
     pub fn len(&self) -> usize {
         self.dir_items + self.inodes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
