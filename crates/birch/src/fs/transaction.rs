@@ -174,7 +174,8 @@ impl<D: BlockDevice> Shared<D> {
         // What the seal retired, freed once the state lock is released.
         let mut retired = None;
         let sealed = (|| {
-            let mut state = self.lock_state();
+            // What the seal looks up is read first, without the lock.
+            let mut state = self.lock_warmed(&|s| s.warm_seal());
             if state.info.options.read_only {
                 return Ok(None);
             }
@@ -356,7 +357,8 @@ pub(super) fn background_worker<D: BlockDevice + 'static>(shared: Arc<Shared<D>>
                 && state.delayed_items() > state.info.options.delayed_items_limit as u64
         };
         if flush_delayed {
-            let mut state = shared.lock_state();
+            // What the flush looks up is read first, without the lock.
+            let mut state = shared.lock_warmed(&|s| s.warm_delayed_items());
             let flushed = state.for_each_root(|mut root| root.flush_delayed_items());
             if let Err(e) = flushed {
                 state.info.failed = Some(e.to_string());
