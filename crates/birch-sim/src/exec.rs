@@ -140,6 +140,18 @@ pub trait Backend {
         let _ = ino;
         Err(format!("no punch hole here: {offset}+{len}"))
     }
+    /// `fallocate(FALLOC_FL_ZERO_RANGE)`, `keep_size` adding
+    /// `FALLOC_FL_KEEP_SIZE`.
+    fn zero_range(
+        &mut self,
+        ino: &Self::Ino,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Step<Outcome> {
+        let _ = (ino, keep_size);
+        Err(format!("no zero range here: {offset}+{len}"))
+    }
     /// `copy_file_range`; returns `Ret::Len` of the bytes copied.
     fn copy_range(
         &mut self,
@@ -239,6 +251,15 @@ impl<B: Backend> Executor<B> {
             } => {
                 let ino = target!(target);
                 self.backend.punch_hole(&ino, *offset, *len)
+            }
+            Op::ZeroRange {
+                target,
+                offset,
+                len,
+                keep_size,
+            } => {
+                let ino = target!(target);
+                self.backend.zero_range(&ino, *offset, *len, *keep_size)
             }
             Op::CopyRange {
                 src,
@@ -497,6 +518,10 @@ impl Backend for Model {
     fn punch_hole(&mut self, ino: &MIno, offset: u64, len: u64) -> Step<Outcome> {
         live!(self, ino);
         Ok(Model::punch_hole(self, *ino, offset, len).map(|_| Ret::Unit))
+    }
+    fn zero_range(&mut self, ino: &MIno, offset: u64, len: u64, keep_size: bool) -> Step<Outcome> {
+        live!(self, ino);
+        Ok(Model::zero_range(self, *ino, offset, len, keep_size).map(|_| Ret::Unit))
     }
     fn copy_range(
         &mut self,

@@ -411,6 +411,25 @@ impl<D: BlockDevice + 'static> Backend for Engine<D> {
         let mode = FallocateMode::PunchHole;
         self.result(self.fs().fallocate(*ino, offset, len, mode), |_| Ret::Unit)
     }
+    /// As [`punch_hole`](Self::punch_hole): the VFS's checks, then the
+    /// engine.
+    fn zero_range(&mut self, ino: &u64, offset: u64, len: u64, keep_size: bool) -> Step<Outcome> {
+        vfs_kind!(self, *ino, |k| match k {
+            Kind::File => Ok(()),
+            Kind::Fifo => Err(libc::ESPIPE),
+            Kind::Dir => Err(libc::EISDIR),
+            _ => Err(libc::ENODEV),
+        });
+        if len == 0 {
+            return Ok(Err(libc::EINVAL));
+        }
+        let mode = if keep_size {
+            FallocateMode::ZeroRangeKeepSize
+        } else {
+            FallocateMode::ZeroRange
+        };
+        self.result(self.fs().fallocate(*ino, offset, len, mode), |_| Ret::Unit)
+    }
     /// `generic_copy_file_checks`' kind checks (EISDIR if either side is
     /// a directory, then EINVAL if either is not a regular file), then
     /// the engine.

@@ -175,6 +175,28 @@ impl FileData {
         }
     }
 
+    /// Zeroes `[offset, offset + len)` (a zero range): with `keep_size`
+    /// cut at the end of the file, else growing the file to cover it.
+    /// The pages it covers hold zeros, allocated (not holes): birch
+    /// preallocates them, and `allocated_bytes` counts them.
+    pub fn zero(&mut self, offset: u64, len: u64, keep_size: bool) {
+        let end = offset.saturating_add(len);
+        let stop = if keep_size { self.size.min(end) } else { end };
+        let mut pos = offset;
+        while pos < stop {
+            let index = pos / PAGE;
+            let in_page = (pos % PAGE) as usize;
+            let n = ((PAGE as usize - in_page) as u64).min(stop - pos) as usize;
+            let page = (self.pages.entry(index))
+                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
+            page[in_page..in_page + n].fill(0);
+            pos += n as u64;
+        }
+        if !keep_size {
+            self.size = self.size.max(end);
+        }
+    }
+
     /// Bytes at `[offset, offset + len)`, cut at the end of the file.
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
         if offset >= self.size || len == 0 {
@@ -1208,6 +1230,25 @@ impl Model {
         Ok(())
     }
 
+    /// `fallocate(ZERO_RANGE)` (`keep_size`: `| KEEP_SIZE`): the kind
+    /// checks, EINVAL for an empty range, EROFS in a read-only subvolume,
+    /// EFBIG past the largest file; the range reads as zeros.
+    pub fn zero_range(&mut self, ino: MIno, offset: u64, len: u64, keep_size: bool) -> MResult<()> {
+        self.fallocate_kind(ino)?;
+        if len == 0 {
+            return Err(libc::EINVAL);
+        }
+        self.check_writable(ino)?;
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > MAX_FILE_SIZE)
+        {
+            return Err(libc::EFBIG);
+        }
+        self.regular_mut(ino)?.zero(offset, len, keep_size);
+        Ok(())
+    }
+
     /// `copy_file_range` (`generic_copy_file_checks`): EISDIR if either
     /// side is a directory, EINVAL if either is not a regular file; the
     /// length cut at the source's end; nothing to copy returns 0; EINVAL
@@ -1653,6 +1694,29 @@ mod tests {
         assert_eq!(f.read(4998, 10), b"\0\0he\0\0\0\0\0\0");
         f.truncate(0);
         assert_eq!(f.allocated_bytes(), 0);
+    }
+
+    /// A zero range keeps the bytes around it, allocates the pages it
+    /// covers, and grows the file only without `keep_size`.
+    #[test]
+    fn file_data_zero_range() {
+        let mut f = FileData::default();
+        f.write(0, &[7u8; 6000]);
+        f.zero(100, 50, true);
+        assert_eq!(f.read(98, 4), [7, 7, 0, 0]);
+        assert_eq!(f.read(148, 4), [0, 0, 7, 7]);
+        // Past the end with keep_size: the size stays.
+        f.zero(5990, 20_000, true);
+        assert_eq!(f.size, 6000);
+        assert_eq!(f.read(5988, 20), [7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(f.allocated_bytes(), 2 * PAGE);
+        // Without it the file grows to the range's end, all zeros there,
+        // its pages allocated.
+        f.zero(5000, 10_000, false);
+        assert_eq!(f.size, 15_000);
+        assert_eq!(f.read(4998, 4), [7, 7, 0, 0]);
+        assert!(f.read(5000, 10_000).iter().all(|&b| b == 0));
+        assert_eq!(f.allocated_bytes(), 4 * PAGE);
     }
 
     #[test]

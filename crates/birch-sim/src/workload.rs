@@ -93,6 +93,14 @@ pub enum Op {
         offset: u64,
         len: u64,
     },
+    /// `fallocate(FALLOC_FL_ZERO_RANGE)`, with `FALLOC_FL_KEEP_SIZE` when
+    /// `keep_size` (else the file grows to cover the range).
+    ZeroRange {
+        target: Target,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    },
     /// `copy_file_range` (a reflink where both offsets sit at the same
     /// place within a page).
     CopyRange {
@@ -213,6 +221,7 @@ impl Op {
             Op::WriteText { .. } => "write-text",
             Op::Truncate { .. } => "truncate",
             Op::PunchHole { .. } => "punch-hole",
+            Op::ZeroRange { .. } => "zero-range",
             Op::CopyRange { .. } => "copy-range",
             Op::SetCompressFlag { .. } => "chattr-c",
             Op::Read { .. } => "read",
@@ -342,6 +351,17 @@ impl fmt::Display for Op {
                 offset,
                 len,
             } => write!(f, "punch-hole {target} {offset}..{}", offset + len),
+            Op::ZeroRange {
+                target,
+                offset,
+                len,
+                keep_size,
+            } => write!(
+                f,
+                "zero-range {target} {offset}..{}{}",
+                offset + len,
+                if *keep_size { " keep-size" } else { "" }
+            ),
             Op::CopyRange {
                 src,
                 src_offset,
@@ -1039,11 +1059,19 @@ impl Generator {
                 len: self.rng.gen_range(1..=if full { 512 } else { 64 << 10 }),
                 fill: self.rng.gen(),
             },
-            // A hole punched into (or across the edge of) the data.
-            6 | 7 => Op::PunchHole {
+            // A hole punched into (or across the edge of) the data, or
+            // the range zeroed (allocated), growing the file past its end
+            // unless it keeps the size.
+            6 => Op::PunchHole {
                 target: target.clone(),
                 offset: within(&mut self.rng),
                 len: self.rng.gen_range(1..=64 << 10),
+            },
+            7 => Op::ZeroRange {
+                target: target.clone(),
+                offset: within(&mut self.rng),
+                len: self.rng.gen_range(1..=if full { 4096 } else { 64 << 10 }),
+                keep_size: self.rng.gen(),
             },
             // A truncate into the middle of a compressed extent.
             8 => Op::Truncate {

@@ -144,7 +144,10 @@ fn skip(model: &Executor<Model>, op: &Op) -> bool {
         Op::Link { from, to } | Op::Rename { from, to, .. } => vec![from, to],
         Op::Snapshot { source, dest, .. } => vec![source, dest],
         // Compression workloads only (`compression_weight` is 0 here).
-        Op::PunchHole { .. } | Op::CopyRange { .. } | Op::SetCompressFlag { .. } => return true,
+        Op::PunchHole { .. }
+        | Op::ZeroRange { .. }
+        | Op::CopyRange { .. }
+        | Op::SetCompressFlag { .. } => return true,
         Op::Write { target, .. }
         | Op::WriteText { target, .. }
         | Op::Truncate { target, .. }

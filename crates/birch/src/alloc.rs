@@ -861,6 +861,10 @@ pub trait TransactionSpace {
     /// Takes the pending extent changes, lowest bytenr first.
     fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)>;
 
+    /// The extent items the pending changes will change, lowest first:
+    /// what a commit's warm-up reads before its seal applies them.
+    fn delayed_item_keys(&self) -> Vec<Key>;
+
     fn has_delayed_refs(&self) -> bool;
 
     /// A data extent lost its last reference (its delayed ref applied, or
@@ -1063,6 +1067,12 @@ impl TransactionSpace for Allocator {
 
     fn take_delayed_refs(&mut self) -> Vec<(u64, DelayedRef)> {
         std::mem::take(&mut self.delayed_refs).into_iter().collect()
+    }
+
+    fn delayed_item_keys(&self) -> Vec<Key> {
+        (self.delayed_refs.iter())
+            .map(|(&bytenr, r)| r.item_key(bytenr))
+            .collect()
     }
 
     fn has_delayed_refs(&self) -> bool {

@@ -12,6 +12,7 @@ use birch::device::{DeviceEvent, MemoryDevice, RecordingDevice};
 use birch::fs::{CompressOption, FallocateMode, Filesystem, MountOptions};
 use birch::Error;
 use common::{Enumeration, View};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 const DIRS: usize = 20;
@@ -1004,4 +1005,304 @@ fn zero_range_racing_a_rewrite_then_fsync() {
         },
         &zeroed(want, 7 * PAGE + 100, 2 * PAGE),
     );
+}
+
+/// The inode numbers of `big_tree`'s files, `[dir][file]`, read on a mount
+/// of its own: the cold mount after it starts with nothing cached.
+fn file_inos(dev: &Arc<MemoryDevice>) -> Vec<Vec<u64>> {
+    let fs = common::mount(dev.clone());
+    let inos = (0..DIRS)
+        .map(|d| {
+            let dir = fs.lookup(fs.root_ino(), format!("dir{d}").as_bytes());
+            let dir = dir.unwrap().ino;
+            (0..FILES_PER_DIR)
+                .map(|f| fs.lookup(dir, format!("file{f:04}").as_bytes()))
+                .map(|attr| attr.unwrap().ino)
+                .collect()
+        })
+        .collect();
+    fs.close().unwrap();
+    inos
+}
+
+fn name(f: usize) -> Vec<u8> {
+    format!("file{f:04}").into_bytes()
+}
+
+/// docs/SNAPSHOTS.md (f) item 3, "Changes' misses": changes on a cold node
+/// cache (unlink, rename within and across directories, link, chmod,
+/// truncate, xattr set and remove, create, mkdir, symlink, rmdir, fsync)
+/// read the nodes they miss in their warm-up, without the state lock:
+/// none under it. This failed before the warm-ups: every miss of a change
+/// was read under the lock.
+#[test]
+fn cold_changes_read_no_node_under_the_state_lock() {
+    let dev = big_tree();
+    let inos = file_inos(&dev);
+    let fs = mount_cold(&dev, 64);
+    let root = fs.root_ino();
+    let dirs: Vec<u64> = (0..DIRS)
+        .map(|d| fs.lookup(root, format!("dir{d}").as_bytes()).unwrap().ino)
+        .collect();
+    let before = fs.stats();
+    for (d, &dir) in dirs.iter().enumerate() {
+        let next = dirs[(d + 1) % DIRS];
+        for f in 0..5 {
+            fs.unlink(dir, &name(f)).unwrap();
+        }
+        for f in 5..10 {
+            let to = format!("moved{f}");
+            fs.rename(dir, &name(f), dir, to.as_bytes(), Default::default())
+                .unwrap();
+        }
+        for f in 10..12 {
+            let to = format!("from{d}-{f}");
+            fs.rename(dir, &name(f), next, to.as_bytes(), Default::default())
+                .unwrap();
+        }
+        let ino = |f: usize| inos[d][f];
+        fs.link(ino(12), dir, b"link12").unwrap();
+        fs.setattr(
+            ino(13),
+            &birch::fs::SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        fs.truncate(ino(14), 1).unwrap();
+        fs.setxattr(ino(15), b"user.x", b"1", Default::default())
+            .unwrap();
+        fs.setxattr(ino(16), b"user.y", b"2", Default::default())
+            .unwrap();
+        fs.removexattr(ino(16), b"user.y").unwrap();
+        fs.create(dir, b"new", 0o644, 0, 0).unwrap();
+        let sub = fs.mkdir(dir, b"sub", 0o755, 0, 0).unwrap().ino;
+        fs.symlink(sub, b"sym", b"target", 0, 0).unwrap();
+        fs.unlink(sub, b"sym").unwrap();
+        fs.rmdir(dir, b"sub").unwrap();
+        fs.fsync(ino(17), false).unwrap();
+    }
+    let after = fs.stats();
+    assert_eq!(
+        after.node_reads_locked, before.node_reads_locked,
+        "changes read nodes under the state lock: {after:?}"
+    );
+    assert!(
+        after.warm_up_reruns > before.warm_up_reruns + DIRS as u64,
+        "the changes should have missed the 64-node cache: {after:?}"
+    );
+    assert_eq!(after.warm_up_fallbacks, 0, "{after:?}");
+    for (d, &dir) in dirs.iter().enumerate() {
+        let prev = (d + DIRS - 1) % DIRS;
+        let listed: BTreeSet<Vec<u8>> = (fs.readdir(dir, 0, usize::MAX).unwrap().into_iter())
+            .map(|e| e.name)
+            .collect();
+        let mut want: BTreeSet<Vec<u8>> = (12..FILES_PER_DIR).map(name).collect();
+        want.extend((5..10).map(|f| format!("moved{f}").into_bytes()));
+        want.extend((10..12).map(|f| format!("from{prev}-{f}").into_bytes()));
+        want.extend([b"link12".to_vec(), b"new".to_vec()]);
+        assert_eq!(listed, want, "dir{d}");
+        let moved = fs.lookup(dir, b"moved7").unwrap();
+        assert_eq!(moved.ino, inos[d][7]);
+        assert_eq!(fs.getattr(inos[d][12]).unwrap().nlink, 2);
+        assert_eq!(fs.getattr(inos[d][13]).unwrap().perm & 0o7777, 0o600);
+        let first_byte = format!("{d}").as_bytes()[..1].to_vec();
+        assert_eq!(fs.read_file(inos[d][14], 0, 100).unwrap(), first_byte);
+        assert_eq!(fs.getxattr(inos[d][15], b"user.x").unwrap(), b"1");
+        assert!(matches!(
+            fs.getxattr(inos[d][16], b"user.y"),
+            Err(Error::NoData)
+        ));
+    }
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the changes");
+}
+
+#[test]
+fn a_cache_smaller_than_a_change_falls_back_to_reading_under_the_lock() {
+    let dev = big_tree();
+    let inos = file_inos(&dev);
+    // Two nodes cannot hold a change's paths: every run of its warm-up
+    // evicts what the last one read, and the change reads its misses
+    // under the lock, as it did before the warm-ups.
+    let fs = mount_cold(&dev, 2);
+    let dir = fs.lookup(fs.root_ino(), b"dir13").unwrap().ino;
+    let locked = fs.stats().node_reads_locked;
+    fs.rename(dir, &name(0), dir, b"moved", Default::default())
+        .unwrap();
+    fs.unlink(dir, &name(1)).unwrap();
+    let new = fs.create(dir, b"new", 0o644, 0, 0).unwrap().ino;
+    let stats = fs.stats();
+    assert!(stats.warm_up_fallbacks > 0, "{stats:?}");
+    assert!(stats.node_reads_locked > locked, "{stats:?}");
+    assert_eq!(fs.lookup(dir, b"moved").unwrap().ino, inos[13][0]);
+    assert_eq!(fs.read_file(inos[13][0], 0, 100).unwrap(), b"13/0");
+    for gone in [name(0), name(1)] {
+        assert!(matches!(fs.lookup(dir, &gone), Err(Error::NotFound)));
+    }
+    assert_eq!(fs.lookup(dir, b"new").unwrap().ino, new);
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the changes");
+}
+
+/// A device that stops the first read after it is armed until released.
+struct PauseNextRead {
+    inner: Arc<MemoryDevice>,
+    armed: std::sync::atomic::AtomicBool,
+    paused: std::sync::mpsc::SyncSender<()>,
+    resume: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl birch::device::BlockDevice for PauseNextRead {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.paused.send(()).unwrap();
+            self.resume.lock().unwrap().recv().unwrap();
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+/// docs/SNAPSHOTS.md (f) item 3: a change's warm-up reads a cold node
+/// without the state lock. While an unlink is stopped in that read, other
+/// changes run (before the warm-ups they waited: the unlink read under
+/// the lock) and replace the nodes it is reading: a rename and a create
+/// in the same directory, then two commits, which free the old blocks
+/// (kept from reuse by the unlink's reader ticket). Released, the unlink
+/// walks the trees as they are now: every change is there and the check
+/// is clean.
+#[test]
+fn a_change_reading_a_cold_node_lets_other_changes_replace_it() {
+    let dev = big_tree();
+    let inos = file_inos(&dev);
+    let (paused_tx, paused) = std::sync::mpsc::sync_channel(1);
+    let (resume, resume_rx) = std::sync::mpsc::channel();
+    let pause = Arc::new(PauseNextRead {
+        inner: dev.clone(),
+        armed: std::sync::atomic::AtomicBool::new(false),
+        paused: paused_tx,
+        resume: std::sync::Mutex::new(resume_rx),
+    });
+    let options = MountOptions {
+        cache_nodes: 16,
+        idle_cache_nodes: 16,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(pause.clone(), options).unwrap();
+    let dir = fs.lookup(fs.root_ino(), b"dir4").unwrap().ino;
+    let timeout = std::time::Duration::from_secs(20);
+    let others_ran = std::thread::scope(|scope| {
+        pause.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let unlinking = scope.spawn(|| fs.unlink(dir, &name(10)));
+        if paused.recv_timeout(timeout).is_err() {
+            pause
+                .armed
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+            unlinking.join().unwrap().unwrap();
+            panic!("the unlink read nothing: its nodes were cached");
+        }
+        let (done, others) = std::sync::mpsc::channel();
+        let fs = &fs;
+        let other = scope.spawn(move || {
+            fs.rename(dir, &name(11), dir, b"renamed", Default::default())
+                .unwrap();
+            fs.create(dir, b"new", 0o644, 0, 0).unwrap();
+            fs.commit().unwrap();
+            fs.commit().unwrap();
+            done.send(()).unwrap();
+        });
+        let ran = others.recv_timeout(timeout).is_ok();
+        resume.send(()).unwrap();
+        unlinking.join().unwrap().unwrap();
+        other.join().unwrap();
+        ran
+    });
+    assert!(
+        others_ran,
+        "the other changes waited for the unlink's node read: it held the state lock"
+    );
+    assert!(matches!(fs.lookup(dir, &name(10)), Err(Error::NotFound)));
+    assert_eq!(fs.lookup(dir, b"renamed").unwrap().ino, inos[4][11]);
+    assert!(fs.lookup(dir, b"new").is_ok());
+    assert_eq!(fs.readdir(dir, 0, usize::MAX).unwrap().len(), FILES_PER_DIR);
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the racing changes");
+}
+
+/// Changes racing evictions of the node cache: another thread empties it
+/// in a loop (as `release_memory` shrinks an idle mount's), also between
+/// a change's warm-up and the change. What the change then misses it
+/// reads under the lock (`node_reads_locked`): every result is right.
+#[test]
+fn changes_racing_cache_evictions_stay_right() {
+    let dev = big_tree();
+    let options = MountOptions {
+        cache_nodes: 64,
+        idle_cache_nodes: 0,
+        ..MountOptions::deterministic()
+    };
+    let fs = Filesystem::open(dev.clone(), options).unwrap();
+    let dirs: Vec<u64> = (0..4)
+        .map(|d| fs.lookup(fs.root_ino(), format!("dir{d}").as_bytes()))
+        .map(|attr| attr.unwrap().ino)
+        .collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                fs.release_memory();
+            }
+        });
+        for &dir in &dirs {
+            for f in 0..50 {
+                let to = format!("r{f}");
+                fs.rename(dir, &name(f), dir, to.as_bytes(), Default::default())
+                    .unwrap();
+            }
+            for f in 50..100 {
+                fs.unlink(dir, &name(f)).unwrap();
+            }
+            for f in 100..FILES_PER_DIR {
+                let ino = fs.lookup(dir, &name(f)).unwrap().ino;
+                let chmod = birch::fs::SetAttr {
+                    mode: Some(0o600),
+                    ..Default::default()
+                };
+                fs.setattr(ino, &chmod).unwrap();
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let stats = fs.stats();
+    eprintln!(
+        "warm-up runs that missed {}, fallbacks {}, node reads under the lock {}, without {}",
+        stats.warm_up_reruns,
+        stats.warm_up_fallbacks,
+        stats.node_reads_locked,
+        stats.node_reads_unlocked
+    );
+    for &dir in &dirs {
+        let listed: BTreeSet<Vec<u8>> = (fs.readdir(dir, 0, usize::MAX).unwrap().into_iter())
+            .map(|e| e.name)
+            .collect();
+        let mut want: BTreeSet<Vec<u8>> = (0..50).map(|f| format!("r{f}").into_bytes()).collect();
+        want.extend((100..FILES_PER_DIR).map(name));
+        assert_eq!(listed, want);
+        for f in 100..FILES_PER_DIR {
+            let attr = fs.lookup(dir, &name(f)).unwrap();
+            assert_eq!(attr.perm & 0o7777, 0o600);
+        }
+    }
+    fs.close().unwrap();
+    common::assert_clean(dev.as_ref(), "after the changes");
 }

@@ -29,7 +29,8 @@ mod model_tests;
 mod store;
 
 pub use store::{
-    copy_name, deferring_misses, read_node_copies, read_node_uncached, NodeExpectation, NodeStore,
+    copy_name, deferring_all_misses, deferring_misses, read_node_copies, read_node_uncached,
+    NodeExpectation, NodeStore,
 };
 
 use crate::alloc::{Allocator, TransactionSpace};
@@ -758,6 +759,79 @@ impl<D: BlockDevice> Forest<D> {
                     }
                 }
                 Ok(None)
+            }
+        }
+    }
+
+    /// Reads what a change of the item at `key` will read, as the tree is
+    /// now, and changes nothing: a change's *warm-up* (docs/SNAPSHOTS.md
+    /// (f) item 3), run with misses deferred so that they are read without
+    /// the state lock before the change runs. That is the path from the
+    /// root to the leaf holding `key` (what `cow_path` copies); beside each
+    /// node on it below half full, the sibling `rebalance` merges it with
+    /// after a removal (the left one, else the right); and in a tree whose
+    /// nodes may be shared, the extent tree's count of each node on the
+    /// path that may be (`cow` looks it up). A change that still finds a
+    /// node missing (evicted since, or a merge this did not foresee) reads
+    /// it itself: this only fills the cache. Returns the leaf's upper
+    /// bound: the smallest key that belongs to a leaf to its right
+    /// (`None`: the leaf is the last).
+    pub fn warm_path(&self, root: &TreeRoot, key: &Key) -> Result<Option<Key>> {
+        let mut bytenr = root.bytenr;
+        let mut expect = root.expectation();
+        let mut is_root = true;
+        let mut upper = None;
+        loop {
+            let node = self.node(bytenr, expect)?;
+            // A count, a sibling: looked at whatever becomes of them (in
+            // a warm-up a miss is noted and the walk goes on).
+            let _ = self.count_if_shared(root, bytenr, expect, is_root);
+            let NodeBody::Internal(ptrs) = &node.body else {
+                return Ok(upper);
+            };
+            let slot = child_slot(ptrs, key);
+            if let Some(next) = ptrs.get(slot + 1) {
+                upper = Some(next.key);
+            }
+            let child_expect = |p: &KeyPtr| NodeExpectation {
+                tree: root.id,
+                level: expect.level - 1,
+                generation: p.generation,
+            };
+            let child = ptrs[slot];
+            if self
+                .node(child.blockptr, child_expect(&child))?
+                .used_bytes()
+                < BODY_SIZE / 2
+            {
+                let sibling = match slot.checked_sub(1) {
+                    Some(left) => Some(ptrs[left]),
+                    None => ptrs.get(slot + 1).copied(),
+                };
+                if let Some(s) = sibling {
+                    let _ = self.node(s.blockptr, child_expect(&s)).and_then(|_| {
+                        self.count_if_shared(root, s.blockptr, child_expect(&s), false)
+                    });
+                }
+            }
+            bytenr = child.blockptr;
+            expect = child_expect(&child);
+            is_root = false;
+        }
+    }
+
+    /// [`warm_path`](Self::warm_path) for each of `keys` (ascending),
+    /// walking each leaf once: a key below the upper bound of the leaf the
+    /// last walk reached lies in that leaf. A walk that fails (a miss a
+    /// warm-up noted) ends only that key's walk; the next key walks again.
+    pub fn warm_sorted(&self, root: &TreeRoot, keys: &[Key]) {
+        let mut bound: Option<Option<Key>> = None;
+        for key in keys {
+            match bound {
+                // The walk reached the last leaf: it holds the rest.
+                Some(None) => return,
+                Some(Some(upper)) if *key < upper => continue,
+                _ => bound = self.warm_path(root, key).ok(),
             }
         }
     }

@@ -7,7 +7,7 @@ use crate::device::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{tree_id, MetadataProfile, Node, NODE_SIZE};
 use crate::lock_order::{allow_io_under_state_lock, holds_state_lock, LockRank, RankedMutex};
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,18 +20,24 @@ pub struct NodeExpectation {
     pub generation: u64,
 }
 
-/// A node a read-only request needed and did not find in the cache
-/// ([`deferring_misses`]).
+/// A node a read-only request or a change's warm-up needed and did not
+/// find in the cache ([`deferring_misses`], [`deferring_all_misses`]).
 #[derive(Debug, Clone, Copy)]
 pub struct NodeMiss {
     pub bytenr: u64,
     pub expect: NodeExpectation,
 }
 
+/// The misses a [`deferring_misses`] or [`deferring_all_misses`] scope
+/// noted so far, and how many it keeps.
+struct Deferred {
+    misses: Vec<NodeMiss>,
+    limit: usize,
+}
+
 thread_local! {
-    /// `Some` while this thread runs inside [`deferring_misses`]: then the
-    /// first node cache miss, if one happened.
-    static DEFERRED_MISS: Cell<Option<Option<NodeMiss>>> = const { Cell::new(None) };
+    /// `Some` while this thread runs inside a deferring scope.
+    static DEFERRED: RefCell<Option<Deferred>> = const { RefCell::new(None) };
 }
 
 /// Runs `f` with node cache misses deferred: a miss on this thread does
@@ -41,28 +47,49 @@ thread_local! {
 /// drops the lock, reads the node with [`NodeStore::load_missed`] and runs
 /// `f` again; a result that comes with a miss is not an answer.
 pub fn deferring_misses<T>(f: impl FnOnce() -> T) -> (T, Option<NodeMiss>) {
-    /// Puts back what was deferred before, also when `f` panics: a later
-    /// change on this thread must read its misses.
-    struct Restore(Option<Option<NodeMiss>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            DEFERRED_MISS.with(|d| d.set(self.0));
-        }
-    }
-    let restore = Restore(DEFERRED_MISS.with(|d| d.replace(Some(None))));
-    let out = f();
-    let miss = DEFERRED_MISS.with(|d| d.get()).flatten();
-    drop(restore);
-    (out, miss)
+    let (out, misses) = deferring_all_misses(1, f);
+    (out, misses.into_iter().next())
 }
 
-/// Inside [`deferring_misses`]: notes the miss (the first one counts) and
-/// says so.
+/// As [`deferring_misses`], but notes every distinct miss (up to `limit`):
+/// for a change's warm-up, whose walk goes on past a miss to the paths
+/// that do not depend on the missing node, so that one pass without the
+/// lock reads all their misses (docs/SNAPSHOTS.md (f) item 3).
+pub fn deferring_all_misses<T>(limit: usize, f: impl FnOnce() -> T) -> (T, Vec<NodeMiss>) {
+    /// Puts back what was deferred before, also when `f` panics: a later
+    /// change on this thread must read its misses.
+    struct Restore(Option<Deferred>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let before = self.0.take();
+            DEFERRED.with(|d| *d.borrow_mut() = before);
+        }
+    }
+    let mine = Deferred {
+        misses: Vec::new(),
+        limit,
+    };
+    let restore = Restore(DEFERRED.with(|d| d.borrow_mut().replace(mine)));
+    let out = f();
+    let misses = DEFERRED.with(|d| {
+        d.borrow_mut()
+            .as_mut()
+            .map(|d| std::mem::take(&mut d.misses))
+            .unwrap_or_default()
+    });
+    drop(restore);
+    (out, misses)
+}
+
+/// Inside a deferring scope: notes the miss (a new one, while there is
+/// room) and says so.
 fn defer_miss(miss: NodeMiss) -> bool {
-    DEFERRED_MISS.with(|d| match d.get() {
+    DEFERRED.with(|d| match d.borrow_mut().as_mut() {
         None => false,
-        Some(first) => {
-            d.set(Some(first.or(Some(miss))));
+        Some(d) => {
+            if d.misses.len() < d.limit && d.misses.iter().all(|m| m.bytenr != miss.bytenr) {
+                d.misses.push(miss);
+            }
             true
         }
     })
@@ -213,8 +240,9 @@ impl<D: BlockDevice> NodeStore<D> {
         if defer_miss(NodeMiss { bytenr, expect }) {
             return Err(Error::NodeNotCached);
         }
-        // Debt (docs/SNAPSHOTS.md (f) item 3): changes look nodes up under
-        // the state lock, so their misses read (and may repair) under it.
+        // Debt (docs/SNAPSHOTS.md (f) item 3): a change reads what its
+        // warm-up did not (evicted since, or not walked) under the state
+        // lock, and so do release, forget and the commit's seal.
         let _exemption = allow_io_under_state_lock("node cache miss");
         self.load(bytenr, expect)
     }

@@ -1735,6 +1735,11 @@ impl WritebackBatch {
         self.writes.is_empty()
     }
 
+    /// The inodes (external numbers) whose writebacks this batch holds.
+    pub(crate) fn inodes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.writes.iter().map(|w| w.queued)
+    }
+
     /// Compresses (when planned so) and writes the planned data to `dev`,
     /// without the state lock: one outcome per inode, how each chunk went
     /// or the error that ended that inode's writes.

@@ -39,6 +39,7 @@ mod subvol;
 mod transaction;
 mod tree_log;
 mod types;
+mod warm;
 mod writeback;
 mod xattr;
 
@@ -63,6 +64,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 use transaction::{background_worker, shut_down_error, Shared, SyncProgress};
+use warm::WarmUp;
 
 /// How many times fsync writes a file back without the state lock before
 /// it gives up on writes racing it and commits instead (the commit writes
@@ -409,7 +411,22 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         need: impl Fn(&mut FsState<D>) -> Result<Need>,
         f: impl Fn(&mut FsState<D>) -> Result<T>,
     ) -> Result<T> {
-        let result = self.change_reserving(need, f);
+        self.change_warmed(&warm::nothing::<D>, need, f)
+    }
+
+    /// [`change_with`](Self::change_with) after a warm-up: `warm` walks the
+    /// lookups `f` will make, reading its node cache misses without the
+    /// state lock, and `f` runs in the hold where `warm` ran without one
+    /// (`Shared::lock_warmed`, docs/SNAPSHOTS.md (f) item 3). A node
+    /// evicted between the two, or one `warm` does not walk, `f` reads
+    /// under the lock.
+    fn change_warmed<T>(
+        &self,
+        warm: WarmUp<'_, D>,
+        need: impl Fn(&mut FsState<D>) -> Result<Need>,
+        f: impl Fn(&mut FsState<D>) -> Result<T>,
+    ) -> Result<T> {
+        let result = self.change_reserving(warm, need, f);
         if matches!(result, Err(Error::NoSpace)) {
             self.lock().info.space.stats.enospc += 1;
         }
@@ -420,6 +437,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
     /// returns (the caller may still succeed in part).
     fn change_reserving<T>(
         &self,
+        warm: WarmUp<'_, D>,
         need: impl Fn(&mut FsState<D>) -> Result<Need>,
         f: impl Fn(&mut FsState<D>) -> Result<T>,
     ) -> Result<T> {
@@ -427,7 +445,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.shared.check_not_poisoned()?;
         loop {
             let (result, over_limit) = {
-                let mut state = self.shared.reserve(&need)?;
+                let mut state = self.shared.reserve(self.shared.lock_warmed(warm), &need)?;
                 let result = f(&mut state);
                 state.fail_on_device_error(&result);
                 self.shared.space_changed(&mut state);
@@ -496,7 +514,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         rereads: u32,
     ) -> Result<Option<Attr>> {
         // A truncate frees space: it may use the global reserve.
-        let attr = self.change_with(
+        let attr = self.change_warmed(
+            &|s| s.warm_setattr(ino, changes.mode.is_some(), changes.size),
             |_| Ok(Need::urgent_items(4).plus_bytes(SECTOR_SIZE)),
             |s| {
                 // Append-only files keep everything but their times set to
@@ -560,7 +579,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         rdev: u64,
     ) -> Result<Attr> {
         let _request = self.request();
-        let attr = self.change_with(
+        let attr = self.change_warmed(
+            &|s| s.warm_create(parent, name),
             // The inode, its names, the parent, and two inherited ACLs.
             |_| Ok(Need::items(8)),
             |s| {
@@ -601,7 +621,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         gid: u32,
     ) -> Result<Attr> {
         let _request = self.request();
-        let attr = self.change_with(
+        let attr = self.change_warmed(
+            &|s| s.warm_create(parent, name),
             |_| Ok(Need::items(7)),
             |s| {
                 let (mut root, dir) = s.resolve_writable(parent)?;
@@ -624,7 +645,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
         let _request = self.request();
-        let attr = self.change_with(
+        let attr = self.change_warmed(
+            &|s| s.warm_link(ino, new_parent, new_name),
             |_| Ok(Need::items(5)),
             |s| {
                 InoSpace::same_subvolume(ino, new_parent)?;
@@ -647,7 +669,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         let _request = self.request();
-        self.change_with(
+        self.change_warmed(
+            &|s| s.warm_remove(parent, name),
             |_| Ok(Need::urgent_items(6)),
             |s| {
                 let (mut root, dir) = s.resolve_writable(parent)?;
@@ -660,7 +683,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
         let _request = self.request();
-        self.change_with(
+        self.change_warmed(
+            &|s| s.warm_remove(parent, name),
             |_| Ok(Need::urgent_items(6)),
             |s| {
                 if s.is_subvolume_link(parent, name) {
@@ -685,7 +709,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         let _request = self.request();
         // A whiteout is a new inode with a name: five more items.
         let items = if flags.whiteout.is_some() { 15 } else { 10 };
-        let new_name_sync = self.change_with(
+        let new_name_sync = self.change_warmed(
+            &|s| s.warm_rename(parent, name, new_parent, new_name),
             |_| Ok(Need::items(items)),
             |s| {
                 // A subvolume link may move (and be exchanged) across
@@ -945,6 +970,7 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
             let chunk = &data[done..done + piece];
             let partial = page_prefetch::partial_pages(at, piece as u64);
             match self.change_reserving(
+                &warm::nothing::<D>,
                 |s| {
                     let (mut root, ino) = s.resolve_writable(ino)?;
                     root.write_need(ino, at, chunk.len() as u64)
@@ -1303,7 +1329,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         kill_sgid: bool,
     ) -> Result<()> {
         let _request = self.request();
-        self.change_with(
+        self.change_warmed(
+            &|s| s.warm_xattr(ino, name),
             |_| Ok(Need::items(3)),
             |s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
@@ -1324,7 +1351,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         let _request = self.request();
-        self.change_with(
+        self.change_warmed(
+            &|s| s.warm_xattr(ino, name),
             |_| Ok(Need::urgent_items(2)),
             |s| {
                 let (mut root, ino) = s.resolve_writable(ino)?;
@@ -1429,7 +1457,8 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
                 self.lock().info.space.stats.fsync_pages += written;
             }
             rounds += 1;
-            let outcome = self.change_with(
+            let outcome = self.change_warmed(
+                &|s| s.warm_fsync(ino),
                 |_| Ok(Need::urgent_items(8)),
                 |s| {
                     let (mut root, ino) = s.resolve(ino)?;

@@ -598,7 +598,7 @@ impl<D: BlockDevice> RootCtx<'_, D> {
     }
 
     /// Whether `dir` is `ancestor` or lies below it.
-    fn is_within(&mut self, dir: u64, ancestor: u64) -> Result<bool> {
+    pub(super) fn is_within(&mut self, dir: u64, ancestor: u64) -> Result<bool> {
         let mut cur = dir;
         for _ in 0..=u16::MAX {
             if cur == ancestor {

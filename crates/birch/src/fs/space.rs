@@ -346,15 +346,15 @@ impl<D: BlockDevice> Shared<D> {
 }
 
 impl<D: BlockDevice + 'static> Shared<D> {
-    /// Locks the state once `need` fits the reservations, waiting on a
-    /// ticket when it does not. The change must run under the returned
-    /// guard: from then on what it adds is counted by the derived
-    /// reservations.
-    pub(super) fn reserve(
-        &self,
+    /// Keeps the state locked (`state`, taken by the caller) once `need`
+    /// fits the reservations, waiting on a ticket when it does not. The
+    /// change must run under the returned guard: from then on what it
+    /// adds is counted by the derived reservations.
+    pub(super) fn reserve<'a>(
+        &'a self,
+        mut state: RankedGuard<'a, FsState<D>>,
         need: &dyn Fn(&mut FsState<D>) -> Result<Need>,
-    ) -> Result<RankedGuard<'_, FsState<D>>> {
-        let mut state = self.lock_state();
+    ) -> Result<RankedGuard<'a, FsState<D>>> {
         let mut held = 0u64;
         loop {
             if state.info.shut_down {

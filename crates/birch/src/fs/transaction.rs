@@ -178,7 +178,8 @@ impl<D: BlockDevice> Shared<D> {
         // What the seal retired, freed once the state lock is released.
         let mut retired = None;
         let sealed = (|| {
-            let mut state = self.lock_state();
+            // What the seal looks up is read first, without the lock.
+            let mut state = self.lock_warmed(&|s| s.warm_seal());
             if state.info.options.read_only {
                 return Ok(None);
             }
@@ -269,10 +270,14 @@ impl<D: BlockDevice> Shared<D> {
     /// from workers a few delayed nodes at a time. Bounded by what was
     /// pending at the start, like the commit's early writeback.
     fn flush_delayed_in_batches(&self) {
-        let mut left = self.lock_state().delayed_items();
+        // What the flush looks up is read first, without the lock, once:
+        // the batches after the first find it cached (a node evicted in
+        // between is read under the lock, counted).
+        let mut warmed = Some(self.lock_warmed(&|s| s.warm_delayed_items()));
+        let mut left = warmed.as_ref().map_or(0, |state| state.delayed_items());
         while left > 0 {
             {
-                let mut state = self.lock_state();
+                let mut state = warmed.take().unwrap_or_else(|| self.lock_state());
                 if state.info.failed.is_some() {
                     return;
                 }

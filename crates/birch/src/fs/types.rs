@@ -508,6 +508,12 @@ pub struct FsStats {
     /// so often they read the rest under the lock.
     pub read_reruns: u64,
     pub read_rerun_fallbacks: u64,
+    /// Runs of changes' warm-ups ended by node cache misses (read without
+    /// the state lock, then the warm-up ran again), and warm-ups that
+    /// missed in 32 runs, after which the change ran with misses left
+    /// (docs/SNAPSHOTS.md (f) item 3).
+    pub warm_up_reruns: u64,
+    pub warm_up_fallbacks: u64,
     /// Partial pages a change read from disk under the state lock (the
     /// "partial page read under a change" exemption: fallbacks after
     /// `PAGE_REREADS` stale prefetches, and pages whose read ahead failed,

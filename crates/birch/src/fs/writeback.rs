@@ -30,7 +30,8 @@ impl<D: BlockDevice> Shared<D> {
         }
         drop(state);
         let written = batch.write(self.store.device());
-        let mut state = self.lock_state();
+        // What the publish looks up is read first, without the lock.
+        let mut state = self.lock_warmed(&|s| s.warm_publish(&batch));
         let published = state.publish_batch(batch, written);
         state.fail_on_device_error(&published);
         self.space_changed(&mut state);
