@@ -445,7 +445,12 @@ impl<D: BlockDevice + 'static> Filesystem<D> {
         self.shared.check_not_poisoned()?;
         loop {
             let (result, over_limit) = {
-                let mut state = self.shared.reserve(self.shared.lock_warmed(warm), &need)?;
+                let (mut state, warmed) = self.shared.lock_warmed(warm);
+                if warmed.is_err() {
+                    state.fail_on_device_error(&warmed);
+                    return warmed.map(|()| unreachable!("checked to be an error"));
+                }
+                let mut state = self.shared.reserve(state, &need)?;
                 let result = f(&mut state);
                 state.fail_on_device_error(&result);
                 self.shared.space_changed(&mut state);

@@ -161,25 +161,28 @@ impl<D: BlockDevice> Shared<D> {
         self.commit_with(Purpose::Space)
     }
 
+    /// Waits until no log write is in flight (one uses blocks the commit
+    /// would release), then marks the commit as sealing.
+    fn begin_sealing(&self) {
+        let mut sync = self.lock_sync();
+        while sync.log_writing {
+            sync = self
+                .sync_changed
+                .wait(sync)
+                .expect("sync progress lock poisoned");
+        }
+        sync.commit_sealing = true;
+    }
+
     fn commit_with(&self, purpose: Purpose) -> Result<()> {
         let _commit = self.commit_lock.lock().expect("commit lock poisoned");
         self.write_back_before_seal()?;
-        {
-            // A log write in flight uses blocks the commit would release.
-            let mut sync = self.lock_sync();
-            while sync.log_writing {
-                sync = self
-                    .sync_changed
-                    .wait(sync)
-                    .expect("sync progress lock poisoned");
-            }
-            sync.commit_sealing = true;
-        }
+        self.begin_sealing();
         // What the seal retired, freed once the state lock is released.
         let mut retired = None;
         let sealed = (|| {
             // What the seal looks up is read first, without the lock.
-            let mut state = self.lock_warmed(&|s| s.warm_seal());
+            let (mut state, warmed) = self.lock_warmed(&|s| s.warm_seal());
             if state.info.options.read_only {
                 return Ok(None);
             }
@@ -190,7 +193,9 @@ impl<D: BlockDevice> Shared<D> {
             }
             let covering = state.info.log.filling;
             let generation = state.info.forest.transid();
-            match state.prepare_commit(purpose, &mut retired) {
+            // A node the warm-up failed to read fails the commit as the
+            // seal's own read of it would have.
+            match warmed.and_then(|()| state.prepare_commit(purpose, &mut retired)) {
                 Ok(p) => Ok(p.map(|p| (p, covering))),
                 Err(e) => {
                     let e = io_step(e, &format!("commit of generation {generation}"));
@@ -273,8 +278,13 @@ impl<D: BlockDevice> Shared<D> {
         // What the flush looks up is read first, without the lock, once:
         // the batches after the first find it cached (a node evicted in
         // between is read under the lock, counted).
-        let mut warmed = Some(self.lock_warmed(&|s| s.warm_delayed_items()));
-        let mut left = warmed.as_ref().map_or(0, |state| state.delayed_items());
+        let (mut state, warmed_up) = self.lock_warmed(&|s| s.warm_delayed_items());
+        if let Err(e) = warmed_up {
+            state.info.failed.get_or_insert_with(|| e.to_string());
+            return;
+        }
+        let mut left = state.delayed_items();
+        let mut warmed = Some(state);
         while left > 0 {
             {
                 let mut state = warmed.take().unwrap_or_else(|| self.lock_state());

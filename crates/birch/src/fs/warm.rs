@@ -46,26 +46,31 @@ impl<D: BlockDevice> Shared<D> {
     /// a node cache miss: a run's misses are read into the cache with the
     /// lock dropped (under a reader ticket, as a read-only request's: R3)
     /// and `warm` runs again. The change then runs in the returned hold.
-    /// After [`WARM_UP_RERUNS`] runs that missed, or a node that fails to
-    /// read (the change meets the error itself, in its own order, if it
-    /// needs the node), the lock is returned as it is.
-    pub(super) fn lock_warmed(&self, warm: WarmUp<'_, D>) -> RankedGuard<'_, FsState<D>> {
+    /// After [`WARM_UP_RERUNS`] runs that missed, the lock is returned as
+    /// it is. A node that fails to read is returned with the lock as the
+    /// error: it is the change's, as its own read under the lock would have
+    /// met it (a read that fails once and then succeeds, say, must not
+    /// pass unreported).
+    pub(super) fn lock_warmed(
+        &self,
+        warm: WarmUp<'_, D>,
+    ) -> (RankedGuard<'_, FsState<D>>, Result<()>) {
         let mut runs = 0;
         loop {
             let mut state = self.lock_state();
             let info = &state.info;
             if info.shut_down || info.failed.is_some() || info.options.read_only {
                 // The change refuses at once: nothing to warm.
-                return state;
+                return (state, Ok(()));
             }
             let (_, misses) =
                 crate::btree::deferring_all_misses(WARM_UP_BATCH, || warm(&mut state));
             if misses.is_empty() {
-                return state;
+                return (state, Ok(()));
             }
             if runs == WARM_UP_RERUNS {
                 state.info.stats.warm_up_fallbacks += 1;
-                return state;
+                return (state, Ok(()));
             }
             runs += 1;
             state.info.stats.warm_up_reruns += 1;
@@ -79,7 +84,7 @@ impl<D: BlockDevice> Shared<D> {
                 .try_for_each(|miss| self.store.load_missed(miss));
             drop(reader);
             if loaded.is_err() {
-                return self.lock_state();
+                return (self.lock_state(), loaded);
             }
         }
     }

@@ -31,8 +31,13 @@ impl<D: BlockDevice> Shared<D> {
         drop(state);
         let written = batch.write(self.store.device());
         // What the publish looks up is read first, without the lock.
-        let mut state = self.lock_warmed(&|s| s.warm_publish(&batch));
+        let (mut state, warmed) = self.lock_warmed(&|s| s.warm_publish(&batch));
+        // The batch's in-flight pages are settled either way; a node the
+        // warm-up failed to read is the publish's error (and turns the
+        // filesystem read-only below) even if the publish's own read of it
+        // then succeeded.
         let published = state.publish_batch(batch, written);
+        let published = warmed.and(published);
         state.fail_on_device_error(&published);
         self.space_changed(&mut state);
         // fsyncs waiting for this batch's inodes.
